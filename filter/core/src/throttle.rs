@@ -1,0 +1,50 @@
+//! Keeps an outage from flooding the log: one line per interval, with a count of the rest.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct LogThrottle {
+    interval_ns: u128,
+    next_at_ns: u128,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    pub fn new(interval: Duration) -> Self {
+        LogThrottle {
+            interval_ns: interval.as_nanos(),
+            next_at_ns: 0,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(n)` when a line may be written at `now_ns`, `n` being how many were held back
+    /// since the last one; `None` when this one should be held back.
+    pub fn admit(&mut self, now_ns: u128) -> Option<u64> {
+        if now_ns < self.next_at_ns {
+            self.suppressed += 1;
+            return None;
+        }
+        self.next_at_ns = now_ns.saturating_add(self.interval_ns);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn one_line_per_interval_then_the_count() {
+        let s = 1_000_000_000u128;
+        let mut t = LogThrottle::new(Duration::from_secs(10));
+        assert_eq!(t.admit(100 * s), Some(0));
+        assert_eq!(t.admit(100 * s + 1), None);
+        assert_eq!(t.admit(109 * s), None);
+        assert_eq!(t.admit(110 * s), Some(2));
+        assert_eq!(t.admit(111 * s), None);
+        assert_eq!(t.admit(200 * s), Some(1));
+    }
+}
