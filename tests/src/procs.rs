@@ -1,0 +1,392 @@
+//! Real processes for the tests, each on free loopback ports, stopped by PID on drop.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::http::get;
+use crate::resp::RedisConn;
+use crate::{envoy_bin, free_port, root, wait_for, wasm_path};
+
+/// Redis admin user from envoy/redis.conf (the default user is Webdis's restricted one).
+pub const REDIS_ADMIN: (&str, &str) = ("admin", "admin-demo-secret");
+/// Password of Redis's default user, which Webdis logs in as (envoy/redis.conf).
+pub const REDIS_WEBDIS_PASSWORD: &str = "webdis-demo-secret";
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A folder for one test's configs and logs: target/e2e/NAME, emptied first, kept afterwards
+/// so a failure can be read.
+pub struct WorkDir {
+    pub path: PathBuf,
+}
+
+impl WorkDir {
+    pub fn new(name: &str) -> WorkDir {
+        let path = root().join("target/e2e").join(name);
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("create work dir");
+        WorkDir { path }
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+/// A child process that is killed and reaped when dropped.
+pub struct Process {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Process {
+    pub fn spawn(name: &str, command: &mut Command, log: PathBuf) -> Process {
+        let out = fs::File::create(&log).expect("create log");
+        let err = out.try_clone().expect("clone log handle");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Process {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics, with the end of the log, if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.exited() {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!("{} exited ({status}):\n{}", self.name, tail.join("\n"));
+        }
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {} failed", self.pid());
+    }
+
+    /// SIGSTOP: the process hangs, its sockets stay open.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    pub fn stop(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // A stopped process would ignore nothing, but SIGKILL works on it too.
+        self.stop();
+    }
+}
+
+pub struct Redis {
+    pub port: u16,
+    pub process: Process,
+    dir: PathBuf,
+}
+
+impl Redis {
+    /// Redis with the shipped envoy/redis.conf (users and ACLs), on a free port.
+    pub fn start(dir: &WorkDir) -> Redis {
+        Redis::start_on(dir.path.clone(), free_port())
+    }
+
+    fn start_on(dir: PathBuf, port: u16) -> Redis {
+        let conf = root().join("envoy/redis.conf");
+        let mut command = Command::new("redis-server");
+        command
+            .arg(conf)
+            .args(["--port", &port.to_string(), "--dir"])
+            .arg(&dir);
+        let mut process = Process::spawn(
+            "redis-server",
+            &mut command,
+            dir.join(format!("redis-{port}.log")),
+        );
+        wait_for("redis to answer PING", START_TIMEOUT, || {
+            process.assert_running();
+            let mut conn = RedisConn::login(port, REDIS_ADMIN.0, REDIS_ADMIN.1).ok()?;
+            conn.cmd(&["PING"]).ok()
+        });
+        Redis { port, process, dir }
+    }
+
+    /// A connection as the admin user.
+    pub fn admin(&self) -> RedisConn {
+        RedisConn::login(self.port, REDIS_ADMIN.0, REDIS_ADMIN.1).expect("redis admin login")
+    }
+
+    /// A connection as the restricted user Webdis uses.
+    pub fn webdis_user(&self) -> RedisConn {
+        RedisConn::login(self.port, "default", REDIS_WEBDIS_PASSWORD).expect("redis login")
+    }
+
+    /// Kills Redis and starts a new one on the same port: all keys and scripts are gone.
+    pub fn restart(&mut self) {
+        self.process.stop();
+        let port = self.port;
+        let dir = self.dir.clone();
+        wait_for("the old redis port to be free", START_TIMEOUT, || {
+            std::net::TcpListener::bind(("127.0.0.1", port)).ok()
+        });
+        *self = Redis::start_on(dir, port);
+    }
+}
+
+pub struct Webdis {
+    pub port: u16,
+    pub process: Process,
+    /// `user:password` that the shipped ACL accepts.
+    pub basic_auth: String,
+}
+
+impl Webdis {
+    /// Webdis with the shipped envoy/webdis.json, pointed at `redis_port`, on a free port.
+    pub fn start(dir: &WorkDir, redis_port: u16) -> Webdis {
+        let port = free_port();
+        let shipped =
+            fs::read_to_string(root().join("envoy/webdis.json")).expect("read webdis.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&shipped).expect("webdis.json is JSON");
+        config["redis_port"] = redis_port.into();
+        config["http_port"] = port.into();
+        config["logfile"] = dir
+            .file(&format!("webdis-{port}.log"))
+            .display()
+            .to_string()
+            .into();
+        let basic_auth = config["acl"]
+            .as_array()
+            .and_then(|acl| acl.iter().find_map(|e| e["http_basic_auth"].as_str()))
+            .expect("webdis.json has an http_basic_auth ACL entry")
+            .to_string();
+        let path = dir.file(&format!("webdis-{port}.json"));
+        fs::write(&path, config.to_string()).expect("write webdis config");
+        let mut process = Process::spawn(
+            "webdis",
+            Command::new("webdis").arg(&path),
+            dir.file(&format!("webdis-{port}.out")),
+        );
+        wait_for("webdis to answer HTTP", START_TIMEOUT, || {
+            process.assert_running();
+            get(port, "/PING", &[]).ok()
+        });
+        Webdis {
+            port,
+            process,
+            basic_auth,
+        }
+    }
+
+    /// `Authorization` header value with the shipped credentials.
+    pub fn authorization(&self) -> Vec<u8> {
+        format!(
+            "Basic {}",
+            ratelimit_core::encode::base64(self.basic_auth.as_bytes())
+        )
+        .into_bytes()
+    }
+}
+
+pub struct Envoy {
+    pub port: u16,
+    pub admin_port: u16,
+    pub process: Process,
+    pub config_path: PathBuf,
+}
+
+impl Envoy {
+    /// The shipped envoy/envoy.yaml on free ports, talking to Webdis on `webdis_port`, with
+    /// `edits` applied (each `from` must occur exactly once). Waits until it is LIVE.
+    pub fn start(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
+        let mut envoy = Envoy::launch(dir, webdis_port, edits);
+        let admin = envoy.admin_port;
+        wait_for("envoy to be LIVE", START_TIMEOUT, || {
+            envoy.process.assert_running();
+            get(admin, "/ready", &[])
+                .ok()
+                .filter(|r| r.status == 200 && r.text().contains("LIVE"))
+        });
+        envoy
+    }
+
+    /// Starts Envoy without waiting for readiness (for configs that must be refused).
+    pub fn launch(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
+        let port = free_port();
+        let admin_port = free_port();
+        let config = envoy_config(port, admin_port, webdis_port, edits);
+        let config_path = dir.file(&format!("envoy-{port}.yaml"));
+        fs::write(&config_path, config).expect("write envoy config");
+        let mut command = Command::new(envoy_bin());
+        command.arg("-c").arg(&config_path).args([
+            "--concurrency",
+            "2",
+            "--disable-hot-restart",
+            "--log-level",
+            "info",
+        ]);
+        let process = Process::spawn(
+            "envoy",
+            &mut command,
+            dir.file(&format!("envoy-{port}.log")),
+        );
+        Envoy {
+            port,
+            admin_port,
+            process,
+            config_path,
+        }
+    }
+
+    /// A filter counter from /stats (`wasmcustom.NAME`), 0 if not there yet.
+    pub fn counter(&self, name: &str) -> u64 {
+        self.stat(&format!("wasmcustom.{name}"))
+    }
+
+    /// Any counter or gauge from /stats.
+    pub fn stat(&self, full_name: &str) -> u64 {
+        let stats = get(
+            self.admin_port,
+            &format!("/stats?filter=^{full_name}$"),
+            &[],
+        )
+        .expect("envoy admin /stats");
+        stats
+            .text()
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{full_name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// The shipped envoy.yaml with test ports, the absolute wasm path and `edits`.
+pub fn envoy_config(
+    port: u16,
+    admin_port: u16,
+    webdis_port: u16,
+    edits: &[(&str, &str)],
+) -> String {
+    let shipped = fs::read_to_string(root().join("envoy/envoy.yaml")).expect("read envoy.yaml");
+    let wasm = wasm_path();
+    let mut replacements = vec![
+        (
+            "port_value: 9901".to_string(),
+            format!("port_value: {admin_port}"),
+        ),
+        (
+            "port_value: 10000".to_string(),
+            format!("port_value: {port}"),
+        ),
+        (
+            "port_value: 7379".to_string(),
+            format!("port_value: {webdis_port}"),
+        ),
+        (
+            "filename: target/wasm32-wasip1/release/ratelimit_filter.wasm".to_string(),
+            format!("filename: {}", wasm.display()),
+        ),
+    ];
+    replacements.extend(edits.iter().map(|(a, b)| (a.to_string(), b.to_string())));
+    apply_edits(&shipped, &replacements)
+}
+
+/// Replaces each `from` with its `to`; each `from` must occur exactly once, so a config
+/// change that makes an edit miss fails loudly instead of silently testing the wrong thing.
+pub fn apply_edits(text: &str, edits: &[(String, String)]) -> String {
+    let mut text = text.to_string();
+    for (from, to) in edits {
+        let count = text.matches(from.as_str()).count();
+        assert_eq!(count, 1, "edit {from:?} matches {count} times, not once");
+        text = text.replacen(from.as_str(), to, 1);
+    }
+    text
+}
+
+/// Redis, Webdis and Envoy wired together from the shipped configs. Dropped in field order:
+/// Envoy first, Redis last.
+pub struct Stack {
+    pub envoy: Envoy,
+    pub webdis: Webdis,
+    pub redis: Redis,
+    pub dir: WorkDir,
+}
+
+impl Stack {
+    pub fn start(name: &str, edits: &[(&str, &str)]) -> Stack {
+        let dir = WorkDir::new(name);
+        let redis = Redis::start(&dir);
+        let webdis = Webdis::start(&dir, redis.port);
+        let envoy = Envoy::start(&dir, webdis.port, edits);
+        Stack {
+            envoy,
+            webdis,
+            redis,
+            dir,
+        }
+    }
+}
+
+/// Runs `envoy --mode validate` on a config file from `cwd`; returns (success, output).
+pub fn validate_config(cwd: &Path, config: &Path) -> (bool, String) {
+    let out = Command::new(envoy_bin())
+        .current_dir(cwd)
+        .args(["--mode", "validate", "-c"])
+        .arg(config)
+        .output()
+        .expect("run envoy --mode validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}

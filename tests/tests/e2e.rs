@@ -1,0 +1,391 @@
+//! End to end: real Envoy (with the release filter), Webdis and Redis, started from the shipped
+//! configs on free loopback ports. Each test has its own processes, so none depends on another.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::procs::{validate_config, Webdis, WorkDir};
+use e2e::{get, root, wait_for, Envoy, Redis, Response, Stack};
+
+/// The demo policy in envoy/envoy.yaml: capacity 10, 10 tokens per minute.
+const CAPACITY: usize = 10;
+
+fn hit(envoy: &Envoy, api_key: Option<&[u8]>) -> Response {
+    let headers: Vec<(&str, &[u8])> = api_key.map(|k| ("x-api-key", k)).into_iter().collect();
+    get(envoy.port, "/", &headers).expect("request through envoy")
+}
+
+/// A fresh bucket: exactly CAPACITY requests pass, counting down, then 429 with the headers.
+fn assert_full_bucket_then_limited(envoy: &Envoy, api_key: Option<&[u8]>) {
+    let who = api_key.map(|k| String::from_utf8_lossy(&k[..k.len().min(40)]).into_owned());
+    for i in 0..CAPACITY {
+        let r = hit(envoy, api_key);
+        assert_eq!(r.status, 200, "request {i} for {who:?}: {}", r.text());
+        assert_eq!(r.header("x-ratelimit-limit"), Some("10"), "request {i}");
+        let remaining = (CAPACITY - 1 - i).to_string();
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(remaining.as_str()),
+            "request {i} for {who:?}"
+        );
+    }
+    let r = hit(envoy, api_key);
+    assert_eq!(r.status, 429, "request {CAPACITY} for {who:?}");
+    // One token every 6 s at 10 per minute.
+    assert_eq!(r.header("retry-after"), Some("6"));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.text(), "rate limit exceeded\n");
+}
+
+#[test]
+fn fresh_key_gets_exactly_capacity_then_429() {
+    let stack = Stack::start("e2e-capacity", &[]);
+    assert_full_bucket_then_limited(&stack.envoy, Some(b"alice"));
+    assert_eq!(stack.envoy.counter("ratelimit_allowed"), 10);
+    assert_eq!(stack.envoy.counter("ratelimit_denied"), 1);
+    assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
+    // The identity is stored as a digest, never in clear.
+    let keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().text();
+    let digest = ratelimit_core::sha1::sha1_hex(b"alice");
+    assert_eq!(keys, format!("[rl:key:{digest}]"));
+}
+
+#[test]
+fn keys_are_independent_and_requests_without_a_key_are_limited_by_ip() {
+    let stack = Stack::start("e2e-independent", &[]);
+    assert_full_bucket_then_limited(&stack.envoy, Some(b"key-a"));
+    assert_full_bucket_then_limited(&stack.envoy, Some(b"key-b"));
+    assert_eq!(hit(&stack.envoy, Some(b"key-a")).status, 429);
+    // No API key (or an empty one): the client IP's bucket, shared by both.
+    assert_full_bucket_then_limited(&stack.envoy, None);
+    assert_eq!(hit(&stack.envoy, Some(b"")).status, 429);
+    let ip_key = format!("rl:ip:{}", ratelimit_core::sha1::sha1_hex(b"127.0.0.1"));
+    let exists = stack.redis.admin().cmd(&["EXISTS", &ip_key]).unwrap().int();
+    assert_eq!(exists, 1, "bucket of 127.0.0.1, port stripped");
+}
+
+/// Keys that would add, shift or alter script arguments if put in the Webdis URL unencoded.
+fn hostile_keys() -> Vec<Vec<u8>> {
+    vec![
+        b"a/b".to_vec(),
+        b"a+b".to_vec(),
+        b"a b".to_vec(),
+        b"100%".to_vec(),
+        b"%2F".to_vec(),
+        b"key.json".to_vec(),
+        b"key.txt".to_vec(),
+        b"0".to_vec(),
+        "clé-ünïcødé-鍵".as_bytes().to_vec(),
+        vec![b'k'; 8192],
+        b"a/1000000/1000000".to_vec(),
+        b"x/1000000/1000000/1/1".to_vec(),
+        b"?q=1#frag".to_vec(),
+    ]
+}
+
+fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
+    for key in hostile_keys() {
+        assert_full_bucket_then_limited(&stack.envoy, Some(&key));
+    }
+    // "a+b" and "a b" are different callers: a `+` decoded to a space would merge them.
+    let keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().items();
+    assert_eq!(
+        keys.len(),
+        hostile_keys().len(),
+        "one bucket each: {keys:?}"
+    );
+    for key in hostile_keys() {
+        let printable = key.len() <= 128 && key.iter().all(|b| b.is_ascii_graphic());
+        let expected = if readable && printable {
+            format!("rl:key:{}", String::from_utf8_lossy(&key))
+        } else {
+            format!("rl:key:{}", ratelimit_core::sha1::sha1_hex(&key))
+        };
+        let tokens = stack
+            .redis
+            .admin()
+            .cmd(&["HGET", &expected, "tokens"])
+            .unwrap()
+            .text();
+        // Drained by exactly this key's requests (what refilled since is a fraction of a token).
+        let tokens: f64 = tokens.parse().unwrap_or(f64::NAN);
+        assert!(
+            tokens < 1.0,
+            "bucket {expected} should exist and be drained: {tokens}"
+        );
+    }
+    assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
+}
+
+#[test]
+fn hostile_keys_each_get_their_own_ordinary_bucket() {
+    let stack = Stack::start("e2e-hostile-hashed", &[]);
+    assert_hostile_keys_get_ordinary_buckets(&stack, false);
+}
+
+#[test]
+fn hostile_keys_stay_intact_when_identities_are_readable() {
+    // Readable keys put the client's bytes themselves into the Webdis URL.
+    let stack = Stack::start(
+        "e2e-hostile-readable",
+        &[("\"hash_identities\": true", "\"hash_identities\": false")],
+    );
+    assert_hostile_keys_get_ordinary_buckets(&stack, true);
+}
+
+#[test]
+fn webdis_down_fails_open_at_once() {
+    let mut stack = Stack::start("e2e-webdis-down-open", &[]);
+    assert_eq!(hit(&stack.envoy, Some(b"k")).status, 200);
+    stack.webdis.process.stop();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = hit(&stack.envoy, Some(b"k"));
+        let took = started.elapsed();
+        assert_eq!(r.status, 200, "fail open lets the request through");
+        assert_eq!(
+            r.header("x-ratelimit-limit"),
+            None,
+            "no decision, no headers"
+        );
+        // Connection refused is immediate: far below the 150 ms timeout plus slack.
+        assert!(took < Duration::from_millis(1000), "took {took:?}");
+    }
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_open"), 5);
+    assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 5);
+    let log = stack.envoy.process.log_text();
+    let warnings = log
+        .matches("bridge failure, failure_mode Open applied")
+        .count();
+    // One line per worker per 10 s at most (2 workers), not one per request.
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} failure lines:\n{log}"
+    );
+}
+
+#[test]
+fn webdis_down_fails_closed_with_503() {
+    let mut stack = Stack::start(
+        "e2e-webdis-down-closed",
+        &[("\"failure_mode\": \"open\"", "\"failure_mode\": \"closed\"")],
+    );
+    assert_eq!(hit(&stack.envoy, Some(b"k")).status, 200);
+    stack.webdis.process.stop();
+    let r = hit(&stack.envoy, Some(b"k"));
+    assert_eq!(r.status, 503);
+    assert_eq!(r.text(), "rate limiter unavailable\n");
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_closed"), 1);
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_open"), 0);
+}
+
+#[test]
+fn webdis_hung_answers_after_about_the_timeout() {
+    let stack = Stack::start("e2e-webdis-hung", &[]);
+    assert_eq!(hit(&stack.envoy, Some(b"k")).status, 200);
+    stack.webdis.process.pause();
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = hit(&stack.envoy, Some(b"k"));
+        took.push(started.elapsed());
+        assert_eq!(r.status, 200, "fail open after the timeout");
+    }
+    stack.webdis.process.resume();
+    for t in &took {
+        // The configured timeout is 150 ms: not sooner, and not much later.
+        assert!(
+            *t >= Duration::from_millis(140),
+            "answered before the timeout: {took:?}"
+        );
+        assert!(
+            *t < Duration::from_millis(1500),
+            "answered long after the timeout: {took:?}"
+        );
+    }
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_open"), 3);
+}
+
+#[test]
+fn redis_restart_needs_no_manual_step() {
+    let mut stack = Stack::start("e2e-redis-restart", &[]);
+    assert_full_bucket_then_limited(&stack.envoy, Some(b"before"));
+    stack.redis.restart();
+    // Webdis reconnects within about half a second; until then requests fail open.
+    wait_for(
+        "decisions to come back after the restart",
+        Duration::from_secs(20),
+        || {
+            hit(&stack.envoy, Some(b"probe"))
+                .header("x-ratelimit-limit")
+                .map(|_| ())
+        },
+    );
+    // Redis lost the script: the filter loaded it again by itself.
+    assert!(stack.envoy.counter("ratelimit_script_loads") >= 1);
+    // And Redis lost the buckets: "before" starts full again, and is limited exactly.
+    assert_full_bucket_then_limited(&stack.envoy, Some(b"before"));
+    assert_full_bucket_then_limited(&stack.envoy, Some(b"after"));
+}
+
+#[test]
+fn two_envoys_sharing_redis_allow_exactly_capacity_in_total() {
+    const CAP: usize = 50;
+    const CONNECTIONS_PER_ENVOY: usize = 8;
+    const REQUESTS_PER_CONNECTION: usize = 15;
+    let dir = WorkDir::new("e2e-global");
+    let redis = Redis::start(&dir);
+    // Each replica has its own Webdis, as it would next to each Envoy; Redis is the one shared
+    // part. Negligible refill (50 per day), and a generous timeout so that no request fails
+    // open on this small machine: failures are counted and must be zero.
+    let edits = [
+        (
+            "\"limit\": { \"capacity\": 10, \"rate\": 10, \"per\": \"1m\" }",
+            "\"limit\": { \"capacity\": 50, \"rate\": 50, \"per\": \"1d\" }",
+        ),
+        ("\"timeout\": \"150ms\"", "\"timeout\": \"5s\""),
+    ];
+    let webdis: Vec<Webdis> = (0..2).map(|_| Webdis::start(&dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| Envoy::start(&dir, w.port, &edits))
+        .collect();
+
+    let allowed = Arc::new(AtomicUsize::new(0));
+    let denied = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        for envoy in &envoys {
+            for _ in 0..CONNECTIONS_PER_ENVOY {
+                let (allowed, denied, port) = (allowed.clone(), denied.clone(), envoy.port);
+                scope.spawn(move || {
+                    for _ in 0..REQUESTS_PER_CONNECTION {
+                        let r = get(port, "/", &[("x-api-key", b"shared-hot-key")]).unwrap();
+                        match r.status {
+                            200 => allowed.fetch_add(1, Ordering::SeqCst),
+                            429 => denied.fetch_add(1, Ordering::SeqCst),
+                            other => panic!("unexpected status {other}"),
+                        };
+                    }
+                });
+            }
+        }
+    });
+    let total = 2 * CONNECTIONS_PER_ENVOY * REQUESTS_PER_CONNECTION;
+    for envoy in &envoys {
+        assert_eq!(envoy.counter("ratelimit_bridge_errors"), 0);
+        assert!(
+            envoy.counter("ratelimit_allowed") > 0,
+            "both replicas took part"
+        );
+    }
+    assert_eq!(
+        allowed.load(Ordering::SeqCst),
+        CAP,
+        "allowed across both replicas"
+    );
+    assert_eq!(denied.load(Ordering::SeqCst), total - CAP);
+}
+
+#[test]
+fn bad_filter_config_stops_envoy_and_names_the_field() {
+    let dir = WorkDir::new("e2e-bad-config");
+    let cases = [
+        (
+            "\"capacity\": 10",
+            "\"capacity\": 0",
+            "limit.capacity: must be >= 1",
+        ),
+        ("\"rate\": 10", "\"rate\": -1", "limit.rate: must be > 0"),
+        (
+            "\"failure_mode\": \"open\"",
+            "\"failure_mode\": \"sometimes\"",
+            "failure_mode: unknown variant `sometimes`",
+        ),
+        (
+            "\"timeout\": \"150ms\"",
+            "\"timeout\": \"0ms\"",
+            "bridge.timeout: must be between 1ms and 60s",
+        ),
+        (
+            "\"key_prefix\": \"rl:\"",
+            "\"key_prefx\": \"rl:\"",
+            "key_prefx: unknown field `key_prefx`",
+        ),
+    ];
+    for (from, to, message) in cases {
+        // Webdis is never reached: the config is refused before any request.
+        let mut envoy = Envoy::launch(&dir, 1, &[(from, to)]);
+        let status = envoy
+            .process
+            .wait_exit(Duration::from_secs(30))
+            .expect("envoy should exit on a bad filter config");
+        assert!(!status.success(), "{to}: exit status {status}");
+        let log = envoy.process.log_text();
+        assert!(
+            log.contains(&format!("invalid filter configuration: {message}")),
+            "{to}: log does not name the field:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn shipped_envoy_configs_validate() {
+    e2e::wasm_path();
+    let envoy_dir = root().join("envoy");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&envoy_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let (ok, output) = validate_config(&root(), &path);
+            assert!(ok, "{} does not validate:\n{output}", path.display());
+            assert!(output.contains("OK"), "{output}");
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 1,
+        "no envoy configs found in {}",
+        envoy_dir.display()
+    );
+}
+
+#[test]
+fn webdis_with_the_shipped_config_refuses_everything_but_the_limiter() {
+    let stack = Stack::start("e2e-lockdown", &[]);
+    assert_eq!(hit(&stack.envoy, Some(b"k")).status, 200);
+    let port = stack.webdis.port;
+    let auth = stack.webdis.authorization();
+    let with_auth: [(&str, &[u8]); 1] = [("authorization", &auth)];
+    for path in [
+        "/FLUSHALL",
+        "/KEYS/*",
+        "/CONFIG/GET/*",
+        "/EVAL/return%201/0",
+        "/EVAL/return%20redis.call('FLUSHALL')/0",
+        "/SET/rl:x/1",
+        "/DEL/rl:key:x",
+        "/HSET/rl:x/tokens/999",
+    ] {
+        let r = get(port, path, &with_auth).unwrap();
+        assert_eq!(
+            r.status,
+            403,
+            "{path} should be refused by Webdis's ACL: {}",
+            r.text()
+        );
+    }
+    // Without the credentials even the limiter's own command is refused.
+    let sha = e2e::script_sha();
+    let r = get(port, &format!("/EVALSHA/{sha}/1/rl:x/1/1/1/1"), &[]).unwrap();
+    assert_eq!(r.status, 403);
+    // SCRIPT passes Webdis (its ACL cannot tell LOAD from FLUSH), Redis's ACL stops FLUSH.
+    let r = get(port, "/SCRIPT/FLUSH", &with_auth).unwrap();
+    assert!(r.text().contains("NOPERM"), "{}", r.text());
+    // Nothing was flushed: the bucket is still there, and the script too.
+    let mut admin = stack.redis.admin();
+    assert_eq!(admin.cmd(&["DBSIZE"]).unwrap().int(), 1);
+    let exists = admin.cmd(&["SCRIPT", "EXISTS", &sha]).unwrap().items();
+    assert_eq!(exists[0].int(), 1);
+}
