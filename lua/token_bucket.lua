@@ -1,77 +1,43 @@
--- Token bucket, decided atomically: refill by elapsed time, then take or refuse.
+-- Token bucket: `burst` tokens at most, refilled continuously at `limit` per `window`.
+-- Smooth: a client that waits gets tokens back gradually; a full bucket allows a burst.
 --
--- KEYS[1]  the bucket, a hash with two fields:
---            tokens  tokens left after the last decision (decimal string, may be fractional)
---            ts      Unix time of the last decision in nanoseconds, stored exactly as given
--- ARGV[1]  rate: tokens added per second (decimal, > 0, may be fractional)
--- ARGV[2]  capacity: most tokens the bucket holds (>= 1)
--- ARGV[3]  now: Unix time in nanoseconds (decimal integer string), from the caller's clock
--- ARGV[4]  requested: tokens this request costs (>= 0)
---
--- Returns {allowed, tokens, retry_after_ms}:
---   allowed         1 when the tokens were taken, 0 when the request is refused
---   tokens          tokens left, as a string (Redis would truncate a Lua number)
---   retry_after_ms  when refused, ms until enough tokens will be there (string); "0" when allowed
-
-local rate = tonumber(ARGV[1])
-local capacity = tonumber(ARGV[2])
-local now = ARGV[3]
-local requested = tonumber(ARGV[4])
-if not rate or rate <= 0 or not capacity or capacity < 1 or not requested or requested < 0
-    or not string.match(now, '^%d+$') then
-  return redis.error_reply('ERR token_bucket: bad arguments')
-end
-
--- Nanosecond timestamps (~1.8e18) do not fit a double exactly, so the difference is taken
--- on the seconds and nanoseconds parts separately: exact elapsed time, not +-256 ns.
-local function split_ns(ts)
-  local len = string.len(ts)
-  if len <= 9 then
-    return 0, tonumber(ts)
-  end
-  return tonumber(string.sub(ts, 1, len - 9)), tonumber(string.sub(ts, len - 8))
-end
-
--- Is timestamp a later than b? Equal-length digit strings compare like numbers.
-local function later(a, b)
-  if string.len(a) ~= string.len(b) then
-    return string.len(a) > string.len(b)
-  end
-  return a > b
-end
-
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(state[1])
-local last = state[2]
-local stamp = now
-
-if tokens == nil or not last then
-  tokens = capacity
-else
-  -- A clock that went backwards refills nothing, and the stored time never moves back,
-  -- or the same interval would be credited twice once the clock catches up.
-  if later(now, last) then
-    local now_s, now_ns = split_ns(now)
-    local last_s, last_ns = split_ns(last)
-    local elapsed = (now_s - last_s) + (now_ns - last_ns) / 1e9
-    tokens = math.min(capacity, tokens + elapsed * rate)
+-- State (a hash at the limit's key):
+--   tokens  tokens left after the last decision (%.17g: the stored float is exact)
+--   ts      Unix ns of the last decision, stored exactly as given, never moved back
+-- Memory: one small hash per key. Expires once the bucket would be full again, + 60 s.
+ALGORITHMS.token_bucket = function(key, p, now)
+  local rate = p.limit / p.window -- tokens per ms
+  local capacity = p.burst
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(state[1])
+  local stamp = now.str
+  if tokens == nil or not state[2] then
+    tokens = capacity
+  elseif later(now.str, state[2]) then
+    tokens = math.min(capacity, tokens + elapsed_ms(state[2], now.str) * rate)
   else
-    stamp = last
+    -- A clock that went backwards refills nothing, and the stored time stays, or the same
+    -- interval would be credited twice once the clock catches up.
+    stamp = state[2]
+    tokens = math.min(capacity, tokens)
   end
-  tokens = math.min(capacity, tokens)
+
+  local d = {
+    allowed = tokens >= p.cost,
+    kept_remaining = tokens,
+    kept_reset = (capacity - tokens) / rate,
+    retry = 0,
+  }
+  if d.allowed then
+    local left = tokens - p.cost
+    d.taken_remaining = left
+    d.taken_reset = (capacity - left) / rate
+    d.commit = function()
+      redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
+      redis.call('PEXPIRE', key, math.ceil(capacity / rate) + 60000)
+    end
+  else
+    d.retry = math.ceil((p.cost - tokens) / rate)
+  end
+  return d
 end
-
-local allowed = 0
-local retry_after_ms = 0
-if tokens >= requested then
-  tokens = tokens - requested
-  allowed = 1
-else
-  retry_after_ms = math.ceil((requested - tokens) / rate * 1000)
-end
-
-redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', stamp)
--- Once the bucket could have refilled completely its state says nothing: let it go.
-redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate) + 60)
-
-return {allowed, tostring(tokens), tostring(retry_after_ms)}

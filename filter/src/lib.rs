@@ -13,7 +13,7 @@ use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
     BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Host, LogThrottle, RequestFlow,
-    Verdict,
+    RequestView, Verdict,
 };
 
 /// Bridge replies larger than this are cut (and so fail to parse): a decision is tiny.
@@ -62,13 +62,11 @@ impl RootContext for Root {
                 Err(status) => log::warn!("cannot define metric {}: {status:?}", counter.name()),
             }
         }
+        let limits: usize = config.rules.iter().map(|r| r.limits.len()).sum();
         log::info!(
-            "configured: cluster {}, capacity {}, {} tokens/s, failure mode {:?}, timeout {:?}",
-            config.bridge.cluster,
-            config.limit.capacity,
-            config.limit.rate_per_second,
-            config.failure_mode,
-            config.bridge.timeout
+            "configured: {} rules, {limits} limits, bridge cluster {}",
+            config.rules.len(),
+            config.bridge.cluster
         );
         self.shared = Some(Rc::new(Shared {
             config,
@@ -165,26 +163,40 @@ struct EnvoyHost<'a> {
     pending_call: &'a mut Option<u32>,
 }
 
-impl Host for EnvoyHost<'_> {
-    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+impl RequestView for EnvoyHost<'_> {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
         hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
             .ok()
             .flatten()
     }
 
     fn source_address(&self) -> Option<String> {
-        let bytes = hostcalls::get_property(vec!["source", "address"])
-            .ok()
-            .flatten()?;
-        String::from_utf8(bytes).ok()
+        property_text(&["source", "address"])
     }
 
+    fn route_name(&self) -> Option<String> {
+        // `xds.route_name` in current Envoy; `route_name` in older releases.
+        property_text(&["xds", "route_name"]).or_else(|| property_text(&["route_name"]))
+    }
+}
+
+fn property_text(path: &[&str]) -> Option<String> {
+    let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
+    String::from_utf8(bytes).ok()
+}
+
+impl Host for EnvoyHost<'_> {
     fn now_unix_ns(&self) -> Option<u128> {
         let now = hostcalls::get_current_time().ok()?;
         Some(now.duration_since(UNIX_EPOCH).ok()?.as_nanos())
     }
 
-    fn dispatch(&mut self, bridge: &Bridge, request: &BridgeRequest) -> Result<(), String> {
+    fn dispatch(
+        &mut self,
+        bridge: &Bridge,
+        request: &BridgeRequest,
+        timeout: Duration,
+    ) -> Result<(), String> {
         let headers = request.headers(bridge);
         let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         let token = hostcalls::dispatch_http_call(
@@ -192,7 +204,7 @@ impl Host for EnvoyHost<'_> {
             headers,
             request.body.as_deref(),
             vec![],
-            bridge.timeout,
+            timeout,
         )
         .map_err(|status| {
             format!(
@@ -245,8 +257,7 @@ impl Host for EnvoyHost<'_> {
         let now = self.now_unix_ns().unwrap_or(0);
         if let Some(suppressed) = self.shared.failure_log.borrow_mut().admit(now) {
             log::warn!(
-                "bridge failure, failure_mode {:?} applied: {failure} ({suppressed} similar lines suppressed)",
-                self.shared.config.failure_mode
+                "bridge failure, failure policy applied: {failure} ({suppressed} similar lines suppressed)"
             );
         }
     }

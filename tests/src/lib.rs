@@ -5,6 +5,7 @@
 pub mod http;
 pub mod procs;
 pub mod resp;
+pub mod sf;
 
 pub use http::{get, Response};
 pub use procs::{Envoy, Redis, Stack, Webdis, WorkDir};
@@ -64,15 +65,33 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
-/// A free TCP port on 127.0.0.1 (the OS picks it; the listener is closed again at once).
+/// A free TCP port on 127.0.0.1, below the kernel's ephemeral range (32768+), so that the
+/// many client connections of a test cannot take it between this call and the server's bind.
+/// Each process starts at its own place in the range, so concurrent test runs rarely meet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    if NEXT.load(Ordering::SeqCst) == u32::MAX {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let start = (std::process::id().wrapping_mul(7919) ^ nanos) % SPAN;
+        let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        let port = u16::try_from(port).expect("port fits u16");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
 /// Embedded script hash, as the filter computes it.
 pub fn script_sha() -> String {
-    ratelimit_core::sha1::sha1_hex(ratelimit_core::TOKEN_BUCKET_LUA.as_bytes())
+    ratelimit_core::sha1::sha1_hex(ratelimit_core::DECISION_LUA.as_bytes())
 }

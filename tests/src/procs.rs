@@ -247,22 +247,42 @@ impl Envoy {
     /// The shipped envoy/envoy.yaml on free ports, talking to Webdis on `webdis_port`, with
     /// `edits` applied (each `from` must occur exactly once). Waits until it is LIVE.
     pub fn start(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
-        let mut envoy = Envoy::launch(dir, webdis_port, edits);
+        Envoy::launch(dir, webdis_port, edits).wait_live()
+    }
+
+    fn wait_live(self) -> Envoy {
+        let mut envoy = self;
         let admin = envoy.admin_port;
+        let config_path = envoy.config_path.display().to_string();
         wait_for("envoy to be LIVE", START_TIMEOUT, || {
             envoy.process.assert_running();
             get(admin, "/ready", &[])
                 .ok()
-                .filter(|r| r.status == 200 && r.text().contains("LIVE"))
+                .filter(|r| r.status == 200 && r.text().contains("LIVE"))?;
+            // LIVE from whoever holds the port is not enough: it must be this Envoy.
+            get(admin, "/server_info", &[])
+                .ok()
+                .filter(|r| r.text().contains(&*config_path))
         });
         envoy
     }
 
     /// Starts Envoy without waiting for readiness (for configs that must be refused).
     pub fn launch(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
+        Envoy::launch_file(dir, &root().join("envoy/envoy.yaml"), webdis_port, edits)
+    }
+
+    /// Like [`Envoy::start`], from another config written for the same ports and files
+    /// (the examples in envoy/examples/).
+    pub fn start_file(dir: &WorkDir, file: &Path, webdis_port: u16) -> Envoy {
+        let envoy = Envoy::launch_file(dir, file, webdis_port, &[]);
+        envoy.wait_live()
+    }
+
+    fn launch_file(dir: &WorkDir, file: &Path, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
         let port = free_port();
         let admin_port = free_port();
-        let config = envoy_config(port, admin_port, webdis_port, edits);
+        let config = envoy_config_from(file, port, admin_port, webdis_port, edits);
         let config_path = dir.file(&format!("envoy-{port}.yaml"));
         fs::write(&config_path, config).expect("write envoy config");
         let mut command = Command::new(envoy_bin());
@@ -278,6 +298,45 @@ impl Envoy {
             &mut command,
             dir.file(&format!("envoy-{port}.log")),
         );
+        Envoy {
+            port,
+            admin_port,
+            process,
+            config_path,
+        }
+    }
+
+    /// Starts Envoy on `config` (YAML already written for `port` and `admin_port`) with
+    /// `concurrency` worker threads, and waits until it is LIVE. For the benchmark, which
+    /// needs 1 worker and configs that are not the shipped one with edits.
+    pub fn start_config(
+        dir: &WorkDir,
+        port: u16,
+        admin_port: u16,
+        config: &str,
+        concurrency: u32,
+    ) -> Envoy {
+        let config_path = dir.file(&format!("envoy-{port}.yaml"));
+        fs::write(&config_path, config).expect("write envoy config");
+        let mut command = Command::new(envoy_bin());
+        command.arg("-c").arg(&config_path).args([
+            "--concurrency",
+            &concurrency.to_string(),
+            "--disable-hot-restart",
+            "--log-level",
+            "info",
+        ]);
+        let mut process = Process::spawn(
+            "envoy",
+            &mut command,
+            dir.file(&format!("envoy-{port}.log")),
+        );
+        wait_for("envoy to be LIVE", START_TIMEOUT, || {
+            process.assert_running();
+            get(admin_port, "/ready", &[])
+                .ok()
+                .filter(|r| r.status == 200 && r.text().contains("LIVE"))
+        });
         Envoy {
             port,
             admin_port,
@@ -315,7 +374,24 @@ pub fn envoy_config(
     webdis_port: u16,
     edits: &[(&str, &str)],
 ) -> String {
-    let shipped = fs::read_to_string(root().join("envoy/envoy.yaml")).expect("read envoy.yaml");
+    envoy_config_from(
+        &root().join("envoy/envoy.yaml"),
+        port,
+        admin_port,
+        webdis_port,
+        edits,
+    )
+}
+
+/// An Envoy config file written for the shipped ports, moved to the test's ports.
+pub fn envoy_config_from(
+    file: &Path,
+    port: u16,
+    admin_port: u16,
+    webdis_port: u16,
+    edits: &[(&str, &str)],
+) -> String {
+    let shipped = fs::read_to_string(file).expect("read envoy config");
     let wasm = wasm_path();
     let mut replacements = vec![
         (
@@ -389,4 +465,26 @@ pub fn validate_config(cwd: &Path, config: &Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// An edit for `Envoy::start` that swaps the whole filter JSON of the shipped envoy.yaml for
+/// `json` (the block under `value: |`).
+pub fn filter_config_edit(json: &str) -> (String, String) {
+    let shipped = fs::read_to_string(root().join("envoy/envoy.yaml")).expect("read envoy.yaml");
+    let start = shipped
+        .find("value: |\n")
+        .expect("envoy.yaml has the filter JSON block")
+        + "value: |\n".len();
+    let indent = shipped[start..].len() - shipped[start..].trim_start_matches(' ').len();
+    let block_len: usize = shipped[start..]
+        .split_inclusive('\n')
+        .take_while(|line| line.starts_with(&" ".repeat(indent)))
+        .map(str::len)
+        .sum();
+    let old = shipped[start..start + block_len].to_string();
+    let new: String = json
+        .lines()
+        .map(|line| format!("{}{line}\n", " ".repeat(indent)))
+        .collect();
+    (old, new)
 }

@@ -11,6 +11,15 @@ use e2e::{get, root, wait_for, Envoy, Redis, Response, Stack};
 /// The demo policy in envoy/envoy.yaml: capacity 10, 10 tokens per minute.
 const CAPACITY: usize = 10;
 
+/// The Redis key of the demo rule's bucket for an identity.
+fn bucket_key(label: &str, id: &str) -> String {
+    format!("rl:{{{label}:{id}}}:per_client:per_minute")
+}
+
+fn digest(identity: &[u8]) -> String {
+    ratelimit_core::sha1::sha1_hex(identity)
+}
+
 fn hit(envoy: &Envoy, api_key: Option<&[u8]>) -> Response {
     let headers: Vec<(&str, &[u8])> = api_key.map(|k| ("x-api-key", k)).into_iter().collect();
     get(envoy.port, "/", &headers).expect("request through envoy")
@@ -32,8 +41,9 @@ fn assert_full_bucket_then_limited(envoy: &Envoy, api_key: Option<&[u8]>) {
     }
     let r = hit(envoy, api_key);
     assert_eq!(r.status, 429, "request {CAPACITY} for {who:?}");
-    // One token every 6 s at 10 per minute.
+    // One token every 6 s at 10 per minute; whole again in 60 s.
     assert_eq!(r.header("retry-after"), Some("6"));
+    assert_eq!(r.header("x-ratelimit-reset"), Some("60"));
     assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(r.text(), "rate limit exceeded\n");
@@ -48,8 +58,8 @@ fn fresh_key_gets_exactly_capacity_then_429() {
     assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
     // The identity is stored as a digest, never in clear.
     let keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().text();
-    let digest = ratelimit_core::sha1::sha1_hex(b"alice");
-    assert_eq!(keys, format!("[rl:key:{digest}]"));
+    let expected = bucket_key("header:x-api-key", &digest(b"alice"));
+    assert_eq!(keys, format!("[{expected}]"));
 }
 
 #[test]
@@ -61,7 +71,7 @@ fn keys_are_independent_and_requests_without_a_key_are_limited_by_ip() {
     // No API key (or an empty one): the client IP's bucket, shared by both.
     assert_full_bucket_then_limited(&stack.envoy, None);
     assert_eq!(hit(&stack.envoy, Some(b"")).status, 429);
-    let ip_key = format!("rl:ip:{}", ratelimit_core::sha1::sha1_hex(b"127.0.0.1"));
+    let ip_key = bucket_key("client_ip", &digest(b"127.0.0.1"));
     let exists = stack.redis.admin().cmd(&["EXISTS", &ip_key]).unwrap().int();
     assert_eq!(exists, 1, "bucket of 127.0.0.1, port stripped");
 }
@@ -97,12 +107,16 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
         "one bucket each: {keys:?}"
     );
     for key in hostile_keys() {
-        let printable = key.len() <= 128 && key.iter().all(|b| b.is_ascii_graphic());
-        let expected = if readable && printable {
-            format!("rl:key:{}", String::from_utf8_lossy(&key))
+        let printable = key.len() <= 128
+            && key
+                .iter()
+                .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        let id = if readable && printable {
+            String::from_utf8_lossy(&key).into_owned()
         } else {
-            format!("rl:key:{}", ratelimit_core::sha1::sha1_hex(&key))
+            digest(&key)
         };
+        let expected = bucket_key("header:x-api-key", &id);
         let tokens = stack
             .redis
             .admin()
@@ -157,7 +171,7 @@ fn webdis_down_fails_open_at_once() {
     assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 5);
     let log = stack.envoy.process.log_text();
     let warnings = log
-        .matches("bridge failure, failure_mode Open applied")
+        .matches("bridge failure, failure policy applied")
         .count();
     // One line per worker per 10 s at most (2 workers), not one per request.
     assert!(
@@ -242,8 +256,8 @@ fn two_envoys_sharing_redis_allow_exactly_capacity_in_total() {
     // open on this small machine: failures are counted and must be zero.
     let edits = [
         (
-            "\"limit\": { \"capacity\": 10, \"rate\": 10, \"per\": \"1m\" }",
-            "\"limit\": { \"capacity\": 50, \"rate\": 50, \"per\": \"1d\" }",
+            "\"limit\": 10, \"window\": \"1m\"",
+            "\"limit\": 50, \"window\": \"1d\"",
         ),
         ("\"timeout\": \"150ms\"", "\"timeout\": \"5s\""),
     ];
@@ -293,11 +307,20 @@ fn bad_filter_config_stops_envoy_and_names_the_field() {
     let dir = WorkDir::new("e2e-bad-config");
     let cases = [
         (
-            "\"capacity\": 10",
-            "\"capacity\": 0",
-            "limit.capacity: must be >= 1",
+            "\"limit\": 10",
+            "\"limit\": 0",
+            "rules[0].limits[0].limit: must be >= 1",
         ),
-        ("\"rate\": 10", "\"rate\": -1", "limit.rate: must be > 0"),
+        (
+            "\"window\": \"1m\"",
+            "\"window\": \"0s\"",
+            "rules[0].limits[0].window: must be > 0",
+        ),
+        (
+            "\"token_bucket\"",
+            "\"leaky_bucket\"",
+            "rules[0].limits[0].algorithm: unknown variant `leaky_bucket`",
+        ),
         (
             "\"failure_mode\": \"open\"",
             "\"failure_mode\": \"sometimes\"",
@@ -333,21 +356,27 @@ fn bad_filter_config_stops_envoy_and_names_the_field() {
 #[test]
 fn shipped_envoy_configs_validate() {
     e2e::wasm_path();
-    let envoy_dir = root().join("envoy");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&envoy_dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "yaml") {
-            let (ok, output) = validate_config(&root(), &path);
-            assert!(ok, "{} does not validate:\n{output}", path.display());
-            assert!(output.contains("OK"), "{output}");
-            checked += 1;
+    let mut checked = Vec::new();
+    for dir in [root().join("envoy"), root().join("envoy/examples")] {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let (ok, output) = validate_config(&root(), &path);
+                assert!(ok, "{} does not validate:\n{output}", path.display());
+                assert!(output.contains("OK"), "{output}");
+                checked.push(path.file_name().unwrap().to_string_lossy().into_owned());
+            }
         }
     }
-    assert!(
-        checked >= 1,
-        "no envoy configs found in {}",
-        envoy_dir.display()
+    checked.sort();
+    assert_eq!(
+        checked,
+        [
+            "envoy.yaml",
+            "internal_shadow.yaml",
+            "login_per_ip.yaml",
+            "public_api_tiers.yaml"
+        ]
     );
 }
 
@@ -365,7 +394,7 @@ fn webdis_with_the_shipped_config_refuses_everything_but_the_limiter() {
         "/EVAL/return%201/0",
         "/EVAL/return%20redis.call('FLUSHALL')/0",
         "/SET/rl:x/1",
-        "/DEL/rl:key:x",
+        "/DEL/rl:x",
         "/HSET/rl:x/tokens/999",
     ] {
         let r = get(port, path, &with_auth).unwrap();

@@ -4,8 +4,9 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::config::{Bridge, Config};
+use crate::config::Bridge;
 use crate::encode::path_segment;
+use crate::plan::LimitCheck;
 
 /// One HTTP call to Webdis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,18 +17,24 @@ pub struct BridgeRequest {
 }
 
 impl BridgeRequest {
-    /// `EVALSHA` of the token bucket for `key`, costing `cost` tokens at `now_ns`.
-    /// Every segment is percent-encoded: no value can add, move or change an argument.
-    pub fn evalsha(config: &Config, key: &str, now_ns: u128, cost: u64) -> BridgeRequest {
-        let args = [
-            config.script_sha.clone(),
-            "1".to_string(),
-            key.to_string(),
-            config.limit.rate_per_second.to_string(),
-            config.limit.capacity.to_string(),
-            now_ns.to_string(),
-            cost.to_string(),
-        ];
+    /// One `EVALSHA` of the decision script for all of a request's checks. `clock` is the
+    /// Unix time in ns, or `"redis"` for Redis's own clock. Every segment is percent-encoded:
+    /// no value can add, move or change an argument.
+    pub fn evalsha(script_sha: &str, clock: &str, checks: &[LimitCheck]) -> BridgeRequest {
+        let mut args: Vec<String> = Vec::with_capacity(4 + 7 * checks.len());
+        args.push(script_sha.to_string());
+        args.push(checks.len().to_string());
+        args.extend(checks.iter().map(|c| c.key.clone()));
+        args.push(clock.to_string());
+        args.push(checks.len().to_string());
+        for c in checks {
+            args.push(c.algorithm.name().to_string());
+            args.push(c.per_window.to_string());
+            args.push(c.window_ms.to_string());
+            args.push(c.burst.to_string());
+            args.push(c.cost.to_string());
+            args.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
+        }
         let mut path = String::from("/EVALSHA");
         for arg in &args {
             path.push('/');
@@ -45,7 +52,7 @@ impl BridgeRequest {
         BridgeRequest {
             method: "PUT",
             path: "/SCRIPT/LOAD".to_string(),
-            body: Some(crate::TOKEN_BUCKET_LUA.as_bytes().to_vec()),
+            body: Some(crate::DECISION_LUA.as_bytes().to_vec()),
         }
     }
 
@@ -74,14 +81,24 @@ pub struct BridgeReply<'a> {
     pub body: &'a [u8],
 }
 
-/// What Redis decided for one request.
+/// What Redis decided for one limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Decision {
+pub struct LimitResult {
     pub allowed: bool,
-    /// Tokens left after this decision (may be fractional).
+    /// Units left after this request (charged only if the request was allowed).
     pub remaining: f64,
-    /// When refused: milliseconds until the request would be allowed.
-    pub retry_after_ms: f64,
+    /// Milliseconds until the limit is whole again.
+    pub reset_ms: f64,
+    /// When refused: milliseconds until this request would be allowed.
+    pub retry_ms: f64,
+}
+
+/// What Redis decided for one request: all limits, in the order they were sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Every enforced limit allowed, and the request was charged.
+    pub allowed: bool,
+    pub limits: Vec<LimitResult>,
 }
 
 /// Why the bridge gave no decision. Every one of these goes to the failure policy.
@@ -130,8 +147,13 @@ pub enum EvalOutcome {
 
 const MAX_ERROR_TEXT: usize = 200;
 
-/// Reads the reply to an `EVALSHA`: `{"EVALSHA":[1,"4","0"]}` or an error in a 200 body.
-pub fn parse_eval_reply(reply: BridgeReply<'_>) -> Result<EvalOutcome, BridgeFailure> {
+/// Reads the reply to an `EVALSHA` of `expected` limits:
+/// `{"EVALSHA":[committed, n, allowed_1, "remaining_1", "reset_1", "retry_1", ...]}`,
+/// or an error in a 200 body.
+pub fn parse_eval_reply(
+    reply: BridgeReply<'_>,
+    expected: usize,
+) -> Result<EvalOutcome, BridgeFailure> {
     let items = command_result(reply, "EVALSHA")?;
     let items = items
         .as_array()
@@ -146,24 +168,37 @@ pub fn parse_eval_reply(reply: BridgeReply<'_>) -> Result<EvalOutcome, BridgeFai
         }
         return Err(BridgeFailure::Redis(shown));
     }
-    let [allowed, remaining, retry] = items.as_slice() else {
+    let [committed, count, rest @ ..] = items.as_slice() else {
+        return Err(BridgeFailure::BadReply("EVALSHA result is too short"));
+    };
+    let allowed = flag(committed).ok_or(BridgeFailure::BadReply("decision flag is not 0 or 1"))?;
+    if count.as_u64() != Some(expected as u64) || rest.len() != 4 * expected {
         return Err(BridgeFailure::BadReply(
-            "EVALSHA result does not have 3 items",
+            "EVALSHA result has the wrong number of limits",
         ));
-    };
-    let allowed = match allowed.as_u64() {
-        Some(1) => true,
-        Some(0) => false,
-        _ => return Err(BridgeFailure::BadReply("allowed flag is not 0 or 1")),
-    };
-    Ok(EvalOutcome::Decided(Decision {
-        allowed,
-        remaining: non_negative_number(remaining).ok_or(BridgeFailure::BadReply(
-            "remaining tokens is not a number >= 0",
-        ))?,
-        retry_after_ms: non_negative_number(retry)
-            .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
-    }))
+    }
+    let mut limits = Vec::with_capacity(expected);
+    for chunk in rest.chunks_exact(4) {
+        limits.push(LimitResult {
+            allowed: flag(&chunk[0])
+                .ok_or(BridgeFailure::BadReply("allowed flag is not 0 or 1"))?,
+            remaining: non_negative_number(&chunk[1])
+                .ok_or(BridgeFailure::BadReply("remaining is not a number >= 0"))?,
+            reset_ms: non_negative_number(&chunk[2])
+                .ok_or(BridgeFailure::BadReply("reset is not a number >= 0"))?,
+            retry_ms: non_negative_number(&chunk[3])
+                .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
+        });
+    }
+    Ok(EvalOutcome::Decided(Decision { allowed, limits }))
+}
+
+fn flag(value: &Value) -> Option<bool> {
+    match value.as_u64() {
+        Some(1) => Some(true),
+        Some(0) => Some(false),
+        _ => None,
+    }
 }
 
 /// Reads the reply to `SCRIPT LOAD`: `{"SCRIPT":"<sha>"}`, which must name our script.
@@ -216,6 +251,7 @@ fn non_negative_number(value: &Value) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Algorithm;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -226,31 +262,52 @@ mod tests {
         }
     }
 
-    fn config() -> Config {
-        Config::parse(
-            br#"{"bridge": {"authority": "webdis.local", "username": "u", "password": "p"},
-                 "limit": {"capacity": 10, "rate": 10, "per": "1m"}}"#,
-        )
-        .unwrap()
+    fn check(key: &str, algorithm: Algorithm, shadow: bool) -> LimitCheck {
+        LimitCheck {
+            rule: 0,
+            limit: 0,
+            key: key.into(),
+            algorithm,
+            per_window: 10,
+            quota: 20,
+            window_ms: 60_000,
+            burst: 20,
+            cost: 1,
+            shadow,
+        }
     }
 
     #[test]
     fn evalsha_path_has_exactly_the_arguments_in_order() {
-        let c = config();
-        let req = BridgeRequest::evalsha(&c, "rl:key:abc", 1_764_489_269_123_456_789, 1);
+        let checks = [
+            check("rl:{k:1}:api:second", Algorithm::TokenBucket, false),
+            check("rl:{k:1}:api:day", Algorithm::FixedWindow, true),
+        ];
+        let req = BridgeRequest::evalsha("abc123", "1764489269123456789", &checks);
         let segments: Vec<&str> = req.path.split('/').collect();
         assert_eq!(
             segments,
             [
                 "",
                 "EVALSHA",
-                c.script_sha.as_str(),
-                "1",
-                "rl%3Akey%3Aabc",
-                "0%2E16666666666666666",
-                "10",
+                "abc123",
+                "2",
+                "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond",
+                "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
                 "1764489269123456789",
-                "1"
+                "2",
+                "token_bucket",
+                "10",
+                "60000",
+                "20",
+                "1",
+                "enforce",
+                "fixed_window",
+                "10",
+                "60000",
+                "20",
+                "1",
+                "shadow",
             ]
         );
         assert_eq!(req.method, "GET");
@@ -259,16 +316,24 @@ mod tests {
 
     #[test]
     fn hostile_key_cannot_add_arguments() {
-        let c = config();
-        let req = BridgeRequest::evalsha(&c, "rl:key:a/1000000/1000000.json", 1, 1);
-        assert_eq!(req.path.split('/').count(), 9);
+        let checks = [check(
+            "rl:{k:a/1000000/1000000.json}:r:l",
+            Algorithm::Gcra,
+            false,
+        )];
+        let req = BridgeRequest::evalsha("sha", "redis", &checks);
+        assert_eq!(req.path.split('/').count(), 13);
         assert!(!req.path.contains(".json"));
     }
 
     #[test]
     fn headers_carry_authority_auth_and_length() {
-        let c = config();
-        let headers = BridgeRequest::script_load().headers(&c.bridge);
+        let bridge = Bridge {
+            cluster: "webdis".into(),
+            authority: "webdis.local".into(),
+            authorization: Some("Basic dTpw".into()),
+        };
+        let headers = BridgeRequest::script_load().headers(&bridge);
         let get = |name: &str| {
             headers
                 .iter()
@@ -281,26 +346,33 @@ mod tests {
         assert_eq!(get("authorization").as_deref(), Some("Basic dTpw"));
         assert_eq!(
             get("content-length"),
-            Some(crate::TOKEN_BUCKET_LUA.len().to_string())
+            Some(crate::DECISION_LUA.len().to_string())
         );
     }
 
     #[test]
     fn decisions_are_read() {
         assert_eq!(
-            parse_eval_reply(ok(r#"{"EVALSHA":[1,"4","0"]}"#)),
+            parse_eval_reply(
+                ok(r#"{"EVALSHA":[1,2,1,"4","6000","0",0,"0.25","59000","4500"]}"#),
+                2
+            ),
             Ok(EvalOutcome::Decided(Decision {
                 allowed: true,
-                remaining: 4.0,
-                retry_after_ms: 0.0
-            }))
-        );
-        assert_eq!(
-            parse_eval_reply(ok(r#"{"EVALSHA":[0,"0.25","4500"]}"#)),
-            Ok(EvalOutcome::Decided(Decision {
-                allowed: false,
-                remaining: 0.25,
-                retry_after_ms: 4500.0
+                limits: vec![
+                    LimitResult {
+                        allowed: true,
+                        remaining: 4.0,
+                        reset_ms: 6000.0,
+                        retry_ms: 0.0
+                    },
+                    LimitResult {
+                        allowed: false,
+                        remaining: 0.25,
+                        reset_ms: 59000.0,
+                        retry_ms: 4500.0
+                    },
+                ]
             }))
         );
     }
@@ -308,9 +380,10 @@ mod tests {
     #[test]
     fn noscript_asks_for_a_load() {
         assert_eq!(
-            parse_eval_reply(ok(
-                r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#
-            )),
+            parse_eval_reply(
+                ok(r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#),
+                1
+            ),
             Ok(EvalOutcome::NoScript)
         );
     }
@@ -371,43 +444,55 @@ mod tests {
                 BridgeFailure::BadReply("EVALSHA result is not an array"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,"4"]}"#),
-                BridgeFailure::BadReply("EVALSHA result does not have 3 items"),
+                ok(r#"{"EVALSHA":[1]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too short"),
             ),
             (
-                ok(r#"{"EVALSHA":[2,"4","0"]}"#),
+                ok(r#"{"EVALSHA":[2,1,1,"4","0","0"]}"#),
+                BridgeFailure::BadReply("decision flag is not 0 or 1"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,2,1,"4","0","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result has the wrong number of limits"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,"4","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result has the wrong number of limits"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,true,"4","0","0"]}"#),
                 BridgeFailure::BadReply("allowed flag is not 0 or 1"),
             ),
             (
-                ok(r#"{"EVALSHA":[true,"4","0"]}"#),
-                BridgeFailure::BadReply("allowed flag is not 0 or 1"),
+                ok(r#"{"EVALSHA":[1,1,1,"four","0","0"]}"#),
+                BridgeFailure::BadReply("remaining is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,"four","0"]}"#),
-                BridgeFailure::BadReply("remaining tokens is not a number >= 0"),
+                ok(r#"{"EVALSHA":[1,1,1,"-1","0","0"]}"#),
+                BridgeFailure::BadReply("remaining is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,"-1","0"]}"#),
-                BridgeFailure::BadReply("remaining tokens is not a number >= 0"),
+                ok(r#"{"EVALSHA":[1,1,1,"inf","0","0"]}"#),
+                BridgeFailure::BadReply("remaining is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,"inf","0"]}"#),
-                BridgeFailure::BadReply("remaining tokens is not a number >= 0"),
+                ok(r#"{"EVALSHA":[1,1,1,"1",null,"0"]}"#),
+                BridgeFailure::BadReply("reset is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[0,"0",null]}"#),
+                ok(r#"{"EVALSHA":[0,1,0,"0","0",{}]}"#),
                 BridgeFailure::BadReply("retry-after is not a number >= 0"),
             ),
         ];
         for (reply, want) in cases {
             assert_eq!(
-                parse_eval_reply(reply),
+                parse_eval_reply(reply, 1),
                 Err(want),
                 "{:?}",
                 String::from_utf8_lossy(reply.body)
             );
         }
-        match parse_eval_reply(ok(&long_error)) {
+        match parse_eval_reply(ok(&long_error), 1) {
             Err(BridgeFailure::Redis(shown)) => {
                 assert_eq!(shown.chars().count(), MAX_ERROR_TEXT + 1)
             }

@@ -1,11 +1,13 @@
 //! The filter's JSON configuration: parsed with serde, then validated, every error naming the
-//! field it is about (`limit.rate: must be > 0`), so Envoy refuses a bad config at start-up
-//! with a message an operator can act on.
+//! field it is about (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config
+//! at start-up with a message an operator can act on.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::encode::base64;
 use crate::sha1::sha1_hex;
@@ -20,17 +22,104 @@ pub enum FailureMode {
     Closed,
 }
 
+/// Whose clock the decision uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Clock {
+    /// Envoy's time, passed to the script: deterministic, but replicas' clocks must agree.
+    #[default]
+    Proxy,
+    /// Redis `TIME`: one clock for the whole fleet.
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    #[default]
+    TokenBucket,
+    Gcra,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+    FixedWindow,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum HeaderMode {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    #[default]
+    #[serde(rename = "x-ratelimit")]
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    #[serde(rename = "ietf")]
+    Ietf,
+    #[serde(rename = "both")]
+    Both,
+    /// None of them (a 429 still carries `Retry-After`).
+    #[serde(rename = "none")]
+    None,
+}
+
+impl HeaderMode {
+    pub fn x_ratelimit(self) -> bool {
+        matches!(self, HeaderMode::XRateLimit | HeaderMode::Both)
+    }
+    pub fn ietf(self) -> bool {
+        matches!(self, HeaderMode::Ietf | HeaderMode::Both)
+    }
+}
+
+/// The body of a 429.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum DenyBody {
+    #[default]
+    #[serde(rename = "text")]
+    Text,
+    /// RFC 9457 `application/problem+json`, type `quota-exceeded`.
+    #[serde(rename = "problem+json")]
+    ProblemJson,
+}
+
+/// What to do with a rule when none of its key sources is present on a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenMissing {
+    /// Limit all such requests together under one `anonymous` key.
+    #[default]
+    Anonymous,
+    /// The rule does not apply to the request.
+    Skip,
+}
+
 /// A validated configuration, ready for the request path.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub bridge: Bridge,
-    pub failure_mode: FailureMode,
-    /// Lower-case name of the header carrying the API key.
-    pub api_key_header: String,
+    pub clock: Clock,
     pub key_prefix: String,
     pub hash_identities: bool,
-    pub limit: Limit,
-    /// SHA-1 of the embedded token bucket script, as `EVALSHA` wants it.
+    pub client_ip: ClientIpPolicy,
+    pub headers: HeaderMode,
+    pub deny_body: DenyBody,
+    pub rules: Vec<Rule>,
+    /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
 }
 
@@ -42,18 +131,109 @@ pub struct Bridge {
     pub authority: String,
     /// Ready-made `Authorization` header value, when Webdis requires basic auth.
     pub authorization: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIpPolicy {
+    /// 0: the connection's peer. N > 0: the Nth address from the right of X-Forwarded-For.
+    pub xff_trusted_hops: usize,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub name: String,
+    pub matcher: Match,
+    pub key: KeySpec,
+    pub limits: Vec<Limit>,
+    pub cost: Cost,
+    pub failure_mode: FailureMode,
     pub timeout: Duration,
+    pub shadow: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Match {
+    pub path: Option<PathMatch>,
+    /// Upper-case methods; empty matches any.
+    pub methods: Vec<String>,
+    pub header: Option<HeaderMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PathMatch {
+    Exact(String),
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeaderMatch {
+    pub name: String,
+    /// None: the header must be present; Some: it must equal this value.
+    pub value: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySpec {
+    /// Tried in order; the first whose sources are all present is the key.
+    pub alternatives: Vec<KeyAlternative>,
+    pub when_missing: WhenMissing,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyAlternative {
+    /// As written in the config (`header:x-api-key+path`): names the key's kind.
+    pub label: String,
+    pub sources: Vec<KeySource>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeySource {
+    /// A request header (lower-case name).
+    Header(String),
+    ClientIp,
+    Route,
+    Method,
+    /// The path without its query string.
+    Path,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
-    /// Most tokens a bucket holds: the burst a fresh client gets.
-    pub capacity: u64,
-    /// Tokens added per second.
-    pub rate_per_second: f64,
+    pub name: String,
+    pub algorithm: Algorithm,
+    /// Requests (cost units) per window.
+    pub limit: u64,
+    pub window: Duration,
+    /// Token bucket and GCRA: the most that can be spent at once (default: `limit`).
+    pub burst: u64,
 }
 
-/// A configuration error: the field (`limit.rate`) and what is wrong with it.
+impl Limit {
+    /// The quota a client sees in headers: the burst for buckets, the limit for windows.
+    pub fn quota(&self) -> u64 {
+        if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cost {
+    Fixed(u64),
+    /// Taken from a request header, which must hold an integer in `min..=max`; absent: `default`.
+    Header {
+        name: String,
+        min: u64,
+        max: u64,
+        default: u64,
+    },
+}
+
+/// A configuration error: the field (`rules[0].name`) and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub field: String,
@@ -88,34 +268,83 @@ struct RawConfig {
     bridge: RawBridge,
     #[serde(default = "default_failure_mode")]
     failure_mode: FailureMode,
-    #[serde(default = "default_api_key_header")]
-    api_key_header: String,
+    #[serde(default)]
+    shadow: bool,
+    #[serde(default)]
+    clock: Clock,
     #[serde(default = "default_key_prefix")]
     key_prefix: String,
     #[serde(default = "default_true")]
     hash_identities: bool,
-    limit: RawLimit,
+    #[serde(default)]
+    xff_trusted_hops: u8,
+    #[serde(default = "default_ipv4_prefix")]
+    ipv4_prefix: u8,
+    #[serde(default = "default_ipv6_prefix")]
+    ipv6_prefix: u8,
+    #[serde(default)]
+    headers: HeaderMode,
+    #[serde(default)]
+    deny_body: DenyBody,
+    rules: Vec<RawRule>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBridge {
-    #[serde(default = "default_cluster")]
-    cluster: String,
+    cluster: Option<String>,
     authority: Option<String>,
     username: Option<String>,
     password: Option<String>,
     timeout: Option<String>,
 }
 
-impl Default for RawBridge {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    #[serde(rename = "match", default)]
+    matcher: RawMatch,
+    #[serde(default)]
+    key: RawKey,
+    limits: Vec<RawLimit>,
+    cost: Option<Value>,
+    failure_mode: Option<FailureMode>,
+    timeout: Option<String>,
+    #[serde(default)]
+    shadow: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    path_exact: Option<String>,
+    path_prefix: Option<String>,
+    methods: Option<Vec<String>>,
+    header: Option<RawHeaderMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeaderMatch {
+    name: String,
+    value: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    #[serde(default = "default_key_from")]
+    from: Vec<String>,
+    #[serde(default)]
+    when_missing: WhenMissing,
+}
+
+impl Default for RawKey {
     fn default() -> Self {
-        RawBridge {
-            cluster: default_cluster(),
-            authority: None,
-            username: None,
-            password: None,
-            timeout: None,
+        RawKey {
+            from: default_key_from(),
+            when_missing: WhenMissing::default(),
         }
     }
 }
@@ -123,16 +352,25 @@ impl Default for RawBridge {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLimit {
-    capacity: u64,
-    rate: f64,
-    per: Option<String>,
+    name: String,
+    #[serde(default)]
+    algorithm: Algorithm,
+    limit: u64,
+    window: String,
+    burst: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCostHeader {
+    header: String,
+    min: Option<u64>,
+    max: Option<u64>,
+    default: Option<u64>,
 }
 
 fn default_failure_mode() -> FailureMode {
     FailureMode::Open
-}
-fn default_api_key_header() -> String {
-    "x-api-key".to_string()
 }
 fn default_key_prefix() -> String {
     "rl:".to_string()
@@ -140,12 +378,20 @@ fn default_key_prefix() -> String {
 fn default_true() -> bool {
     true
 }
-fn default_cluster() -> String {
-    "webdis".to_string()
+fn default_ipv4_prefix() -> u8 {
+    32
+}
+fn default_ipv6_prefix() -> u8 {
+    64
+}
+fn default_key_from() -> Vec<String> {
+    vec!["header:x-api-key".to_string(), "client_ip".to_string()]
 }
 
+const DEFAULT_CLUSTER: &str = "webdis";
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(150);
-const DEFAULT_PER: Duration = Duration::from_secs(1);
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_XFF_HOPS: u8 = 10;
 
 /// Reads an optional duration field, naming the field when the text is not a duration.
 fn duration_field(
@@ -164,27 +410,35 @@ fn duration_field(
     }
 }
 
+fn timeout_field(
+    text: Option<&str>,
+    field: &str,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    let timeout = duration_field(text, field, default)?;
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return Err(invalid(field, "must be between 1ms and 60s"));
+    }
+    Ok(timeout)
+}
+
 /// A duration written as a whole number and a unit: `150ms`, `2s`, `1m`, `1h`, `1d`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    {
-        let split = text.find(|c: char| !c.is_ascii_digit())?;
-        let (number, unit) = text.split_at(split);
-        let n: u64 = number.parse().ok()?;
-        let millis_per_unit: u64 = match unit {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => return None,
-        };
-        Some(Duration::from_millis(n.checked_mul(millis_per_unit)?))
-    }
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(millis_per_unit)?))
 }
 
 // ---- validation layer ----
-
-const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Config {
     /// Parses and validates the filter's JSON configuration.
@@ -204,44 +458,73 @@ impl Config {
 
 impl RawConfig {
     fn validate(self) -> Result<Config, ConfigError> {
-        let bridge = self.bridge.validate()?;
-        let limit = self.limit.validate()?;
-
-        let header = self.api_key_header.to_ascii_lowercase();
-        if header.is_empty() || !header.bytes().all(is_token_byte) {
-            return Err(invalid(
-                "api_key_header",
-                "must be a header name (letters, digits and !#$%&'*+-.^_`|~)",
-            ));
-        }
+        let (bridge, default_timeout) = self.bridge.validate()?;
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64
-            || !self.key_prefix.bytes().all(|b| b.is_ascii_graphic())
+            || !self
+                .key_prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
         {
             return Err(invalid(
                 "key_prefix",
-                "must be 1 to 64 printable ASCII characters without spaces",
+                "must be 1 to 64 printable ASCII characters without spaces or braces",
             ));
         }
-
+        if self.xff_trusted_hops > MAX_XFF_HOPS {
+            return Err(invalid("xff_trusted_hops", "must be between 0 and 10"));
+        }
+        if !(1..=32).contains(&self.ipv4_prefix) {
+            return Err(invalid("ipv4_prefix", "must be between 1 and 32"));
+        }
+        if !(1..=128).contains(&self.ipv6_prefix) {
+            return Err(invalid("ipv6_prefix", "must be between 1 and 128"));
+        }
+        if self.rules.is_empty() {
+            return Err(invalid("rules", "must hold at least one rule"));
+        }
+        let mut names = HashSet::new();
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, raw) in self.rules.into_iter().enumerate() {
+            let field = format!("rules[{i}]");
+            if !names.insert(raw.name.clone()) {
+                return Err(invalid(
+                    &format!("{field}.name"),
+                    format!("duplicate rule name \"{}\"", raw.name),
+                ));
+            }
+            let defaults = RuleDefaults {
+                failure_mode: self.failure_mode,
+                timeout: default_timeout,
+                shadow: self.shadow,
+            };
+            rules.push(raw.validate(&field, &defaults)?);
+        }
         Ok(Config {
             bridge,
-            failure_mode: self.failure_mode,
-            api_key_header: header,
+            clock: self.clock,
             key_prefix: self.key_prefix,
             hash_identities: self.hash_identities,
-            limit,
-            script_sha: sha1_hex(crate::TOKEN_BUCKET_LUA.as_bytes()),
+            client_ip: ClientIpPolicy {
+                xff_trusted_hops: usize::from(self.xff_trusted_hops),
+                ipv4_prefix: self.ipv4_prefix,
+                ipv6_prefix: self.ipv6_prefix,
+            },
+            headers: self.headers,
+            deny_body: self.deny_body,
+            rules,
+            script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
         })
     }
 }
 
 impl RawBridge {
-    fn validate(self) -> Result<Bridge, ConfigError> {
-        if self.cluster.is_empty() {
+    fn validate(self) -> Result<(Bridge, Duration), ConfigError> {
+        let cluster = self.cluster.unwrap_or_else(|| DEFAULT_CLUSTER.to_string());
+        if cluster.is_empty() {
             return Err(invalid("bridge.cluster", "must not be empty"));
         }
-        let authority = self.authority.unwrap_or_else(|| self.cluster.clone());
+        let authority = self.authority.unwrap_or_else(|| cluster.clone());
         if authority.is_empty() || !authority.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(invalid(
                 "bridge.authority",
@@ -275,36 +558,264 @@ impl RawBridge {
                 ))
             }
         };
-        let timeout = duration_field(self.timeout.as_deref(), "bridge.timeout", DEFAULT_TIMEOUT)?;
-        if timeout.is_zero() || timeout > MAX_TIMEOUT {
-            return Err(invalid("bridge.timeout", "must be between 1ms and 60s"));
-        }
-        Ok(Bridge {
-            cluster: self.cluster,
-            authority,
-            authorization,
+        let timeout = timeout_field(self.timeout.as_deref(), "bridge.timeout", DEFAULT_TIMEOUT)?;
+        Ok((
+            Bridge {
+                cluster,
+                authority,
+                authorization,
+            },
             timeout,
+        ))
+    }
+}
+
+struct RuleDefaults {
+    failure_mode: FailureMode,
+    timeout: Duration,
+    shadow: bool,
+}
+
+/// Rule and limit names end up in Redis keys and header values: keep them plain.
+fn check_name(name: &str, field: &str) -> Result<(), ConfigError> {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(plain) {
+        return Err(invalid(
+            field,
+            "must be 1 to 64 letters, digits, '-' or '_'",
+        ));
+    }
+    Ok(())
+}
+
+fn check_header_name(name: &str, field: &str) -> Result<String, ConfigError> {
+    if name.is_empty() || !name.bytes().all(is_token_byte) {
+        return Err(invalid(
+            field,
+            "must be a header name (letters, digits and !#$%&'*+-.^_`|~)",
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+impl RawRule {
+    fn validate(self, field: &str, defaults: &RuleDefaults) -> Result<Rule, ConfigError> {
+        check_name(&self.name, &format!("{field}.name"))?;
+        let matcher = self.matcher.validate(&format!("{field}.match"))?;
+        let key = self.key.validate(&format!("{field}.key"))?;
+        if self.limits.is_empty() {
+            return Err(invalid(
+                &format!("{field}.limits"),
+                "must hold at least one limit",
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(self.limits.len());
+        for (j, raw) in self.limits.into_iter().enumerate() {
+            let limit_field = format!("{field}.limits[{j}]");
+            if !names.insert(raw.name.clone()) {
+                return Err(invalid(
+                    &format!("{limit_field}.name"),
+                    format!("duplicate limit name \"{}\" in this rule", raw.name),
+                ));
+            }
+            limits.push(raw.validate(&limit_field)?);
+        }
+        let cost = validate_cost(self.cost, &format!("{field}.cost"))?;
+        let timeout = timeout_field(
+            self.timeout.as_deref(),
+            &format!("{field}.timeout"),
+            defaults.timeout,
+        )?;
+        Ok(Rule {
+            name: self.name,
+            matcher,
+            key,
+            limits,
+            cost,
+            failure_mode: self.failure_mode.unwrap_or(defaults.failure_mode),
+            timeout,
+            shadow: self.shadow || defaults.shadow,
+        })
+    }
+}
+
+impl RawMatch {
+    fn validate(self, field: &str) -> Result<Match, ConfigError> {
+        let path = match (self.path_exact, self.path_prefix) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    field,
+                    "path_exact and path_prefix exclude each other",
+                ))
+            }
+            (Some(p), None) => Some((PathMatch::Exact(p.clone()), p, "path_exact")),
+            (None, Some(p)) => Some((PathMatch::Prefix(p.clone()), p, "path_prefix")),
+            (None, None) => None,
+        };
+        if let Some((_, text, name)) = &path {
+            if !text.starts_with('/') {
+                return Err(invalid(&format!("{field}.{name}"), "must start with '/'"));
+            }
+        }
+        let methods = match self.methods {
+            None => Vec::new(),
+            Some(methods) if methods.is_empty() => {
+                return Err(invalid(
+                    &format!("{field}.methods"),
+                    "must not be empty (leave it out to match any method)",
+                ))
+            }
+            Some(methods) => {
+                let mut upper = Vec::with_capacity(methods.len());
+                for (k, m) in methods.iter().enumerate() {
+                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+                        return Err(invalid(
+                            &format!("{field}.methods[{k}]"),
+                            "must be an HTTP method such as GET",
+                        ));
+                    }
+                    upper.push(m.to_ascii_uppercase());
+                }
+                upper
+            }
+        };
+        let header = match self.header {
+            None => None,
+            Some(h) => Some(HeaderMatch {
+                name: check_header_name(&h.name, &format!("{field}.header.name"))?,
+                value: h.value,
+            }),
+        };
+        Ok(Match {
+            path: path.map(|(p, _, _)| p),
+            methods,
+            header,
+        })
+    }
+}
+
+impl RawKey {
+    fn validate(self, field: &str) -> Result<KeySpec, ConfigError> {
+        if self.from.is_empty() {
+            return Err(invalid(
+                &format!("{field}.from"),
+                "must name at least one key source",
+            ));
+        }
+        let mut alternatives = Vec::with_capacity(self.from.len());
+        for (k, text) in self.from.iter().enumerate() {
+            let entry_field = format!("{field}.from[{k}]");
+            let mut sources = Vec::new();
+            for part in text.split('+') {
+                let source = match part {
+                    "client_ip" => KeySource::ClientIp,
+                    "route" => KeySource::Route,
+                    "method" => KeySource::Method,
+                    "path" => KeySource::Path,
+                    _ => match part.strip_prefix("header:") {
+                        Some(name) => KeySource::Header(check_header_name(name, &entry_field)?),
+                        None => {
+                            return Err(invalid(
+                                &entry_field,
+                                format!("unknown key source \"{part}\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+                            ))
+                        }
+                    },
+                };
+                sources.push(source);
+            }
+            alternatives.push(KeyAlternative {
+                label: text.to_ascii_lowercase(),
+                sources,
+            });
+        }
+        Ok(KeySpec {
+            alternatives,
+            when_missing: self.when_missing,
         })
     }
 }
 
 impl RawLimit {
-    fn validate(self) -> Result<Limit, ConfigError> {
-        if self.capacity < 1 {
-            return Err(invalid("limit.capacity", "must be >= 1"));
+    fn validate(self, field: &str) -> Result<Limit, ConfigError> {
+        check_name(&self.name, &format!("{field}.name"))?;
+        if self.limit < 1 {
+            return Err(invalid(&format!("{field}.limit"), "must be >= 1"));
         }
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            return Err(invalid("limit.rate", "must be > 0"));
+        let window_field = format!("{field}.window");
+        let window = duration_field(Some(&self.window), &window_field, Duration::ZERO)?;
+        if window.is_zero() {
+            return Err(invalid(&window_field, "must be > 0"));
         }
-        let per = duration_field(self.per.as_deref(), "limit.per", DEFAULT_PER)?;
-        if per.is_zero() {
-            return Err(invalid("limit.per", "must be > 0"));
-        }
+        let burst = match self.burst {
+            None => self.limit,
+            Some(_) if !self.algorithm.has_burst() => {
+                return Err(invalid(
+                    &format!("{field}.burst"),
+                    format!(
+                        "{} has no burst: only token_bucket and gcra do",
+                        self.algorithm.name()
+                    ),
+                ))
+            }
+            Some(0) => return Err(invalid(&format!("{field}.burst"), "must be >= 1")),
+            Some(burst) => burst,
+        };
         Ok(Limit {
-            capacity: self.capacity,
-            rate_per_second: self.rate / per.as_secs_f64(),
+            name: self.name,
+            algorithm: self.algorithm,
+            limit: self.limit,
+            window,
+            burst,
         })
     }
+}
+
+const MAX_COST: u64 = 1_000_000;
+
+fn validate_cost(value: Option<Value>, field: &str) -> Result<Cost, ConfigError> {
+    let value = match value {
+        None => return Ok(Cost::Fixed(1)),
+        Some(value) => value,
+    };
+    if let Some(n) = value.as_u64() {
+        if !(1..=MAX_COST).contains(&n) {
+            return Err(invalid(field, "must be between 1 and 1000000"));
+        }
+        return Ok(Cost::Fixed(n));
+    }
+    if !value.is_object() {
+        return Err(invalid(
+            field,
+            "must be a whole number or {\"header\": NAME, \"min\": N, \"max\": N}",
+        ));
+    }
+    let raw: RawCostHeader =
+        serde_json::from_value(value).map_err(|e| invalid(field, e.to_string()))?;
+    let name = check_header_name(&raw.header, &format!("{field}.header"))?;
+    let (Some(min), Some(max)) = (raw.min, raw.max) else {
+        return Err(invalid(
+            field,
+            "a cost taken from a header needs both min and max",
+        ));
+    };
+    if min > max || max > MAX_COST {
+        return Err(invalid(field, "needs min <= max <= 1000000"));
+    }
+    let default = raw.default.unwrap_or(min);
+    if !(min..=max).contains(&default) {
+        return Err(invalid(
+            &format!("{field}.default"),
+            "must be between min and max",
+        ));
+    }
+    Ok(Cost::Header {
+        name,
+        min,
+        max,
+        default,
+    })
 }
 
 /// RFC 9110 `tchar`.
@@ -418,7 +929,7 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const MINIMAL: &str = r#"{"limit": {"capacity": 10, "rate": 10, "per": "1m"}}"#;
+    const MINIMAL: &str = r#"{"rules": [{"name": "all", "limits": [{"name": "per_minute", "limit": 10, "window": "1m"}]}]}"#;
 
     #[test]
     fn minimal_config_takes_documented_defaults() {
@@ -426,13 +937,49 @@ mod tests {
         assert_eq!(c.bridge.cluster, "webdis");
         assert_eq!(c.bridge.authority, "webdis");
         assert_eq!(c.bridge.authorization, None);
-        assert_eq!(c.bridge.timeout, Duration::from_millis(150));
-        assert_eq!(c.failure_mode, FailureMode::Open);
-        assert_eq!(c.api_key_header, "x-api-key");
+        assert_eq!(c.clock, Clock::Proxy);
         assert_eq!(c.key_prefix, "rl:");
         assert!(c.hash_identities);
-        assert_eq!(c.limit.capacity, 10);
-        assert!((c.limit.rate_per_second - 10.0 / 60.0).abs() < 1e-12);
+        assert_eq!(
+            c.client_ip,
+            ClientIpPolicy {
+                xff_trusted_hops: 0,
+                ipv4_prefix: 32,
+                ipv6_prefix: 64
+            }
+        );
+        assert_eq!(c.headers, HeaderMode::XRateLimit);
+        assert_eq!(c.deny_body, DenyBody::Text);
+        let rule = &c.rules[0];
+        assert_eq!(rule.matcher, Match::default());
+        assert_eq!(
+            rule.key.alternatives,
+            vec![
+                KeyAlternative {
+                    label: "header:x-api-key".into(),
+                    sources: vec![KeySource::Header("x-api-key".into())]
+                },
+                KeyAlternative {
+                    label: "client_ip".into(),
+                    sources: vec![KeySource::ClientIp]
+                },
+            ]
+        );
+        assert_eq!(rule.key.when_missing, WhenMissing::Anonymous);
+        assert_eq!(rule.cost, Cost::Fixed(1));
+        assert_eq!(rule.failure_mode, FailureMode::Open);
+        assert_eq!(rule.timeout, Duration::from_millis(150));
+        assert!(!rule.shadow);
+        assert_eq!(
+            rule.limits,
+            vec![Limit {
+                name: "per_minute".into(),
+                algorithm: Algorithm::TokenBucket,
+                limit: 10,
+                window: Duration::from_secs(60),
+                burst: 10
+            }]
+        );
         assert_eq!(c.script_sha.len(), 40);
     }
 
@@ -442,26 +989,60 @@ mod tests {
             br#"{
               "bridge": {"cluster": "bridge", "authority": "webdis.local", "username": "ratelimit",
                          "password": "secret", "timeout": "2s"},
-              "failure_mode": "closed",
-              "api_key_header": "X-Client-Key",
-              "key_prefix": "limits:",
-              "hash_identities": false,
-              "limit": {"capacity": 5, "rate": 1}
+              "failure_mode": "closed", "shadow": true, "clock": "redis", "key_prefix": "limits:",
+              "hash_identities": false, "xff_trusted_hops": 1, "ipv4_prefix": 24, "ipv6_prefix": 48,
+              "headers": "both", "deny_body": "problem+json",
+              "rules": [{
+                "name": "login",
+                "match": {"path_exact": "/login", "methods": ["post"], "header": {"name": "X-Tier", "value": "free"}},
+                "key": {"from": ["header:X-User+route", "client_ip"], "when_missing": "skip"},
+                "limits": [{"name": "burst", "algorithm": "gcra", "limit": 5, "window": "1s", "burst": 10},
+                           {"name": "daily", "algorithm": "sliding_window_log", "limit": 100, "window": "1d"}],
+                "cost": {"header": "X-Cost", "min": 1, "max": 50, "default": 2},
+                "failure_mode": "open", "timeout": "80ms", "shadow": false
+              }]
             }"#,
         )
         .unwrap();
-        assert_eq!(c.bridge.cluster, "bridge");
         assert_eq!(c.bridge.authority, "webdis.local");
         assert_eq!(
             c.bridge.authorization.as_deref(),
             Some("Basic cmF0ZWxpbWl0OnNlY3JldA==")
         );
-        assert_eq!(c.bridge.timeout, Duration::from_secs(2));
-        assert_eq!(c.failure_mode, FailureMode::Closed);
-        assert_eq!(c.api_key_header, "x-client-key");
-        assert_eq!(c.key_prefix, "limits:");
-        assert!(!c.hash_identities);
-        assert_eq!(c.limit.rate_per_second, 1.0);
+        assert_eq!(c.clock, Clock::Redis);
+        assert_eq!(c.client_ip.xff_trusted_hops, 1);
+        assert_eq!(c.headers, HeaderMode::Both);
+        assert_eq!(c.deny_body, DenyBody::ProblemJson);
+        let r = &c.rules[0];
+        assert_eq!(r.matcher.path, Some(PathMatch::Exact("/login".into())));
+        assert_eq!(r.matcher.methods, vec!["POST".to_string()]);
+        assert_eq!(
+            r.matcher.header,
+            Some(HeaderMatch {
+                name: "x-tier".into(),
+                value: Some("free".into())
+            })
+        );
+        assert_eq!(
+            r.key.alternatives[0].sources,
+            vec![KeySource::Header("x-user".into()), KeySource::Route]
+        );
+        assert_eq!(r.key.when_missing, WhenMissing::Skip);
+        assert_eq!(r.limits[0].burst, 10);
+        assert_eq!(r.limits[0].quota(), 10);
+        assert_eq!(r.limits[1].quota(), 100);
+        assert_eq!(
+            r.cost,
+            Cost::Header {
+                name: "x-cost".into(),
+                min: 1,
+                max: 50,
+                default: 2
+            }
+        );
+        assert_eq!(r.failure_mode, FailureMode::Open);
+        assert_eq!(r.timeout, Duration::from_millis(80));
+        assert!(r.shadow, "global shadow applies to every rule");
     }
 
     #[test]
@@ -486,103 +1067,94 @@ mod tests {
         }
     }
 
+    /// Wraps one rule's JSON in a config.
+    fn with_rule(rule: &str) -> String {
+        format!(r#"{{"rules": [{rule}]}}"#)
+    }
+
+    const LIMIT: &str = r#"{"name": "l", "limit": 1, "window": "1s"}"#;
+
     /// One bad config per case, with the exact message the operator sees.
     #[test]
     fn bad_configs_name_the_field() {
-        let cases: &[(&str, &str)] = &[
-            ("", "EOF while parsing a value"),
-            ("[]", "the configuration must be a JSON object"),
-            ("\"limit\"", "the configuration must be a JSON object"),
-            ("{}", "limit: is required"),
-            (r#"{"limit": {"rate": 1}}"#, "limit.capacity: is required"),
-            (r#"{"limit": {"capacity": 1}}"#, "limit.rate: is required"),
-            (
-                r#"{"limit": {"capacity": 1, "rate": 1}, "colour": "red"}"#,
-                "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `api_key_header`, `key_prefix`, `hash_identities`, `limit`",
-            ),
-            (
-                r#"{"limit": {"capacity": 1, "rate": 1, "burst": 3}}"#,
-                "limit.burst: unknown field `burst`, expected one of `capacity`, `rate`, `per`",
-            ),
-            (
-                r#"{"bridge": {"clustr": "x"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`",
-            ),
-            (
-                r#"{"limit": {"capacity": 1, "rate": "fast"}}"#,
-                "limit.rate: invalid type: string \"fast\", expected f64",
-            ),
-            (
-                r#"{"limit": {"capacity": 1.5, "rate": 1}}"#,
-                "limit.capacity: invalid type: floating point `1.5`, expected u64",
-            ),
-            (
-                r#"{"limit": {"capacity": -1, "rate": 1}}"#,
-                "limit.capacity: invalid value: integer `-1`, expected u64",
-            ),
-            (r#"{"limit": {"capacity": 0, "rate": 1}}"#, "limit.capacity: must be >= 1"),
-            (r#"{"limit": {"capacity": 1, "rate": 0}}"#, "limit.rate: must be > 0"),
-            (r#"{"limit": {"capacity": 1, "rate": -2.5}}"#, "limit.rate: must be > 0"),
-            (
-                r#"{"limit": {"capacity": 1, "rate": 1, "per": "0s"}}"#,
-                "limit.per: must be > 0",
-            ),
-            (
-                r#"{"limit": {"capacity": 1, "rate": 1, "per": "soon"}}"#,
-                "limit.per: invalid duration \"soon\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\"",
-            ),
-            (
-                r#"{"bridge": {"timeout": "0ms"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.timeout: must be between 1ms and 60s",
-            ),
-            (
-                r#"{"bridge": {"timeout": "2m"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.timeout: must be between 1ms and 60s",
-            ),
-            (
-                r#"{"bridge": {"timeout": 150}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.timeout: invalid type: integer `150`, expected a string",
-            ),
-            (
-                r#"{"failure_mode": "sometimes", "limit": {"capacity": 1, "rate": 1}}"#,
-                "failure_mode: unknown variant `sometimes`, expected `open` or `closed`",
-            ),
-            (
-                r#"{"bridge": {"cluster": ""}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.cluster: must not be empty",
-            ),
-            (
-                r#"{"bridge": {"username": "u"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.password: is required with bridge.username",
-            ),
-            (
-                r#"{"bridge": {"password": "p"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.username: is required with bridge.password",
-            ),
-            (
-                r#"{"bridge": {"username": "a:b", "password": "p"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.username: must be non-empty and must not contain ':'",
-            ),
-            (
-                r#"{"bridge": {"authority": "a b"}, "limit": {"capacity": 1, "rate": 1}}"#,
-                "bridge.authority: must be a host name, printable ASCII without spaces",
-            ),
-            (
-                r#"{"api_key_header": "x api key", "limit": {"capacity": 1, "rate": 1}}"#,
-                "api_key_header: must be a header name (letters, digits and !#$%&'*+-.^_`|~)",
-            ),
-            (
-                r#"{"key_prefix": "", "limit": {"capacity": 1, "rate": 1}}"#,
-                "key_prefix: must be 1 to 64 printable ASCII characters without spaces",
-            ),
-            (
-                r#"{"hash_identities": "yes", "limit": {"capacity": 1, "rate": 1}}"#,
-                "hash_identities: invalid type: string \"yes\", expected a boolean",
-            ),
+        let rule =
+            |extra: &str| with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}]{extra}}}"#));
+        let limit = |fields: &str| {
+            with_rule(&format!(
+                r#"{{"name": "r", "limits": [{{"name": "l", {fields}}}]}}"#
+            ))
+        };
+        let top =
+            |extra: &str| format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}]{extra}}}"#);
+        let cases: Vec<(String, &str)> = vec![
+            ("".into(), "EOF while parsing a value"),
+            ("[]".into(), "the configuration must be a JSON object"),
+            ("{}".into(), "rules: is required"),
+            (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
+            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `rules`"),
+            (top(r#", "failure_mode": "sometimes""#), "failure_mode: unknown variant `sometimes`, expected `open` or `closed`"),
+            (top(r#", "clock": "ntp""#), "clock: unknown variant `ntp`, expected `proxy` or `redis`"),
+            (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `none`"),
+            (top(r#", "deny_body": "html""#), "deny_body: unknown variant `html`, expected `text` or `problem+json`"),
+            (top(r#", "hash_identities": "yes""#), "hash_identities: invalid type: string \"yes\", expected a boolean"),
+            (top(r#", "key_prefix": """#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),
+            (top(r#", "key_prefix": "rl{""#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),
+            (top(r#", "xff_trusted_hops": 11"#), "xff_trusted_hops: must be between 0 and 10"),
+            (top(r#", "xff_trusted_hops": -1"#), "xff_trusted_hops: invalid value: integer `-1`, expected u8"),
+            (top(r#", "ipv6_prefix": 0"#), "ipv6_prefix: must be between 1 and 128"),
+            (top(r#", "ipv4_prefix": 33"#), "ipv4_prefix: must be between 1 and 32"),
+            (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`"),
+            (top(r#", "bridge": {"cluster": ""}"#), "bridge.cluster: must not be empty"),
+            (top(r#", "bridge": {"timeout": "0ms"}"#), "bridge.timeout: must be between 1ms and 60s"),
+            (top(r#", "bridge": {"timeout": "2m"}"#), "bridge.timeout: must be between 1ms and 60s"),
+            (top(r#", "bridge": {"timeout": 150}"#), "bridge.timeout: invalid type: integer `150`, expected a string"),
+            (top(r#", "bridge": {"timeout": "soon"}"#), "bridge.timeout: invalid duration \"soon\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+            (top(r#", "bridge": {"username": "u"}"#), "bridge.password: is required with bridge.username"),
+            (top(r#", "bridge": {"password": "p"}"#), "bridge.username: is required with bridge.password"),
+            (top(r#", "bridge": {"username": "a:b", "password": "p"}"#), "bridge.username: must be non-empty and must not contain ':'"),
+            (top(r#", "bridge": {"authority": "a b"}"#), "bridge.authority: must be a host name, printable ASCII without spaces"),
+            (with_rule(&format!(r#"{{"limits": [{LIMIT}]}}"#)), "rules[0].name: is required"),
+            (with_rule(&format!(r#"{{"name": "a b", "limits": [{LIMIT}]}}"#)), "rules[0].name: must be 1 to 64 letters, digits, '-' or '_'"),
+            (format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}, {{"name": "r", "limits": [{LIMIT}]}}]}}"#), "rules[1].name: duplicate rule name \"r\""),
+            (with_rule(r#"{"name": "r", "limits": []}"#), "rules[0].limits: must hold at least one limit"),
+            (with_rule(r#"{"name": "r"}"#), "rules[0].limits: is required"),
+            (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `cost`, `failure_mode`, `timeout`, `shadow`"),
+            (rule(r#", "timeout": "0s""#), "rules[0].timeout: must be between 1ms and 60s"),
+            (rule(r#", "failure_mode": "half""#), "rules[0].failure_mode: unknown variant `half`, expected `open` or `closed`"),
+            (limit(r#""window": "1s""#), "rules[0].limits[0].limit: is required"),
+            (limit(r#""limit": 0, "window": "1s""#), "rules[0].limits[0].limit: must be >= 1"),
+            (limit(r#""limit": -3, "window": "1s""#), "rules[0].limits[0].limit: invalid value: integer `-3`, expected u64"),
+            (limit(r#""limit": 1.5, "window": "1s""#), "rules[0].limits[0].limit: invalid type: floating point `1.5`, expected u64"),
+            (limit(r#""limit": 1"#), "rules[0].limits[0].window: is required"),
+            (limit(r#""limit": 1, "window": "0s""#), "rules[0].limits[0].window: must be > 0"),
+            (limit(r#""limit": 1, "window": "1y""#), "rules[0].limits[0].window: invalid duration \"1y\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+            (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`"),
+            (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
+            (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
+            (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`"),
+            (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
+            (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
+            (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+            (rule(r#", "key": {"from": ["client_ip", "header:"]}"#), "rules[0].key.from[1]: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+            (rule(r#", "key": {"from": ["path+"]}"#), "rules[0].key.from[0]: unknown key source \"\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+            (rule(r#", "key": {"when_missing": "deny"}"#), "rules[0].key.when_missing: unknown variant `deny`, expected `anonymous` or `skip`"),
+            (rule(r#", "match": {"path_exact": "/a", "path_prefix": "/b"}"#), "rules[0].match: path_exact and path_prefix exclude each other"),
+            (rule(r#", "match": {"path_prefix": "api"}"#), "rules[0].match.path_prefix: must start with '/'"),
+            (rule(r#", "match": {"methods": []}"#), "rules[0].match.methods: must not be empty (leave it out to match any method)"),
+            (rule(r#", "match": {"methods": ["GET", "GE T"]}"#), "rules[0].match.methods[1]: must be an HTTP method such as GET"),
+            (rule(r#", "match": {"header": {"name": "bad name"}}"#), "rules[0].match.header.name: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+            (rule(r#", "match": {"host": "x"}"#), "rules[0].match.host: unknown field `host`, expected one of `path_exact`, `path_prefix`, `methods`, `header`"),
+            (rule(r#", "cost": 0"#), "rules[0].cost: must be between 1 and 1000000"),
+            (rule(r#", "cost": "2""#), "rules[0].cost: must be a whole number or {\"header\": NAME, \"min\": N, \"max\": N}"),
+            (rule(r#", "cost": {"header": "x-cost"}"#), "rules[0].cost: a cost taken from a header needs both min and max"),
+            (rule(r#", "cost": {"header": "x-cost", "min": 5, "max": 2}"#), "rules[0].cost: needs min <= max <= 1000000"),
+            (rule(r#", "cost": {"header": "x-cost", "min": 1, "max": 5, "default": 9}"#), "rules[0].cost.default: must be between min and max"),
+            (rule(r#", "cost": {"header": "x cost", "min": 1, "max": 5}"#), "rules[0].cost.header: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+            (rule(r#", "cost": {"header": "x-cost", "min": 1, "max": 5, "step": 1}"#), "rules[0].cost: unknown field `step`, expected one of `header`, `min`, `max`, `default`"),
         ];
         for (json, want) in cases {
             let got = Config::parse(json.as_bytes()).unwrap_err().to_string();
-            assert_eq!(&got, want, "config {json}");
+            assert_eq!(got, want, "config {json}");
         }
     }
 

@@ -1,24 +1,29 @@
-//! The per-request state machine: ask the bridge, load the script if Redis lost it, then let
-//! the request through or answer it, following the failure policy when the bridge fails.
+//! The per-request state machine: plan the request, ask the bridge once for every limit,
+//! load the script if Redis lost it, then let the request through or answer it, following
+//! the failure policy when the bridge fails.
+
+use std::time::Duration;
 
 use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest, Decision,
     EvalOutcome,
 };
-use crate::config::{Bridge, Config, FailureMode};
-use crate::identity::{identify, redis_key};
+use crate::config::{Bridge, Clock, Config, FailureMode};
+use crate::identity::RequestView;
+use crate::plan::{plan, Plan};
 use crate::response::{self, Headers, LocalResponse};
 
 /// What the filter needs from its host (Envoy through proxy-wasm, or a fake in tests).
-pub trait Host {
-    /// A request header's raw value.
-    fn request_header(&self, name: &str) -> Option<Vec<u8>>;
-    /// The downstream peer, `ip:port`.
-    fn source_address(&self) -> Option<String>;
+pub trait Host: RequestView {
     /// Unix time in nanoseconds.
     fn now_unix_ns(&self) -> Option<u128>;
     /// Starts an HTTP call to the bridge; its reply comes to [`RequestFlow::on_bridge_reply`].
-    fn dispatch(&mut self, bridge: &Bridge, request: &BridgeRequest) -> Result<(), String>;
+    fn dispatch(
+        &mut self,
+        bridge: &Bridge,
+        request: &BridgeRequest,
+        timeout: Duration,
+    ) -> Result<(), String>;
     fn send_response(&mut self, response: LocalResponse);
     /// Lets a paused request go on upstream.
     fn resume(&mut self);
@@ -33,20 +38,26 @@ pub trait Host {
 pub enum Counter {
     Allowed,
     Denied,
+    /// Allowed, but a shadow limit would have refused it.
+    ShadowDenied,
     FailureModeOpen,
     FailureModeClosed,
     BridgeErrors,
     ScriptLoads,
+    /// Answered 400: a bad cost header.
+    BadRequests,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 8] = [
         Counter::Allowed,
         Counter::Denied,
+        Counter::ShadowDenied,
         Counter::FailureModeOpen,
         Counter::FailureModeClosed,
         Counter::BridgeErrors,
         Counter::ScriptLoads,
+        Counter::BadRequests,
     ];
 
     /// The stat's name (`wasmcustom.NAME` in `/stats`, `NAME` in `/stats/prometheus`).
@@ -54,10 +65,12 @@ impl Counter {
         match self {
             Counter::Allowed => "ratelimit_allowed",
             Counter::Denied => "ratelimit_denied",
+            Counter::ShadowDenied => "ratelimit_shadow_denied",
             Counter::FailureModeOpen => "ratelimit_failure_mode_open",
             Counter::FailureModeClosed => "ratelimit_failure_mode_closed",
             Counter::BridgeErrors => "ratelimit_bridge_errors",
             Counter::ScriptLoads => "ratelimit_script_loads",
+            Counter::BadRequests => "ratelimit_bad_requests",
         }
     }
 }
@@ -76,11 +89,13 @@ enum Phase {
     /// Waiting for the `EVALSHA` reply; `reloaded` once the script was loaded for this request.
     Deciding {
         eval: BridgeRequest,
+        plan: Plan,
         reloaded: bool,
     },
     /// Redis had lost the script; waiting for `SCRIPT LOAD`, then `eval` goes again.
     LoadingScript {
         eval: BridgeRequest,
+        plan: Plan,
     },
     /// Allowed: these headers go on the response.
     Allowed {
@@ -105,28 +120,49 @@ impl RequestFlow {
         Self::default()
     }
 
-    /// Request headers arrived: identify the caller and ask the bridge.
+    /// Request headers arrived: find the matching rules and ask the bridge about all of them.
     pub fn on_request_headers(&mut self, config: &Config, host: &mut impl Host) -> Verdict {
         if !matches!(self.phase, Phase::Start) {
             return Verdict::Continue;
         }
-        let api_key = host.request_header(&config.api_key_header);
-        let source = host.source_address();
-        let (kind, identity) = identify(api_key.as_deref(), source.as_deref());
-        let key = redis_key(config, kind, identity);
-        let Some(now_ns) = host.now_unix_ns() else {
-            return self.finish(config, host, Outcome::Failed(BridgeFailure::Clock));
+        let plan = match plan(config, host) {
+            Ok(plan) => plan,
+            Err(bad) => {
+                self.phase = Phase::Finished;
+                host.count(Counter::BadRequests);
+                host.send_response(response::bad_request(&bad.0));
+                return Verdict::Pause;
+            }
         };
-        let eval = BridgeRequest::evalsha(config, &key, now_ns, 1);
-        match host.dispatch(&config.bridge, &eval) {
+        if plan.checks.is_empty() {
+            self.phase = Phase::Finished;
+            return Verdict::Continue;
+        }
+        let clock = match config.clock {
+            Clock::Redis => "redis".to_string(),
+            Clock::Proxy => match host.now_unix_ns() {
+                Some(now) => now.to_string(),
+                None => {
+                    return self.finish(config, host, &plan, Outcome::Failed(BridgeFailure::Clock))
+                }
+            },
+        };
+        let eval = BridgeRequest::evalsha(&config.script_sha, &clock, &plan.checks);
+        match host.dispatch(&config.bridge, &eval, plan.timeout) {
             Ok(()) => {
                 self.phase = Phase::Deciding {
                     eval,
+                    plan,
                     reloaded: false,
                 };
                 Verdict::Pause
             }
-            Err(why) => self.finish(config, host, Outcome::Failed(BridgeFailure::Dispatch(why))),
+            Err(why) => self.finish(
+                config,
+                host,
+                &plan,
+                Outcome::Failed(BridgeFailure::Dispatch(why)),
+            ),
         }
     }
 
@@ -137,37 +173,43 @@ impl RequestFlow {
         host: &mut impl Host,
         reply: BridgeReply<'_>,
     ) {
-        let outcome = match std::mem::take(&mut self.phase) {
-            Phase::Deciding { eval, reloaded } => match parse_eval_reply(reply) {
-                Ok(EvalOutcome::Decided(decision)) => Outcome::Decided(decision),
+        let (plan, outcome) = match std::mem::take(&mut self.phase) {
+            Phase::Deciding {
+                eval,
+                plan,
+                reloaded,
+            } => match parse_eval_reply(reply, plan.checks.len()) {
+                Ok(EvalOutcome::Decided(decision)) => (plan, Outcome::Decided(decision)),
                 Ok(EvalOutcome::NoScript) if !reloaded => {
-                    match host.dispatch(&config.bridge, &BridgeRequest::script_load()) {
+                    match host.dispatch(&config.bridge, &BridgeRequest::script_load(), plan.timeout)
+                    {
                         Ok(()) => {
-                            self.phase = Phase::LoadingScript { eval };
+                            self.phase = Phase::LoadingScript { eval, plan };
                             return;
                         }
-                        Err(why) => Outcome::Failed(BridgeFailure::Dispatch(why)),
+                        Err(why) => (plan, Outcome::Failed(BridgeFailure::Dispatch(why))),
                     }
                 }
-                Ok(EvalOutcome::NoScript) => Outcome::Failed(BridgeFailure::NoScript),
-                Err(failure) => Outcome::Failed(failure),
+                Ok(EvalOutcome::NoScript) => (plan, Outcome::Failed(BridgeFailure::NoScript)),
+                Err(failure) => (plan, Outcome::Failed(failure)),
             },
-            Phase::LoadingScript { eval } => {
+            Phase::LoadingScript { eval, plan } => {
                 match parse_script_load_reply(reply, &config.script_sha) {
                     Ok(()) => {
                         host.count(Counter::ScriptLoads);
-                        match host.dispatch(&config.bridge, &eval) {
+                        match host.dispatch(&config.bridge, &eval, plan.timeout) {
                             Ok(()) => {
                                 self.phase = Phase::Deciding {
                                     eval,
+                                    plan,
                                     reloaded: true,
                                 };
                                 return;
                             }
-                            Err(why) => Outcome::Failed(BridgeFailure::Dispatch(why)),
+                            Err(why) => (plan, Outcome::Failed(BridgeFailure::Dispatch(why))),
                         }
                     }
-                    Err(failure) => Outcome::Failed(failure),
+                    Err(failure) => (plan, Outcome::Failed(failure)),
                 }
             }
             // A reply nobody waits for (cannot happen with one call in flight): ignore it.
@@ -176,7 +218,7 @@ impl RequestFlow {
                 return;
             }
         };
-        if self.finish(config, host, outcome) == Verdict::Continue {
+        if self.finish(config, host, &plan, outcome) == Verdict::Continue {
             host.resume();
         }
     }
@@ -191,25 +233,34 @@ impl RequestFlow {
     }
 
     /// The one place an outcome becomes "let it through" or "answer it".
-    fn finish(&mut self, config: &Config, host: &mut impl Host, outcome: Outcome) -> Verdict {
+    fn finish(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        plan: &Plan,
+        outcome: Outcome,
+    ) -> Verdict {
         self.phase = Phase::Finished;
         match outcome {
             Outcome::Decided(decision) if decision.allowed => {
                 host.count(Counter::Allowed);
+                if decision.limits.iter().any(|l| !l.allowed) {
+                    host.count(Counter::ShadowDenied);
+                }
                 self.phase = Phase::Allowed {
-                    headers: response::allowed_headers(&config.limit, &decision),
+                    headers: response::rate_limit_headers(config, &plan.checks, &decision),
                 };
                 Verdict::Continue
             }
             Outcome::Decided(decision) => {
                 host.count(Counter::Denied);
-                host.send_response(response::denied(&config.limit, &decision));
+                host.send_response(response::denied(config, &plan.checks, &decision));
                 Verdict::Pause
             }
             Outcome::Failed(failure) => {
                 host.count(Counter::BridgeErrors);
                 host.report_failure(&failure);
-                match config.failure_mode {
+                match plan.failure_mode {
                     FailureMode::Open => {
                         host.count(Counter::FailureModeOpen);
                         Verdict::Continue
@@ -228,17 +279,17 @@ impl RequestFlow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::tests::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    /// Records what the flow asks of its host.
+    /// A request, and a record of what the flow asks of its host.
     #[derive(Default)]
     struct FakeHost {
-        api_key: Option<Vec<u8>>,
-        source: Option<String>,
+        request: FakeRequest,
         now: Option<u128>,
         refuse_dispatch: bool,
-        dispatched: Vec<BridgeRequest>,
+        dispatched: Vec<(BridgeRequest, Duration)>,
         responses: Vec<LocalResponse>,
         resumed: usize,
         response_headers: Vec<(String, String)>,
@@ -246,22 +297,32 @@ mod tests {
         failures: Vec<BridgeFailure>,
     }
 
-    impl Host for FakeHost {
-        fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-            assert_eq!(name, "x-api-key");
-            self.api_key.clone()
+    impl RequestView for FakeHost {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.request.header(name)
         }
         fn source_address(&self) -> Option<String> {
-            self.source.clone()
+            self.request.source_address()
         }
+        fn route_name(&self) -> Option<String> {
+            self.request.route_name()
+        }
+    }
+
+    impl Host for FakeHost {
         fn now_unix_ns(&self) -> Option<u128> {
             self.now
         }
-        fn dispatch(&mut self, _bridge: &Bridge, request: &BridgeRequest) -> Result<(), String> {
+        fn dispatch(
+            &mut self,
+            _bridge: &Bridge,
+            request: &BridgeRequest,
+            timeout: Duration,
+        ) -> Result<(), String> {
             if self.refuse_dispatch {
                 return Err("cluster not found".into());
             }
-            self.dispatched.push(request.clone());
+            self.dispatched.push((request.clone(), timeout));
             Ok(())
         }
         fn send_response(&mut self, response: LocalResponse) {
@@ -281,16 +342,22 @@ mod tests {
         }
     }
 
-    fn config(mode: &str) -> Config {
-        let json =
-            format!(r#"{{"failure_mode": "{mode}", "limit": {{"capacity": 10, "rate": 1}}}}"#);
+    fn config(extra: &str) -> Config {
+        let json = format!(
+            r#"{{{extra} "rules": [
+                {{"name": "all", "limits": [{{"name": "minute", "limit": 10, "window": "1m"}}]}},
+                {{"name": "costly", "match": {{"path_prefix": "/costly"}}, "cost": {{"header": "x-cost", "min": 1, "max": 5}},
+                  "limits": [{{"name": "minute", "limit": 10, "window": "1m"}}]}},
+                {{"name": "watch", "match": {{"path_prefix": "/watch"}}, "shadow": true,
+                  "limits": [{{"name": "minute", "limit": 10, "window": "1m"}}]}}
+            ]}}"#
+        );
         Config::parse(json.as_bytes()).unwrap()
     }
 
-    fn host() -> FakeHost {
+    fn host(path: &str) -> FakeHost {
         FakeHost {
-            api_key: Some(b"k1".to_vec()),
-            source: Some("10.1.2.3:4567".into()),
+            request: FakeRequest::new("GET", path).with("x-api-key", b"k1"),
             now: Some(1_000_000_000_000),
             ..FakeHost::default()
         }
@@ -303,17 +370,25 @@ mod tests {
         }
     }
 
+    const ALLOW_ONE: &str = r#"{"EVALSHA":[1,1,1,"9","6000","0"]}"#;
     const NOSCRIPT: &str = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
 
     #[test]
     fn allowed_request_resumes_and_gets_headers() {
-        let c = config("open");
-        let mut h = host();
+        let c = config("");
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         assert_eq!(flow.on_request_headers(&c, &mut h), Verdict::Pause);
         assert_eq!(h.dispatched.len(), 1);
-        assert!(h.dispatched[0].path.starts_with("/EVALSHA/"));
-        flow.on_bridge_reply(&c, &mut h, ok(r#"{"EVALSHA":[1,"9","0"]}"#));
+        let (eval, timeout) = &h.dispatched[0];
+        assert!(eval.path.starts_with("/EVALSHA/"));
+        assert!(
+            eval.path.contains("/1000000000000/1/"),
+            "proxy clock passed: {}",
+            eval.path
+        );
+        assert_eq!(*timeout, Duration::from_millis(150));
+        flow.on_bridge_reply(&c, &mut h, ok(ALLOW_ONE));
         assert_eq!(h.resumed, 1);
         assert!(h.responses.is_empty());
         flow.on_response_headers(&mut h);
@@ -321,22 +396,59 @@ mod tests {
             h.response_headers,
             vec![
                 ("x-ratelimit-limit".to_string(), "10".to_string()),
-                ("x-ratelimit-remaining".to_string(), "9".to_string())
+                ("x-ratelimit-remaining".to_string(), "9".to_string()),
+                ("x-ratelimit-reset".to_string(), "6".to_string())
             ]
         );
         assert_eq!(h.counters, vec![Counter::Allowed]);
         // Headers go on once only.
         flow.on_response_headers(&mut h);
-        assert_eq!(h.response_headers.len(), 2);
+        assert_eq!(h.response_headers.len(), 3);
+    }
+
+    #[test]
+    fn redis_clock_sends_no_time() {
+        let c = config(r#""clock": "redis","#);
+        let mut h = FakeHost {
+            now: None,
+            ..host("/")
+        };
+        RequestFlow::new().on_request_headers(&c, &mut h);
+        assert!(
+            h.dispatched[0].0.path.contains("/redis/1/"),
+            "{}",
+            h.dispatched[0].0.path
+        );
+    }
+
+    #[test]
+    fn two_matching_rules_are_decided_in_one_call() {
+        let c = config("");
+        let mut h = host("/costly/x");
+        let mut flow = RequestFlow::new();
+        flow.on_request_headers(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 1);
+        assert!(h.dispatched[0].0.path.contains("/EVALSHA/"));
+        assert_eq!(h.dispatched[0].0.path.matches("token_bucket").count(), 2);
+        flow.on_bridge_reply(
+            &c,
+            &mut h,
+            ok(r#"{"EVALSHA":[1,2,1,"9","6000","0",1,"3","6000","0"]}"#),
+        );
+        assert_eq!(h.resumed, 1);
+        flow.on_response_headers(&mut h);
+        assert!(h
+            .response_headers
+            .contains(&("x-ratelimit-remaining".into(), "3".into())));
     }
 
     #[test]
     fn denied_request_gets_a_429_and_is_not_resumed() {
-        let c = config("open");
-        let mut h = host();
+        let c = config("");
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(&c, &mut h, ok(r#"{"EVALSHA":[0,"0.5","500"]}"#));
+        flow.on_bridge_reply(&c, &mut h, ok(r#"{"EVALSHA":[0,1,0,"0.5","3000","500"]}"#));
         assert_eq!(h.resumed, 0);
         assert_eq!(h.responses.len(), 1);
         assert_eq!(h.responses[0].status, 429);
@@ -349,27 +461,73 @@ mod tests {
     }
 
     #[test]
+    fn shadow_denial_is_counted_but_never_blocks() {
+        let c = config("");
+        let mut h = host("/watch");
+        let mut flow = RequestFlow::new();
+        flow.on_request_headers(&c, &mut h);
+        assert!(h.dispatched[0].0.path.ends_with("/shadow"));
+        flow.on_bridge_reply(
+            &c,
+            &mut h,
+            ok(r#"{"EVALSHA":[1,2,1,"5","6000","0",0,"0","6000","3000"]}"#),
+        );
+        assert_eq!(h.resumed, 1);
+        assert!(h.responses.is_empty());
+        assert_eq!(h.counters, vec![Counter::Allowed, Counter::ShadowDenied]);
+    }
+
+    #[test]
+    fn bad_cost_is_a_400_without_a_bridge_call() {
+        let c = config("");
+        let mut h = host("/costly");
+        h.request = h.request.with("x-cost", b"lots");
+        let mut flow = RequestFlow::new();
+        assert_eq!(flow.on_request_headers(&c, &mut h), Verdict::Pause);
+        assert!(h.dispatched.is_empty());
+        assert_eq!(h.responses[0].status, 400);
+        assert_eq!(
+            h.responses[0].body,
+            "x-cost must be a whole number from 1 to 5\n"
+        );
+        assert_eq!(h.counters, vec![Counter::BadRequests]);
+    }
+
+    #[test]
+    fn no_matching_rule_means_no_call() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "r", "match": {"path_exact": "/only"}, "limits": [{"name": "l", "limit": 1, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let mut h = host("/other");
+        let mut flow = RequestFlow::new();
+        assert_eq!(flow.on_request_headers(&c, &mut h), Verdict::Continue);
+        assert!(h.dispatched.is_empty());
+        assert!(h.counters.is_empty());
+    }
+
+    #[test]
     fn noscript_loads_the_script_and_retries_the_same_call_once() {
-        let c = config("open");
-        let mut h = host();
+        let c = config("");
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         flow.on_request_headers(&c, &mut h);
         flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
         assert_eq!(h.dispatched.len(), 2);
-        assert_eq!(h.dispatched[1], BridgeRequest::script_load());
+        assert_eq!(h.dispatched[1].0, BridgeRequest::script_load());
         let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
         flow.on_bridge_reply(&c, &mut h, ok(&loaded));
         assert_eq!(h.dispatched.len(), 3);
         assert_eq!(h.dispatched[2], h.dispatched[0]);
-        flow.on_bridge_reply(&c, &mut h, ok(r#"{"EVALSHA":[1,"9","0"]}"#));
+        flow.on_bridge_reply(&c, &mut h, ok(ALLOW_ONE));
         assert_eq!(h.resumed, 1);
         assert_eq!(h.counters, vec![Counter::ScriptLoads, Counter::Allowed]);
     }
 
     #[test]
     fn second_noscript_is_a_failure_not_a_loop() {
-        let c = config("open");
-        let mut h = host();
+        let c = config("");
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         flow.on_request_headers(&c, &mut h);
         flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
@@ -383,8 +541,8 @@ mod tests {
 
     #[test]
     fn failure_open_lets_the_request_through() {
-        let c = config("open");
-        let mut h = host();
+        let c = config("");
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         flow.on_request_headers(&c, &mut h);
         flow.on_bridge_reply(
@@ -408,8 +566,8 @@ mod tests {
 
     #[test]
     fn failure_closed_answers_503() {
-        let c = config("closed");
-        let mut h = host();
+        let c = config(r#""failure_mode": "closed","#);
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         flow.on_request_headers(&c, &mut h);
         flow.on_bridge_reply(
@@ -430,8 +588,8 @@ mod tests {
 
     #[test]
     fn failed_script_load_follows_the_policy() {
-        let c = config("closed");
-        let mut h = host();
+        let c = config(r#""failure_mode": "closed","#);
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
         flow.on_request_headers(&c, &mut h);
         flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
@@ -448,12 +606,35 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_for_another_number_of_limits_is_a_failure() {
+        let c = config("");
+        let mut h = host("/");
+        let mut flow = RequestFlow::new();
+        flow.on_request_headers(&c, &mut h);
+        flow.on_bridge_reply(
+            &c,
+            &mut h,
+            ok(r#"{"EVALSHA":[1,2,1,"9","6000","0",1,"9","6000","0"]}"#),
+        );
+        assert_eq!(
+            h.failures,
+            vec![BridgeFailure::BadReply(
+                "EVALSHA result has the wrong number of limits"
+            )]
+        );
+        assert_eq!(h.resumed, 1);
+    }
+
+    #[test]
     fn refused_dispatch_decides_at_once() {
-        for (mode, verdict) in [("open", Verdict::Continue), ("closed", Verdict::Pause)] {
-            let c = config(mode);
+        for (extra, verdict) in [
+            ("", Verdict::Continue),
+            (r#""failure_mode": "closed","#, Verdict::Pause),
+        ] {
+            let c = config(extra);
             let mut h = FakeHost {
                 refuse_dispatch: true,
-                ..host()
+                ..host("/")
             };
             let mut flow = RequestFlow::new();
             assert_eq!(flow.on_request_headers(&c, &mut h), verdict);
@@ -467,10 +648,10 @@ mod tests {
 
     #[test]
     fn missing_clock_follows_the_policy() {
-        let c = config("open");
+        let c = config("");
         let mut h = FakeHost {
             now: None,
-            ..host()
+            ..host("/")
         };
         let mut flow = RequestFlow::new();
         assert_eq!(flow.on_request_headers(&c, &mut h), Verdict::Continue);
@@ -479,38 +660,11 @@ mod tests {
     }
 
     #[test]
-    fn key_comes_from_api_key_else_ip() {
-        let c = config("open");
-        let with_key = {
-            let mut h = host();
-            RequestFlow::new().on_request_headers(&c, &mut h);
-            h.dispatched[0].path.clone()
-        };
-        let by_ip = {
-            let mut h = FakeHost {
-                api_key: None,
-                ..host()
-            };
-            RequestFlow::new().on_request_headers(&c, &mut h);
-            h.dispatched[0].path.clone()
-        };
-        let key_segment = |path: &str| path.split('/').nth(4).unwrap().to_string();
-        assert_eq!(
-            key_segment(&with_key),
-            format!("rl%3Akey%3A{}", crate::sha1::sha1_hex(b"k1"))
-        );
-        assert_eq!(
-            key_segment(&by_ip),
-            format!("rl%3Aip%3A{}", crate::sha1::sha1_hex(b"10.1.2.3"))
-        );
-    }
-
-    #[test]
     fn a_stray_reply_changes_nothing() {
-        let c = config("open");
-        let mut h = host();
+        let c = config("");
+        let mut h = host("/");
         let mut flow = RequestFlow::new();
-        flow.on_bridge_reply(&c, &mut h, ok(r#"{"EVALSHA":[1,"9","0"]}"#));
+        flow.on_bridge_reply(&c, &mut h, ok(ALLOW_ONE));
         assert_eq!(h.resumed, 0);
         assert!(h.counters.is_empty());
         assert_eq!(flow.on_request_headers(&c, &mut h), Verdict::Pause);

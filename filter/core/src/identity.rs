@@ -1,41 +1,18 @@
-//! Who is calling, and the Redis key of their bucket.
+//! Who is calling: key sources read from the request, the client IP, and the Redis keys.
 
-use crate::config::Config;
-use crate::encode::path_segment;
+use std::net::IpAddr;
+
+use crate::config::{ClientIpPolicy, Config, KeySource, KeySpec, Limit, Rule, WhenMissing};
 use crate::sha1::sha1_hex;
 
-/// Where the identity of a request came from; part of the Redis key, so an API key and an IP
-/// with the same text never share a bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentityKind {
-    ApiKey,
-    ClientIp,
-    /// Neither an API key nor a client address: all such requests share one bucket.
-    Anonymous,
-}
-
-impl IdentityKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            IdentityKind::ApiKey => "key",
-            IdentityKind::ClientIp => "ip",
-            IdentityKind::Anonymous => "anon",
-        }
-    }
-}
-
-/// The caller: the API key header if present and non-empty, else the client IP.
-pub fn identify<'a>(
-    api_key: Option<&'a [u8]>,
-    source_address: Option<&'a str>,
-) -> (IdentityKind, &'a [u8]) {
-    if let Some(key) = api_key.filter(|k| !k.is_empty()) {
-        return (IdentityKind::ApiKey, key);
-    }
-    match source_address.map(strip_port).filter(|ip| !ip.is_empty()) {
-        Some(ip) => (IdentityKind::ClientIp, ip.as_bytes()),
-        None => (IdentityKind::Anonymous, b""),
-    }
+/// What the limiter may read of a request.
+pub trait RequestView {
+    /// A request header's raw value (`:path` and `:method` included).
+    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// The downstream peer, `ip:port`.
+    fn source_address(&self) -> Option<String>;
+    /// The name of the route Envoy picked, if it has one.
+    fn route_name(&self) -> Option<String>;
 }
 
 /// `1.2.3.4:5678` → `1.2.3.4`, `[2001:db8::1]:5678` → `2001:db8::1`; a bare address is kept.
@@ -51,38 +28,201 @@ pub fn strip_port(address: &str) -> &str {
     }
 }
 
-/// Identities up to this length stay readable when `hash_identities` is off; longer ones are
-/// hashed anyway, so a debugging option cannot be used to make Redis keys and URLs huge.
+/// The client's address as the limiter counts it: the connection's peer, or with
+/// `xff_trusted_hops = N` the Nth entry from the right of X-Forwarded-For (the one the
+/// outermost trusted proxy saw), grouped into its IPv4 / IPv6 prefix (`2001:db8:1:2::/64`).
+/// A client can write anything into X-Forwarded-For, so with N = 0 it is never read.
+pub fn client_ip(view: &dyn RequestView, policy: &ClientIpPolicy) -> Option<String> {
+    let peer = || view.source_address().map(|a| strip_port(&a).to_string());
+    let address = if policy.xff_trusted_hops == 0 {
+        peer()?
+    } else {
+        let xff = view.header("x-forwarded-for").unwrap_or_default();
+        let xff = String::from_utf8_lossy(&xff);
+        let entries: Vec<&str> = xff
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        // Fewer entries than trusted hops: the request did not come through the proxies.
+        match entries.len().checked_sub(policy.xff_trusted_hops) {
+            Some(i) => strip_port(entries[i]).to_string(),
+            None => peer()?,
+        }
+    };
+    match address.parse::<IpAddr>() {
+        Ok(ip) => Some(group(ip, policy)),
+        // Not an address (a proxy wrote garbage): counted as written, never merged with others.
+        Err(_) => Some(address),
+    }
+}
+
+/// The address's prefix in CIDR form; a full-length prefix is the bare address.
+fn group(ip: IpAddr, policy: &ClientIpPolicy) -> String {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            let bits = u32::from(policy.ipv4_prefix.min(32));
+            if bits == 32 {
+                return v4.to_string();
+            }
+            let masked = u32::from(v4) & (u32::MAX << (32 - bits));
+            format!("{}/{bits}", std::net::Ipv4Addr::from(masked))
+        }
+        IpAddr::V6(v6) => {
+            let bits = u32::from(policy.ipv6_prefix.min(128));
+            if bits == 128 {
+                return v6.to_string();
+            }
+            let masked = u128::from(v6) & (u128::MAX << (128 - bits));
+            format!("{}/{bits}", std::net::Ipv6Addr::from(masked))
+        }
+    }
+}
+
+/// The path without its query string, so `?x=1` cannot make a new bucket.
+fn path_only(path: &[u8]) -> Vec<u8> {
+    let end = path.iter().position(|&b| b == b'?').unwrap_or(path.len());
+    path[..end].to_vec()
+}
+
+fn source_value(
+    view: &dyn RequestView,
+    source: &KeySource,
+    policy: &ClientIpPolicy,
+) -> Option<Vec<u8>> {
+    let value = match source {
+        KeySource::Header(name) => view.header(name),
+        KeySource::ClientIp => client_ip(view, policy).map(String::into_bytes),
+        KeySource::Route => view.route_name().map(String::into_bytes),
+        KeySource::Method => view.header(":method"),
+        KeySource::Path => view.header(":path").map(|p| path_only(&p)),
+    };
+    value.filter(|v| !v.is_empty())
+}
+
+/// Joins the parts of a combined key; no header value can contain it, so parts cannot run
+/// into each other.
+const PART_SEPARATOR: u8 = 0x1f;
+
+/// The identity a rule limits for this request: the first key alternative whose sources are
+/// all present, as (label, bytes). `None` when the rule should be skipped.
+pub fn resolve(
+    view: &dyn RequestView,
+    spec: &KeySpec,
+    policy: &ClientIpPolicy,
+) -> Option<(String, Vec<u8>)> {
+    'alternatives: for alternative in &spec.alternatives {
+        let mut identity = Vec::new();
+        for (i, source) in alternative.sources.iter().enumerate() {
+            let Some(value) = source_value(view, source, policy) else {
+                continue 'alternatives;
+            };
+            if i > 0 {
+                identity.push(PART_SEPARATOR);
+            }
+            identity.extend_from_slice(&value);
+        }
+        return Some((alternative.label.clone(), identity));
+    }
+    match spec.when_missing {
+        WhenMissing::Anonymous => Some(("anonymous".to_string(), Vec::new())),
+        WhenMissing::Skip => None,
+    }
+}
+
+/// Identities up to this length stay readable when `hash_identities` is off; longer or
+/// non-printable ones are hashed anyway, so a debugging option cannot make keys huge.
 pub const MAX_READABLE_IDENTITY: usize = 128;
 
-/// The Redis key of the caller's bucket: `prefix + kind + ":" + sha1hex(identity)`, or the
-/// identity itself when `hash_identities` is off (short, printable identities only).
-pub fn redis_key(config: &Config, kind: IdentityKind, identity: &[u8]) -> String {
+/// The Redis key of one limit:
+/// `prefix{label:sha1hex(identity)}:rule:limit`. The braces are a Redis Cluster hash tag:
+/// all limits of one identity live on one slot, so one script call can decide them together.
+pub fn redis_key(
+    config: &Config,
+    rule: &Rule,
+    limit: &Limit,
+    label: &str,
+    identity: &[u8],
+) -> String {
     let readable = !config.hash_identities
         && identity.len() <= MAX_READABLE_IDENTITY
-        && identity.iter().all(|b| b.is_ascii_graphic());
+        && identity
+            .iter()
+            .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
     let id = if readable {
         String::from_utf8_lossy(identity).into_owned()
     } else {
         sha1_hex(identity)
     };
-    format!("{}{}:{}", config.key_prefix, kind.label(), id)
-}
-
-/// The key as one encoded Webdis path segment.
-pub fn encoded_key(key: &str) -> String {
-    path_segment(key.as_bytes())
+    format!(
+        "{}{{{label}:{id}}}:{}:{}",
+        config.key_prefix, rule.name, limit.name
+    )
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::collections::HashMap;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn config(hash: bool) -> Config {
-        let json =
-            format!(r#"{{"hash_identities": {hash}, "limit": {{"capacity": 1, "rate": 1}}}}"#);
+    /// A request for tests.
+    #[derive(Default, Clone)]
+    pub(crate) struct FakeRequest {
+        pub headers: HashMap<String, Vec<u8>>,
+        pub source: Option<String>,
+        pub route: Option<String>,
+    }
+
+    impl FakeRequest {
+        pub(crate) fn new(method: &str, path: &str) -> Self {
+            let mut r = FakeRequest {
+                source: Some("10.1.2.3:4567".into()),
+                ..Default::default()
+            };
+            r.headers
+                .insert(":method".into(), method.as_bytes().to_vec());
+            r.headers.insert(":path".into(), path.as_bytes().to_vec());
+            r
+        }
+        pub(crate) fn with(mut self, name: &str, value: &[u8]) -> Self {
+            self.headers.insert(name.into(), value.to_vec());
+            self
+        }
+    }
+
+    impl RequestView for FakeRequest {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.headers.get(name).cloned()
+        }
+        fn source_address(&self) -> Option<String> {
+            self.source.clone()
+        }
+        fn route_name(&self) -> Option<String> {
+            self.route.clone()
+        }
+    }
+
+    fn policy(hops: usize) -> ClientIpPolicy {
+        ClientIpPolicy {
+            xff_trusted_hops: hops,
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+        }
+    }
+
+    fn config(extra: &str, key: &str) -> Config {
+        let json = format!(
+            r#"{{{extra} "rules": [{{"name": "r", "key": {key}, "limits": [{{"name": "l", "limit": 1, "window": "1s"}}]}}]}}"#
+        );
         Config::parse(json.as_bytes()).unwrap()
     }
 
@@ -97,54 +237,138 @@ mod tests {
     }
 
     #[test]
-    fn api_key_wins_then_ip_then_anonymous() {
-        assert_eq!(
-            identify(Some(b"k1"), Some("1.2.3.4:5")),
-            (IdentityKind::ApiKey, &b"k1"[..])
-        );
-        assert_eq!(
-            identify(Some(b""), Some("1.2.3.4:5")),
-            (IdentityKind::ClientIp, &b"1.2.3.4"[..])
-        );
-        assert_eq!(
-            identify(None, Some("[::1]:5")),
-            (IdentityKind::ClientIp, &b"::1"[..])
-        );
-        assert_eq!(identify(None, None), (IdentityKind::Anonymous, &b""[..]));
+    fn forged_xff_is_ignored_without_trusted_hops() {
+        let r = FakeRequest::new("GET", "/").with("x-forwarded-for", b"6.6.6.6");
+        assert_eq!(client_ip(&r, &policy(0)).as_deref(), Some("10.1.2.3"));
     }
 
     #[test]
-    fn identities_are_hashed_by_default() {
-        let c = config(true);
+    fn xff_is_read_from_the_right() {
+        let r = FakeRequest::new("GET", "/").with("x-forwarded-for", b"6.6.6.6, 1.1.1.1, 2.2.2.2");
+        assert_eq!(client_ip(&r, &policy(1)).as_deref(), Some("2.2.2.2"));
+        assert_eq!(client_ip(&r, &policy(2)).as_deref(), Some("1.1.1.1"));
+        assert_eq!(client_ip(&r, &policy(3)).as_deref(), Some("6.6.6.6"));
+        // More trusted hops than entries: the peer, not the client's own first entry.
+        assert_eq!(client_ip(&r, &policy(4)).as_deref(), Some("10.1.2.3"));
+        let none = FakeRequest::new("GET", "/");
+        assert_eq!(client_ip(&none, &policy(1)).as_deref(), Some("10.1.2.3"));
+    }
+
+    #[test]
+    fn addresses_are_grouped_by_prefix() {
+        let v6 = |addr: &str| FakeRequest {
+            source: Some(format!("[{addr}]:443")),
+            ..FakeRequest::new("GET", "/")
+        };
         assert_eq!(
-            redis_key(&c, IdentityKind::ApiKey, b"abc"),
-            "rl:key:a9993e364706816aba3e25717850c26c9cd0d89d"
+            client_ip(&v6("2001:db8:1:2:aaaa::1"), &policy(0)).as_deref(),
+            Some("2001:db8:1:2::/64")
         );
         assert_eq!(
-            redis_key(&c, IdentityKind::ClientIp, b"abc"),
-            "rl:ip:a9993e364706816aba3e25717850c26c9cd0d89d"
+            client_ip(&v6("2001:db8:1:2:bbbb::9"), &policy(0)),
+            client_ip(&v6("2001:db8:1:2:aaaa::1"), &policy(0))
+        );
+        assert_eq!(
+            client_ip(&v6("::ffff:10.9.8.7"), &policy(0)).as_deref(),
+            Some("10.9.8.7")
+        );
+        let p24 = ClientIpPolicy {
+            ipv4_prefix: 24,
+            ..policy(0)
+        };
+        assert_eq!(
+            client_ip(&FakeRequest::new("GET", "/"), &p24).as_deref(),
+            Some("10.1.2.0/24")
+        );
+        let full = ClientIpPolicy {
+            ipv6_prefix: 128,
+            ..policy(0)
+        };
+        assert_eq!(
+            client_ip(&v6("2001:db8::1"), &full).as_deref(),
+            Some("2001:db8::1")
+        );
+    }
+
+    #[test]
+    fn first_present_alternative_wins() {
+        let c = config("", r#"{"from": ["header:x-api-key", "client_ip"]}"#);
+        let spec = &c.rules[0].key;
+        let with_key = FakeRequest::new("GET", "/").with("x-api-key", b"k1");
+        assert_eq!(
+            resolve(&with_key, spec, &c.client_ip),
+            Some(("header:x-api-key".into(), b"k1".to_vec()))
+        );
+        let empty_key = FakeRequest::new("GET", "/").with("x-api-key", b"");
+        assert_eq!(
+            resolve(&empty_key, spec, &c.client_ip),
+            Some(("client_ip".into(), b"10.1.2.3".to_vec()))
+        );
+    }
+
+    #[test]
+    fn combined_sources_need_every_part() {
+        let c = config(
+            "",
+            r#"{"from": ["header:x-user+method+path+route"], "when_missing": "skip"}"#,
+        );
+        let spec = &c.rules[0].key;
+        let mut r = FakeRequest::new("POST", "/orders?id=7").with("x-user", b"u1");
+        assert_eq!(resolve(&r, spec, &c.client_ip), None, "no route name");
+        r.route = Some("orders".into());
+        assert_eq!(
+            resolve(&r, spec, &c.client_ip),
+            Some((
+                "header:x-user+method+path+route".into(),
+                b"u1\x1fPOST\x1f/orders\x1forders".to_vec()
+            ))
+        );
+    }
+
+    #[test]
+    fn missing_sources_skip_or_share_the_anonymous_key() {
+        let mut r = FakeRequest::new("GET", "/");
+        r.source = None;
+        let skip = config(
+            "",
+            r#"{"from": ["header:x-api-key"], "when_missing": "skip"}"#,
+        );
+        assert_eq!(resolve(&r, &skip.rules[0].key, &skip.client_ip), None);
+        let anon = config("", r#"{"from": ["header:x-api-key"]}"#);
+        assert_eq!(
+            resolve(&r, &anon.rules[0].key, &anon.client_ip),
+            Some(("anonymous".into(), Vec::new()))
+        );
+    }
+
+    #[test]
+    fn keys_are_hashed_and_tagged() {
+        let c = config("", "{}");
+        let (rule, limit) = (&c.rules[0], &c.rules[0].limits[0]);
+        assert_eq!(
+            redis_key(&c, rule, limit, "header:x-api-key", b"abc"),
+            "rl:{header:x-api-key:a9993e364706816aba3e25717850c26c9cd0d89d}:r:l"
         );
     }
 
     #[test]
     fn readable_keys_only_for_short_printable_identities() {
-        let c = config(false);
-        assert_eq!(redis_key(&c, IdentityKind::ApiKey, b"abc"), "rl:key:abc");
+        let c = config(r#""hash_identities": false,"#, "{}");
+        let (rule, limit) = (&c.rules[0], &c.rules[0].limits[0]);
         assert_eq!(
-            redis_key(&c, IdentityKind::ApiKey, b"a b"),
-            format!("rl:key:{}", sha1_hex(b"a b"))
+            redis_key(&c, rule, limit, "client_ip", b"1.2.3.4"),
+            "rl:{client_ip:1.2.3.4}:r:l"
         );
-        let long = vec![b'x'; MAX_READABLE_IDENTITY + 1];
-        assert_eq!(
-            redis_key(&c, IdentityKind::ApiKey, &long),
-            format!("rl:key:{}", sha1_hex(&long))
-        );
-    }
-
-    #[test]
-    fn hostile_readable_identity_is_one_encoded_segment() {
-        let c = config(false);
-        let key = redis_key(&c, IdentityKind::ApiKey, b"a/1000000/1000000");
-        assert_eq!(encoded_key(&key), "rl%3Akey%3Aa%2F1000000%2F1000000");
+        for identity in [
+            &b"a b"[..],
+            b"a}b",
+            &[b'x'; MAX_READABLE_IDENTITY + 1],
+            b"u\x1fGET",
+        ] {
+            assert_eq!(
+                redis_key(&c, rule, limit, "k", identity),
+                format!("rl:{{k:{}}}:r:l", sha1_hex(identity))
+            );
+        }
     }
 }

@@ -7,14 +7,26 @@ pub mod config;
 pub mod encode;
 pub mod flow;
 pub mod identity;
+pub mod plan;
 pub mod response;
 pub mod sha1;
 pub mod throttle;
 
-/// The token bucket script, sent to Redis by hash (`EVALSHA`) and loaded on `NOSCRIPT`.
-pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
+/// The decision script Redis runs: the shared part, one part per algorithm, then the driver
+/// that decides all of a request's limits at once. Sent by hash (`EVALSHA`), loaded on
+/// `NOSCRIPT`.
+pub const DECISION_LUA: &str = concat!(
+    include_str!("../../../lua/lib.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/gcra.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/decide.lua"),
+);
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};
 pub use flow::{Counter, Host, RequestFlow, Verdict};
+pub use identity::RequestView;
 pub use throttle::LogThrottle;

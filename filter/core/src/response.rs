@@ -1,7 +1,10 @@
-//! What the client sees: rate-limit headers, the 429 and the fail-closed 503.
+//! What the client sees: rate-limit headers, the 429, the fail-closed 503 and the 400.
 
-use crate::bridge::Decision;
-use crate::config::Limit;
+use serde_json::json;
+
+use crate::bridge::{Decision, LimitResult};
+use crate::config::{Config, DenyBody};
+use crate::plan::LimitCheck;
 
 pub type Headers = Vec<(&'static str, String)>;
 
@@ -10,37 +13,145 @@ pub type Headers = Vec<(&'static str, String)>;
 pub struct LocalResponse {
     pub status: u16,
     pub headers: Headers,
-    pub body: &'static str,
+    pub body: String,
 }
 
 pub const DENIED_BODY: &str = "rate limit exceeded\n";
 pub const UNAVAILABLE_BODY: &str = "rate limiter unavailable\n";
+pub const QUOTA_EXCEEDED_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// Headers added to an allowed request's response.
-pub fn allowed_headers(limit: &Limit, decision: &Decision) -> Headers {
-    vec![
-        ("x-ratelimit-limit", limit.capacity.to_string()),
-        (
-            "x-ratelimit-remaining",
-            whole_tokens(decision.remaining).to_string(),
-        ),
-    ]
+/// One limit's numbers as clients see them.
+struct Shown {
+    policy: String,
+    quota: u64,
+    window_s: u64,
+    remaining: u64,
+    /// Seconds until the limit is whole again.
+    reset_s: u64,
+    /// Seconds until a request fits again if this one was refused, else `reset_s`.
+    t: u64,
+    refused: bool,
+    shadow: bool,
+    retry_ms: f64,
 }
 
-/// The 429 for a refused request.
-pub fn denied(limit: &Limit, decision: &Decision) -> LocalResponse {
+fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
+    let (rule, limit) = config
+        .rules
+        .get(check.rule)
+        .and_then(|r| {
+            r.limits
+                .get(check.limit)
+                .map(|l| (r.name.as_str(), l.name.as_str()))
+        })
+        .unwrap_or(("rule", "limit"));
+    let reset_s = whole_seconds_up(result.reset_ms);
+    Shown {
+        policy: format!("{rule}.{limit}"),
+        quota: check.quota,
+        window_s: whole_seconds_up(check.window_ms as f64).max(1),
+        remaining: whole_units(result.remaining),
+        reset_s,
+        t: if result.allowed {
+            reset_s
+        } else {
+            retry_after_secs(result.retry_ms)
+        },
+        refused: !result.allowed,
+        shadow: check.shadow,
+        retry_ms: result.retry_ms,
+    }
+}
+
+/// The limit the single-valued headers describe: when refused, the refusing limit with the
+/// longest wait; else the one with the fewest units left (the later reset on a tie).
+fn most_restrictive(limits: &[Shown], denied: bool) -> Option<&Shown> {
+    if denied {
+        return limits
+            .iter()
+            .filter(|s| s.refused && !s.shadow)
+            .max_by(|a, b| a.retry_ms.total_cmp(&b.retry_ms));
+    }
+    limits.iter().min_by(|a, b| {
+        a.remaining
+            .cmp(&b.remaining)
+            .then(b.reset_s.cmp(&a.reset_s))
+    })
+}
+
+/// Rate-limit headers for a decided request (allowed or refused), as configured.
+pub fn rate_limit_headers(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Headers {
+    let limits: Vec<Shown> = checks
+        .iter()
+        .zip(&decision.limits)
+        .map(|(c, r)| shown(config, c, r))
+        .collect();
+    headers_for(config, &limits, !decision.allowed)
+}
+
+fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
+    let mut headers = Headers::new();
+    if config.headers.x_ratelimit() {
+        if let Some(s) = most_restrictive(limits, denied) {
+            headers.push(("x-ratelimit-limit", s.quota.to_string()));
+            headers.push((
+                "x-ratelimit-remaining",
+                if denied { 0 } else { s.remaining }.to_string(),
+            ));
+            headers.push(("x-ratelimit-reset", s.reset_s.to_string()));
+        }
+    }
+    if config.headers.ietf() && !limits.is_empty() {
+        // draft-ietf-httpapi-ratelimit-headers-10: Lists of Items, one per limit, each a
+        // String naming the policy. Names are restricted to [A-Za-z0-9_-.], no escaping needed.
+        let policy: Vec<String> = limits
+            .iter()
+            .map(|s| format!("\"{}\";q={};w={}", s.policy, s.quota, s.window_s))
+            .collect();
+        let state: Vec<String> = limits
+            .iter()
+            .map(|s| format!("\"{}\";r={};t={}", s.policy, s.remaining, s.t))
+            .collect();
+        headers.push(("ratelimit-policy", policy.join(", ")));
+        headers.push(("ratelimit", state.join(", ")));
+    }
+    headers
+}
+
+/// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
+/// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`.
+pub fn denied(config: &Config, checks: &[LimitCheck], decision: &Decision) -> LocalResponse {
+    let limits: Vec<Shown> = checks
+        .iter()
+        .zip(&decision.limits)
+        .map(|(c, r)| shown(config, c, r))
+        .collect();
+    let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
+    let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
+    let mut headers = vec![("retry-after", retry_after.to_string())];
+    headers.extend(headers_for(config, &limits, true));
+    let body = match config.deny_body {
+        DenyBody::Text => {
+            headers.push(("content-type", "text/plain".to_string()));
+            DENIED_BODY.to_string()
+        }
+        DenyBody::ProblemJson => {
+            headers.push(("content-type", "application/problem+json".to_string()));
+            let names: Vec<&str> = violated.iter().map(|s| s.policy.as_str()).collect();
+            json!({
+                "type": QUOTA_EXCEEDED_TYPE,
+                "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                "status": 429,
+                "violated-policies": names,
+            })
+            .to_string()
+        }
+    };
     LocalResponse {
         status: 429,
-        headers: vec![
-            (
-                "retry-after",
-                retry_after_secs(decision.retry_after_ms).to_string(),
-            ),
-            ("x-ratelimit-limit", limit.capacity.to_string()),
-            ("x-ratelimit-remaining", "0".to_string()),
-            ("content-type", "text/plain".to_string()),
-        ],
-        body: DENIED_BODY,
+        headers,
+        body,
     }
 }
 
@@ -49,25 +160,40 @@ pub fn unavailable() -> LocalResponse {
     LocalResponse {
         status: 503,
         headers: vec![("content-type", "text/plain".to_string())],
-        body: UNAVAILABLE_BODY,
+        body: UNAVAILABLE_BODY.to_string(),
+    }
+}
+
+/// The 400 for a request the limiter cannot cost (a bad cost header).
+pub fn bad_request(message: &str) -> LocalResponse {
+    LocalResponse {
+        status: 400,
+        headers: vec![("content-type", "text/plain".to_string())],
+        body: format!("{message}\n"),
     }
 }
 
 /// `Retry-After` in whole seconds, rounded up (an earlier retry would be refused again), and
 /// at least 1, since 0 invites an immediate retry.
-pub fn retry_after_secs(retry_after_ms: f64) -> u64 {
-    let secs = (retry_after_ms / 1000.0).ceil();
-    if secs.is_finite() && secs >= 1.0 {
+pub fn retry_after_secs(retry_ms: f64) -> u64 {
+    whole_seconds_up(retry_ms).max(1)
+}
+
+fn whole_seconds_up(ms: f64) -> u64 {
+    let secs = (ms / 1000.0).ceil();
+    if secs.is_finite() && secs >= 0.0 {
         secs as u64
     } else {
-        1
+        0
     }
 }
 
-/// Whole tokens left: a client can spend only whole requests.
-fn whole_tokens(remaining: f64) -> u64 {
-    if remaining.is_finite() && remaining > 0.0 {
-        remaining.floor() as u64
+/// Whole units left: a client can spend only whole requests. The small allowance absorbs
+/// float error (9.999999999 tokens are 10).
+fn whole_units(remaining: f64) -> u64 {
+    let whole = (remaining + 1e-9).floor();
+    if whole.is_finite() && whole > 0.0 {
+        whole as u64
     } else {
         0
     }
@@ -76,13 +202,62 @@ fn whole_tokens(remaining: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Algorithm, HeaderMode};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const LIMIT: Limit = Limit {
-        capacity: 10,
-        rate_per_second: 1.0,
-    };
+    fn config(headers: &str, body: &str) -> Config {
+        let json = format!(
+            r#"{{"headers": "{headers}", "deny_body": "{body}", "rules": [{{"name": "api", "limits": [
+                {{"name": "second", "limit": 10, "window": "1s", "burst": 20}},
+                {{"name": "day", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}}]}}]}}"#
+        );
+        Config::parse(json.as_bytes()).unwrap()
+    }
+
+    fn checks(shadow_day: bool) -> Vec<LimitCheck> {
+        let base = LimitCheck {
+            rule: 0,
+            limit: 0,
+            key: "k1".into(),
+            algorithm: Algorithm::TokenBucket,
+            per_window: 10,
+            quota: 20,
+            window_ms: 1000,
+            burst: 20,
+            cost: 1,
+            shadow: false,
+        };
+        vec![
+            base.clone(),
+            LimitCheck {
+                limit: 1,
+                key: "k2".into(),
+                algorithm: Algorithm::FixedWindow,
+                per_window: 1000,
+                quota: 1000,
+                window_ms: 86_400_000,
+                shadow: shadow_day,
+                ..base
+            },
+        ]
+    }
+
+    fn result(allowed: bool, remaining: f64, reset_ms: f64, retry_ms: f64) -> LimitResult {
+        LimitResult {
+            allowed,
+            remaining,
+            reset_ms,
+            retry_ms,
+        }
+    }
+
+    fn get<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
+        headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_at_least_one() {
@@ -103,45 +278,133 @@ mod tests {
     }
 
     #[test]
-    fn allowed_headers_show_whole_tokens_left() {
+    fn allowed_headers_describe_the_most_restrictive_limit() {
+        let c = config("x-ratelimit", "text");
         let d = Decision {
             allowed: true,
-            remaining: 3.75,
-            retry_after_ms: 0.0,
+            limits: vec![
+                result(true, 19.0, 100.0, 0.0),
+                result(true, 3.9999999999, 50_000_000.0, 0.0),
+            ],
         };
+        let h = rate_limit_headers(&c, &checks(false), &d);
+        assert_eq!(get(&h, "x-ratelimit-limit"), Some("1000"));
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("4"));
+        assert_eq!(get(&h, "x-ratelimit-reset"), Some("50000"));
+        assert_eq!(get(&h, "ratelimit"), None);
+    }
+
+    #[test]
+    fn ietf_fields_list_every_limit() {
+        let c = config("both", "text");
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                result(true, 19.5, 50.0, 0.0),
+                result(true, 999.0, 3_600_000.0, 0.0),
+            ],
+        };
+        let h = rate_limit_headers(&c, &checks(false), &d);
         assert_eq!(
-            allowed_headers(&LIMIT, &d),
+            get(&h, "ratelimit-policy"),
+            Some(r#""api.second";q=20;w=1, "api.day";q=1000;w=86400"#)
+        );
+        assert_eq!(
+            get(&h, "ratelimit"),
+            Some(r#""api.second";r=19;t=1, "api.day";r=999;t=3600"#)
+        );
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("19"));
+    }
+
+    #[test]
+    fn header_mode_none_adds_nothing() {
+        let mut c = config("x-ratelimit", "text");
+        c.headers = HeaderMode::None;
+        let d = Decision {
+            allowed: true,
+            limits: vec![result(true, 1.0, 1.0, 0.0), result(true, 1.0, 1.0, 0.0)],
+        };
+        assert!(rate_limit_headers(&c, &checks(false), &d).is_empty());
+        let refused = Decision {
+            allowed: false,
+            limits: vec![result(false, 0.0, 1.0, 2500.0), result(true, 1.0, 1.0, 0.0)],
+        };
+        let r = denied(&c, &checks(false), &refused);
+        assert_eq!(
+            r.headers,
             vec![
-                ("x-ratelimit-limit", "10".to_string()),
-                ("x-ratelimit-remaining", "3".to_string())
+                ("retry-after", "3".to_string()),
+                ("content-type", "text/plain".to_string())
             ]
         );
     }
 
     #[test]
-    fn denied_is_a_429_with_retry_after() {
+    fn denied_waits_for_every_violated_limit() {
+        let c = config("both", "text");
         let d = Decision {
             allowed: false,
-            remaining: 0.4,
-            retry_after_ms: 3600.0,
+            limits: vec![
+                result(false, 0.5, 1500.0, 50.0),
+                result(false, 0.0, 7_200_000.0, 7_200_000.0),
+            ],
         };
-        let r = denied(&LIMIT, &d);
+        let r = denied(&c, &checks(false), &d);
         assert_eq!(r.status, 429);
+        assert_eq!(get(&r.headers, "retry-after"), Some("7200"));
+        assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("1000"));
+        assert_eq!(get(&r.headers, "x-ratelimit-remaining"), Some("0"));
         assert_eq!(
-            r.headers,
-            vec![
-                ("retry-after", "4".to_string()),
-                ("x-ratelimit-limit", "10".to_string()),
-                ("x-ratelimit-remaining", "0".to_string()),
-                ("content-type", "text/plain".to_string()),
-            ]
+            get(&r.headers, "ratelimit"),
+            Some(r#""api.second";r=0;t=1, "api.day";r=0;t=7200"#)
         );
         assert_eq!(r.body, DENIED_BODY);
     }
 
     #[test]
-    fn unavailable_is_a_503() {
+    fn a_refusing_shadow_limit_does_not_set_retry_after() {
+        let c = config("x-ratelimit", "text");
+        let d = Decision {
+            allowed: false,
+            limits: vec![
+                result(false, 0.0, 1000.0, 100.0),
+                result(false, 0.0, 9_000_000.0, 9_000_000.0),
+            ],
+        };
+        let r = denied(&c, &checks(true), &d);
+        assert_eq!(get(&r.headers, "retry-after"), Some("1"));
+        assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("20"));
+    }
+
+    #[test]
+    fn problem_json_names_the_violated_policies() {
+        let c = config("x-ratelimit", "problem+json");
+        let d = Decision {
+            allowed: false,
+            limits: vec![
+                result(false, 0.0, 1000.0, 100.0),
+                result(true, 10.0, 1000.0, 0.0),
+            ],
+        };
+        let r = denied(&c, &checks(false), &d);
+        assert_eq!(
+            get(&r.headers, "content-type"),
+            Some("application/problem+json")
+        );
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["type"], QUOTA_EXCEEDED_TYPE);
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["violated-policies"], json!(["api.second"]));
+    }
+
+    #[test]
+    fn unavailable_and_bad_request() {
         assert_eq!(unavailable().status, 503);
         assert_eq!(unavailable().body, UNAVAILABLE_BODY);
+        let r = bad_request("x-cost must be a whole number from 1 to 10");
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (400, "x-cost must be a whole number from 1 to 10\n")
+        );
     }
 }

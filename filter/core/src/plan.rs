@@ -1,0 +1,248 @@
+//! Which rules apply to a request, and the limit checks it asks Redis for.
+
+use std::time::Duration;
+
+use crate::config::{Algorithm, Config, Cost, FailureMode, Match, PathMatch};
+use crate::identity::{redis_key, resolve, RequestView};
+
+/// One limit to decide for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitCheck {
+    /// Index of the rule in the config, and of the limit in the rule.
+    pub rule: usize,
+    pub limit: usize,
+    pub key: String,
+    pub algorithm: Algorithm,
+    /// Units per window (the script's `limit`).
+    pub per_window: u64,
+    /// What headers call the limit: the burst for buckets, `per_window` for windows.
+    pub quota: u64,
+    pub window_ms: u64,
+    pub burst: u64,
+    pub cost: u64,
+    pub shadow: bool,
+}
+
+impl LimitCheck {
+    /// The hash tag of the key (`{...}`): checks with equal tags live on one Redis Cluster
+    /// slot, so a later sharded bridge can group a request's checks by it.
+    pub fn hash_tag(&self) -> &str {
+        match (self.key.find('{'), self.key.find('}')) {
+            (Some(open), Some(close)) if close > open => &self.key[open + 1..close],
+            _ => &self.key,
+        }
+    }
+}
+
+/// Everything decided about a request before asking Redis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub checks: Vec<LimitCheck>,
+    /// The shortest timeout among the matching rules.
+    pub timeout: Duration,
+    /// Closed if any matching enforcing rule fails closed.
+    pub failure_mode: FailureMode,
+}
+
+/// A request the limiter refuses before deciding anything (answered with 400).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest(pub String);
+
+/// The plan for a request: every matching rule's limits, keyed and costed.
+pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest> {
+    let method = view.header(":method").unwrap_or_default();
+    let path = view.header(":path").unwrap_or_default();
+    let path = &path[..path.iter().position(|&b| b == b'?').unwrap_or(path.len())];
+    let mut plan = Plan {
+        checks: Vec::new(),
+        timeout: Duration::MAX,
+        failure_mode: FailureMode::Open,
+    };
+    for (r, rule) in config.rules.iter().enumerate() {
+        if !matches(&rule.matcher, view, &method, path) {
+            continue;
+        }
+        let Some((label, identity)) = resolve(view, &rule.key, &config.client_ip) else {
+            continue;
+        };
+        let cost = request_cost(&rule.cost, view)?;
+        plan.timeout = plan.timeout.min(rule.timeout);
+        if rule.failure_mode == FailureMode::Closed && !rule.shadow {
+            plan.failure_mode = FailureMode::Closed;
+        }
+        for (l, limit) in rule.limits.iter().enumerate() {
+            plan.checks.push(LimitCheck {
+                rule: r,
+                limit: l,
+                key: redis_key(config, rule, limit, &label, &identity),
+                algorithm: limit.algorithm,
+                per_window: limit.limit,
+                quota: limit.quota(),
+                window_ms: u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX),
+                burst: limit.burst,
+                cost,
+                shadow: rule.shadow,
+            });
+        }
+    }
+    Ok(plan)
+}
+
+fn matches(m: &Match, view: &dyn RequestView, method: &[u8], path: &[u8]) -> bool {
+    let path_ok = match &m.path {
+        None => true,
+        Some(PathMatch::Exact(p)) => path == p.as_bytes(),
+        Some(PathMatch::Prefix(p)) => path.starts_with(p.as_bytes()),
+    };
+    let method_ok = m.methods.is_empty() || m.methods.iter().any(|x| x.as_bytes() == method);
+    let header_ok = match &m.header {
+        None => true,
+        Some(h) => match (view.header(&h.name), &h.value) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(got), Some(want)) => got == want.as_bytes(),
+        },
+    };
+    path_ok && method_ok && header_ok
+}
+
+fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> {
+    match cost {
+        Cost::Fixed(n) => Ok(*n),
+        Cost::Header {
+            name,
+            min,
+            max,
+            default,
+        } => {
+            let Some(raw) = view.header(name) else {
+                return Ok(*default);
+            };
+            let bad = || BadRequest(format!("{name} must be a whole number from {min} to {max}"));
+            let text = std::str::from_utf8(&raw).map_err(|_| bad())?.trim();
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            let n: u64 = text.parse().map_err(|_| bad())?;
+            if (*min..=*max).contains(&n) {
+                Ok(n)
+            } else {
+                Err(bad())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::tests::FakeRequest;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn config() -> Config {
+        Config::parse(
+            br#"{"rules": [
+              {"name": "api", "match": {"path_prefix": "/api/"},
+               "limits": [{"name": "second", "limit": 5, "window": "1s"},
+                          {"name": "day", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}],
+               "cost": {"header": "x-cost", "min": 1, "max": 10}, "timeout": "300ms"},
+              {"name": "login", "match": {"path_exact": "/login", "methods": ["POST"]},
+               "key": {"from": ["client_ip"]}, "failure_mode": "closed",
+               "limits": [{"name": "minute", "algorithm": "sliding_window_log", "limit": 5, "window": "1m"}]},
+              {"name": "gold", "match": {"header": {"name": "x-tier", "value": "gold"}}, "shadow": true,
+               "failure_mode": "closed", "timeout": "50ms",
+               "limits": [{"name": "second", "algorithm": "gcra", "limit": 100, "window": "1s", "burst": 20}]},
+              {"name": "keyed-only", "key": {"from": ["header:x-api-key"], "when_missing": "skip"},
+               "limits": [{"name": "hour", "limit": 10, "window": "1h"}]}
+            ]}"#,
+        )
+        .unwrap()
+    }
+
+    fn rules_of(p: &Plan) -> Vec<(usize, usize)> {
+        p.checks.iter().map(|c| (c.rule, c.limit)).collect()
+    }
+
+    #[test]
+    fn rules_match_on_path_method_and_header() {
+        let c = config();
+        let p = plan(&c, &FakeRequest::new("GET", "/api/users?x=1")).unwrap();
+        assert_eq!(rules_of(&p), vec![(0, 0), (0, 1)]);
+        assert_eq!(p.timeout, Duration::from_millis(300));
+        assert_eq!(p.failure_mode, FailureMode::Open);
+
+        let p = plan(&c, &FakeRequest::new("POST", "/login")).unwrap();
+        assert_eq!(rules_of(&p), vec![(1, 0)]);
+        assert_eq!(p.failure_mode, FailureMode::Closed);
+        assert!(plan(&c, &FakeRequest::new("GET", "/login"))
+            .unwrap()
+            .checks
+            .is_empty());
+        assert!(plan(&c, &FakeRequest::new("POST", "/login/x"))
+            .unwrap()
+            .checks
+            .is_empty());
+
+        let gold = FakeRequest::new("GET", "/api/x")
+            .with("x-tier", b"gold")
+            .with("x-api-key", b"k");
+        let p = plan(&c, &gold).unwrap();
+        assert_eq!(rules_of(&p), vec![(0, 0), (0, 1), (2, 0), (3, 0)]);
+        assert!(p.checks[2].shadow);
+        assert_eq!(p.timeout, Duration::from_millis(50));
+        assert_eq!(
+            p.failure_mode,
+            FailureMode::Open,
+            "a shadow rule never closes"
+        );
+        let silver = FakeRequest::new("GET", "/x").with("x-tier", b"silver");
+        assert!(plan(&c, &silver).unwrap().checks.is_empty());
+    }
+
+    #[test]
+    fn limits_of_a_rule_share_a_hash_tag() {
+        let c = config();
+        let p = plan(
+            &c,
+            &FakeRequest::new("GET", "/api/a").with("x-api-key", b"k1"),
+        )
+        .unwrap();
+        assert_eq!(p.checks[0].hash_tag(), p.checks[1].hash_tag());
+        assert_ne!(p.checks[0].key, p.checks[1].key);
+        assert!(p.checks[0].key.ends_with("}:api:second"));
+        assert_eq!(p.checks[1].algorithm, Algorithm::FixedWindow);
+        assert_eq!(p.checks[1].window_ms, 86_400_000);
+        assert_eq!((p.checks[2].quota, p.checks[2].burst), (10, 10));
+    }
+
+    #[test]
+    fn cost_comes_from_the_header_within_bounds() {
+        let c = config();
+        let cost = |value: Option<&[u8]>| {
+            let mut r = FakeRequest::new("GET", "/api/a");
+            if let Some(v) = value {
+                r = r.with("x-cost", v);
+            }
+            plan(&c, &r).map(|p| p.checks[0].cost)
+        };
+        assert_eq!(cost(None), Ok(1));
+        assert_eq!(cost(Some(b"7")), Ok(7));
+        assert_eq!(cost(Some(b" 10 ")), Ok(10));
+        let bad = Err(BadRequest(
+            "x-cost must be a whole number from 1 to 10".into(),
+        ));
+        for value in [
+            &b"0"[..],
+            b"11",
+            b"-1",
+            b"1.5",
+            b"abc",
+            b"",
+            b"99999999999999999999999",
+            b"\xff",
+        ] {
+            assert_eq!(cost(Some(value)), bad, "{value:?}");
+        }
+    }
+}

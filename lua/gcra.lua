@@ -1,0 +1,33 @@
+-- GCRA (generic cell rate algorithm): the token bucket's behaviour from one number, the
+-- "theoretical arrival time" (TAT) of the next request. One request is due every
+-- T = window / limit; a request may come up to `burst` intervals early.
+--
+-- State (a hash at the limit's key):
+--   tat  theoretical arrival time, Unix ms (%.17g)
+-- Memory: one number per key. Expires when TAT has passed (the key would be fresh), + 60 s.
+ALGORITHMS.gcra = function(key, p, now)
+  local interval = p.window / p.limit
+  local stored = tonumber(redis.call('HGET', key, 'tat'))
+  -- A clock that went backwards cannot move TAT back.
+  local tat = math.max(stored or now.ms, now.ms)
+  local new_tat = tat + p.cost * interval
+  local allow_at = new_tat - p.burst * interval
+
+  local d = {
+    allowed = now.ms >= allow_at,
+    kept_remaining = math.max(0, (now.ms - (tat - p.burst * interval)) / interval),
+    kept_reset = tat - now.ms,
+    retry = 0,
+  }
+  if d.allowed then
+    d.taken_remaining = math.max(0, (now.ms - allow_at) / interval)
+    d.taken_reset = new_tat - now.ms
+    d.commit = function()
+      redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
+      redis.call('PEXPIRE', key, math.ceil(new_tat - now.ms) + 60000)
+    end
+  else
+    d.retry = math.ceil(allow_at - now.ms)
+  end
+  return d
+end

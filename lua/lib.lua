@@ -1,0 +1,37 @@
+-- Shared part of the decision script. The filter sends ONE script to Redis: this file, then
+-- one file per algorithm, then decide.lua, concatenated (see filter/core/src/lib.rs). Each
+-- algorithm file adds a function to ALGORITHMS:
+--
+--   ALGORITHMS.name = function(key, p, now) -> d
+--     key  the limit's state key
+--     p    {limit = n, window = ms, burst = n, cost = n}
+--     now  {str = Unix ns as a decimal string, ms = Unix ms as a number}
+--     d    {allowed = bool, retry = ms until the request would be allowed (0 if allowed),
+--           kept_remaining, kept_reset = remaining and ms until whole, if nothing is taken,
+--           taken_remaining, taken_reset, commit = function writing the state: if allowed}
+--
+-- Reading and deciding are separate from writing (commit) so that a request is charged
+-- to every limit or to none.
+local ALGORITHMS = {}
+
+-- Is Unix-ns string a later than b? Equal-length digit strings compare like numbers.
+local function later(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a > b
+end
+
+-- Exact milliseconds from ns string a to ns string b: ns timestamps (~1.8e18) do not fit a
+-- double, so seconds and nanoseconds are subtracted separately.
+local function elapsed_ms(a, b)
+  local function split(ts)
+    if #ts <= 9 then
+      return 0, tonumber(ts)
+    end
+    return tonumber(string.sub(ts, 1, -10)), tonumber(string.sub(ts, -9))
+  end
+  local as, ans = split(a)
+  local bs, bns = split(b)
+  return (bs - as) * 1000 + (bns - ans) / 1e6
+end

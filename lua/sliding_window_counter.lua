@@ -1,0 +1,55 @@
+-- Sliding window counter: the fixed window's two counters (this window and the previous
+-- one), with the previous one weighted by how much of it still overlaps the sliding window.
+-- Nearly exact (it assumes the previous window's requests were spread evenly), no boundary
+-- burst, constant memory.
+--
+-- State (a hash at the limit's key):
+--   w     index of the current window
+--   cur   cost counted in window w
+--   prev  cost counted in window w - 1
+-- Memory: three numbers per key. Expires when both windows are out of reach, + 60 s.
+ALGORITHMS.sliding_window_counter = function(key, p, now)
+  local W = p.window
+  local index = math.floor(now.ms / W)
+  local state = redis.call('HMGET', key, 'w', 'cur', 'prev')
+  local w, cur, prev = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  local into = now.ms - index * W
+  if w == nil or index > w + 1 then
+    cur, prev = 0, 0
+  elseif index == w + 1 then
+    cur, prev = 0, cur
+  elseif index < w then
+    index, into = w, 0 -- a clock that went backwards: the newest window, fully weighted
+  end
+  local weight = (W - into) / W
+  local estimate = prev * weight + cur
+  -- Time until the estimate drops to `target` or less, or nil if it never does on its own.
+  local function wait_for(target)
+    if estimate <= target then return 0 end
+    if cur <= target and prev > 0 then
+      -- Within this window: prev * (W - t) / W + cur <= target.
+      return math.max(0, W - (target - cur) * W / prev - into)
+    end
+    if target < 0 then return nil end
+    -- Next window: cur becomes prev and decays from the next window's start.
+    return (W - into) + math.max(0, W - target * W / cur)
+  end
+
+  local d = {
+    allowed = estimate + p.cost <= p.limit,
+    kept_remaining = math.max(0, p.limit - estimate),
+    kept_reset = wait_for(0),
+    retry = 0,
+  }
+  if d.allowed then
+    d.taken_remaining = math.max(0, p.limit - estimate - p.cost)
+    d.taken_reset = (W - into) + W
+    d.commit = function()
+      redis.call('HSET', key, 'w', index, 'cur', cur + p.cost, 'prev', prev)
+      redis.call('PEXPIRE', key, math.ceil(2 * W - into) + 60000)
+    end
+  else
+    d.retry = math.ceil(wait_for(p.limit - p.cost) or (2 * W - into))
+  end
+  return d
+end

@@ -1,0 +1,482 @@
+//! The policy model end to end: rules, tiers decided in one call, every algorithm, client IPs
+//! behind proxies, weighted cost, shadow mode, the headers, the clock, and the shipped
+//! examples. Real Envoy, Webdis and Redis, each test with its own processes.
+
+use e2e::http::request;
+use e2e::procs::{filter_config_edit, validate_config, WorkDir};
+use e2e::sf::{parse_list, Item};
+use e2e::{get, root, Envoy, Redis, Response, Stack, Webdis};
+
+/// The filter JSON with the shipped bridge credentials and a generous timeout (so that a busy
+/// test machine never fails open), plus `body`.
+fn filter_json(body: &str) -> String {
+    format!(
+        r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s"}},
+{body}}}"#
+    )
+}
+
+fn stack(name: &str, body: &str) -> Stack {
+    let (from, to) = filter_config_edit(&filter_json(body));
+    Stack::start(name, &[(&from, &to)])
+}
+
+fn send(envoy: &Envoy, path: &str, headers: &[(&str, &[u8])]) -> Response {
+    get(envoy.port, path, headers).expect("request through envoy")
+}
+
+fn keyed(envoy: &Envoy, path: &str, key: &str) -> Response {
+    send(envoy, path, &[("x-api-key", key.as_bytes())])
+}
+
+/// Status codes of `n` requests.
+fn statuses(n: usize, mut each: impl FnMut() -> Response) -> Vec<u16> {
+    (0..n).map(|_| each().status).collect()
+}
+
+fn evalsha_calls(redis: &Redis) -> i64 {
+    let stats = redis.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The first request after Redis starts also loads the script (NOSCRIPT, SCRIPT LOAD, and
+/// the EVALSHA again); one request with a key of its own gets that done before counting.
+fn warm_up(envoy: &Envoy) {
+    assert_eq!(keyed(envoy, "/other", "warm-up").status, 200);
+    assert_eq!(envoy.counter("ratelimit_script_loads"), 1);
+}
+
+#[test]
+fn rules_on_different_paths_limit_independently_and_together() {
+    let s = stack(
+        "policy-rules",
+        r#""rules": [
+          {"name": "api", "match": {"path_prefix": "/api/"}, "limits": [{"name": "hour", "limit": 5, "window": "1h"}]},
+          {"name": "search", "match": {"path_prefix": "/api/search"}, "limits": [{"name": "hour", "limit": 2, "window": "1h"}]},
+          {"name": "other", "match": {"path_exact": "/other"}, "limits": [{"name": "hour", "limit": 3, "window": "1h"}]}
+        ]"#,
+    );
+    let e = &s.envoy;
+    warm_up(e);
+    let before = evalsha_calls(&s.redis);
+    assert_eq!(
+        statuses(4, || keyed(e, "/other", "k")),
+        [200, 200, 200, 429]
+    );
+    // Matches "api" and "search": limited by both; the refusal charges neither.
+    assert_eq!(
+        statuses(3, || keyed(e, "/api/search?q=1", "k")),
+        [200, 200, 429]
+    );
+    // "api" has 5 - 2 = 3 left.
+    assert_eq!(
+        statuses(4, || keyed(e, "/api/users", "k")),
+        [200, 200, 200, 429]
+    );
+    assert_eq!(keyed(e, "/other", "k").status, 429);
+    // Another key has buckets of its own; an unmatched path is never limited.
+    assert_eq!(keyed(e, "/other", "k2").status, 200);
+    assert_eq!(statuses(5, || keyed(e, "/elsewhere", "k")), [200; 5]);
+    // One EVALSHA per limited request, none for the unmatched ones.
+    assert_eq!(evalsha_calls(&s.redis) - before, 4 + 3 + 4 + 1 + 1);
+}
+
+#[test]
+fn tiers_are_one_call_and_a_refusal_drains_nothing() {
+    let s = stack(
+        "policy-tiers",
+        r#""rules": [{"name": "tiered", "limits": [
+            {"name": "per_second", "limit": 10, "window": "1s"},
+            {"name": "per_day", "algorithm": "fixed_window", "limit": 3, "window": "1d"}]}]"#,
+    );
+    let e = &s.envoy;
+    warm_up(e);
+    let before = evalsha_calls(&s.redis);
+    assert_eq!(statuses(3, || keyed(e, "/", "tiered-key")), [200, 200, 200]);
+    assert_eq!(
+        evalsha_calls(&s.redis) - before,
+        3,
+        "exactly one EVALSHA per request"
+    );
+
+    let key = format!(
+        "rl:{{header:x-api-key:{}}}:tiered:per_second",
+        ratelimit_core::sha1::sha1_hex(b"tiered-key")
+    );
+    let state = |s: &Stack| s.redis.admin().cmd(&["HGETALL", &key]).unwrap().text();
+    let after_three = state(&s);
+    let r = keyed(e, "/", "tiered-key");
+    assert_eq!(r.status, 429, "the daily quota is spent");
+    assert_eq!(evalsha_calls(&s.redis) - before, 4);
+    assert_eq!(
+        state(&s),
+        after_three,
+        "the refused request left the per-second bucket untouched"
+    );
+    let calls = s
+        .redis
+        .admin()
+        .cmd(&["INFO", "commandstats"])
+        .unwrap()
+        .text();
+    assert!(!calls.contains("cmdstat_eval:"), "never EVAL");
+}
+
+#[test]
+fn each_algorithm_enforces_its_limit() {
+    let s = stack(
+        "policy-algorithms",
+        r#""rules": [
+          {"name": "tb", "match": {"path_exact": "/tb"}, "limits": [{"name": "l", "algorithm": "token_bucket", "limit": 3, "window": "1h"}]},
+          {"name": "gcra", "match": {"path_exact": "/gcra"}, "limits": [{"name": "l", "algorithm": "gcra", "limit": 3, "window": "1h"}]},
+          {"name": "swc", "match": {"path_exact": "/swc"}, "limits": [{"name": "l", "algorithm": "sliding_window_counter", "limit": 3, "window": "1h"}]},
+          {"name": "swl", "match": {"path_exact": "/swl"}, "limits": [{"name": "l", "algorithm": "sliding_window_log", "limit": 3, "window": "1h"}]},
+          {"name": "fixed", "match": {"path_exact": "/fixed"}, "limits": [{"name": "l", "algorithm": "fixed_window", "limit": 3, "window": "1h"}]}
+        ]"#,
+    );
+    for path in ["/tb", "/gcra", "/swc", "/swl", "/fixed"] {
+        let got: Vec<(u16, Option<String>)> = (0..4)
+            .map(|_| {
+                let r = keyed(&s.envoy, path, "k");
+                (
+                    r.status,
+                    r.header("x-ratelimit-remaining").map(str::to_string),
+                )
+            })
+            .collect();
+        let want: Vec<(u16, Option<String>)> = vec![
+            (200, Some("2".into())),
+            (200, Some("1".into())),
+            (200, Some("0".into())),
+            (429, Some("0".into())),
+        ];
+        assert_eq!(got, want, "{path}");
+    }
+    assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
+}
+
+#[test]
+fn x_forwarded_for_counts_only_with_trusted_hops() {
+    let dir = WorkDir::new("policy-xff");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let rule = |name: &str| {
+        format!(
+            r#""rules": [{{"name": "{name}", "key": {{"from": ["client_ip"]}}, "limits": [{{"name": "hour", "limit": 2, "window": "1h"}}]}}]"#
+        )
+    };
+    let (from, to) = filter_config_edit(&filter_json(&rule("by_peer")));
+    let direct = Envoy::start(&dir, webdis.port, &[(&from, &to)]);
+    let xff = |v: &str| -> Vec<u8> { v.as_bytes().to_vec() };
+    let forged = |e: &Envoy, v: &str| send(e, "/", &[("x-forwarded-for", &xff(v))]).status;
+    // xff_trusted_hops 0: whatever the client writes, its bucket is its connection's.
+    assert_eq!(
+        [
+            forged(&direct, "1.1.1.1"),
+            forged(&direct, "2.2.2.2"),
+            forged(&direct, "3.3.3.3, 4.4.4.4")
+        ],
+        [200, 200, 429]
+    );
+
+    let body = format!(r#""xff_trusted_hops": 1, {}"#, rule("by_xff"));
+    let (from, to) = filter_config_edit(&filter_json(&body));
+    let behind_proxy = Envoy::start(&dir, webdis.port, &[(&from, &to)]);
+    // One trusted hop: the rightmost entry is the client the proxy saw.
+    assert_eq!(
+        [
+            forged(&behind_proxy, "6.6.6.6, 1.1.1.1"),
+            forged(&behind_proxy, "7.7.7.7, 1.1.1.1"),
+            forged(&behind_proxy, "1.1.1.1")
+        ],
+        [200, 200, 429]
+    );
+    assert_eq!(
+        forged(&behind_proxy, "1.1.1.1, 2.2.2.2"),
+        200,
+        "another client"
+    );
+    let key = format!(
+        "rl:{{client_ip:{}}}:by_xff:hour",
+        ratelimit_core::sha1::sha1_hex(b"1.1.1.1")
+    );
+    assert_eq!(redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
+}
+
+#[test]
+fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
+    let s = stack(
+        "policy-cost",
+        r#""rules": [{"name": "weighted", "cost": {"header": "x-cost", "min": 1, "max": 5},
+            "limits": [{"name": "hour", "limit": 10, "window": "1h"}]}]"#,
+    );
+    let e = &s.envoy;
+    let with_cost = |cost: &str| send(e, "/", &[("x-api-key", b"w"), ("x-cost", cost.as_bytes())]);
+    let remaining = |r: &Response| r.header("x-ratelimit-remaining").map(str::to_string);
+    let r = with_cost("4");
+    assert_eq!((r.status, remaining(&r)), (200, Some("6".into())));
+    let r = with_cost("5");
+    assert_eq!((r.status, remaining(&r)), (200, Some("1".into())));
+    assert_eq!(with_cost("2").status, 429);
+    // No header: the default cost (min) of 1.
+    let r = keyed(e, "/", "w");
+    assert_eq!((r.status, remaining(&r)), (200, Some("0".into())));
+
+    let before = evalsha_calls(&s.redis);
+    for bad in ["abc", "0", "6", "1.5", "-1", "", "99999999999999999999999"] {
+        let r = with_cost(bad);
+        assert_eq!(r.status, 400, "cost {bad:?}");
+        assert_eq!(r.text(), "x-cost must be a whole number from 1 to 5\n");
+    }
+    assert_eq!(
+        evalsha_calls(&s.redis),
+        before,
+        "a bad request asks Redis nothing"
+    );
+    assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 7);
+}
+
+#[test]
+fn shadow_mode_never_blocks_and_still_counts() {
+    let s = stack(
+        "policy-shadow",
+        r#""rules": [{"name": "watch", "shadow": true, "limits": [{"name": "hour", "limit": 2, "window": "1h"}]}]"#,
+    );
+    let got: Vec<(u16, String)> = (0..5)
+        .map(|_| {
+            let r = keyed(&s.envoy, "/", "s");
+            (
+                r.status,
+                r.header("x-ratelimit-remaining").unwrap_or("-").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [(200, "1"), (200, "0"), (200, "0"), (200, "0"), (200, "0")]
+            .map(|(s, r)| (s, r.to_string()))
+    );
+    assert_eq!(s.envoy.counter("ratelimit_allowed"), 5);
+    assert_eq!(s.envoy.counter("ratelimit_shadow_denied"), 3);
+    assert_eq!(s.envoy.counter("ratelimit_denied"), 0);
+}
+
+fn sf(r: &Response, name: &str) -> Vec<Item> {
+    let value = r.header(name).unwrap_or_else(|| panic!("no {name} header"));
+    parse_list(value)
+        .unwrap_or_else(|e| panic!("{name}: {value:?} is not a structured field list: {e}"))
+}
+
+#[test]
+fn headers_on_allowed_and_denied_responses_parse_and_carry_the_numbers() {
+    let s = stack(
+        "policy-headers",
+        r#""headers": "both", "deny_body": "problem+json",
+           "rules": [{"name": "api", "limits": [
+             {"name": "burst", "limit": 2, "window": "1m"},
+             {"name": "daily", "algorithm": "fixed_window", "limit": 100, "window": "1d"}]}]"#,
+    );
+    let e = &s.envoy;
+    let first = keyed(e, "/", "h");
+    assert_eq!(first.status, 200);
+    // X-RateLimit-*: the most restrictive limit, the 2-token bucket refilled every 30 s.
+    assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-reset"), Some("30"));
+    let policy = sf(&first, "ratelimit-policy");
+    let names: Vec<&str> = policy.iter().filter_map(Item::name).collect();
+    assert_eq!(names, ["api.burst", "api.daily"]);
+    assert_eq!(
+        (policy[0].int("q"), policy[0].int("w")),
+        (Some(2), Some(60))
+    );
+    assert_eq!(
+        (policy[1].int("q"), policy[1].int("w")),
+        (Some(100), Some(86400))
+    );
+    let state = sf(&first, "ratelimit");
+    assert_eq!(state[0].name(), Some("api.burst"));
+    assert_eq!((state[0].int("r"), state[0].int("t")), (Some(1), Some(30)));
+    assert_eq!(state[1].int("r"), Some(99));
+    let t_daily = state[1].int("t").unwrap();
+    assert!((1..=86400).contains(&t_daily), "daily reset {t_daily}");
+
+    assert_eq!(keyed(e, "/", "h").status, 200);
+    let denied = keyed(e, "/", "h");
+    assert_eq!(denied.status, 429);
+    let state = sf(&denied, "ratelimit");
+    assert_eq!((state[0].int("r"), state[0].int("t")), (Some(0), Some(30)));
+    let retry_after: i64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(retry_after, 30, "one token back in 30 s");
+    assert!(
+        retry_after >= state[0].int("t").unwrap(),
+        "Retry-After never earlier than t"
+    );
+    assert_eq!(sf(&denied, "ratelimit-policy").len(), 2);
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = serde_json::from_slice(&denied.body).unwrap();
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated-policies"], serde_json::json!(["api.burst"]));
+}
+
+#[test]
+fn headers_can_be_hidden() {
+    let s = stack(
+        "policy-no-headers",
+        r#""headers": "none", "rules": [{"name": "r", "limits": [{"name": "l", "limit": 1, "window": "1h"}]}]"#,
+    );
+    let allowed = keyed(&s.envoy, "/", "n");
+    assert_eq!(allowed.status, 200);
+    let denied = keyed(&s.envoy, "/", "n");
+    assert_eq!(denied.status, 429);
+    for r in [&allowed, &denied] {
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            "ratelimit",
+            "ratelimit-policy",
+        ] {
+            assert_eq!(r.header(name), None, "{name} on a {}", r.status);
+        }
+    }
+    assert_eq!(
+        denied.header("retry-after"),
+        Some("3600"),
+        "a 429 always says when to come back"
+    );
+}
+
+#[test]
+fn redis_clock_limits_like_the_proxy_clock() {
+    let s = stack(
+        "policy-redis-clock",
+        r#""clock": "redis", "rules": [{"name": "r", "limits": [
+            {"name": "tb", "limit": 3, "window": "1h"},
+            {"name": "swl", "algorithm": "sliding_window_log", "limit": 3, "window": "1h"}]}]"#,
+    );
+    assert_eq!(
+        statuses(4, || keyed(&s.envoy, "/", "c")),
+        [200, 200, 200, 429]
+    );
+    assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
+}
+
+/// An example config from envoy/examples, started as shipped (on test ports).
+fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
+    let file = root().join("envoy/examples").join(name);
+    let (ok, output) = validate_config(&root(), &file);
+    assert!(ok, "{name} does not validate:\n{output}");
+    let dir = WorkDir::new(&format!("example-{name}"));
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let envoy = Envoy::start_file(&dir, &file, webdis.port);
+    (dir, redis, webdis, envoy)
+}
+
+#[test]
+fn example_public_api_tiers() {
+    let (_dir, _redis, _webdis, envoy) = example("public_api_tiers.yaml");
+    // /api/search: GCRA 2 per second with a burst of 5, on top of the per-key tiers.
+    let got = statuses(6, || keyed(&envoy, "/api/search", "customer-1"));
+    assert_eq!(got, [200, 200, 200, 200, 200, 429]);
+    let r = keyed(&envoy, "/api/orders", "customer-1");
+    assert_eq!(r.status, 200);
+    let names: Vec<String> = sf(&r, "ratelimit-policy")
+        .iter()
+        .filter_map(|i| i.name().map(str::to_string))
+        .collect();
+    assert_eq!(names, ["api.per_second", "api.per_day"]);
+    // Outside /api/ nothing is limited.
+    assert_eq!(
+        keyed(&envoy, "/health", "customer-1").header("ratelimit"),
+        None
+    );
+}
+
+#[test]
+fn example_login_per_ip() {
+    let (_dir, _redis, _webdis, envoy) = example("login_per_ip.yaml");
+    let login = |client: &str| {
+        request(
+            envoy.port,
+            "POST",
+            "/login",
+            &[("x-forwarded-for", client.as_bytes())],
+            b"user=a",
+        )
+        .unwrap()
+        .status
+    };
+    assert_eq!(
+        (0..6).map(|_| login("203.0.113.7")).collect::<Vec<_>>(),
+        [200, 200, 200, 200, 200, 429]
+    );
+    assert_eq!(login("203.0.113.8"), 200, "another client address");
+    // Only POST /login is limited.
+    assert_eq!(
+        statuses(8, || send(
+            &envoy,
+            "/login",
+            &[("x-forwarded-for", b"203.0.113.7")]
+        )),
+        [200; 8]
+    );
+}
+
+#[test]
+fn example_internal_shadow() {
+    let (_dir, _redis, _webdis, envoy) = example("internal_shadow.yaml");
+    let got = statuses(603, || send(&envoy, "/", &[("x-service-name", b"billing")]));
+    assert!(got.iter().all(|&s| s == 200), "shadow mode never blocks");
+    assert_eq!(envoy.counter("ratelimit_shadow_denied"), 3);
+    // Requests without the header are skipped: no decision, no headers.
+    assert_eq!(send(&envoy, "/", &[]).header("x-ratelimit-limit"), None);
+}
+
+#[test]
+fn keys_can_combine_route_method_and_path() {
+    let (from, to) = filter_config_edit(&filter_json(
+        r#""rules": [{"name": "per_route", "key": {"from": ["route+method+path"], "when_missing": "skip"},
+            "limits": [{"name": "hour", "limit": 2, "window": "1h"}]}]"#,
+    ));
+    let s = Stack::start(
+        "policy-route-key",
+        &[
+            (&from, &to),
+            (
+                "- match: { prefix: \"/\" }",
+                "- name: demo_route\n                match: { prefix: \"/\" }",
+            ),
+        ],
+    );
+    let port = s.envoy.port;
+    let call = |method: &str, path: &str| request(port, method, path, &[], b"").unwrap().status;
+    assert_eq!(
+        [call("GET", "/a"), call("GET", "/a?x=1"), call("GET", "/a")],
+        [200, 200, 429]
+    );
+    assert_eq!(
+        [call("POST", "/a"), call("GET", "/b")],
+        [200, 200],
+        "method and path are part of the key"
+    );
+    let key = format!(
+        "rl:{{route+method+path:{}}}:per_route:hour",
+        ratelimit_core::sha1::sha1_hex(b"demo_route\x1fGET\x1f/a")
+    );
+    assert_eq!(s.redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
+}
