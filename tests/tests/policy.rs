@@ -201,6 +201,16 @@ fn x_forwarded_for_counts_only_with_trusted_hops() {
         200,
         "another client"
     );
+    // IPv6 clients count per /64: two addresses of one subscriber share a bucket.
+    assert_eq!(
+        [
+            forged(&behind_proxy, "2001:db8:1:2::1"),
+            forged(&behind_proxy, "2001:db8:1:2:ffff::9"),
+            forged(&behind_proxy, "2001:db8:1:2::7"),
+            forged(&behind_proxy, "2001:db8:1:3::1")
+        ],
+        [200, 200, 429, 200]
+    );
     let key = format!(
         "rl:{{client_ip:{}}}:by_xff:hour",
         ratelimit_core::sha1::sha1_hex(b"1.1.1.1")
