@@ -370,6 +370,21 @@ mod tests {
         }
     }
 
+    /// A reply with only a status (or none: a timeout), as Webdis's failures come.
+    fn bare(status: Option<u16>) -> BridgeReply<'static> {
+        BridgeReply { status, body: b"" }
+    }
+
+    /// Starts a request and feeds it `replies` in order.
+    fn replay(c: &Config, h: &mut FakeHost, replies: &[BridgeReply<'_>]) -> RequestFlow {
+        let mut flow = RequestFlow::new();
+        flow.on_request_headers(c, h);
+        for reply in replies {
+            flow.on_bridge_reply(c, h, *reply);
+        }
+        flow
+    }
+
     const ALLOW_ONE: &str = r#"{"EVALSHA":[1,1,1,"9","6000","0"]}"#;
     const NOSCRIPT: &str = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
 
@@ -446,9 +461,11 @@ mod tests {
     fn denied_request_gets_a_429_and_is_not_resumed() {
         let c = config("");
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(&c, &mut h, ok(r#"{"EVALSHA":[0,1,0,"0.5","3000","500"]}"#));
+        let mut flow = replay(
+            &c,
+            &mut h,
+            &[ok(r#"{"EVALSHA":[0,1,0,"0.5","3000","500"]}"#)],
+        );
         assert_eq!(h.resumed, 0);
         assert_eq!(h.responses.len(), 1);
         assert_eq!(h.responses[0].status, 429);
@@ -510,9 +527,7 @@ mod tests {
     fn noscript_loads_the_script_and_retries_the_same_call_once() {
         let c = config("");
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
+        let mut flow = replay(&c, &mut h, &[ok(NOSCRIPT)]);
         assert_eq!(h.dispatched.len(), 2);
         assert_eq!(h.dispatched[1].0, BridgeRequest::script_load());
         let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
@@ -528,9 +543,7 @@ mod tests {
     fn second_noscript_is_a_failure_not_a_loop() {
         let c = config("");
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
+        let mut flow = replay(&c, &mut h, &[ok(NOSCRIPT)]);
         let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
         flow.on_bridge_reply(&c, &mut h, ok(&loaded));
         flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
@@ -543,16 +556,7 @@ mod tests {
     fn failure_open_lets_the_request_through() {
         let c = config("");
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(
-            &c,
-            &mut h,
-            BridgeReply {
-                status: None,
-                body: b"",
-            },
-        );
+        let mut flow = replay(&c, &mut h, &[bare(None)]);
         assert_eq!(h.resumed, 1);
         assert!(h.responses.is_empty());
         assert_eq!(
@@ -568,16 +572,7 @@ mod tests {
     fn failure_closed_answers_503() {
         let c = config(r#""failure_mode": "closed","#);
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(
-            &c,
-            &mut h,
-            BridgeReply {
-                status: Some(503),
-                body: b"",
-            },
-        );
+        replay(&c, &mut h, &[bare(Some(503))]);
         assert_eq!(h.resumed, 0);
         assert_eq!(h.responses[0].status, 503);
         assert_eq!(
@@ -590,17 +585,7 @@ mod tests {
     fn failed_script_load_follows_the_policy() {
         let c = config(r#""failure_mode": "closed","#);
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(&c, &mut h, ok(NOSCRIPT));
-        flow.on_bridge_reply(
-            &c,
-            &mut h,
-            BridgeReply {
-                status: Some(403),
-                body: b"",
-            },
-        );
+        replay(&c, &mut h, &[ok(NOSCRIPT), bare(Some(403))]);
         assert_eq!(h.responses[0].status, 503);
         assert_eq!(h.failures, vec![BridgeFailure::Status(403)]);
     }
@@ -609,12 +594,10 @@ mod tests {
     fn a_reply_for_another_number_of_limits_is_a_failure() {
         let c = config("");
         let mut h = host("/");
-        let mut flow = RequestFlow::new();
-        flow.on_request_headers(&c, &mut h);
-        flow.on_bridge_reply(
+        replay(
             &c,
             &mut h,
-            ok(r#"{"EVALSHA":[1,2,1,"9","6000","0",1,"9","6000","0"]}"#),
+            &[ok(r#"{"EVALSHA":[1,2,1,"9","6000","0",1,"9","6000","0"]}"#)],
         );
         assert_eq!(
             h.failures,
