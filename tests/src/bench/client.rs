@@ -1,0 +1,244 @@
+//! Load for the accuracy and overload runs: keep-alive connections, one request at a time on
+//! each, every response counted by status, and the instants of the first request sent and the
+//! last response read, which bound every decision the limiter took.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// One HTTP/1.1 keep-alive connection to Envoy sending `GET /` with the given headers.
+pub struct KeepAlive {
+    port: u16,
+    request: Vec<u8>,
+    conn: Option<BufReader<TcpStream>>,
+}
+
+impl KeepAlive {
+    pub fn new(port: u16, headers: &[(String, String)]) -> KeepAlive {
+        let mut request = String::from("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        let request = request.into_bytes();
+        KeepAlive {
+            port,
+            request,
+            conn: None,
+        }
+    }
+
+    /// Opens the connection now (so that connecting is not part of the measured window).
+    pub fn connect(&mut self) -> std::io::Result<()> {
+        let stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        self.conn = Some(BufReader::new(stream));
+        Ok(())
+    }
+
+    /// Sends one request and reads the whole response; returns its status. The connection is
+    /// reopened for the next request if the server closed it (it is not retried: a request
+    /// that may have been decided is never sent twice).
+    pub fn hit(&mut self) -> std::io::Result<u16> {
+        if self.conn.is_none() {
+            self.connect()?;
+        }
+        let result = match self.conn.as_mut() {
+            Some(conn) => exchange(conn, &self.request),
+            None => Err(std::io::Error::other("not connected")),
+        };
+        match result {
+            Ok((status, keep)) => {
+                if !keep {
+                    self.conn = None;
+                }
+                Ok(status)
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Writes `request`, reads one response; returns (status, connection still usable).
+fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<(u16, bool)> {
+    conn.get_mut().write_all(request)?;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    if conn.read_line(&mut line)? == 0 {
+        return Err(bad("connection closed before the status line"));
+    }
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let mut length = 0usize;
+    let mut keep = true;
+    loop {
+        line.clear();
+        if conn.read_line(&mut line)? == 0 {
+            return Err(bad("connection closed in the headers"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.parse().map_err(|_| bad("bad content-length"))?;
+            } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
+            {
+                keep = false;
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                // Envoy's direct and local replies carry a length; anything else is not ours.
+                return Err(bad("chunked response"));
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    conn.read_exact(&mut body)?;
+    Ok((status, keep))
+}
+
+/// A load on one key through several Envoys.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// Envoy listener ports (one per replica).
+    pub ports: Vec<u16>,
+    pub conns_per_port: usize,
+    pub duration: Duration,
+    /// Headers of every request (the API key, ...).
+    pub headers: Vec<(String, String)>,
+    /// `None`: each connection sends its next request as soon as the last one is answered
+    /// (the most contention). `Some(total)`: requests per second over all connections,
+    /// evenly spaced and staggered between connections.
+    pub paced_total_per_sec: Option<f64>,
+}
+
+/// One response: when it was read (since the start of the load), how long it took, from which
+/// replica, its status (0 for a failed exchange).
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    pub at: Duration,
+    /// From writing the request to reading the whole response.
+    pub took: Duration,
+    pub replica: usize,
+    pub status: u16,
+}
+
+pub struct LoadResult {
+    pub events: Vec<Event>,
+    /// The start of the load (what `Event::at` counts from), in Unix seconds.
+    pub start_unix: f64,
+}
+
+/// The instants that bound the limiter's decisions, in Unix seconds: the first decision came
+/// between `first_sent` and `first_read`, the last between `last_sent` and `last_read`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Bounds {
+    pub first_sent: f64,
+    pub first_read: f64,
+    pub last_sent: f64,
+    pub last_read: f64,
+}
+
+impl LoadResult {
+    pub fn bounds(&self) -> Bounds {
+        let sent = |e: &Event| e.at.saturating_sub(e.took).as_secs_f64();
+        let read = |e: &Event| e.at.as_secs_f64();
+        let fold = |f: &dyn Fn(&Event) -> f64, min: bool| {
+            let values = self.events.iter().map(f);
+            let v = if min {
+                values.fold(f64::INFINITY, f64::min)
+            } else {
+                values.fold(f64::NEG_INFINITY, f64::max)
+            };
+            self.start_unix + if v.is_finite() { v } else { 0.0 }
+        };
+        Bounds {
+            first_sent: fold(&sent, true),
+            first_read: fold(&read, true),
+            last_sent: fold(&sent, false),
+            last_read: fold(&read, false),
+        }
+    }
+
+    pub fn count(&self, status: u16) -> u64 {
+        self.events.iter().filter(|e| e.status == status).count() as u64
+    }
+}
+
+/// Runs `load`; every connection is opened before the clock starts.
+pub fn run(load: &Load) -> LoadResult {
+    let total_conns = load.ports.len() * load.conns_per_port;
+    // One start instant for all connections, late enough for all of them to be open by then.
+    let delay = Duration::from_millis(100 + 5 * total_conns as u64);
+    let start = Instant::now() + delay;
+    let start_unix = (SystemTime::now() + delay)
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let interval = load
+        .paced_total_per_sec
+        .map(|rate| Duration::from_secs_f64(total_conns as f64 / rate));
+    let results: Vec<Vec<Event>> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (replica, &port) in load.ports.iter().enumerate() {
+            for c in 0..load.conns_per_port {
+                let index = replica * load.conns_per_port + c;
+                let headers = &load.headers;
+                let duration = load.duration;
+                handles.push(scope.spawn(move || {
+                    let mut client = KeepAlive::new(port, headers);
+                    let connected = client.connect();
+                    let now = Instant::now();
+                    if start > now {
+                        std::thread::sleep(start - now);
+                    }
+                    let mut events = Vec::new();
+                    if connected.is_err() {
+                        return events;
+                    }
+                    let offset = interval
+                        .map(|i| i.mul_f64(index as f64 / total_conns as f64))
+                        .unwrap_or_default();
+                    let mut next = start + offset;
+                    loop {
+                        if let Some(i) = interval {
+                            let now = Instant::now();
+                            if next > now {
+                                std::thread::sleep(next - now);
+                            }
+                            next += i;
+                        }
+                        let sent = Instant::now();
+                        if sent >= start + duration {
+                            break;
+                        }
+                        let status = client.hit().unwrap_or(0);
+                        let done = Instant::now();
+                        events.push(Event {
+                            at: done - start,
+                            took: done - sent,
+                            replica,
+                            status,
+                        });
+                    }
+                    events
+                }));
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut events: Vec<Event> = results.into_iter().flatten().collect();
+    events.sort_by_key(|e| e.at);
+    LoadResult { events, start_unix }
+}

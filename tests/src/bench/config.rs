@@ -1,0 +1,299 @@
+//! Envoy configs of the scenarios, all derived from the shipped `envoy/envoy.yaml` (same
+//! listener, same `direct_response` route, same `webdis` cluster):
+//!
+//! - the filter scenarios: the shipped config with the filter's JSON replaced by
+//!   [`filter_json`]'s (the only code here that knows the filter's config schema);
+//! - `baseline`: the wasm filter's entry removed from `http_filters`;
+//! - `local_ratelimit`: that entry replaced by `tests/bench/local_ratelimit.yaml`.
+
+use serde_json::{json, Value};
+
+use crate::procs::envoy_config;
+use crate::root;
+
+/// An algorithm the accuracy runs measure, with the most an exact limiter of its kind may
+/// allow on one key under continuous overload between two instants.
+pub struct Algorithm {
+    pub name: &'static str,
+    /// How the allowance is computed, for the report.
+    pub formula: &'static str,
+    /// (policy, first instant, last instant, in Unix seconds) -> allowance in requests.
+    pub allowance: fn(&Policy, f64, f64) -> f64,
+}
+
+/// A full bucket of C, then R per second.
+fn burst_plus_rate(p: &Policy, from: f64, to: f64) -> f64 {
+    p.capacity as f64 + p.rate_per_sec * (to - from)
+}
+
+/// At most `limit` (= R × 1 s) in any 1 s window: ceil(span) windows cover the span.
+fn per_sliding_window(p: &Policy, from: f64, to: f64) -> f64 {
+    p.rate_per_sec * WINDOW_S * ((to - from) / WINDOW_S).ceil().max(1.0)
+}
+
+/// At most `limit` in each window aligned to the Unix epoch that the span touches. Also a
+/// bound for the sliding window counter, which never lets a window's own count pass `limit`.
+fn per_aligned_window(p: &Policy, from: f64, to: f64) -> f64 {
+    let windows = (to / WINDOW_S).floor() - (from / WINDOW_S).floor() + 1.0;
+    p.rate_per_sec * WINDOW_S * windows
+}
+
+/// Algorithms whose global accuracy the bench measures, each under the same load. To add one:
+/// an entry here with its allowance (and, if it needs other settings, in [`filter_json`]).
+pub const ALGORITHMS: &[Algorithm] = &[
+    Algorithm {
+        name: "token_bucket",
+        formula: "C + R × window",
+        allowance: burst_plus_rate,
+    },
+    Algorithm {
+        name: "gcra",
+        formula: "C + R × window",
+        allowance: burst_plus_rate,
+    },
+    Algorithm {
+        name: "sliding_window_log",
+        formula: "R × 1 s × ⌈window / 1 s⌉",
+        allowance: per_sliding_window,
+    },
+    Algorithm {
+        name: "sliding_window_counter",
+        formula: "R × 1 s × aligned 1 s windows touched",
+        allowance: per_aligned_window,
+    },
+    Algorithm {
+        name: "fixed_window",
+        formula: "R × 1 s × aligned 1 s windows touched",
+        allowance: per_aligned_window,
+    },
+];
+
+/// The window the filter config expresses rates over: `limit` = R × 1 s.
+pub const WINDOW_S: f64 = 1.0;
+
+/// The request header that picks a policy when one config holds several.
+pub const POLICY_HEADER: &str = "x-bench-algorithm";
+
+/// What the filter enforces in a scenario.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    pub algorithm: &'static str,
+    /// Burst (token bucket, GCRA): what a fresh key may spend at once.
+    pub capacity: u64,
+    /// Sustained allowance per second; a whole number (`limit` per 1 s window).
+    pub rate_per_sec: f64,
+    /// Deadline of each call to Webdis.
+    pub timeout_ms: u64,
+}
+
+/// The filter's JSON config enforcing `policies` on the `x-api-key` header (fail open), from
+/// the shipped one, so the bridge settings and credentials stay the shipped ones. With several
+/// policies, each is a rule that applies to requests whose `x-bench-algorithm` header names
+/// its algorithm (one Envoy then serves the accuracy runs of every algorithm). THE one place
+/// that knows the filter's config schema: adapt this function, and only it, when it changes.
+pub fn filter_json(shipped: &Value, policies: &[Policy]) -> Value {
+    let mut config = shipped.clone();
+    let timeout = policies.iter().map(|p| p.timeout_ms).min().unwrap_or(150);
+    config["bridge"]["timeout"] = json!(format!("{timeout}ms"));
+    config["failure_mode"] = json!("open");
+    let rules: Vec<Value> = policies
+        .iter()
+        .map(|p| {
+            assert!(
+                p.rate_per_sec >= 1.0 && p.rate_per_sec.fract() == 0.0,
+                "rates are whole numbers per {WINDOW_S} s: {}",
+                p.rate_per_sec
+            );
+            let mut limit = json!({
+                "name": "bench",
+                "algorithm": p.algorithm,
+                "limit": p.rate_per_sec as u64,
+                "window": "1s",
+            });
+            if matches!(p.algorithm, "token_bucket" | "gcra") {
+                limit["burst"] = json!(p.capacity);
+            }
+            let mut rule = json!({
+                "name": format!("bench-{}", p.algorithm),
+                "key": { "from": ["header:x-api-key"] },
+                "limits": [limit],
+            });
+            if policies.len() > 1 {
+                rule["match"] =
+                    json!({ "header": { "name": POLICY_HEADER, "value": p.algorithm } });
+            }
+            rule
+        })
+        .collect();
+    config["rules"] = json!(rules);
+    config
+}
+
+/// Which Envoy a scenario runs against.
+#[derive(Clone, Copy, Debug)]
+pub enum Front<'a> {
+    /// No rate limiting at all.
+    Baseline,
+    /// Envoy's `envoy.filters.http.local_ratelimit`, with a limit nothing reaches.
+    LocalRateLimit,
+    /// Our filter with these policies (see [`filter_json`]).
+    Filter(&'a [Policy]),
+}
+
+/// The Envoy config of `front` on the given ports.
+pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -> String {
+    match front {
+        Front::Filter(policies) => {
+            let edits = filter_edits(policies);
+            let edits: Vec<(&str, &str)> = edits
+                .iter()
+                .map(|(a, b)| (a.as_str(), b.as_str()))
+                .collect();
+            envoy_config(port, admin_port, webdis_port, &edits)
+        }
+        Front::Baseline => {
+            replace_wasm_filter(&envoy_config(port, admin_port, webdis_port, &[]), "")
+        }
+        Front::LocalRateLimit => {
+            let path = root().join("tests/bench/local_ratelimit.yaml");
+            let block = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+            replace_wasm_filter(&envoy_config(port, admin_port, webdis_port, &[]), &block)
+        }
+    }
+}
+
+/// Edits for [`envoy_config`]: the shipped filter JSON block replaced by [`filter_json`]'s.
+pub fn filter_edits(policies: &[Policy]) -> Vec<(String, String)> {
+    let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+    let (block, indent) = filter_json_block(&shipped);
+    let value: Value = serde_json::from_str(&block)
+        .unwrap_or_else(|e| panic!("the filter configuration in envoy.yaml is not JSON: {e}"));
+    let pretty = serde_json::to_string_pretty(&filter_json(&value, policies)).expect("JSON");
+    let new_block: String = pretty.lines().map(|l| format!("{indent}{l}\n")).collect();
+    vec![(block, new_block)]
+}
+
+/// The text of the block scalar (`value: |`) holding the wasm filter's JSON, with its
+/// indentation, exactly as in `yaml` (lines end with `\n`), and that indentation.
+fn filter_json_block(yaml: &str) -> (String, String) {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let wasm = lines
+        .iter()
+        .position(|l| l.contains("envoy.extensions.filters.http.wasm.v3.Wasm"))
+        .expect("envoy.yaml has a wasm filter");
+    let value = (wasm..lines.len())
+        .find(|&i| lines[i].trim() == "value: |")
+        .expect("the wasm filter's configuration has `value: |`");
+    let value_indent = indent_of(lines[value]);
+    let mut end = value + 1;
+    while end < lines.len()
+        && (lines[end].trim().is_empty() || indent_of(lines[end]) > value_indent)
+    {
+        end += 1;
+    }
+    while end > value + 1 && lines[end - 1].trim().is_empty() {
+        end -= 1;
+    }
+    let block: String = lines[value + 1..end]
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let indent = " ".repeat(indent_of(lines[value + 1]));
+    (block, indent)
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// Replaces the `http_filters` entry of the wasm filter with `block` (YAML for zero or more
+/// list entries, written at indentation 0; it is indented to the entry's level).
+pub fn replace_wasm_filter(yaml: &str, block: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let wasm = lines
+        .iter()
+        .position(|l| l.contains("envoy.extensions.filters.http.wasm.v3.Wasm"))
+        .expect("the config has a wasm filter");
+    let start = (0..wasm)
+        .rev()
+        .find(|&i| lines[i].trim_start().starts_with("- name:"))
+        .expect("the wasm filter is an http_filters entry");
+    let level = indent_of(lines[start]);
+    let end = (start + 1..lines.len())
+        .find(|&i| !lines[i].trim().is_empty() && indent_of(lines[i]) <= level)
+        .unwrap_or(lines.len());
+    let pad = " ".repeat(level);
+    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    out.extend(
+        block
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .map(|l| format!("{pad}{l}")),
+    );
+    out.extend(lines[end..].iter().map(|l| l.to_string()));
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = "a:\n  http_filters:\n  - name: ratelimit\n    typed_config:\n      \"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm\n      config:\n        configuration:\n          value: |\n            {\n              \"x\": 1\n            }\n\n  - name: envoy.filters.http.router\n    typed_config: {}\n";
+
+    #[test]
+    fn the_wasm_entry_is_replaced_or_removed() {
+        let removed = replace_wasm_filter(YAML, "");
+        assert_eq!(
+            removed,
+            "a:\n  http_filters:\n  - name: envoy.filters.http.router\n    typed_config: {}\n"
+        );
+        let replaced = replace_wasm_filter(YAML, "# note\n- name: other\n  typed_config: {}\n");
+        assert!(replaced.contains("  - name: other\n    typed_config: {}\n  - name: envoy"));
+    }
+
+    fn policy(algorithm: &'static str) -> Policy {
+        Policy {
+            algorithm,
+            capacity: 100,
+            rate_per_sec: 100.0,
+            timeout_ms: 5000,
+        }
+    }
+
+    #[test]
+    fn allowances_follow_each_algorithm() {
+        let p = policy("token_bucket");
+        assert_eq!(burst_plus_rate(&p, 10.0, 12.5), 350.0);
+        assert_eq!(per_sliding_window(&p, 10.0, 12.5), 300.0);
+        // Windows 10, 11 and 12 of the epoch.
+        assert_eq!(per_aligned_window(&p, 10.2, 12.5), 300.0);
+        assert_eq!(per_aligned_window(&p, 10.0, 10.5), 100.0);
+    }
+
+    #[test]
+    fn several_policies_become_rules_picked_by_a_header() {
+        let shipped = json!({"bridge": {"cluster": "webdis", "timeout": "150ms"}, "rules": []});
+        let one = filter_json(&shipped, &[policy("token_bucket")]);
+        assert!(one["rules"][0].get("match").is_none());
+        assert_eq!(one["bridge"]["timeout"], "5000ms");
+        assert_eq!(one["bridge"]["cluster"], "webdis");
+        let two = filter_json(&shipped, &[policy("token_bucket"), policy("fixed_window")]);
+        assert_eq!(two["rules"][1]["match"]["header"]["value"], "fixed_window");
+        assert_eq!(two["rules"][0]["limits"][0]["burst"], 100);
+        assert!(two["rules"][1]["limits"][0].get("burst").is_none());
+        assert_eq!(two["rules"][1]["limits"][0]["limit"], 100);
+    }
+
+    #[test]
+    fn the_json_block_is_found_with_its_indentation() {
+        let (block, indent) = filter_json_block(YAML);
+        assert_eq!(
+            block,
+            "            {\n              \"x\": 1\n            }\n"
+        );
+        assert_eq!(indent.len(), 12);
+    }
+}

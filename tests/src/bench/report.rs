@@ -1,0 +1,664 @@
+//! The results of one bench run, and `report.md` made from them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::measure::Machine;
+use super::wrk::WrkRun;
+
+/// Every throughput scenario, in the order they run; the report must list each.
+pub const SCENARIOS: &[&str] = &[
+    "baseline",
+    "local_ratelimit",
+    "filter-allow-1key",
+    "filter-allow-10k-keys",
+    "filter-deny-hotkey",
+    "filter-bridge-down",
+    "filter-bridge-hung",
+    "baseline-serial",
+    "filter-serial",
+    "baseline-repeat",
+];
+
+/// What one throughput scenario cost, from the counters read before and after it.
+#[derive(Clone, Debug, Default)]
+pub struct Cost {
+    /// Decisions by the filter: allowed, denied (summed `wasmcustom.ratelimit_*`).
+    pub allowed: u64,
+    pub denied: u64,
+    pub fail_open: u64,
+    pub bridge_errors: u64,
+    /// Requests Envoy started to Webdis (`cluster.webdis.upstream_rq_total`), and connections
+    /// to it that failed (`upstream_cx_connect_fail`: Webdis down).
+    pub webdis_calls: u64,
+    pub webdis_connect_fails: u64,
+    /// Redis calls per command, the bench's own left out.
+    pub redis_commands: BTreeMap<String, u64>,
+    /// Keys in Redis after the run (DBSIZE): the buckets the scenario made.
+    pub redis_keys: u64,
+    /// CPU seconds used during the run, per process (None: not running).
+    pub cpu: Vec<(String, Option<f64>)>,
+    /// Busy CPU seconds of the whole machine (wrk included).
+    pub machine_busy_s: Option<f64>,
+    pub wall_s: f64,
+}
+
+impl Cost {
+    pub fn decisions(&self) -> u64 {
+        self.allowed + self.denied
+    }
+
+    pub fn redis_total(&self) -> u64 {
+        self.redis_commands.values().sum()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub what: String,
+    /// The scenario whose req/s and latency this one is compared with.
+    pub compare_to: String,
+    pub load: String,
+    pub run: WrkRun,
+    pub cost: Cost,
+    /// Whether the filter is in the path (the cost columns apply).
+    pub filter: bool,
+}
+
+/// One accuracy run: several replicas, one key, a known capacity and rate.
+#[derive(Clone, Debug, Default)]
+pub struct Accuracy {
+    pub algorithm: String,
+    pub replicas: usize,
+    pub conns_per_replica: usize,
+    pub capacity: u64,
+    pub rate_per_sec: f64,
+    /// Offered requests/s over all connections when paced; None: as fast as answered.
+    pub offered_per_sec: Option<f64>,
+    pub duration_s: f64,
+    /// From the first request sent to the last response read.
+    pub window_s: f64,
+
+    /// The most an exact limiter of this algorithm may allow in the window, and how.
+    pub allowance: f64,
+    /// The same over the shortest span the decisions may have taken (first response read to
+    /// last request sent): what the exact allowance is at least.
+    pub allowance_inner: f64,
+    pub formula: String,
+    pub sent: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub failed: u64,
+    /// From the filter's counters, summed over the replicas.
+    pub filter_allowed: u64,
+    pub filter_denied: u64,
+    pub fail_open: u64,
+    pub allowed_per_replica: Vec<u64>,
+}
+
+impl Accuracy {
+    /// Requests let through by any route (counted by the clients, or by the filter: a
+    /// fail-open pass counts as let through), the larger.
+    pub fn let_through(&self) -> u64 {
+        self.allowed.max(self.filter_allowed + self.fail_open)
+    }
+
+    /// The allowance's tolerance, in requests: how much the exact allowance over the
+    /// decisions' own span may be below the one used.
+    pub fn tolerance(&self) -> f64 {
+        self.allowance - self.allowance_inner
+    }
+
+    /// Requests let through beyond the allowance.
+    pub fn overshoot(&self) -> u64 {
+        self.let_through()
+            .saturating_sub(self.allowance.floor() as u64)
+    }
+}
+
+/// Allowed, denied and failed responses in each second of the overload run.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub run: Accuracy,
+    pub per_second: Vec<(u64, u64, u64)>,
+}
+
+pub struct Report {
+    pub quick: bool,
+    pub started_utc: String,
+    pub took_s: f64,
+    pub commit: String,
+    pub machine: Machine,
+    pub versions: Vec<(String, String)>,
+    pub settings: Vec<(String, String)>,
+    pub scenarios: Vec<Scenario>,
+    pub accuracy: Vec<Accuracy>,
+    pub timeline: Timeline,
+    pub chart_file: String,
+}
+
+pub fn thousands(n: f64) -> String {
+    let n = n.round() as u64;
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn ms(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Seconds with 3 significant digits (the CPU columns span three orders of magnitude).
+fn sig3(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    format!("{v:.digits$}")
+}
+
+impl Report {
+    pub fn scenario(&self, name: &str) -> Option<&Scenario> {
+        self.scenarios.iter().find(|s| s.name == name)
+    }
+
+    fn ratio(&self, s: &Scenario) -> Option<f64> {
+        let base = self.scenario(&s.compare_to)?;
+        (base.run.rps > 0.0).then(|| s.run.rps / base.run.rps)
+    }
+
+    /// CPU seconds per 1,000 requests of process `label` in scenario `s`.
+    fn cpu_per_1k(s: &Scenario, label: &str) -> Option<f64> {
+        let cpu = s.cost.cpu.iter().find(|(l, _)| l == label)?.1?;
+        (s.run.requests > 0).then(|| cpu / s.run.requests as f64 * 1000.0)
+    }
+
+    /// The throughput table (also what the README shows).
+    pub fn throughput_table(&self) -> String {
+        let mut t = String::from(
+            "| scenario | req/s | × baseline | p50 ms | p99 ms | non-2xx | what |\n|---|---:|---:|---:|---:|---:|---|\n",
+        );
+        for s in &self.scenarios {
+            let ratio = self
+                .ratio(s)
+                .map(|r| {
+                    if s.compare_to == "baseline" {
+                        format!("{r:.2}")
+                    } else {
+                        format!("{r:.2} (vs {})", s.compare_to)
+                    }
+                })
+                .unwrap_or_else(|| "–".into());
+            let _ = writeln!(
+                t,
+                "| `{}` | {} | {} | {} | {} | {} | {} |",
+                s.name,
+                thousands(s.run.rps),
+                ratio,
+                ms(s.run.p50_ms),
+                ms(s.run.p99_ms),
+                thousands(s.run.non_2xx as f64),
+                s.what
+            );
+        }
+        t
+    }
+
+    /// Added latency of one decision, from the two serial scenarios.
+    pub fn added_latency(&self) -> Option<(f64, f64)> {
+        let base = self.scenario("baseline-serial")?;
+        let filter = self.scenario("filter-serial")?;
+        Some((
+            filter.run.p50_ms - base.run.p50_ms,
+            filter.run.p99_ms - base.run.p99_ms,
+        ))
+    }
+
+    pub fn cost_table(&self) -> String {
+        let mut t = format!(
+            "| scenario | filter: allowed / denied / failed open | Webdis calls / request | Redis commands / decision | CPU s per 1,000 req: Envoy | Webdis | Redis | cores busy: Envoy / Webdis / Redis | machine busy (of {} cores) |\n|---|---|---:|---:|---:|---:|---:|---|---:|\n",
+            self.machine.cores
+        );
+        for s in &self.scenarios {
+            let per_req = |n: u64| {
+                if !s.filter || s.run.requests == 0 {
+                    "–".to_string()
+                } else {
+                    format!("{:.2}", n as f64 / s.run.requests as f64)
+                }
+            };
+            let per_decision = if s.cost.decisions() == 0 {
+                "–".to_string()
+            } else {
+                format!(
+                    "{:.2}",
+                    s.cost.redis_total() as f64 / s.cost.decisions() as f64
+                )
+            };
+            let cpu = |label: &str| {
+                Report::cpu_per_1k(s, label)
+                    .map(sig3)
+                    .unwrap_or_else(|| "–".into())
+            };
+            let cores: Vec<String> = s
+                .cost
+                .cpu
+                .iter()
+                .map(|(_, c)| {
+                    c.map(|c| format!("{:.2}", c / s.cost.wall_s))
+                        .unwrap_or_else(|| "–".into())
+                })
+                .collect();
+            let busy = s
+                .cost
+                .machine_busy_s
+                .map(|b| format!("{:.2}", b / s.cost.wall_s))
+                .unwrap_or_else(|| "–".into());
+            let _ = writeln!(
+                t,
+                "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
+                s.name,
+                if s.filter {
+                    format!(
+                        "{} / {} / {}",
+                        thousands(s.cost.allowed as f64),
+                        thousands(s.cost.denied as f64),
+                        thousands(s.cost.fail_open as f64)
+                    )
+                } else {
+                    "–".into()
+                },
+                per_req(s.cost.webdis_calls),
+                per_decision,
+                cpu("envoy"),
+                cpu("webdis"),
+                cpu("redis"),
+                cores.join(" / "),
+                busy
+            );
+        }
+        t
+    }
+
+    pub fn accuracy_table(&self) -> String {
+        let mut t = String::from(
+            "| algorithm | replicas × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open | allowed per replica |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        );
+        for a in self.accuracy.iter().chain([&self.timeline.run]) {
+            let load = match a.offered_per_sec {
+                Some(rate) => format!("paced, {} req/s", thousands(rate)),
+                None => "closed loop, as fast as answered".into(),
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} | {} |",
+                a.algorithm,
+                a.replicas,
+                a.conns_per_replica,
+                load,
+                a.window_s,
+                thousands(a.sent as f64),
+                thousands(a.let_through() as f64),
+                a.allowance,
+                a.formula,
+                a.tolerance(),
+                a.overshoot(),
+                a.let_through() as f64 / a.allowance,
+                a.fail_open,
+                a.allowed_per_replica
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            );
+        }
+        t
+    }
+
+    /// Where the time goes, in words, from the figures.
+    pub fn where_the_time_goes(&self) -> String {
+        let mut out = String::new();
+        let (Some(base), Some(allow)) = (
+            self.scenario("baseline"),
+            self.scenario("filter-allow-1key"),
+        ) else {
+            return out;
+        };
+        let envoy_base = Report::cpu_per_1k(base, "envoy").unwrap_or(0.0);
+        let envoy = Report::cpu_per_1k(allow, "envoy").unwrap_or(0.0);
+        let webdis = Report::cpu_per_1k(allow, "webdis").unwrap_or(0.0);
+        let redis = Report::cpu_per_1k(allow, "redis").unwrap_or(0.0);
+        let total = envoy + webdis + redis;
+        let _ = writeln!(
+            out,
+            "- Per 1,000 allowed requests (`filter-allow-1key`) the chain used {} CPU s: Envoy {} ({:.0}%), Webdis {} ({:.0}%), Redis {} ({:.0}%). Envoy without the filter used {} per 1,000 (`baseline`), so the filter makes each request cost Envoy {:.1}× as much: the wasm call-out (an HTTP request to Webdis, its response, resuming the request) costs Envoy far more than answering the request itself.",
+            sig3(total),
+            sig3(envoy),
+            100.0 * envoy / total.max(f64::MIN_POSITIVE),
+            sig3(webdis),
+            100.0 * webdis / total.max(f64::MIN_POSITIVE),
+            sig3(redis),
+            100.0 * redis / total.max(f64::MIN_POSITIVE),
+            sig3(envoy_base),
+            envoy / envoy_base.max(f64::MIN_POSITIVE),
+        );
+        if allow.cost.decisions() > 0 {
+            let decisions = allow.cost.decisions() as f64;
+            // Commands of nearly every decision by rate; the rare ones (a script load) by count.
+            let per: Vec<String> = allow
+                .cost
+                .redis_commands
+                .iter()
+                .map(|(name, n)| {
+                    let rate = *n as f64 / decisions;
+                    if rate >= 0.005 {
+                        format!("{name} {rate:.2}")
+                    } else {
+                        format!("{name} {n} in all")
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "- Each decision is one Webdis call ({:.2} per request) and one Redis round trip: {:.2} Redis commands per decision counted by `INFO commandstats`, i.e. {} (the commands inside the script are counted too).",
+                allow.cost.webdis_calls as f64 / allow.run.requests.max(1) as f64,
+                allow.cost.redis_total() as f64 / allow.cost.decisions() as f64,
+                per.join(", ")
+            );
+        }
+        if let Some(deny) = self.scenario("filter-deny-hotkey") {
+            if deny.cost.decisions() > 0 {
+                let _ = writeln!(
+                    out,
+                    "- A denial is no cheaper for Envoy and Webdis (the call is the same) and a little cheaper for Redis: {:.2} Redis commands per decision in `filter-deny-hotkey` (nothing is written).",
+                    deny.cost.redis_total() as f64 / deny.cost.decisions() as f64
+                );
+            }
+        }
+        if let Some(many) = self.scenario("filter-allow-10k-keys") {
+            let _ = writeln!(
+                out,
+                "- Many keys cost about what one key costs: `filter-allow-10k-keys` ran at {:.2}× the one-key throughput, with {} keys in Redis after it (DBSIZE).",
+                many.run.rps / allow.run.rps.max(f64::MIN_POSITIVE),
+                thousands(many.cost.redis_keys as f64)
+            );
+        }
+        if let Some(busy) = allow.cost.machine_busy_s {
+            let _ = writeln!(
+                out,
+                "- During `filter-allow-1key` the machine was {:.0}% busy ({:.2} of {} cores, wrk included): the chain is bound by CPU, so its req/s here are a measure of CPU per request more than of a limit of the design.",
+                100.0 * busy / allow.cost.wall_s / self.machine.cores.max(1) as f64,
+                busy / allow.cost.wall_s,
+                self.machine.cores
+            );
+        }
+        if let Some((p50, p99)) = self.added_latency() {
+            let _ = writeln!(
+                out,
+                "- One decision adds {p50:.3} ms at the median and {p99:.3} ms at p99 to a request on an idle connection (`filter-serial` vs `baseline-serial`)."
+            );
+        }
+        if let (Some(down), Some(hung)) = (
+            self.scenario("filter-bridge-down"),
+            self.scenario("filter-bridge-hung"),
+        ) {
+            let _ = writeln!(
+                out,
+                "- With Webdis down (connection refused: {:.2} failed connects per request, no call reaches Webdis) requests fail open at {:.2}× baseline throughput; with Webdis hung each request waits for the bridge timeout (p50 {} ms), so throughput is bounded by connections / timeout ({} req/s here).",
+                down.cost.webdis_connect_fails as f64 / down.run.requests.max(1) as f64,
+                self.ratio(down).unwrap_or(0.0),
+                ms(hung.run.p50_ms),
+                thousands(hung.run.rps)
+            );
+        }
+        if let Some(repeat) = self.scenario("baseline-repeat") {
+            let _ = writeln!(
+                out,
+                "- Noise: `baseline` measured again at the end of the throughput runs gave {:.2}× the first; ratios closer together than that say nothing.",
+                self.ratio(repeat).unwrap_or(0.0)
+            );
+        }
+        out
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut r = String::new();
+        let mode = if self.quick {
+            "Quick mode (`make bench-quick`): every scenario, in short runs; a smoke test, not figures to quote."
+        } else {
+            "Full run (`make bench`)."
+        };
+        let _ = writeln!(r, "# Benchmark report\n");
+        let _ = writeln!(
+            r,
+            "{} Started {} UTC, took {:.0} s, at commit {}. **All figures come from this one run**, on a 2-core machine that other work (tests run by others) may have shared: absolute numbers are noisy, the ratios within the run are what to read.\n",
+            mode, self.started_utc, self.took_s, self.commit
+        );
+        let _ = writeln!(r, "## Machine and versions\n");
+        let m = &self.machine;
+        let _ = writeln!(
+            r,
+            "- CPU: {}, {} cores; {:.1} GiB memory; {}; Linux {}",
+            m.cpu_model, m.cores, m.memory_gib, m.os, m.kernel
+        );
+        for (name, version) in &self.versions {
+            let _ = writeln!(r, "- {name}: {version}");
+        }
+        let _ = writeln!(r, "\n## Settings\n");
+        for (name, value) in &self.settings {
+            let _ = writeln!(r, "- {name}: {value}");
+        }
+        let _ = writeln!(r, "\n## Throughput and latency\n");
+        r.push_str(&self.throughput_table());
+        if let Some((p50, p99)) = self.added_latency() {
+            let _ = writeln!(
+                r,
+                "\nAdded latency of one decision (1 connection, one request at a time): **+{p50:.3} ms p50, +{p99:.3} ms p99** (`filter-serial` minus `baseline-serial`)."
+            );
+        }
+        let _ = writeln!(r, "\n## Where the cost is\n");
+        r.push_str(&self.cost_table());
+        let _ = writeln!(
+            r,
+            "\nWebdis calls per request: `cluster.webdis.upstream_rq_total` of Envoy over the requests wrk completed. Redis commands per decision: `INFO commandstats` calls (commands run inside the script included, the bench's own INFO/AUTH left out) over the filter's decisions (`ratelimit_allowed` + `ratelimit_denied`). CPU: utime + stime from `/proc/PID/stat` over the run (10 ms ticks); cores busy = CPU seconds / wall seconds. Machine busy: all cores, from `/proc/stat`, so wrk (which shares the cores) and anything else running are in it.\n"
+        );
+        r.push_str(&self.where_the_time_goes());
+        let _ = writeln!(r, "\n## Global accuracy\n");
+        r.push_str(&self.accuracy_text());
+        let _ = writeln!(r, "\n## Under 3× overload, over time\n");
+        r.push_str(&self.timeline_text());
+        let _ = writeln!(r, "\n## Raw outputs\n");
+        let _ = writeln!(
+            r,
+            "Beside this report: `results.json` (every figure above and the counters behind them), `raw/*.wrk.txt` (wrk's output per scenario, warm-ups too), `raw/overload-per-second.csv`, `{}`, and `procs/` (the configs and logs of every process the run started).",
+            self.chart_file
+        );
+        r
+    }
+
+    fn accuracy_text(&self) -> String {
+        let mut r = String::new();
+        let a = self.accuracy.first().cloned().unwrap_or_default();
+        let _ = writeln!(
+            r,
+            "Replicas: Envoys with 1 worker each, each with its own Webdis (as a sidecar would be), all sharing one Redis. Every connection sends `GET /` with the same API key, so all replicas spend one key's state. Capacity (burst) C = {}, rate R = {} per second (for the window algorithms: a limit of R per 1 s window). The Envoys hold one rule per algorithm, chosen by a request header, so every algorithm runs on the same processes, one after the other, each on a fresh key. The clients count every response (each connection waits for its answer, so nothing is in flight when the run ends) and the filter's counters are read from every replica; the larger of the two counts is used, and fail-open passes count as let through, so a bridge failure cannot hide an overshoot (the runs use a 5 s bridge timeout; fail-open must be 0).\n\nThe window runs from the first request sent to the last response read, so it contains every decision instant, and the allowance over it is an upper bound of what an exact limiter allows. **Tolerance at the start and end instants:** the first decision came between the first request sent and the first response read, the last between the last request sent and the last response read; the tolerance column is how much smaller the allowance is over that shortest possible span (first response read to last request sent). An overshoot smaller than the tolerance could go unseen; a limiter that checks and then sets in separate commands lets racing requests spend the same unit, and with dozens of connections racing on one key all through the run its overshoot would grow with the run, far past the tolerance. Overshoot = `allowed − floor(allowance)` when positive. The window algorithms' allowances are their guarantees (fixed windows align to the Unix epoch; the sliding window counter is bounded here by its per-window count), so an overshoot would be a bug, not the algorithm's design.\n",
+            a.capacity,
+            a.rate_per_sec,
+        );
+        r.push_str(&self.accuracy_table());
+        r
+    }
+
+    fn timeline_text(&self) -> String {
+        let t = &self.timeline;
+        let mut r = String::new();
+        let _ = writeln!(
+            r,
+            "{} replicas × {} connections offer {} req/s (3 × R) on one key for {:.0} s ({}, C = {}, R = {}/s). Allowed and denied per second, summed over the replicas:\n",
+            t.run.replicas,
+            t.run.conns_per_replica,
+            thousands(t.run.offered_per_sec.unwrap_or(0.0)),
+            t.run.duration_s,
+            t.run.algorithm,
+            t.run.capacity,
+            t.run.rate_per_sec
+        );
+        let _ = writeln!(r, "![allowed and denied per second]({})\n", self.chart_file);
+        let steady: Vec<u64> = t
+            .per_second
+            .iter()
+            .skip(1)
+            .take(t.per_second.len().saturating_sub(2))
+            .map(|s| s.0)
+            .collect();
+        if !steady.is_empty() {
+            let min = steady.iter().min().copied().unwrap_or(0);
+            let max = steady.iter().max().copied().unwrap_or(0);
+            let mean = steady.iter().sum::<u64>() as f64 / steady.len() as f64;
+            let _ = writeln!(
+                r,
+                "First second: {} allowed (the burst C plus a second of refill), {} denied. Whole seconds after it: {} allowed per second, mean {:.1}, for R = {}.",
+                t.per_second.first().map(|s| s.0).unwrap_or(0),
+                t.per_second.first().map(|s| s.1).unwrap_or(0),
+                if min == max {
+                    format!("exactly {min}")
+                } else {
+                    format!("{min} to {max}")
+                },
+                mean,
+                t.run.rate_per_sec
+            );
+        }
+        r
+    }
+
+    pub fn json(&self) -> Value {
+        let scenarios: Vec<Value> = self
+            .scenarios
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name, "what": s.what, "load": s.load, "compare_to": s.compare_to,
+                    "ratio": self.ratio(s),
+                    "requests": s.run.requests, "duration_s": s.run.duration_s, "rps": s.run.rps,
+                    "latency_ms": {"mean": s.run.mean_ms, "p50": s.run.p50_ms, "p90": s.run.p90_ms,
+                                    "p99": s.run.p99_ms, "max": s.run.max_ms},
+                    "non_2xx": s.run.non_2xx, "socket_errors": s.run.socket_errors,
+                    "filter": {"allowed": s.cost.allowed, "denied": s.cost.denied,
+                               "fail_open": s.cost.fail_open, "bridge_errors": s.cost.bridge_errors},
+                    "webdis_calls": s.cost.webdis_calls,
+                    "webdis_connect_fails": s.cost.webdis_connect_fails,
+                    "machine_busy_s": s.cost.machine_busy_s,
+                    "redis_commands": s.cost.redis_commands,
+                    "redis_keys_after": s.cost.redis_keys,
+                    "cpu_s": s.cost.cpu.iter().map(|(l, c)| (l.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
+                    "wall_s": s.cost.wall_s,
+                })
+            })
+            .collect();
+        let accuracy: Vec<Value> = self
+            .accuracy
+            .iter()
+            .chain([&self.timeline.run])
+            .map(|a| {
+                json!({
+                    "algorithm": a.algorithm, "replicas": a.replicas,
+                    "conns_per_replica": a.conns_per_replica, "capacity": a.capacity,
+                    "rate_per_sec": a.rate_per_sec, "offered_per_sec": a.offered_per_sec,
+                    "duration_s": a.duration_s, "window_s": a.window_s,
+                    "allowance_inner": a.allowance_inner, "tolerance": a.tolerance(), "sent": a.sent,
+                    "allowed": a.allowed, "denied": a.denied, "failed": a.failed,
+                    "filter_allowed": a.filter_allowed, "filter_denied": a.filter_denied,
+                    "fail_open": a.fail_open, "allowed_per_replica": a.allowed_per_replica,
+                    "allowance": a.allowance, "formula": a.formula, "overshoot": a.overshoot(),
+                })
+            })
+            .collect();
+        json!({
+            "quick": self.quick, "started_utc": self.started_utc, "took_s": self.took_s,
+            "commit": self.commit,
+            "machine": {"cpu_model": self.machine.cpu_model, "cores": self.machine.cores,
+                        "memory_gib": self.machine.memory_gib, "kernel": self.machine.kernel,
+                        "os": self.machine.os},
+            "versions": self.versions.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "settings": self.settings.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "scenarios": scenarios,
+            "accuracy": accuracy,
+            "overload_per_second": self.timeline.per_second,
+        })
+    }
+
+    /// Names of scenarios or parts missing from the markdown: empty when complete.
+    pub fn missing(&self, markdown: &str) -> Vec<String> {
+        let mut missing: Vec<String> = SCENARIOS
+            .iter()
+            .filter(|name| !markdown.contains(&format!("| `{name}` |")))
+            .map(|s| s.to_string())
+            .collect();
+        for algorithm in super::config::ALGORITHMS.iter().map(|a| a.name) {
+            for replicas in [2, 4] {
+                let found = self
+                    .accuracy
+                    .iter()
+                    .any(|a| a.algorithm == *algorithm && a.replicas == replicas && a.sent > 0);
+                if !found {
+                    missing.push(format!("accuracy {algorithm} {replicas} replicas"));
+                }
+            }
+        }
+        if self.timeline.per_second.is_empty() {
+            missing.push("overload timeline".into());
+        }
+        missing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_formatted_for_reading() {
+        assert_eq!(thousands(50931.4), "50,931");
+        assert_eq!(thousands(204.0), "204");
+        assert_eq!(thousands(1234567.0), "1,234,567");
+        assert_eq!(sig3(0.0196), "0.0196");
+        assert_eq!(sig3(0.123), "0.123");
+        assert_eq!(sig3(1.5), "1.50");
+    }
+
+    #[test]
+    fn overshoot_is_what_passed_beyond_the_floor_of_the_allowance() {
+        let a = Accuracy {
+            capacity: 100,
+            rate_per_sec: 100.0,
+            window_s: 10.004,
+            allowance: 1100.4,
+            allowance_inner: 1100.1,
+            allowed: 1100,
+            filter_allowed: 1100,
+            ..Accuracy::default()
+        };
+        assert_eq!(a.overshoot(), 0);
+        let racy = Accuracy {
+            allowed: 1103,
+            ..a.clone()
+        };
+        assert_eq!(racy.overshoot(), 3);
+        let fail_open = Accuracy { fail_open: 2, ..a };
+        assert_eq!(fail_open.overshoot(), 2);
+    }
+}

@@ -1,0 +1,723 @@
+//! `make bench`: every scenario in one run, on processes it starts itself (Redis, Webdis,
+//! Envoy on free loopback ports) and stops again, then `target/bench/report.md` with the raw
+//! outputs beside it. `--quick` (or BENCH_QUICK=1): the same scenarios, short, for a smoke run
+//! (written to `target/bench-quick/`). `--out DIR` writes elsewhere.
+//!
+//! The parts are in `tests/src/bench/`; the filter's config schema is known only to
+//! `e2e::bench::config::filter_json`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use e2e::bench::client::{self, Load};
+use e2e::bench::config::{self, Algorithm, Front, Policy, ALGORITHMS};
+use e2e::bench::measure::{self, BENCH_OWN_COMMANDS};
+use e2e::bench::report::{Accuracy, Cost, Report, Scenario, Timeline, SCENARIOS};
+use e2e::bench::svg;
+use e2e::bench::wrk::{self, Requests, WrkLoad};
+use e2e::procs::{Envoy, Redis, Webdis, WorkDir};
+use e2e::resp::RedisConn;
+use e2e::{envoy_bin, free_port, root, wasm_path};
+
+struct Settings {
+    quick: bool,
+    out: PathBuf,
+    /// Length of each measured wrk run, and of the warm-up before it.
+    wrk_s: u64,
+    warmup_s: u64,
+    threads: u32,
+    connections: u32,
+    /// The accuracy runs: length, connections per replica, the limit.
+    accuracy_s: f64,
+    accuracy_conns: usize,
+    overload_s: f64,
+    overload_conns: usize,
+    capacity: u64,
+    rate: f64,
+    /// Bridge timeout of the throughput scenarios (the shipped default).
+    timeout_ms: u64,
+}
+
+impl Settings {
+    fn from_args() -> Settings {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let env_quick = std::env::var("BENCH_QUICK")
+            .map(|v| !v.is_empty() && v != "0")
+            .unwrap_or(false);
+        let quick = env_quick || args.iter().any(|a| a == "--quick");
+        let out = args
+            .iter()
+            .position(|a| a == "--out")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                root().join(if quick {
+                    "target/bench-quick"
+                } else {
+                    "target/bench"
+                })
+            });
+        Settings {
+            quick,
+            out,
+            wrk_s: if quick { 1 } else { 10 },
+            warmup_s: if quick { 0 } else { 2 },
+            threads: 2,
+            connections: 32,
+            // Not a whole number of seconds: the window algorithms' allowance is a step function of
+            // the span, whose start and end are known to a few ms, so keep the span off the steps.
+            accuracy_s: if quick { 1.5 } else { 10.5 },
+            accuracy_conns: 8,
+            overload_s: if quick { 2.0 } else { 20.0 },
+            overload_conns: 4,
+            capacity: 100,
+            rate: 100.0,
+            timeout_ms: 150,
+        }
+    }
+}
+
+/// Progress on stderr, with the time since the start.
+fn say(started: Instant, text: &str) {
+    eprintln!("[{:>4.0}s] {text}", started.elapsed().as_secs_f64());
+}
+
+fn main() {
+    let s = Settings::from_args();
+    let started = Instant::now();
+    let started_utc = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    // Only an earlier bench output (or nothing) is replaced: `--out` must not empty any other
+    // folder. The marker is written first, so a run that stopped half-way is replaced too.
+    let marker = s.out.join(".bench-output");
+    let empty = match std::fs::read_dir(&s.out) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(_) => true,
+    };
+    if !empty && !marker.exists() && !s.out.join("report.md").exists() {
+        eprintln!(
+            "{} holds files that no bench run wrote: not replacing it; choose another --out",
+            s.out.display()
+        );
+        std::process::exit(2);
+    }
+    let _ = std::fs::remove_dir_all(&s.out);
+    std::fs::create_dir_all(s.out.join("raw")).expect("create the output folder");
+    write(
+        &marker,
+        "written by `make bench` (tests/src/bin/bench.rs); replaced by the next run\n",
+    );
+    std::fs::create_dir_all(s.out.join("procs")).expect("create the output folder");
+    let dir = WorkDir {
+        path: s.out.join("procs"),
+    };
+    let wasm = wasm_path();
+    say(
+        started,
+        &format!(
+            "bench ({}), output in {}",
+            if s.quick { "quick" } else { "full" },
+            s.out.display()
+        ),
+    );
+
+    let mut scenarios = throughput(&s, &dir, started);
+    scenarios.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
+    let (accuracy, timeline) = accuracy(&s, &dir, started);
+
+    let versions = vec![
+        (
+            "Envoy".to_string(),
+            measure::first_line_of(&envoy_bin().display().to_string(), &["--version"])
+                .split("version: ")
+                .nth(1)
+                .unwrap_or("?")
+                .to_string(),
+        ),
+        (
+            "Webdis".into(),
+            measure::first_line_of("dpkg-query", &["-W", "-f", "${Version}", "webdis"]),
+        ),
+        (
+            "Redis".into(),
+            measure::first_line_of("redis-server", &["--version"]),
+        ),
+        ("wrk".into(), wrk::version()),
+        (
+            "rustc".into(),
+            measure::first_line_of("rustc", &["--version"]),
+        ),
+        (
+            "filter".into(),
+            format!(
+                "{} ({} bytes)",
+                wasm.strip_prefix(root()).unwrap_or(&wasm).display(),
+                std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0)
+            ),
+        ),
+    ];
+    let settings = vec![
+        (
+            "throughput runs".to_string(),
+            format!(
+                "wrk -t{} -c{} for {} s each, {}; the serial scenarios wrk -t1 -c1",
+                s.threads,
+                s.connections,
+                s.wrk_s,
+                if s.warmup_s > 0 {
+                    format!("after a {} s warm-up run that is not counted", s.warmup_s)
+                } else {
+                    "no warm-up".to_string()
+                }
+            ),
+        ),
+        (
+            "Envoy".into(),
+            "1 worker (`--concurrency 1`) everywhere; the shipped envoy/envoy.yaml with its direct_response route (baseline: the wasm filter's entry removed; local_ratelimit: replaced by tests/bench/local_ratelimit.yaml)".into(),
+        ),
+        (
+            "Webdis and Redis".into(),
+            "the shipped envoy/webdis.json (2 threads, pool 4) and envoy/redis.conf (ACL users), each on a free loopback port".into(),
+        ),
+        (
+            "filter, allow scenarios".into(),
+            format!(
+                "capacity 1,000,000,000, rate 1,000,000/s (never reached), bridge timeout {} ms, fail open",
+                s.timeout_ms
+            ),
+        ),
+        (
+            "filter-deny-hotkey".into(),
+            format!(
+                "one key, capacity 10, rate 1/s, bridge timeout {} ms",
+                s.timeout_ms
+            ),
+        ),
+        (
+            "accuracy".into(),
+            format!(
+                "capacity {}, rate {}/s, bridge timeout 5 s; {} s closed-loop runs, {} connections per replica; overload run {} s, {} connections per replica",
+                s.capacity, s.rate, s.accuracy_s, s.accuracy_conns, s.overload_s, s.overload_conns
+            ),
+        ),
+    ];
+    let chart_file = "overload.svg".to_string();
+    let report = Report {
+        quick: s.quick,
+        started_utc,
+        took_s: started.elapsed().as_secs_f64(),
+        commit: commit(),
+        machine: measure::machine(),
+        versions,
+        settings,
+        scenarios,
+        accuracy,
+        timeline,
+        chart_file: chart_file.clone(),
+    };
+    let t = &report.timeline;
+    let svg = svg::chart(
+        &format!(
+            "{}: one key, {} replicas, C = {}, R = {}/s, offered {:.0}/s = 3 × R",
+            t.run.algorithm,
+            t.run.replicas,
+            t.run.capacity,
+            t.run.rate_per_sec,
+            t.run.offered_per_sec.unwrap_or(0.0)
+        ),
+        &t.per_second,
+        t.run.rate_per_sec,
+        t.run.offered_per_sec.unwrap_or(0.0),
+    );
+    write(&s.out.join(&chart_file), &svg);
+    let csv: String = std::iter::once("second,allowed,denied,failed\n".to_string())
+        .chain(
+            t.per_second
+                .iter()
+                .enumerate()
+                .map(|(i, (a, d, f))| format!("{i},{a},{d},{f}\n")),
+        )
+        .collect();
+    write(&s.out.join("raw/overload-per-second.csv"), &csv);
+    let markdown = report.markdown();
+    write(&s.out.join("report.md"), &markdown);
+    let json = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
+    write(&s.out.join("results.json"), &json);
+
+    println!("{}", report.throughput_table());
+    println!("{}", report.accuracy_table());
+    let missing = report.missing(&markdown);
+    if !missing.is_empty() {
+        eprintln!(
+            "the report misses: {} ({})",
+            missing.join(", "),
+            s.out.join("report.md").display()
+        );
+        std::process::exit(1);
+    }
+    say(
+        started,
+        &format!(
+            "done: {} (every scenario present)",
+            s.out.join("report.md").display()
+        ),
+    );
+}
+
+fn write(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// The commit, and whether the work tree differs from it.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root())
+            .arg("--no-optional-locks")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(sha) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("`{sha}` with uncommitted changes")
+            } else {
+                format!("`{sha}`")
+            }
+        }
+        None => "unknown (not a git work tree)".into(),
+    }
+}
+
+fn start_envoy(dir: &WorkDir, front: Front, webdis_port: u16) -> Envoy {
+    let port = free_port();
+    let mut admin = free_port();
+    while admin == port {
+        admin = free_port();
+    }
+    let yaml = config::envoy_yaml(&front, port, admin, webdis_port);
+    Envoy::start_config(dir, port, admin, &yaml, 1)
+}
+
+fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
+    Policy {
+        algorithm: "token_bucket",
+        capacity,
+        rate_per_sec: rate,
+        timeout_ms,
+    }
+}
+
+/// What a throughput scenario runs against: the Envoy, and the processes whose CPU counts.
+struct Target<'a> {
+    envoy: &'a Envoy,
+    webdis: Option<&'a Webdis>,
+    redis: &'a Redis,
+    filter: bool,
+}
+
+/// The throughput scenarios, on one Redis and one Webdis.
+fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
+    let redis = Redis::start(dir);
+    let mut webdis = Webdis::start(dir, redis.port);
+    let mut admin = redis.admin();
+    let many = |requests: Requests| WrkLoad {
+        threads: s.threads,
+        connections: s.connections,
+        duration_s: s.wrk_s,
+        requests,
+    };
+    let one_key = many(Requests::OneKey("bench-client".into()));
+    let serial = WrkLoad {
+        threads: 1,
+        connections: 1,
+        ..one_key.clone()
+    };
+    let mut out = Vec::new();
+    let mut run = |name: &str, what: &str, compare_to: &str, load: &WrkLoad, t: &Target| {
+        let scenario = measure_scenario(s, &mut admin, name, what, compare_to, load, t);
+        say(
+            started,
+            &format!(
+                "{name}: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms",
+                scenario.run.rps, scenario.run.p50_ms, scenario.run.p99_ms
+            ),
+        );
+        out.push(scenario);
+    };
+
+    {
+        let envoy = start_envoy(dir, Front::Baseline, webdis.port);
+        let t = Target {
+            envoy: &envoy,
+            webdis: None,
+            redis: &redis,
+            filter: false,
+        };
+        run(
+            "baseline",
+            "Envoy, same route, no rate-limit filter",
+            "baseline",
+            &one_key,
+            &t,
+        );
+        run(
+            "baseline-serial",
+            "as baseline, 1 connection, one request at a time",
+            "baseline-serial",
+            &serial,
+            &t,
+        );
+    }
+    {
+        let envoy = start_envoy(dir, Front::LocalRateLimit, webdis.port);
+        let t = Target {
+            envoy: &envoy,
+            webdis: None,
+            redis: &redis,
+            filter: false,
+        };
+        run(
+            "local_ratelimit",
+            "Envoy's built-in local_ratelimit, limit never reached",
+            "baseline",
+            &one_key,
+            &t,
+        );
+    }
+    let allow = filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms);
+    let envoy = start_envoy(dir, Front::Filter(&[allow]), webdis.port);
+    {
+        let t = Target {
+            envoy: &envoy,
+            webdis: Some(&webdis),
+            redis: &redis,
+            filter: true,
+        };
+        run(
+            "filter-allow-1key",
+            "the filter, every request allowed, one key",
+            "baseline",
+            &one_key,
+            &t,
+        );
+        run(
+            "filter-allow-10k-keys",
+            "the filter, every request allowed, keys of 10,000 clients in turn",
+            "baseline",
+            &many(Requests::ManyKeys(10_000)),
+            &t,
+        );
+        run(
+            "filter-serial",
+            "as filter-allow-1key, 1 connection, one request at a time",
+            "baseline-serial",
+            &serial,
+            &t,
+        );
+    }
+    {
+        let deny = start_envoy(
+            dir,
+            Front::Filter(&[filter_policy(10, 1.0, s.timeout_ms)]),
+            webdis.port,
+        );
+        let t = Target {
+            envoy: &deny,
+            webdis: Some(&webdis),
+            redis: &redis,
+            filter: true,
+        };
+        run(
+            "filter-deny-hotkey",
+            "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429",
+            "baseline",
+            &many(Requests::OneKey("bench-abuser".into())),
+            &t,
+        );
+    }
+    webdis.process.pause();
+    {
+        let t = Target {
+            envoy: &envoy,
+            webdis: Some(&webdis),
+            redis: &redis,
+            filter: true,
+        };
+        run(
+            "filter-bridge-hung",
+            "the filter, Webdis stopped (SIGSTOP): each request fails open after the 150 ms timeout",
+            "baseline",
+            &one_key,
+            &t,
+        );
+    }
+    webdis.process.resume();
+    webdis.process.stop();
+    {
+        let t = Target {
+            envoy: &envoy,
+            webdis: None,
+            redis: &redis,
+            filter: true,
+        };
+        run(
+            "filter-bridge-down",
+            "the filter, Webdis killed: connection refused, fail open",
+            "baseline",
+            &one_key,
+            &t,
+        );
+    }
+    drop(envoy);
+    {
+        // The first baseline again, last: how far the machine drifted during the run.
+        let envoy = start_envoy(dir, Front::Baseline, 1);
+        let t = Target {
+            envoy: &envoy,
+            webdis: None,
+            redis: &redis,
+            filter: false,
+        };
+        run(
+            "baseline-repeat",
+            "baseline again, after all the others: the run's noise",
+            "baseline",
+            &one_key,
+            &t,
+        );
+    }
+    out
+}
+
+fn measure_scenario(
+    s: &Settings,
+    admin: &mut RedisConn,
+    name: &str,
+    what: &str,
+    compare_to: &str,
+    load: &WrkLoad,
+    t: &Target,
+) -> Scenario {
+    let raw = s.out.join("raw");
+    if s.warmup_s > 0 {
+        let warmup = WrkLoad {
+            duration_s: s.warmup_s,
+            ..load.clone()
+        };
+        wrk::run(t.envoy.port, &warmup, &wrk::raw_path(&raw, name, true));
+    }
+    let mut procs = vec![("envoy", t.envoy.process.pid())];
+    if t.filter {
+        procs.push(("webdis", t.webdis.map(|w| w.process.pid()).unwrap_or(0)));
+        procs.push(("redis", t.redis.process.pid()));
+    }
+    let cpu_before: Vec<Option<f64>> = procs
+        .iter()
+        .map(|(_, pid)| measure::cpu_seconds(*pid))
+        .collect();
+    let redis_before = measure::redis_commandstats(admin);
+    let stats_before = measure::envoy_stats(t.envoy.admin_port);
+    let busy_before = measure::machine_busy_seconds();
+    let wall = Instant::now();
+    let run = wrk::run(t.envoy.port, load, &wrk::raw_path(&raw, name, false));
+    let wall_s = wall.elapsed().as_secs_f64();
+    let machine_busy_s = match (busy_before, measure::machine_busy_seconds()) {
+        (Some(b), Some(a)) => Some(a - b),
+        _ => None,
+    };
+    let stats = measure::delta(&stats_before, &measure::envoy_stats(t.envoy.admin_port));
+    let mut redis_commands = measure::delta(&redis_before, &measure::redis_commandstats(admin));
+    redis_commands.retain(|name, calls| *calls > 0 && !BENCH_OWN_COMMANDS.contains(&name.as_str()));
+    let cpu = procs
+        .iter()
+        .zip(cpu_before)
+        .map(|((label, pid), before)| {
+            let used = match (before, measure::cpu_seconds(*pid)) {
+                (Some(b), Some(a)) if *pid != 0 => Some(a - b),
+                _ => None,
+            };
+            (label.to_string(), used)
+        })
+        .collect();
+    let stat = |name: &str| stats.get(name).copied().unwrap_or(0);
+    Scenario {
+        name: name.into(),
+        what: what.into(),
+        compare_to: compare_to.into(),
+        load: format!(
+            "wrk -t{} -c{} -d{}s",
+            load.threads, load.connections, load.duration_s
+        ),
+        run,
+        cost: Cost {
+            allowed: stat("wasmcustom.ratelimit_allowed"),
+            denied: stat("wasmcustom.ratelimit_denied"),
+            fail_open: stat("wasmcustom.ratelimit_failure_mode_open"),
+            bridge_errors: stat("wasmcustom.ratelimit_bridge_errors"),
+            webdis_calls: stat("cluster.webdis.upstream_rq_total"),
+            webdis_connect_fails: stat("cluster.webdis.upstream_cx_connect_fail"),
+            redis_commands,
+            redis_keys: admin
+                .cmd(&["DBSIZE"])
+                .map(|r| r.text().parse().unwrap_or(0))
+                .unwrap_or(0),
+            cpu,
+            machine_busy_s,
+            wall_s,
+        },
+        filter: t.filter,
+    }
+}
+
+/// The accuracy runs (2 and 4 replicas, each algorithm) and the overload timeline (the first
+/// algorithm), on a fresh Redis shared by 4 Envoys, each with its own Webdis. The Envoys hold
+/// one rule per algorithm, picked by a request header.
+fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Timeline) {
+    let redis = Redis::start(dir);
+    let policies: Vec<Policy> = ALGORITHMS
+        .iter()
+        .map(|a| Policy {
+            algorithm: a.name,
+            capacity: s.capacity,
+            rate_per_sec: s.rate,
+            timeout_ms: 5000,
+        })
+        .collect();
+    let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| start_envoy(dir, Front::Filter(&policies), w.port))
+        .collect();
+    let headers = |algorithm: &str, key: String| {
+        vec![
+            ("x-api-key".to_string(), key),
+            (config::POLICY_HEADER.to_string(), algorithm.to_string()),
+        ]
+    };
+    let mut runs = Vec::new();
+    for (algorithm, policy) in ALGORITHMS.iter().zip(&policies) {
+        for replicas in [2, 4] {
+            let load = Load {
+                ports: envoys[..replicas].iter().map(|e| e.port).collect(),
+                conns_per_port: s.accuracy_conns,
+                duration: Duration::from_secs_f64(s.accuracy_s),
+                headers: headers(
+                    algorithm.name,
+                    format!("accuracy-{}-{replicas}", algorithm.name),
+                ),
+                paced_total_per_sec: None,
+            };
+            let (run, _) =
+                accuracy_run(&envoys[..replicas], algorithm, policy, &load, s.accuracy_s);
+            say(
+                started,
+                &format!(
+                    "accuracy {}, {replicas} replicas: {} requests, {} allowed, allowance {:.1}, overshoot {}",
+                    algorithm.name, run.sent, run.let_through(), run.allowance, run.overshoot()
+                ),
+            );
+            runs.push(run);
+        }
+    }
+    let (algorithm, policy) = (&ALGORITHMS[0], &policies[0]);
+    let load = Load {
+        ports: envoys.iter().map(|e| e.port).collect(),
+        conns_per_port: s.overload_conns,
+        duration: Duration::from_secs_f64(s.overload_s),
+        headers: headers(algorithm.name, format!("overload-{}", algorithm.name)),
+        paced_total_per_sec: Some(3.0 * s.rate),
+    };
+    let (run, result) = accuracy_run(&envoys, algorithm, policy, &load, s.overload_s);
+    let seconds = s.overload_s.ceil() as usize;
+    let mut per_second = vec![(0u64, 0u64, 0u64); seconds];
+    for e in &result.events {
+        let i = (e.at.as_secs_f64().floor() as usize).min(seconds - 1);
+        match e.status {
+            200 => per_second[i].0 += 1,
+            429 => per_second[i].1 += 1,
+            _ => per_second[i].2 += 1,
+        }
+    }
+    say(
+        started,
+        &format!(
+            "overload {}: {} requests, {} allowed, allowance {:.1}, overshoot {}",
+            algorithm.name,
+            run.sent,
+            run.let_through(),
+            run.allowance,
+            run.overshoot()
+        ),
+    );
+    (runs, Timeline { run, per_second })
+}
+
+fn accuracy_run(
+    envoys: &[Envoy],
+    algorithm: &Algorithm,
+    policy: &Policy,
+    load: &Load,
+    duration_s: f64,
+) -> (Accuracy, client::LoadResult) {
+    let sum = |stats: &[std::collections::BTreeMap<String, u64>], name: &str| -> u64 {
+        stats
+            .iter()
+            .map(|m| m.get(name).copied().unwrap_or(0))
+            .sum()
+    };
+    let before: Vec<_> = envoys
+        .iter()
+        .map(|e| measure::envoy_stats(e.admin_port))
+        .collect();
+    let result = client::run(load);
+    let deltas: Vec<_> = envoys
+        .iter()
+        .zip(&before)
+        .map(|(e, b)| measure::delta(b, &measure::envoy_stats(e.admin_port)))
+        .collect();
+    let b = result.bounds();
+    let run = Accuracy {
+        algorithm: policy.algorithm.to_string(),
+        allowance: (algorithm.allowance)(policy, b.first_sent, b.last_read),
+        allowance_inner: (algorithm.allowance)(policy, b.first_read, b.last_sent.max(b.first_read)),
+        formula: algorithm.formula.to_string(),
+        replicas: envoys.len(),
+        conns_per_replica: load.conns_per_port,
+        capacity: policy.capacity,
+        rate_per_sec: policy.rate_per_sec,
+        offered_per_sec: load.paced_total_per_sec,
+        duration_s,
+        window_s: b.last_read - b.first_sent,
+        sent: result.events.len() as u64,
+        allowed: result.count(200),
+        denied: result.count(429),
+        failed: result
+            .events
+            .iter()
+            .filter(|e| e.status != 200 && e.status != 429)
+            .count() as u64,
+        filter_allowed: sum(&deltas, "wasmcustom.ratelimit_allowed"),
+        filter_denied: sum(&deltas, "wasmcustom.ratelimit_denied"),
+        fail_open: sum(&deltas, "wasmcustom.ratelimit_failure_mode_open"),
+        allowed_per_replica: (0..envoys.len())
+            .map(|r| {
+                result
+                    .events
+                    .iter()
+                    .filter(|e| e.replica == r && e.status == 200)
+                    .count() as u64
+            })
+            .collect(),
+    };
+    (run, result)
+}
