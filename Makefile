@@ -63,8 +63,9 @@ lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are error
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
 
-unit-test: ## core and adapter unit tests, native
+unit-test: ## core and adapter unit tests, native (and the test harness's own)
 	cargo test -p ratelimit-core -p ratelimit-filter
+	cargo test -p e2e --lib
 
 wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
