@@ -471,20 +471,43 @@ pub fn validate_config(cwd: &Path, config: &Path) -> (bool, String) {
 /// `json` (the block under `value: |`).
 pub fn filter_config_edit(json: &str) -> (String, String) {
     let shipped = fs::read_to_string(root().join("envoy/envoy.yaml")).expect("read envoy.yaml");
-    let start = shipped
-        .find("value: |\n")
-        .expect("envoy.yaml has the filter JSON block")
-        + "value: |\n".len();
-    let indent = shipped[start..].len() - shipped[start..].trim_start_matches(' ').len();
-    let block_len: usize = shipped[start..]
-        .split_inclusive('\n')
-        .take_while(|line| line.starts_with(&" ".repeat(indent)))
-        .map(str::len)
-        .sum();
-    let old = shipped[start..start + block_len].to_string();
+    let (old, indent) = filter_json_block(&shipped);
     let new: String = json
         .lines()
-        .map(|line| format!("{}{line}\n", " ".repeat(indent)))
+        .map(|line| format!("{indent}{line}\n"))
         .collect();
     (old, new)
+}
+
+/// The text of the block scalar (`value: |`) holding the wasm filter's JSON, with its
+/// indentation, exactly as in `yaml` (lines end with `\n`), and that indentation.
+pub fn filter_json_block(yaml: &str) -> (String, String) {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let wasm = lines
+        .iter()
+        .position(|l| l.contains("envoy.extensions.filters.http.wasm.v3.Wasm"))
+        .expect("envoy.yaml has a wasm filter");
+    let value = (wasm..lines.len())
+        .find(|&i| lines[i].trim() == "value: |")
+        .expect("the wasm filter's configuration has `value: |`");
+    let value_indent = indent_of(lines[value]);
+    let mut end = value + 1;
+    while end < lines.len()
+        && (lines[end].trim().is_empty() || indent_of(lines[end]) > value_indent)
+    {
+        end += 1;
+    }
+    while end > value + 1 && lines[end - 1].trim().is_empty() {
+        end -= 1;
+    }
+    let block: String = lines[value + 1..end]
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let indent = " ".repeat(indent_of(lines[value + 1]));
+    (block, indent)
+}
+
+pub fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start().len()
 }

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use crate::procs::envoy_config;
+use crate::procs::{envoy_config, filter_json_block, indent_of};
 use crate::root;
 
 /// An algorithm the accuracy runs measure, with the most an exact limiter of its kind may
@@ -172,39 +172,6 @@ pub fn filter_edits(policies: &[Policy]) -> Vec<(String, String)> {
     let pretty = serde_json::to_string_pretty(&filter_json(&value, policies)).expect("JSON");
     let new_block: String = pretty.lines().map(|l| format!("{indent}{l}\n")).collect();
     vec![(block, new_block)]
-}
-
-/// The text of the block scalar (`value: |`) holding the wasm filter's JSON, with its
-/// indentation, exactly as in `yaml` (lines end with `\n`), and that indentation.
-fn filter_json_block(yaml: &str) -> (String, String) {
-    let lines: Vec<&str> = yaml.lines().collect();
-    let wasm = lines
-        .iter()
-        .position(|l| l.contains("envoy.extensions.filters.http.wasm.v3.Wasm"))
-        .expect("envoy.yaml has a wasm filter");
-    let value = (wasm..lines.len())
-        .find(|&i| lines[i].trim() == "value: |")
-        .expect("the wasm filter's configuration has `value: |`");
-    let value_indent = indent_of(lines[value]);
-    let mut end = value + 1;
-    while end < lines.len()
-        && (lines[end].trim().is_empty() || indent_of(lines[end]) > value_indent)
-    {
-        end += 1;
-    }
-    while end > value + 1 && lines[end - 1].trim().is_empty() {
-        end -= 1;
-    }
-    let block: String = lines[value + 1..end]
-        .iter()
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let indent = " ".repeat(indent_of(lines[value + 1]));
-    (block, indent)
-}
-
-fn indent_of(line: &str) -> usize {
-    line.len() - line.trim_start().len()
 }
 
 /// Replaces the `http_filters` entry of the wasm filter with `block` (YAML for zero or more
