@@ -77,7 +77,11 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let shared = self.shared.clone()?;
+        // The SDK panics on None. Without a configuration (Envoy refuses to start then, so
+        // this should not happen) requests pass untouched rather than trap the VM.
+        let Some(shared) = self.shared.clone() else {
+            return Some(Box::new(PassThrough));
+        };
         Some(Box::new(Request {
             shared,
             flow: RequestFlow::new(),
@@ -89,6 +93,12 @@ impl RootContext for Root {
         Some(ContextType::HttpContext)
     }
 }
+
+/// A request context that does nothing (the trait defaults continue every callback).
+struct PassThrough;
+
+impl Context for PassThrough {}
+impl HttpContext for PassThrough {}
 
 struct Request {
     shared: Rc<Shared>,
