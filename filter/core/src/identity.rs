@@ -86,10 +86,10 @@ fn group(ip: IpAddr, policy: &ClientIpPolicy) -> String {
     }
 }
 
-/// The path without its query string, so `?x=1` cannot make a new bucket.
-fn path_only(path: &[u8]) -> Vec<u8> {
+/// The path without its query string, so `?x=1` cannot make a new bucket or dodge a match.
+pub(crate) fn path_only(path: &[u8]) -> &[u8] {
     let end = path.iter().position(|&b| b == b'?').unwrap_or(path.len());
-    path[..end].to_vec()
+    &path[..end]
 }
 
 fn source_value(
@@ -102,7 +102,7 @@ fn source_value(
         KeySource::ClientIp => client_ip(view, policy).map(String::into_bytes),
         KeySource::Route => view.route_name().map(String::into_bytes),
         KeySource::Method => view.header(":method"),
-        KeySource::Path => view.header(":path").map(|p| path_only(&p)),
+        KeySource::Path => view.header(":path").map(|p| path_only(&p).to_vec()),
     };
     value.filter(|v| !v.is_empty())
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::config::{Algorithm, Config, Cost, FailureMode, Match, PathMatch};
-use crate::identity::{redis_key, resolve, RequestView};
+use crate::identity::{path_only, redis_key, resolve, RequestView};
 
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct BadRequest(pub String);
 pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest> {
     let method = view.header(":method").unwrap_or_default();
     let path = view.header(":path").unwrap_or_default();
-    let path = &path[..path.iter().position(|&b| b == b'?').unwrap_or(path.len())];
+    let path = path_only(&path);
     let mut plan = Plan {
         checks: Vec::new(),
         timeout: Duration::MAX,

@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use crate::bridge::{Decision, LimitResult};
-use crate::config::{Config, DenyBody};
+use crate::config::{Config, DenyBody, HeaderMode};
 use crate::plan::LimitCheck;
 
 pub type Headers = Vec<(&'static str, String)>;
@@ -64,6 +64,14 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
     }
 }
 
+fn shown_all(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Vec<Shown> {
+    checks
+        .iter()
+        .zip(&decision.limits)
+        .map(|(c, r)| shown(config, c, r))
+        .collect()
+}
+
 /// The limit the single-valued headers describe: when refused, the refusing limit with the
 /// longest wait; else the one with the fewest units left (the later reset on a tie).
 fn most_restrictive(limits: &[Shown], denied: bool) -> Option<&Shown> {
@@ -82,12 +90,14 @@ fn most_restrictive(limits: &[Shown], denied: bool) -> Option<&Shown> {
 
 /// Rate-limit headers for a decided request (allowed or refused), as configured.
 pub fn rate_limit_headers(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Headers {
-    let limits: Vec<Shown> = checks
-        .iter()
-        .zip(&decision.limits)
-        .map(|(c, r)| shown(config, c, r))
-        .collect();
-    headers_for(config, &limits, !decision.allowed)
+    if config.headers == HeaderMode::None {
+        return Headers::new();
+    }
+    headers_for(
+        config,
+        &shown_all(config, checks, decision),
+        !decision.allowed,
+    )
 }
 
 fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
@@ -122,11 +132,7 @@ fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
 /// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
 /// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`.
 pub fn denied(config: &Config, checks: &[LimitCheck], decision: &Decision) -> LocalResponse {
-    let limits: Vec<Shown> = checks
-        .iter()
-        .zip(&decision.limits)
-        .map(|(c, r)| shown(config, c, r))
-        .collect();
+    let limits = shown_all(config, checks, decision);
     let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
     let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
     let mut headers = vec![("retry-after", retry_after.to_string())];
@@ -202,7 +208,7 @@ fn whole_units(remaining: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Algorithm, HeaderMode};
+    use crate::config::Algorithm;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -325,6 +325,17 @@ struct Target<'a> {
     filter: bool,
 }
 
+impl<'a> Target<'a> {
+    fn new(envoy: &'a Envoy, webdis: Option<&'a Webdis>, redis: &'a Redis, filter: bool) -> Self {
+        Target {
+            envoy,
+            webdis,
+            redis,
+            filter,
+        }
+    }
+}
+
 /// The throughput scenarios, on one Redis and one Webdis.
 fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     let redis = Redis::start(dir);
@@ -357,12 +368,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
 
     {
         let envoy = start_envoy(dir, Front::Baseline, webdis.port);
-        let t = Target {
-            envoy: &envoy,
-            webdis: None,
-            redis: &redis,
-            filter: false,
-        };
+        let t = Target::new(&envoy, None, &redis, false);
         run(
             "baseline",
             "Envoy, same route, no rate-limit filter",
@@ -380,12 +386,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     }
     {
         let envoy = start_envoy(dir, Front::LocalRateLimit, webdis.port);
-        let t = Target {
-            envoy: &envoy,
-            webdis: None,
-            redis: &redis,
-            filter: false,
-        };
+        let t = Target::new(&envoy, None, &redis, false);
         run(
             "local_ratelimit",
             "Envoy's built-in local_ratelimit, limit never reached",
@@ -397,12 +398,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     let allow = filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms);
     let envoy = start_envoy(dir, Front::Filter(&[allow]), webdis.port);
     {
-        let t = Target {
-            envoy: &envoy,
-            webdis: Some(&webdis),
-            redis: &redis,
-            filter: true,
-        };
+        let t = Target::new(&envoy, Some(&webdis), &redis, true);
         run(
             "filter-allow-1key",
             "the filter, every request allowed, one key",
@@ -431,12 +427,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
             Front::Filter(&[filter_policy(10, 1.0, s.timeout_ms)]),
             webdis.port,
         );
-        let t = Target {
-            envoy: &deny,
-            webdis: Some(&webdis),
-            redis: &redis,
-            filter: true,
-        };
+        let t = Target::new(&deny, Some(&webdis), &redis, true);
         run(
             "filter-deny-hotkey",
             "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429",
@@ -447,12 +438,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     }
     webdis.process.pause();
     {
-        let t = Target {
-            envoy: &envoy,
-            webdis: Some(&webdis),
-            redis: &redis,
-            filter: true,
-        };
+        let t = Target::new(&envoy, Some(&webdis), &redis, true);
         run(
             "filter-bridge-hung",
             "the filter, Webdis stopped (SIGSTOP): each request fails open after the 150 ms timeout",
@@ -464,12 +450,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     webdis.process.resume();
     webdis.process.stop();
     {
-        let t = Target {
-            envoy: &envoy,
-            webdis: None,
-            redis: &redis,
-            filter: true,
-        };
+        let t = Target::new(&envoy, None, &redis, true);
         run(
             "filter-bridge-down",
             "the filter, Webdis killed: connection refused, fail open",
@@ -482,12 +463,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     {
         // The first baseline again, last: how far the machine drifted during the run.
         let envoy = start_envoy(dir, Front::Baseline, 1);
-        let t = Target {
-            envoy: &envoy,
-            webdis: None,
-            redis: &redis,
-            filter: false,
-        };
+        let t = Target::new(&envoy, None, &redis, false);
         run(
             "baseline-repeat",
             "baseline again, after all the others: the run's noise",
