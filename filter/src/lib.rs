@@ -1,6 +1,7 @@
-//! The proxy-wasm adapter: carries out what `ratelimit_core::RequestFlow` asks, through Envoy's
-//! host calls. It decides nothing itself. Host calls are used through `proxy_wasm::hostcalls`,
-//! whose `Result`s are handled, rather than the trait helpers, which unwrap and would trap the VM.
+//! The proxy-wasm adapter: routes Envoy's callbacks to the worker's `ratelimit_core::Engine`
+//! and carries out what it asks, through Envoy's host calls. It decides nothing itself. Host
+//! calls are used through `proxy_wasm::hostcalls`, whose `Result`s are handled, rather than the
+//! trait helpers, which unwrap and would trap the VM.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -8,38 +9,61 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
-    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Host, LogThrottle, RequestFlow,
-    RequestView, Verdict,
+    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Histogram, Host,
+    LogThrottle, RequestView, Verdict,
 };
 
-/// Bridge replies larger than this are cut (and so fail to parse): a decision is tiny.
-const MAX_REPLY_BYTES: usize = 64 * 1024;
+/// Bridge replies larger than this are cut (and so fail to parse): a batch's reply is small.
+const MAX_REPLY_BYTES: usize = 256 * 1024;
 /// At most one failure log line per worker in this interval; the rest are counted.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Shared data (process-wide) that hands each worker a number, for a wake-up queue of its own.
+const WORKER_SEQUENCE_KEY: &str = "ratelimit.worker_sequence";
+/// Shared data: how many times a worker saw Redis lose its scripts (a restart).
+const REDIS_RESTARTS_KEY: &str = "ratelimit.redis_restarts";
 
 proxy_wasm::main! {{
     // Also installs a panic hook that logs at critical before the VM traps.
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(Root { id, worker: None })
+    });
 }}
 
-/// What every request of one worker's VM shares.
-struct Shared {
+/// What every request of one worker's VM shares: the configuration and the engine.
+struct Worker {
     config: Config,
-    metrics: Vec<(Counter, u32)>,
+    engine: RefCell<Engine>,
+    /// Metric ids, by the position of the stat in `Counter::ALL` / `Histogram::ALL`.
+    counters: Vec<Option<u32>>,
+    histograms: Vec<Option<u32>>,
     failure_log: RefCell<LogThrottle>,
+    /// The queue whose `on_queue_ready` runs the engine from the root context.
+    wake_queue: Option<u32>,
 }
 
-#[derive(Default)]
 struct Root {
-    shared: Option<Rc<Shared>>,
+    id: u32,
+    worker: Option<Rc<Worker>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(worker) = &self.worker {
+            worker.on_reply(self.id, token_id, body_size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -55,37 +79,66 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let mut metrics = Vec::with_capacity(Counter::ALL.len());
-        for counter in Counter::ALL {
-            match hostcalls::define_metric(MetricType::Counter, counter.name()) {
-                Ok(id) => metrics.push((counter, id)),
-                Err(status) => log::warn!("cannot define metric {}: {status:?}", counter.name()),
+        let define = |kind: MetricType, name: &str| match hostcalls::define_metric(kind, name) {
+            Ok(id) => Some(id),
+            Err(status) => {
+                log::warn!("cannot define metric {name}: {status:?}");
+                None
             }
-        }
+        };
+        let counters = Counter::ALL
+            .iter()
+            .map(|c| define(MetricType::Counter, c.name()))
+            .collect();
+        let histograms = Histogram::ALL
+            .iter()
+            .map(|h| define(MetricType::Histogram, h.name()))
+            .collect();
+        let wake_queue = register_wake_queue();
         let limits: usize = config.rules.iter().map(|r| r.limits.len()).sum();
         log::info!(
-            "configured: {} rules, {limits} limits, bridge cluster {}",
+            "configured: {} rules, {limits} limits, bridge cluster {}, batches of up to {} requests, {} call(s) in flight{}",
             config.rules.len(),
-            config.bridge.cluster
+            config.bridge.cluster,
+            config.batch.max_requests,
+            config.batch.max_in_flight,
+            if wake_queue.is_some() { "" } else { " (no wake-up queue: calls start from requests)" }
         );
-        self.shared = Some(Rc::new(Shared {
+        self.worker = Some(Rc::new(Worker {
+            engine: RefCell::new(Engine::new(&config)),
             config,
-            metrics,
+            counters,
+            histograms,
             failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
+            wake_queue,
         }));
         true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        if worker.wake_queue != Some(queue_id) {
+            return;
+        }
+        // Empty the queue: one wake-up is as good as many.
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        if let Ok(mut engine) = worker.engine.try_borrow_mut() {
+            let mut host = worker.host(self.id);
+            engine.on_wakeup(&worker.config, &mut host);
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The SDK panics on None. Without a configuration (Envoy refuses to start then, so
         // this should not happen) requests pass untouched rather than trap the VM.
-        let Some(shared) = self.shared.clone() else {
+        let Some(worker) = self.worker.clone() else {
             return Some(Box::new(PassThrough));
         };
         Some(Box::new(Request {
-            shared,
-            flow: RequestFlow::new(),
-            pending_call: None,
+            id: context_id,
+            worker,
         }))
     }
 
@@ -94,53 +147,51 @@ impl RootContext for Root {
     }
 }
 
-/// A request context that does nothing (the trait defaults continue every callback).
-struct PassThrough;
-
-impl Context for PassThrough {}
-impl HttpContext for PassThrough {}
-
-struct Request {
-    shared: Rc<Shared>,
-    flow: RequestFlow,
-    /// Token of the bridge call in flight, if any.
-    pending_call: Option<u32>,
+/// A queue this worker alone consumes: a name no other worker registers, numbered through
+/// shared data, since a second registration of a name takes it over.
+fn register_wake_queue() -> Option<u32> {
+    let n = shared_counter(WORKER_SEQUENCE_KEY, 1)?;
+    hostcalls::register_shared_queue(&format!("ratelimit.wake.{n}"))
+        .map_err(|status| log::warn!("cannot register a wake-up queue: {status:?}"))
+        .ok()
 }
 
-impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let mut host = EnvoyHost {
-            shared: &self.shared,
-            pending_call: &mut self.pending_call,
-        };
-        match self.flow.on_request_headers(&self.shared.config, &mut host) {
-            Verdict::Continue => Action::Continue,
-            Verdict::Pause => Action::Pause,
+/// A number in shared data (every worker of this Envoy), after adding `add` to it
+/// (compare-and-swap, retried when another worker wrote in between).
+fn shared_counter(key: &str, add: u64) -> Option<u64> {
+    for _ in 0..100 {
+        let (value, cas) = hostcalls::get_shared_data(key).ok()?;
+        let n: u64 = value
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if add == 0 {
+            return Some(n);
+        }
+        let next = n.saturating_add(add);
+        match hostcalls::set_shared_data(key, Some(next.to_string().as_bytes()), cas) {
+            Ok(()) => return Some(next),
+            Err(Status::CasMismatch) => continue,
+            Err(status) => {
+                log::warn!("cannot update shared data {key}: {status:?}");
+                return None;
+            }
+        }
+    }
+    None
+}
+
+impl Worker {
+    fn host(&self, home: u32) -> EnvoyHost<'_> {
+        EnvoyHost {
+            worker: self,
+            home,
+            effective: home,
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let mut host = EnvoyHost {
-            shared: &self.shared,
-            pending_call: &mut self.pending_call,
-        };
-        self.flow.on_response_headers(&mut host);
-        Action::Continue
-    }
-}
-
-impl Context for Request {
-    fn on_http_call_response(
-        &mut self,
-        token_id: u32,
-        _num_headers: usize,
-        body_size: usize,
-        _num_trailers: usize,
-    ) {
-        if self.pending_call != Some(token_id) {
-            return;
-        }
-        self.pending_call = None;
+    /// A bridge call's reply, whichever context it came to.
+    fn on_reply(&self, home: u32, token: u32, body_size: usize) {
         // On timeout or connection failure Envoy sends no `:status` at all.
         let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
             .ok()
@@ -154,26 +205,82 @@ impl Context for Request {
         .ok()
         .flatten()
         .unwrap_or_default();
-        let mut host = EnvoyHost {
-            shared: &self.shared,
-            pending_call: &mut self.pending_call,
-        };
         let reply = BridgeReply {
             status,
             body: &body,
         };
-        self.flow
-            .on_bridge_reply(&self.shared.config, &mut host, reply);
+        if let Ok(mut engine) = self.engine.try_borrow_mut() {
+            let mut host = self.host(home);
+            engine.on_reply(&self.config, &mut host, token, reply);
+        }
     }
 }
 
-/// The core's view of Envoy during one callback.
-struct EnvoyHost<'a> {
-    shared: &'a Shared,
-    pending_call: &'a mut Option<u32>,
+/// A request context that does nothing (the trait defaults continue every callback).
+struct PassThrough;
+
+impl Context for PassThrough {}
+impl HttpContext for PassThrough {}
+
+struct Request {
+    id: u32,
+    worker: Rc<Worker>,
 }
 
-impl RequestView for EnvoyHost<'_> {
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let worker = &self.worker;
+        let Ok(mut engine) = worker.engine.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let mut host = worker.host(self.id);
+        match engine.on_request(&worker.config, &mut host, self.id, &RequestHeaders) {
+            Verdict::Continue => Action::Continue,
+            Verdict::Pause => Action::Pause,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let headers = match self.worker.engine.try_borrow_mut() {
+            Ok(mut engine) => engine.take_headers(self.id),
+            Err(_) => None,
+        };
+        for (name, value) in headers.unwrap_or_default() {
+            if let Err(status) =
+                hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value)
+            {
+                log::warn!("cannot add response header {name}: {status:?}");
+            }
+        }
+        Action::Continue
+    }
+}
+
+impl Context for Request {
+    /// Only calls started from this request (when the root could not be woken) reply here.
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        self.worker.on_reply(self.id, token_id, body_size);
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if let Ok(mut engine) = self.worker.engine.try_borrow_mut() {
+            engine.forget(self.id);
+        }
+    }
+}
+
+/// The request whose callback is running, as the core reads it.
+struct RequestHeaders;
+
+impl RequestView for RequestHeaders {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
         hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
             .ok()
@@ -195,6 +302,30 @@ fn property_text(path: &[&str]) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// The engine's view of Envoy during one callback of context `home`.
+struct EnvoyHost<'a> {
+    worker: &'a Worker,
+    home: u32,
+    /// The context host calls act on now (`set_effective_context`).
+    effective: u32,
+}
+
+impl EnvoyHost<'_> {
+    /// Makes `ctx` the context the next host calls act on; false if it is gone.
+    fn act_on(&mut self, ctx: u32) -> bool {
+        if self.effective == ctx {
+            return true;
+        }
+        match hostcalls::set_effective_context(ctx) {
+            Ok(()) => {
+                self.effective = ctx;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
 impl Host for EnvoyHost<'_> {
     fn now_unix_ns(&self) -> Option<u128> {
         let now = hostcalls::get_current_time().ok()?;
@@ -206,10 +337,16 @@ impl Host for EnvoyHost<'_> {
         bridge: &Bridge,
         request: &BridgeRequest,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<u32, String> {
+        // The call belongs to the context that makes it: the callback's own, not a stream
+        // resolved just before.
+        let home = self.home;
+        if !self.act_on(home) {
+            return Err("the calling context is gone".to_string());
+        }
         let headers = request.headers(bridge);
         let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        let token = hostcalls::dispatch_http_call(
+        hostcalls::dispatch_http_call(
             &bridge.cluster,
             headers,
             request.body.as_deref(),
@@ -221,51 +358,65 @@ impl Host for EnvoyHost<'_> {
                 "dispatch_http_call to cluster {}: {status:?}",
                 bridge.cluster
             )
-        })?;
-        *self.pending_call = Some(token);
-        Ok(())
+        })
     }
 
-    fn send_response(&mut self, response: LocalResponse) {
+    fn wake(&mut self) -> bool {
+        match self.worker.wake_queue {
+            Some(queue) => hostcalls::enqueue_shared_queue(queue, Some(b"w")).is_ok(),
+            None => false,
+        }
+    }
+
+    fn resume(&mut self, ctx: u32) -> bool {
+        self.act_on(ctx) && hostcalls::resume_http_request().is_ok()
+    }
+
+    fn answer(&mut self, ctx: u32, response: LocalResponse) -> bool {
+        if !self.act_on(ctx) {
+            return false;
+        }
         let headers: Vec<(&str, &str)> = response
             .headers
             .iter()
             .map(|(n, v)| (*n, v.as_str()))
             .collect();
-        if let Err(status) = hostcalls::send_http_response(
+        match hostcalls::send_http_response(
             u32::from(response.status),
             headers,
             Some(response.body.as_bytes()),
         ) {
-            log::error!(
-                "cannot send the local {} reply: {status:?}",
-                response.status
-            );
-        }
-    }
-
-    fn resume(&mut self) {
-        if let Err(status) = hostcalls::resume_http_request() {
-            log::error!("cannot resume the request: {status:?}");
-        }
-    }
-
-    fn add_response_header(&mut self, name: &str, value: &str) {
-        if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
-            log::warn!("cannot add response header {name}: {status:?}");
+            Ok(()) => true,
+            Err(status) => {
+                log::warn!(
+                    "cannot send the local {} reply: {status:?}",
+                    response.status
+                );
+                false
+            }
         }
     }
 
     fn count(&mut self, counter: Counter) {
-        if let Some((_, id)) = self.shared.metrics.iter().find(|(c, _)| *c == counter) {
+        if let Some(Some(id)) = self.worker.counters.get(counter as usize) {
             // A failed increment loses one count; nothing to do about it on the request path.
             let _ = hostcalls::increment_metric(*id, 1);
         }
     }
 
+    fn record(&mut self, histogram: Histogram, value: u64) {
+        if let Some(Some(id)) = self.worker.histograms.get(histogram as usize) {
+            let _ = hostcalls::record_metric(*id, value);
+        }
+    }
+
+    fn redis_restarts(&mut self, bump: bool) -> Option<u64> {
+        shared_counter(REDIS_RESTARTS_KEY, u64::from(bump))
+    }
+
     fn report_failure(&mut self, failure: &BridgeFailure) {
         let now = self.now_unix_ns().unwrap_or(0);
-        if let Some(suppressed) = self.shared.failure_log.borrow_mut().admit(now) {
+        if let Some(suppressed) = self.worker.failure_log.borrow_mut().admit(now) {
             log::warn!(
                 "bridge failure, failure policy applied: {failure} ({suppressed} similar lines suppressed)"
             );

@@ -239,7 +239,9 @@ fn redis_restart_needs_no_manual_step() {
     );
     // Redis lost the script: the filter loaded it again by itself.
     assert!(stack.envoy.counter("ratelimit_script_loads") >= 1);
-    // And Redis lost the buckets: "before" starts full again, and is limited exactly.
+    // And Redis lost the buckets: "before" starts full again, and is limited exactly (the
+    // worker that refused it before the restart forgot that refusal once a worker saw the
+    // restart).
     assert_full_bucket_then_limited(&stack.envoy, Some(b"before"));
     assert_full_bucket_then_limited(&stack.envoy, Some(b"after"));
 }

@@ -3,16 +3,19 @@
 //! algorithm do its work), with the clock injected: exhaust, advance, check. No sleeps.
 
 use e2e::{Redis, RedisConn, Resp, WorkDir};
+use ratelimit_core::bridge::DecideCall;
+use ratelimit_core::config::Algorithm;
+use ratelimit_core::plan::LimitCheck;
 
 const T0: u128 = 1_764_489_600_000_000_000; // a whole second (and minute) in Unix ns
 const MS: u128 = 1_000_000;
 const S: u128 = 1_000_000_000;
 
-/// One limit as the filter sends it.
+/// One limit as a test writes it; sent through the filter's own argument builder.
 #[derive(Clone)]
 struct L {
     key: &'static str,
-    algorithm: &'static str,
+    algorithm: Algorithm,
     limit: u64,
     window_ms: u64,
     burst: u64,
@@ -20,7 +23,7 @@ struct L {
     shadow: bool,
 }
 
-fn limit(key: &'static str, algorithm: &'static str, limit: u64, window_ms: u64) -> L {
+fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64) -> L {
     L {
         key,
         algorithm,
@@ -32,8 +35,28 @@ fn limit(key: &'static str, algorithm: &'static str, limit: u64, window_ms: u64)
     }
 }
 
+impl L {
+    fn check(&self) -> LimitCheck {
+        LimitCheck {
+            rule: 0,
+            limit: 0,
+            key: self.key.to_string(),
+            algorithm: self.algorithm,
+            per_window: self.limit,
+            quota: self.burst,
+            window_ms: self.window_ms,
+            burst: self.burst,
+            cost: self.cost,
+            shadow: self.shadow,
+        }
+    }
+}
+
 /// One limit's answer: (allowed, remaining, reset_ms, retry_ms).
 type Answer = (i64, String, String, String);
+
+/// One request's answer: (committed, its limits' answers), or the error Redis gave for it.
+type RequestAnswer = Result<(i64, Vec<Answer>), String>;
 
 struct Script {
     conn: RedisConn,
@@ -55,34 +78,54 @@ impl Script {
         Script { conn, sha }
     }
 
-    fn call(&mut self, clock: &str, limits: &[L]) -> Resp {
-        let n = limits.len().to_string();
-        let mut args: Vec<String> = vec!["EVALSHA".into(), self.sha.clone(), n.clone()];
-        args.extend(limits.iter().map(|l| l.key.to_string()));
-        args.push(clock.into());
-        args.push(n);
-        for l in limits {
-            args.extend([
-                l.algorithm.to_string(),
-                l.limit.to_string(),
-                l.window_ms.to_string(),
-                l.burst.to_string(),
-                l.cost.to_string(),
-                if l.shadow { "shadow" } else { "enforce" }.to_string(),
-            ]);
-        }
-        self.conn.cmd(&args).unwrap()
+    /// The command the filter would send for these requests, built by the filter's builder.
+    fn command(&self, clock: &str, requests: &[&[L]]) -> Vec<String> {
+        let checks: Vec<Vec<LimitCheck>> = requests
+            .iter()
+            .map(|r| r.iter().map(L::check).collect())
+            .collect();
+        DecideCall::new(clock, checks.iter().map(Vec::as_slice)).command(&self.sha)
     }
 
-    /// (committed, answers) at `now`.
+    fn call_batch(&mut self, clock: &str, requests: &[&[L]]) -> Resp {
+        let command = self.command(clock, requests);
+        self.conn.cmd(&command).unwrap()
+    }
+
+    fn call(&mut self, clock: &str, limits: &[L]) -> Resp {
+        self.call_batch(clock, &[limits])
+    }
+
+    /// Every request's answer for a batch decided at `now`.
+    fn decide_batch(&mut self, now: u128, requests: &[&[L]]) -> Vec<RequestAnswer> {
+        let items = self.call_batch(&now.to_string(), requests).items();
+        assert_eq!(items[0].int(), requests.len() as i64, "{items:?}");
+        let mut rest = &items[1..];
+        let mut out = Vec::new();
+        for _ in requests {
+            if rest[0].int() == -1 {
+                out.push(Err(rest[1].text()));
+                rest = &rest[2..];
+                continue;
+            }
+            let n = rest[1].int() as usize;
+            let answers = rest[2..2 + 4 * n]
+                .chunks(4)
+                .map(|c| (c[0].int(), c[1].text(), c[2].text(), c[3].text()))
+                .collect();
+            out.push(Ok((rest[0].int(), answers)));
+            rest = &rest[2 + 4 * n..];
+        }
+        assert!(rest.is_empty(), "nothing after the last request");
+        out
+    }
+
+    /// (committed, answers) of one request alone at `now`.
     fn decide(&mut self, now: u128, limits: &[L]) -> (i64, Vec<Answer>) {
-        let items = self.call(&now.to_string(), limits).items();
-        assert_eq!(items[1].int(), limits.len() as i64);
-        let answers = items[2..]
-            .chunks(4)
-            .map(|c| (c[0].int(), c[1].text(), c[2].text(), c[3].text()))
-            .collect();
-        (items[0].int(), answers)
+        match self.decide_batch(now, &[limits]).remove(0) {
+            Ok(answer) => answer,
+            Err(message) => panic!("request failed in Redis: {message}"),
+        }
     }
 
     fn one(&mut self, now: u128, l: &L) -> Answer {
@@ -116,7 +159,7 @@ fn run_cases(script: &mut Script, base: &L, cases: &[Case]) {
             got,
             want,
             "{} case {i}: now=T0+{}ms cost={cost}",
-            base.algorithm,
+            base.algorithm.name(),
             (now - T0) / MS
         );
     }
@@ -129,7 +172,7 @@ fn token_bucket_exhausts_refills_exactly_and_caps() {
     // 2 tokens per second (one every 500 ms), bucket of 5.
     let tb = L {
         burst: 5,
-        ..limit("rl:t:tb", "token_bucket", 2, 1000)
+        ..limit("rl:t:tb", Algorithm::TokenBucket, 2, 1000)
     };
     run_cases(
         &mut s,
@@ -157,7 +200,7 @@ fn token_bucket_fractions_and_nanoseconds() {
     // The demo policy: 10 per minute, one token every 6 s.
     let demo = L {
         burst: 2,
-        ..limit("rl:t:frac", "token_bucket", 10, 60_000)
+        ..limit("rl:t:frac", Algorithm::TokenBucket, 10, 60_000)
     };
     run_cases(
         &mut s,
@@ -172,7 +215,7 @@ fn token_bucket_fractions_and_nanoseconds() {
     // One token per nanosecond: a double holding ~1.8e18 could not tell these instants apart.
     let ns = L {
         burst: 10,
-        ..limit("rl:t:ns", "token_bucket", 1_000_000_000, 1000)
+        ..limit("rl:t:ns", Algorithm::TokenBucket, 1_000_000_000, 1000)
     };
     run_cases(
         &mut s,
@@ -191,7 +234,7 @@ fn token_bucket_ignores_a_clock_that_goes_backwards() {
     let mut s = Script::new(&redis);
     let tb = L {
         burst: 2,
-        ..limit("rl:t:back", "token_bucket", 1, 1000)
+        ..limit("rl:t:back", Algorithm::TokenBucket, 1, 1000)
     };
     run_cases(
         &mut s,
@@ -227,7 +270,7 @@ fn gcra_spaces_requests_and_allows_the_burst() {
     // 10 per second (one every 100 ms), 3 at once.
     let g = L {
         burst: 3,
-        ..limit("rl:t:gcra", "gcra", 10, 1000)
+        ..limit("rl:t:gcra", Algorithm::Gcra, 10, 1000)
     };
     run_cases(
         &mut s,
@@ -253,9 +296,9 @@ fn fixed_window_allows_a_burst_at_the_boundary_that_sliding_windows_prevent() {
     // 5 per second. 5 requests at the last millisecond of a window, 5 at the first of the next.
     let mut allowed = Vec::new();
     for (algorithm, key) in [
-        ("fixed_window", "rl:t:b-fixed"),
-        ("sliding_window_counter", "rl:t:b-counter"),
-        ("sliding_window_log", "rl:t:b-log"),
+        (Algorithm::FixedWindow, "rl:t:b-fixed"),
+        (Algorithm::SlidingWindowCounter, "rl:t:b-counter"),
+        (Algorithm::SlidingWindowLog, "rl:t:b-log"),
     ] {
         let l = limit(key, algorithm, 5, 1000);
         let mut n = 0;
@@ -269,9 +312,9 @@ fn fixed_window_allows_a_burst_at_the_boundary_that_sliding_windows_prevent() {
     assert_eq!(
         allowed,
         vec![
-            ("fixed_window", 10),
-            ("sliding_window_counter", 5),
-            ("sliding_window_log", 5)
+            (Algorithm::FixedWindow, 10),
+            (Algorithm::SlidingWindowCounter, 5),
+            (Algorithm::SlidingWindowLog, 5)
         ],
         "requests allowed within 2 ms under a limit of 5 per second"
     );
@@ -281,7 +324,7 @@ fn fixed_window_allows_a_burst_at_the_boundary_that_sliding_windows_prevent() {
 fn fixed_window_counts_per_aligned_window() {
     let (_dir, redis) = start("lua-fixed");
     let mut s = Script::new(&redis);
-    let f = limit("rl:t:fixed", "fixed_window", 3, 1000);
+    let f = limit("rl:t:fixed", Algorithm::FixedWindow, 3, 1000);
     run_cases(
         &mut s,
         &f,
@@ -300,7 +343,7 @@ fn fixed_window_counts_per_aligned_window() {
 fn sliding_window_counter_weights_the_previous_window() {
     let (_dir, redis) = start("lua-sliding-counter");
     let mut s = Script::new(&redis);
-    let c = limit("rl:t:swc", "sliding_window_counter", 10, 1000);
+    let c = limit("rl:t:swc", Algorithm::SlidingWindowCounter, 10, 1000);
     run_cases(
         &mut s,
         &c,
@@ -321,7 +364,7 @@ fn sliding_window_counter_weights_the_previous_window() {
 fn sliding_window_log_is_exact() {
     let (_dir, redis) = start("lua-sliding-log");
     let mut s = Script::new(&redis);
-    let l = limit("rl:t:swl", "sliding_window_log", 3, 1000);
+    let l = limit("rl:t:swl", Algorithm::SlidingWindowLog, 3, 1000);
     run_cases(
         &mut s,
         &l,
@@ -345,8 +388,8 @@ fn sliding_window_log_is_exact() {
 fn all_limits_or_none_are_charged() {
     let (_dir, redis) = start("lua-all-or-nothing");
     let mut s = Script::new(&redis);
-    let second = limit("rl:{k}:r:second", "token_bucket", 5, 1000);
-    let day = limit("rl:{k}:r:day", "fixed_window", 2, 86_400_000);
+    let second = limit("rl:{k}:r:second", Algorithm::TokenBucket, 5, 1000);
+    let day = limit("rl:{k}:r:day", Algorithm::FixedWindow, 2, 86_400_000);
     let both = [second.clone(), day.clone()];
     assert_eq!(s.decide(T0, &both).0, 1);
     assert_eq!(s.decide(T0, &both).0, 1);
@@ -373,10 +416,10 @@ fn all_limits_or_none_are_charged() {
 fn a_refusing_shadow_limit_neither_blocks_nor_is_charged() {
     let (_dir, redis) = start("lua-shadow");
     let mut s = Script::new(&redis);
-    let enforced = limit("rl:t:enforced", "token_bucket", 10, 1000);
+    let enforced = limit("rl:t:enforced", Algorithm::TokenBucket, 10, 1000);
     let shadow = L {
         shadow: true,
-        ..limit("rl:t:shadow", "fixed_window", 1, 1000)
+        ..limit("rl:t:shadow", Algorithm::FixedWindow, 1, 1000)
     };
     let both = [enforced, shadow];
     assert_eq!(s.decide(T0, &both).0, 1);
@@ -398,11 +441,11 @@ fn redis_clock_decides_with_redis_time() {
     let mut s = Script::new(&redis);
     let l = L {
         burst: 2,
-        ..limit("rl:t:clock", "token_bucket", 1, 86_400_000)
+        ..limit("rl:t:clock", Algorithm::TokenBucket, 1, 86_400_000)
     };
     for expected in [1, 1, 0] {
         let items = s.call("redis", std::slice::from_ref(&l)).items();
-        assert_eq!(items[0].int(), expected);
+        assert_eq!(items[1].int(), expected);
     }
     let ts: u128 = redis
         .admin()
@@ -430,22 +473,25 @@ fn state_expires_once_it_no_longer_matters() {
         (
             L {
                 burst: 5,
-                ..limit("rl:t:ttl-tb", "token_bucket", 2, 1000)
+                ..limit("rl:t:ttl-tb", Algorithm::TokenBucket, 2, 1000)
             },
             62_500,
         ),
         // TAT 100 ms ahead; + 60 s.
-        (limit("rl:t:ttl-gcra", "gcra", 10, 1000), 60_100),
+        (limit("rl:t:ttl-gcra", Algorithm::Gcra, 10, 1000), 60_100),
         // The window ends in 1 s; + 60 s.
-        (limit("rl:t:ttl-fixed", "fixed_window", 10, 1000), 61_000),
+        (
+            limit("rl:t:ttl-fixed", Algorithm::FixedWindow, 10, 1000),
+            61_000,
+        ),
         // Both windows are out of reach in 2 s; + 60 s.
         (
-            limit("rl:t:ttl-swc", "sliding_window_counter", 10, 1000),
+            limit("rl:t:ttl-swc", Algorithm::SlidingWindowCounter, 10, 1000),
             62_000,
         ),
         // The entry leaves the window in 1 s; + 60 s.
         (
-            limit("rl:t:ttl-swl", "sliding_window_log", 10, 1000),
+            limit("rl:t:ttl-swl", Algorithm::SlidingWindowLog, 10, 1000),
             61_000,
         ),
     ];
@@ -456,65 +502,176 @@ fn state_expires_once_it_no_longer_matters() {
         assert!(
             (ttl - 1000..=ttl).contains(&pttl),
             "{}: PTTL {pttl}, want about {ttl}",
-            l.algorithm
+            l.algorithm.name()
         );
     }
 }
 
 #[test]
-fn bad_arguments_are_an_error_not_a_decision() {
+fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request() {
     let (_dir, redis) = start("lua-badargs");
     let mut s = Script::new(&redis);
-    let good = limit("rl:t:bad", "token_bucket", 1, 1000);
-    let cases = [
-        ("1.5", good.clone()),
-        ("-1", good.clone()),
-        ("soon", good.clone()),
-        (
-            "1",
-            L {
-                algorithm: "leaky_bucket",
-                ..good.clone()
-            },
-        ),
-        (
-            "1",
-            L {
-                limit: 0,
-                ..good.clone()
-            },
-        ),
-        (
-            "1",
-            L {
-                window_ms: 0,
-                ..good.clone()
-            },
-        ),
-        (
-            "1",
-            L {
-                burst: 0,
-                ..good.clone()
-            },
-        ),
-    ];
-    for (clock, l) in cases {
-        match s.call(clock, std::slice::from_ref(&l)) {
+    let good = limit("rl:t:bad", Algorithm::TokenBucket, 1, 1000);
+    for clock in ["1.5", "-1", "soon"] {
+        match s.call(clock, std::slice::from_ref(&good)) {
             Resp::Error(message) => assert!(message.contains("ERR decide"), "{message}"),
-            other => panic!(
-                "clock={clock} {}: expected an error, got {other:?}",
-                l.algorithm
-            ),
+            other => panic!("clock={clock}: expected an error, got {other:?}"),
         }
     }
+    // A layout that does not add up (one argument short) fails the whole call.
+    let mut command = s.command("1", &[std::slice::from_ref(&good)]);
+    command.pop();
+    match s.conn.cmd(&command).unwrap() {
+        Resp::Error(message) => assert!(message.contains("ERR decide"), "{message}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // Bad numbers for one request's limit: that request fails, the next is decided.
+    let other = limit("rl:t:bad-other", Algorithm::Gcra, 5, 1000);
+    for bad in [
+        L {
+            limit: 0,
+            ..good.clone()
+        },
+        L {
+            window_ms: 0,
+            ..good.clone()
+        },
+        L {
+            burst: 0,
+            ..good.clone()
+        },
+    ] {
+        let answers = s.decide_batch(
+            T0,
+            &[std::slice::from_ref(&bad), std::slice::from_ref(&other)],
+        );
+        assert_eq!(
+            answers[0],
+            Err("ERR decide: bad arguments for limit 1".into())
+        );
+        assert_eq!(answers[1].as_ref().map(|a| a.0), Ok(1));
+    }
+    // An algorithm the script does not know.
+    let mut command = s.command("1", &[std::slice::from_ref(&good)]);
+    let at = command.iter().position(|a| a == "token_bucket").unwrap();
+    command[at] = "leaky_bucket".into();
+    let items = s.conn.cmd(&command).unwrap().items();
+    assert_eq!((items[0].int(), items[1].int()), (1, -1));
+    assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
+}
+
+#[test]
+fn a_batch_decides_in_order_exactly_as_one_call_per_request() {
+    let (_dir, redis) = start("lua-batch-order");
+    let mut s = Script::new(&redis);
+    // The same 14 requests on two fresh keys: one batch, and one call each.
+    let batched = L {
+        burst: 10,
+        ..limit("rl:t:batched", Algorithm::TokenBucket, 10, 60_000)
+    };
+    let single = L {
+        key: "rl:t:single",
+        ..batched.clone()
+    };
+    let costs = [1, 3, 1, 1, 4, 1, 2, 1, 1, 5, 1, 1, 1, 1];
+    let requests: Vec<Vec<L>> = costs
+        .iter()
+        .map(|&cost| {
+            vec![L {
+                cost,
+                ..batched.clone()
+            }]
+        })
+        .collect();
+    let refs: Vec<&[L]> = requests.iter().map(Vec::as_slice).collect();
+    let in_batch: Vec<(i64, Vec<Answer>)> = s
+        .decide_batch(T0, &refs)
+        .into_iter()
+        .map(|a| a.unwrap())
+        .collect();
+    let one_by_one: Vec<(i64, Vec<Answer>)> = costs
+        .iter()
+        .map(|&cost| {
+            s.decide(
+                T0,
+                &[L {
+                    cost,
+                    ..single.clone()
+                }],
+            )
+        })
+        .collect();
+    assert_eq!(in_batch, one_by_one);
+    let allowed: Vec<i64> = in_batch.iter().map(|a| a.0).collect();
+    assert_eq!(
+        allowed,
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        "10 tokens, in arrival order"
+    );
+    let mut admin = redis.admin();
+    let state =
+        |admin: &mut e2e::RedisConn, key: &str| admin.cmd(&["HGET", key, "tokens"]).unwrap().text();
+    assert_eq!(
+        state(&mut admin, "rl:t:batched"),
+        state(&mut admin, "rl:t:single")
+    );
+}
+
+#[test]
+fn in_a_batch_each_request_is_all_or_nothing_over_its_own_limits() {
+    let (_dir, redis) = start("lua-batch-atomic");
+    let mut s = Script::new(&redis);
+    let second = limit("rl:{k}:r:second", Algorithm::TokenBucket, 5, 1000);
+    let day = limit("rl:{k}:r:day", Algorithm::FixedWindow, 1, 86_400_000);
+    let both = [second.clone(), day.clone()];
+    let answers = s.decide_batch(T0, &[&both, &both, std::slice::from_ref(&second)]);
+    let committed: Vec<i64> = answers.iter().map(|a| a.as_ref().unwrap().0).collect();
+    assert_eq!(committed, [1, 0, 1]);
+    // The second request was refused by the day limit and did not charge the second's bucket:
+    // the third sees 5 - 1 - 1 = 3 left.
+    assert_eq!(
+        answers[1].as_ref().unwrap().1[0].1,
+        "4",
+        "uncharged: 4 left as before"
+    );
+    assert_eq!(answers[2].as_ref().unwrap().1[0].1, "3");
+}
+
+#[test]
+fn a_redis_error_in_one_request_leaves_the_others_decided() {
+    let (_dir, redis) = start("lua-batch-error");
+    let mut s = Script::new(&redis);
+    // A key holding another type (a limit whose algorithm changed): WRONGTYPE for that one.
+    let mut admin = redis.admin();
+    admin.cmd(&["ZADD", "rl:t:wrong", "1", "x"]).unwrap();
+    let wrong = limit("rl:t:wrong", Algorithm::TokenBucket, 5, 1000);
+    let fine = limit("rl:t:fine", Algorithm::TokenBucket, 5, 1000);
+    let answers = s.decide_batch(
+        T0,
+        &[
+            std::slice::from_ref(&fine),
+            &[fine.clone(), wrong],
+            std::slice::from_ref(&fine),
+        ],
+    );
+    assert_eq!(answers[0].as_ref().unwrap().1[0].1, "4");
+    let error = answers[1].as_ref().unwrap_err();
+    assert!(error.starts_with("WRONGTYPE"), "{error}");
+    assert_eq!(
+        answers[2].as_ref().unwrap().1[0].1,
+        "3",
+        "the failed one charged nothing"
+    );
 }
 
 #[test]
 fn the_restricted_user_can_touch_only_limiter_keys() {
     let (_dir, redis) = start("lua-acl");
     let mut s = Script::new(&redis);
-    match s.call("1", &[limit("not-a-limiter-key", "token_bucket", 1, 1000)]) {
+    match s.call(
+        "1",
+        &[limit("not-a-limiter-key", Algorithm::TokenBucket, 1, 1000)],
+    ) {
         Resp::Error(message) => assert!(message.starts_with("NOPERM"), "{message}"),
         other => panic!("expected NOPERM, got {other:?}"),
     }

@@ -1,11 +1,12 @@
 //! Talking to Webdis: the requests the filter sends and what their replies mean.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::Value;
 
 use crate::config::Bridge;
-use crate::encode::path_segment;
+use crate::encode::{path_segment, path_segment_len};
 use crate::plan::LimitCheck;
 
 /// One HTTP call to Webdis.
@@ -16,27 +17,74 @@ pub struct BridgeRequest {
     pub body: Option<Vec<u8>>,
 }
 
-impl BridgeRequest {
-    /// One `EVALSHA` of the decision script for all of a request's checks. `clock` is the
-    /// Unix time in ns, or `"redis"` for Redis's own clock. Every segment is percent-encoded:
-    /// no value can add, move or change an argument.
-    pub fn evalsha(script_sha: &str, clock: &str, checks: &[LimitCheck]) -> BridgeRequest {
-        let mut args: Vec<String> = Vec::with_capacity(4 + 7 * checks.len());
-        args.push(script_sha.to_string());
-        args.push(checks.len().to_string());
-        args.extend(checks.iter().map(|c| c.key.clone()));
-        args.push(clock.to_string());
-        args.push(checks.len().to_string());
-        for c in checks {
-            args.push(c.algorithm.name().to_string());
-            args.push(c.per_window.to_string());
-            args.push(c.window_ms.to_string());
-            args.push(c.burst.to_string());
-            args.push(c.cost.to_string());
-            args.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
+/// The arguments of one call of the decision script for a batch of requests, in the layout
+/// `lua/decide.lua` reads. Built here and nowhere else: the filter and the Lua tests use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecideCall {
+    /// The distinct state keys of the batch (`KEYS`); a hot key is sent once.
+    pub keys: Vec<String>,
+    /// `ARGV`: clock, number of requests, then per request its number of limits and seven
+    /// values per limit (key index, algorithm, limit, window ms, burst, cost, mode).
+    pub args: Vec<String>,
+}
+
+impl DecideCall {
+    /// `clock` is the Unix time in ns, or `"redis"` for Redis's own clock.
+    pub fn new<'a>(clock: &str, requests: impl IntoIterator<Item = &'a [LimitCheck]>) -> Self {
+        let mut keys: Vec<String> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        let mut args = vec![clock.to_string(), String::new()];
+        let mut count = 0usize;
+        for checks in requests {
+            count += 1;
+            args.push(checks.len().to_string());
+            for c in checks {
+                let k = *index.entry(&c.key).or_insert_with(|| {
+                    keys.push(c.key.clone());
+                    keys.len()
+                });
+                args.push(k.to_string());
+                args.push(c.algorithm.name().to_string());
+                args.push(c.per_window.to_string());
+                args.push(c.window_ms.to_string());
+                args.push(c.burst.to_string());
+                args.push(c.cost.to_string());
+                args.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
+            }
         }
-        let mut path = String::from("/EVALSHA");
-        for arg in &args {
+        args[1] = count.to_string();
+        DecideCall { keys, args }
+    }
+
+    /// The Redis command: `EVALSHA sha numkeys KEYS... ARGV...`.
+    pub fn command(&self, script_sha: &str) -> Vec<String> {
+        let mut command = Vec::with_capacity(3 + self.keys.len() + self.args.len());
+        command.push("EVALSHA".to_string());
+        command.push(script_sha.to_string());
+        command.push(self.keys.len().to_string());
+        command.extend(self.keys.iter().cloned());
+        command.extend(self.args.iter().cloned());
+        command
+    }
+}
+
+/// An upper bound of the bytes a request's checks add to a call's path (keys counted as if
+/// none were shared), so a batch can stop before it outgrows what Webdis accepts.
+pub fn call_bytes(checks: &[LimitCheck]) -> usize {
+    // Per limit: the key index, algorithm, four numbers and the mode, with their separators.
+    const ARGUMENTS_PER_LIMIT: usize = 7 * 21 + 8;
+    4 + checks
+        .iter()
+        .map(|c| 1 + path_segment_len(c.key.as_bytes()) + ARGUMENTS_PER_LIMIT)
+        .sum::<usize>()
+}
+
+impl BridgeRequest {
+    /// One `EVALSHA` of the decision script. Every segment is percent-encoded: no value can
+    /// add, move or change an argument.
+    pub fn evalsha(script_sha: &str, call: &DecideCall) -> BridgeRequest {
+        let mut path = String::new();
+        for arg in call.command(script_sha) {
             path.push('/');
             path.push_str(&path_segment(arg.as_bytes()));
         }
@@ -118,6 +166,8 @@ pub enum BridgeFailure {
     Dispatch(String),
     /// The host could not tell the time.
     Clock,
+    /// The request's timeout passed while it waited for a call.
+    Expired,
 }
 
 impl fmt::Display for BridgeFailure {
@@ -133,6 +183,7 @@ impl fmt::Display for BridgeFailure {
             BridgeFailure::BadReply(why) => write!(f, "unreadable bridge reply: {why}"),
             BridgeFailure::Dispatch(why) => write!(f, "could not call the bridge: {why}"),
             BridgeFailure::Clock => write!(f, "host clock unavailable"),
+            BridgeFailure::Expired => write!(f, "timed out waiting for a bridge call"),
         }
     }
 }
@@ -140,19 +191,29 @@ impl fmt::Display for BridgeFailure {
 /// What an `EVALSHA` reply says.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EvalOutcome {
-    Decided(Decision),
+    /// One entry per request of the batch, in order: its decision, or why Redis could not
+    /// decide that request alone.
+    Decided(Vec<Result<Decision, BridgeFailure>>),
     /// Redis does not have the script (it restarted): load it and retry.
     NoScript,
 }
 
 const MAX_ERROR_TEXT: usize = 200;
 
-/// Reads the reply to an `EVALSHA` of `expected` limits:
-/// `{"EVALSHA":[committed, n, allowed_1, "remaining_1", "reset_1", "retry_1", ...]}`,
-/// or an error in a 200 body.
+fn shown_error(message: &str) -> String {
+    let mut shown: String = message.chars().take(MAX_ERROR_TEXT).collect();
+    if shown.len() < message.len() {
+        shown.push('…');
+    }
+    shown
+}
+
+/// Reads the reply to an `EVALSHA` of a batch whose requests carry `shape[i]` limits each:
+/// `{"EVALSHA":[R, then per request committed, n, (allowed, "remaining", "reset", "retry") × n,
+/// or -1, "error"]}`, or an error for the whole call in a 200 body.
 pub fn parse_eval_reply(
     reply: BridgeReply<'_>,
-    expected: usize,
+    shape: &[usize],
 ) -> Result<EvalOutcome, BridgeFailure> {
     let items = command_result(reply, "EVALSHA")?;
     let items = items
@@ -162,23 +223,55 @@ pub fn parse_eval_reply(
         if message.starts_with("NOSCRIPT") {
             return Ok(EvalOutcome::NoScript);
         }
-        let mut shown: String = message.chars().take(MAX_ERROR_TEXT).collect();
-        if shown.len() < message.len() {
-            shown.push('…');
-        }
-        return Err(BridgeFailure::Redis(shown));
+        return Err(BridgeFailure::Redis(shown_error(message)));
     }
-    let [committed, count, rest @ ..] = items.as_slice() else {
+    let Some((count, mut rest)) = items.split_first() else {
         return Err(BridgeFailure::BadReply("EVALSHA result is too short"));
     };
-    let allowed = flag(committed).ok_or(BridgeFailure::BadReply("decision flag is not 0 or 1"))?;
-    if count.as_u64() != Some(expected as u64) || rest.len() != 4 * expected {
+    if count.as_u64() != Some(shape.len() as u64) {
+        return Err(BridgeFailure::BadReply(
+            "EVALSHA result has the wrong number of requests",
+        ));
+    }
+    let mut decisions = Vec::with_capacity(shape.len());
+    for &expected in shape {
+        let (decision, after) = parse_request(rest, expected)?;
+        decisions.push(decision);
+        rest = after;
+    }
+    if !rest.is_empty() {
+        return Err(BridgeFailure::BadReply("EVALSHA result is too long"));
+    }
+    Ok(EvalOutcome::Decided(decisions))
+}
+
+/// One request's part of a batch reply, and what follows it.
+fn parse_request(
+    items: &[Value],
+    expected: usize,
+) -> Result<(Result<Decision, BridgeFailure>, &[Value]), BridgeFailure> {
+    let too_short = BridgeFailure::BadReply("EVALSHA result is too short");
+    let [status, second, rest @ ..] = items else {
+        return Err(too_short);
+    };
+    if status.as_i64() == Some(-1) {
+        let message = second
+            .as_str()
+            .ok_or(BridgeFailure::BadReply("request error is not a text"))?;
+        return Ok((Err(BridgeFailure::Redis(shown_error(message))), rest));
+    }
+    let allowed = flag(status).ok_or(BridgeFailure::BadReply("decision flag is not 0 or 1"))?;
+    if second.as_u64() != Some(expected as u64) {
         return Err(BridgeFailure::BadReply(
             "EVALSHA result has the wrong number of limits",
         ));
     }
+    if rest.len() < 4 * expected {
+        return Err(too_short);
+    }
+    let (values, rest) = rest.split_at(4 * expected);
     let mut limits = Vec::with_capacity(expected);
-    for chunk in rest.chunks_exact(4) {
+    for chunk in values.chunks_exact(4) {
         limits.push(LimitResult {
             allowed: flag(&chunk[0])
                 .ok_or(BridgeFailure::BadReply("allowed flag is not 0 or 1"))?,
@@ -190,7 +283,7 @@ pub fn parse_eval_reply(
                 .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
         });
     }
-    Ok(EvalOutcome::Decided(Decision { allowed, limits }))
+    Ok((Ok(Decision { allowed, limits }), rest))
 }
 
 fn flag(value: &Value) -> Option<bool> {
@@ -212,9 +305,9 @@ pub fn parse_script_load_reply(
             "SCRIPT LOAD returned another script's hash",
         )),
         Value::Array(items) => match items.as_slice() {
-            [Value::Bool(false), Value::String(message)] => Err(BridgeFailure::Redis(
-                message.chars().take(MAX_ERROR_TEXT).collect(),
-            )),
+            [Value::Bool(false), Value::String(message)] => {
+                Err(BridgeFailure::Redis(shown_error(message)))
+            }
             _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
         },
         _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
@@ -279,11 +372,14 @@ mod tests {
 
     #[test]
     fn evalsha_path_has_exactly_the_arguments_in_order() {
-        let checks = [
+        let first = [
             check("rl:{k:1}:api:second", Algorithm::TokenBucket, false),
             check("rl:{k:1}:api:day", Algorithm::FixedWindow, true),
         ];
-        let req = BridgeRequest::evalsha("abc123", "1764489269123456789", &checks);
+        // A second request on the same per-second key: the key is sent once.
+        let second = [check("rl:{k:1}:api:second", Algorithm::TokenBucket, false)];
+        let call = DecideCall::new("1764489269123456789", [&first[..], &second[..]]);
+        let req = BridgeRequest::evalsha("abc123", &call);
         let segments: Vec<&str> = req.path.split('/').collect();
         assert_eq!(
             segments,
@@ -296,22 +392,61 @@ mod tests {
                 "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
                 "1764489269123456789",
                 "2",
+                "2",
+                "1",
                 "token_bucket",
                 "10",
                 "60000",
                 "20",
                 "1",
                 "enforce",
+                "2",
                 "fixed_window",
                 "10",
                 "60000",
                 "20",
                 "1",
                 "shadow",
+                "1",
+                "1",
+                "token_bucket",
+                "10",
+                "60000",
+                "20",
+                "1",
+                "enforce",
             ]
         );
         assert_eq!(req.method, "GET");
-        assert_eq!(req.body, None);
+        assert!(req.body.is_none());
+        assert_eq!(
+            call.command("abc123")[..4],
+            ["EVALSHA", "abc123", "2", "rl:{k:1}:api:second"]
+        );
+    }
+
+    #[test]
+    fn call_bytes_bound_the_path() {
+        let checks: Vec<LimitCheck> = (0..5)
+            .map(|i| {
+                let mut c = check("rl:{k:1}:api:x", Algorithm::Gcra, i % 2 == 0);
+                c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}");
+                c.per_window = u64::MAX;
+                c.burst = u64::MAX;
+                c.window_ms = u64::MAX;
+                c.cost = u64::MAX;
+                c
+            })
+            .collect();
+        let call = DecideCall::new("redis", [&checks[..]]);
+        let path = BridgeRequest::evalsha("", &call).path;
+        let fixed = "/EVALSHA//5/redis/1".len();
+        assert!(
+            path.len() <= fixed + call_bytes(&checks),
+            "{} > {}",
+            path.len(),
+            fixed + call_bytes(&checks)
+        );
     }
 
     #[test]
@@ -321,8 +456,8 @@ mod tests {
             Algorithm::Gcra,
             false,
         )];
-        let req = BridgeRequest::evalsha("sha", "redis", &checks);
-        assert_eq!(req.path.split('/').count(), 13);
+        let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", [&checks[..]]));
+        assert_eq!(req.path.split('/').count(), 15);
         assert!(!req.path.contains(".json"));
     }
 
@@ -354,26 +489,31 @@ mod tests {
     fn decisions_are_read() {
         assert_eq!(
             parse_eval_reply(
-                ok(r#"{"EVALSHA":[1,2,1,"4","6000","0",0,"0.25","59000","4500"]}"#),
-                2
+                ok(
+                    r#"{"EVALSHA":[2,1,2,1,"4","6000","0",0,"0.25","59000","4500",-1,"ERR decide: bad"]}"#
+                ),
+                &[2, 1]
             ),
-            Ok(EvalOutcome::Decided(Decision {
-                allowed: true,
-                limits: vec![
-                    LimitResult {
-                        allowed: true,
-                        remaining: 4.0,
-                        reset_ms: 6000.0,
-                        retry_ms: 0.0
-                    },
-                    LimitResult {
-                        allowed: false,
-                        remaining: 0.25,
-                        reset_ms: 59000.0,
-                        retry_ms: 4500.0
-                    },
-                ]
-            }))
+            Ok(EvalOutcome::Decided(vec![
+                Ok(Decision {
+                    allowed: true,
+                    limits: vec![
+                        LimitResult {
+                            allowed: true,
+                            remaining: 4.0,
+                            reset_ms: 6000.0,
+                            retry_ms: 0.0
+                        },
+                        LimitResult {
+                            allowed: false,
+                            remaining: 0.25,
+                            reset_ms: 59000.0,
+                            retry_ms: 4500.0
+                        },
+                    ]
+                }),
+                Err(BridgeFailure::Redis("ERR decide: bad".into()))
+            ]))
         );
     }
 
@@ -382,7 +522,7 @@ mod tests {
         assert_eq!(
             parse_eval_reply(
                 ok(r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#),
-                1
+                &[1]
             ),
             Ok(EvalOutcome::NoScript)
         );
@@ -428,7 +568,7 @@ mod tests {
             (ok(""), BridgeFailure::BadReply("body is not JSON")),
             (ok("<html>"), BridgeFailure::BadReply("body is not JSON")),
             (
-                ok(r#"{"EVALSHA":[1,"4""#),
+                ok(r#"{"EVALSHA":[1,1,"4""#),
                 BridgeFailure::BadReply("body is not JSON"),
             ),
             (
@@ -444,55 +584,71 @@ mod tests {
                 BridgeFailure::BadReply("EVALSHA result is not an array"),
             ),
             (
+                ok(r#"{"EVALSHA":[]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too short"),
+            ),
+            (
                 ok(r#"{"EVALSHA":[1]}"#),
                 BridgeFailure::BadReply("EVALSHA result is too short"),
             ),
             (
-                ok(r#"{"EVALSHA":[2,1,1,"4","0","0"]}"#),
+                ok(r#"{"EVALSHA":[2,1,1,1,"4","0","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result has the wrong number of requests"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"4","0","0",1]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too long"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,-1,7]}"#),
+                BridgeFailure::BadReply("request error is not a text"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,2,1,1,"4","0","0"]}"#),
                 BridgeFailure::BadReply("decision flag is not 0 or 1"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,2,1,"4","0","0"]}"#),
+                ok(r#"{"EVALSHA":[1,1,2,1,"4","0","0"]}"#),
                 BridgeFailure::BadReply("EVALSHA result has the wrong number of limits"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,1,"4","0"]}"#),
-                BridgeFailure::BadReply("EVALSHA result has the wrong number of limits"),
+                ok(r#"{"EVALSHA":[1,1,1,1,"4","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too short"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,true,"4","0","0"]}"#),
+                ok(r#"{"EVALSHA":[1,1,1,true,"4","0","0"]}"#),
                 BridgeFailure::BadReply("allowed flag is not 0 or 1"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,1,"four","0","0"]}"#),
+                ok(r#"{"EVALSHA":[1,1,1,1,"four","0","0"]}"#),
                 BridgeFailure::BadReply("remaining is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,1,"-1","0","0"]}"#),
+                ok(r#"{"EVALSHA":[1,1,1,1,"-1","0","0"]}"#),
                 BridgeFailure::BadReply("remaining is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,1,"inf","0","0"]}"#),
+                ok(r#"{"EVALSHA":[1,1,1,1,"inf","0","0"]}"#),
                 BridgeFailure::BadReply("remaining is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,1,"1",null,"0"]}"#),
+                ok(r#"{"EVALSHA":[1,1,1,1,"1",null,"0"]}"#),
                 BridgeFailure::BadReply("reset is not a number >= 0"),
             ),
             (
-                ok(r#"{"EVALSHA":[0,1,0,"0","0",{}]}"#),
+                ok(r#"{"EVALSHA":[1,0,1,0,"0","0",{}]}"#),
                 BridgeFailure::BadReply("retry-after is not a number >= 0"),
             ),
         ];
         for (reply, want) in cases {
             assert_eq!(
-                parse_eval_reply(reply, 1),
+                parse_eval_reply(reply, &[1]),
                 Err(want),
                 "{:?}",
                 String::from_utf8_lossy(reply.body)
             );
         }
-        match parse_eval_reply(ok(&long_error), 1) {
+        match parse_eval_reply(ok(&long_error), &[1]) {
             Err(BridgeFailure::Redis(shown)) => {
                 assert_eq!(shown.chars().count(), MAX_ERROR_TEXT + 1)
             }

@@ -119,9 +119,35 @@ pub struct Config {
     pub headers: HeaderMode,
     pub deny_body: DenyBody,
     pub rules: Vec<Rule>,
+    pub batch: Batch,
+    /// Refused keys a worker remembers until they could fit; 0 turns the deny cache off.
+    pub deny_cache_entries: usize,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
 }
+
+/// How a worker groups decisions into bridge calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Requests one call decides at most.
+    pub max_requests: usize,
+    /// Calls one worker has in flight at most; requests wait for a free one.
+    pub max_in_flight: usize,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            max_requests: 64,
+            max_in_flight: 1,
+        }
+    }
+}
+
+pub const DEFAULT_DENY_CACHE_ENTRIES: usize = 10_000;
+const MAX_BATCH_REQUESTS: u64 = 256;
+const MAX_IN_FLIGHT: u64 = 8;
+const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bridge {
@@ -286,7 +312,24 @@ struct RawConfig {
     headers: HeaderMode,
     #[serde(default)]
     deny_body: DenyBody,
+    #[serde(default)]
+    batch: RawBatch,
+    /// `false`, `true`, or `{"max_entries": N}`.
+    deny_cache: Option<Value>,
     rules: Vec<RawRule>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBatch {
+    max_requests: Option<u64>,
+    max_in_flight: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDenyCache {
+    max_entries: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -513,6 +556,8 @@ impl RawConfig {
             headers: self.headers,
             deny_body: self.deny_body,
             rules,
+            batch: self.batch.validate()?,
+            deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
         })
     }
@@ -567,6 +612,54 @@ impl RawBridge {
             },
             timeout,
         ))
+    }
+}
+
+impl RawBatch {
+    fn validate(self) -> Result<Batch, ConfigError> {
+        let default = Batch::default();
+        let bounded = |value: Option<u64>, default: usize, max: u64, field: &str| match value {
+            None => Ok(default),
+            Some(n) if (1..=max).contains(&n) => Ok(n as usize),
+            Some(_) => Err(invalid(field, format!("must be between 1 and {max}"))),
+        };
+        Ok(Batch {
+            max_requests: bounded(
+                self.max_requests,
+                default.max_requests,
+                MAX_BATCH_REQUESTS,
+                "batch.max_requests",
+            )?,
+            max_in_flight: bounded(
+                self.max_in_flight,
+                default.max_in_flight,
+                MAX_IN_FLIGHT,
+                "batch.max_in_flight",
+            )?,
+        })
+    }
+}
+
+fn validate_deny_cache(value: Option<Value>) -> Result<usize, ConfigError> {
+    let raw = match value {
+        None | Some(Value::Bool(true)) => return Ok(DEFAULT_DENY_CACHE_ENTRIES),
+        Some(Value::Bool(false)) => return Ok(0),
+        Some(value @ Value::Object(_)) => serde_json::from_value::<RawDenyCache>(value)
+            .map_err(|e| invalid("deny_cache", e.to_string()))?,
+        Some(_) => {
+            return Err(invalid(
+                "deny_cache",
+                "must be true, false or {\"max_entries\": N}",
+            ))
+        }
+    };
+    match raw.max_entries {
+        None => Ok(DEFAULT_DENY_CACHE_ENTRIES),
+        Some(n) if n <= MAX_DENY_CACHE_ENTRIES => Ok(n as usize),
+        Some(_) => Err(invalid(
+            "deny_cache.max_entries",
+            "must be between 0 and 1000000",
+        )),
     }
 }
 
@@ -950,6 +1043,14 @@ mod tests {
         );
         assert_eq!(c.headers, HeaderMode::XRateLimit);
         assert_eq!(c.deny_body, DenyBody::Text);
+        assert_eq!(
+            c.batch,
+            Batch {
+                max_requests: 64,
+                max_in_flight: 1
+            }
+        );
+        assert_eq!(c.deny_cache_entries, 10_000);
         let rule = &c.rules[0];
         assert_eq!(rule.matcher, Match::default());
         assert_eq!(
@@ -1076,6 +1177,25 @@ mod tests {
 
     /// One bad config per case, with the exact message the operator sees.
     #[test]
+    fn batch_and_deny_cache_settings() {
+        let with = |extra: &str| {
+            let json = format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}], {extra}}}"#);
+            Config::parse(json.as_bytes()).unwrap()
+        };
+        let c = with(r#""batch": {"max_requests": 256, "max_in_flight": 8}, "deny_cache": false"#);
+        assert_eq!((c.batch.max_requests, c.batch.max_in_flight), (256, 8));
+        assert_eq!(c.deny_cache_entries, 0);
+        assert_eq!(with(r#""deny_cache": true"#).deny_cache_entries, 10_000);
+        assert_eq!(with(r#""deny_cache": {}"#).deny_cache_entries, 10_000);
+        let c = with(r#""deny_cache": {"max_entries": 0}, "batch": {"max_requests": 1}"#);
+        assert_eq!((c.deny_cache_entries, c.batch.max_requests), (0, 1));
+        assert_eq!(
+            with(r#""deny_cache": {"max_entries": 1000000}"#).deny_cache_entries,
+            1_000_000
+        );
+    }
+
+    #[test]
     fn bad_configs_name_the_field() {
         let rule =
             |extra: &str| with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}]{extra}}}"#));
@@ -1091,7 +1211,15 @@ mod tests {
             ("[]".into(), "the configuration must be a JSON object"),
             ("{}".into(), "rules: is required"),
             (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
-            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `rules`"),
+            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `rules`"),
+            (top(r#", "batch": {"max_requests": 0}"#), "batch.max_requests: must be between 1 and 256"),
+            (top(r#", "batch": {"max_requests": 257}"#), "batch.max_requests: must be between 1 and 256"),
+            (top(r#", "batch": {"max_in_flight": 9}"#), "batch.max_in_flight: must be between 1 and 8"),
+            (top(r#", "batch": {"max_in_flight": -1}"#), "batch.max_in_flight: invalid value: integer `-1`, expected u64"),
+            (top(r#", "batch": {"size": 3}"#), "batch.size: unknown field `size`, expected `max_requests` or `max_in_flight`"),
+            (top(r#", "deny_cache": {"max_entries": 1000001}"#), "deny_cache.max_entries: must be between 0 and 1000000"),
+            (top(r#", "deny_cache": {"entries": 5}"#), "deny_cache: unknown field `entries`, expected `max_entries`"),
+            (top(r#", "deny_cache": "on""#), "deny_cache: must be true, false or {\"max_entries\": N}"),
             (top(r#", "failure_mode": "sometimes""#), "failure_mode: unknown variant `sometimes`, expected `open` or `closed`"),
             (top(r#", "clock": "ntp""#), "clock: unknown variant `ntp`, expected `proxy` or `redis`"),
             (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `none`"),

@@ -22,6 +22,20 @@ pub fn path_segment(value: &[u8]) -> String {
     out
 }
 
+/// The length of `path_segment(value)`, without building it.
+pub fn path_segment_len(value: &[u8]) -> usize {
+    value
+        .iter()
+        .map(|&b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
+                1
+            } else {
+                3
+            }
+        })
+        .sum()
+}
+
 /// Standard base64 with padding (RFC 4648), for the `Authorization: Basic` header.
 pub fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -1,12 +1,15 @@
 //! The decision logic of the rate-limit filter, free of proxy-wasm so it can be tested natively,
-//! under wasm-bindgen-test and with a fake host. The adapter in `ratelimit-filter` only carries
-//! out what [`flow::RequestFlow`] asks of its [`flow::Host`].
+//! under wasm-bindgen-test and with a fake host. The adapter in `ratelimit-filter` only routes
+//! Envoy's callbacks to the worker's [`engine::Engine`] and carries out what it asks of its
+//! [`engine::Host`].
 
 pub mod bridge;
 pub mod config;
+pub mod deny_cache;
 pub mod encode;
-pub mod flow;
+pub mod engine;
 pub mod identity;
+pub mod metrics;
 pub mod plan;
 pub mod response;
 pub mod sha1;
@@ -27,6 +30,7 @@ pub const DECISION_LUA: &str = concat!(
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};
-pub use flow::{Counter, Host, RequestFlow, Verdict};
+pub use engine::{Engine, Host, Verdict};
 pub use identity::RequestView;
+pub use metrics::{Counter, Histogram};
 pub use throttle::LogThrottle;

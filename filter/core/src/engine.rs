@@ -1,0 +1,1237 @@
+//! One decision engine per worker (per wasm VM, owned by the root context). Request contexts
+//! hand it their plans; it answers what it can at once (a bad request, a refusal it already
+//! knows from the deny cache) and queues the rest. Whatever waits while a call is in flight
+//! goes together in the next call (group commit, no timer: a request that finds the worker
+//! idle is sent at once), and one `EVALSHA` decides the whole batch, each request all or
+//! nothing over its own limits, in arrival order.
+//!
+//! Calls are started from the root context (through [`Host::wake`]), so their replies come to
+//! the root and are never lost with the stream of whichever request happened to start them.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use crate::bridge::{
+    call_bytes, parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply,
+    BridgeRequest, DecideCall, Decision, EvalOutcome, LimitResult,
+};
+use crate::config::{Bridge, Clock, Config, FailureMode};
+use crate::deny_cache::{DenyCache, Refusal};
+use crate::identity::RequestView;
+use crate::metrics::{Counter, Histogram};
+use crate::plan::{plan, LimitCheck, Plan};
+use crate::response::{self, Headers, LocalResponse};
+
+/// A call's path stays under this many bytes (Webdis's shipped `http_max_request_size` is
+/// 64 KiB); a batch stops growing before it would pass it. A single request always goes.
+pub const MAX_CALL_BYTES: usize = 32 * 1024;
+
+/// What the engine needs from its host (Envoy through proxy-wasm, or a fake in tests).
+pub trait Host {
+    /// Unix time in nanoseconds.
+    fn now_unix_ns(&self) -> Option<u128>;
+    /// Starts an HTTP call to the bridge; its reply comes to [`Engine::on_reply`] with the
+    /// returned token.
+    fn dispatch(
+        &mut self,
+        bridge: &Bridge,
+        request: &BridgeRequest,
+        timeout: Duration,
+    ) -> Result<u32, String>;
+    /// Asks for [`Engine::on_wakeup`] soon, from the worker's root context. False if it cannot.
+    fn wake(&mut self) -> bool;
+    /// Lets the paused request `ctx` go on upstream. False if that stream is gone.
+    fn resume(&mut self, ctx: u32) -> bool;
+    /// Answers request `ctx` locally. False if that stream is gone.
+    fn answer(&mut self, ctx: u32, response: LocalResponse) -> bool;
+    fn count(&mut self, counter: Counter);
+    fn record(&mut self, histogram: Histogram, value: u64);
+    /// How many times any worker of this Envoy saw Redis lose its scripts (a restart);
+    /// `bump` counts one more first. None if the host cannot share it.
+    fn redis_restarts(&mut self, bump: bool) -> Option<u64>;
+    /// A bridge failure the failure policy handled; the host logs it (rate-limited).
+    fn report_failure(&mut self, failure: &BridgeFailure);
+}
+
+/// What the host should do with the request headers it is processing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    Pause,
+}
+
+/// A request waiting for a call, or in one.
+#[derive(Debug)]
+struct Waiting {
+    ctx: u32,
+    plan: Plan,
+    arrived_ns: u128,
+}
+
+impl Waiting {
+    fn deadline_ns(&self) -> u128 {
+        self.arrived_ns.saturating_add(self.plan.timeout.as_nanos())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for the `EVALSHA` reply; `reloaded` once the script was loaded for this call.
+    Deciding { reloaded: bool },
+    /// Redis had lost the script; waiting for `SCRIPT LOAD`, then the same call goes again.
+    LoadingScript,
+}
+
+#[derive(Debug)]
+struct Call {
+    token: u32,
+    stage: Stage,
+    /// The decision call, kept to send again after a script load.
+    eval: BridgeRequest,
+    members: Vec<Waiting>,
+    /// The clock the script decides with (Unix ns): the instant the call was first sent.
+    sent_ns: u128,
+}
+
+enum Outcome {
+    Decided(Decision),
+    Failed(BridgeFailure),
+}
+
+/// What the one place that maps outcomes decided for a request.
+enum Conclusion {
+    Resume(Headers),
+    Answer(LocalResponse),
+}
+
+/// The request whose own callback is running: its verdict is returned, not resumed.
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    ctx: u32,
+    verdict: Option<Verdict>,
+}
+
+#[derive(Debug, Default)]
+pub struct Engine {
+    waiting: VecDeque<Waiting>,
+    in_flight: Vec<Call>,
+    wake_pending: bool,
+    deny_cache: DenyCache,
+    /// Rate-limit headers for allowed requests, until their response headers pass.
+    headers: HashMap<u32, Headers>,
+    current: Option<Current>,
+    /// Redis restarts (seen by any worker) this worker's deny cache is up to date with.
+    restarts_seen: u64,
+}
+
+impl Engine {
+    /// A new engine for `config` (a new configuration starts with an empty deny cache).
+    pub fn new(config: &Config) -> Self {
+        Engine {
+            deny_cache: DenyCache::new(config.deny_cache_entries),
+            ..Default::default()
+        }
+    }
+
+    /// Requests waiting for a call, and calls in flight (for tests and logs).
+    pub fn load(&self) -> (usize, usize) {
+        (self.waiting.len(), self.in_flight.len())
+    }
+
+    /// Request headers of `ctx` arrived (its own callback is running).
+    pub fn on_request(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        ctx: u32,
+        view: &dyn RequestView,
+    ) -> Verdict {
+        self.current = Some(Current { ctx, verdict: None });
+        self.admit(config, host, ctx, view);
+        let verdict = self.current.take().and_then(|c| c.verdict);
+        verdict.unwrap_or(Verdict::Pause)
+    }
+
+    fn admit(&mut self, config: &Config, host: &mut impl Host, ctx: u32, view: &dyn RequestView) {
+        let plan = match plan(config, view) {
+            Ok(plan) => plan,
+            Err(bad) => {
+                host.count(Counter::BadRequests);
+                self.deliver(
+                    host,
+                    ctx,
+                    Conclusion::Answer(response::bad_request(&bad.0)),
+                    0,
+                );
+                return;
+            }
+        };
+        if plan.checks.is_empty() {
+            self.deliver(host, ctx, Conclusion::Resume(Headers::new()), 0);
+            return;
+        }
+        let Some(now) = host.now_unix_ns() else {
+            let conclusion = self.conclude(
+                config,
+                host,
+                &plan,
+                Outcome::Failed(BridgeFailure::Clock),
+                0,
+            );
+            self.deliver(host, ctx, conclusion, 0);
+            return;
+        };
+        if let Some(refusal) = self.cached_refusal(config, host, &plan, now) {
+            self.deliver(host, ctx, Conclusion::Answer(refusal), now);
+            return;
+        }
+        self.waiting.push_back(Waiting {
+            ctx,
+            plan,
+            arrived_ns: now,
+        });
+        if self.in_flight.len() < config.batch.max_in_flight && !self.wake_pending {
+            if host.wake() {
+                self.wake_pending = true;
+            } else {
+                // No way to reach the root: send from here rather than not at all.
+                self.dispatch_ready(config, host);
+            }
+        }
+    }
+
+    /// The wake-up asked for with [`Host::wake`] (the root context is running).
+    pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
+        self.wake_pending = false;
+        self.dispatch_ready(config, host);
+    }
+
+    /// A call's reply (or its timeout) arrived.
+    pub fn on_reply(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        token: u32,
+        reply: BridgeReply<'_>,
+    ) {
+        let Some(i) = self.in_flight.iter().position(|c| c.token == token) else {
+            return;
+        };
+        let call = self.in_flight.swap_remove(i);
+        let now = host.now_unix_ns().unwrap_or(call.sent_ns);
+        match call.stage {
+            Stage::Deciding { reloaded } => {
+                let shape: Vec<usize> = call.members.iter().map(|m| m.plan.checks.len()).collect();
+                match parse_eval_reply(reply, &shape) {
+                    Ok(EvalOutcome::Decided(results)) => {
+                        for (member, result) in call.members.into_iter().zip(results) {
+                            let outcome = match result {
+                                Ok(decision) => Outcome::Decided(decision),
+                                Err(failure) => Outcome::Failed(failure),
+                            };
+                            let conclusion =
+                                self.conclude(config, host, &member.plan, outcome, call.sent_ns);
+                            self.deliver(host, member.ctx, conclusion, member.arrived_ns);
+                        }
+                    }
+                    Ok(EvalOutcome::NoScript) if !reloaded => {
+                        // Redis restarted: what it refused before may fit again, here and
+                        // in the other workers.
+                        self.deny_cache.clear();
+                        if let Some(n) = host.redis_restarts(true) {
+                            self.restarts_seen = n;
+                        }
+                        let load = Call {
+                            stage: Stage::LoadingScript,
+                            ..call
+                        };
+                        self.send(config, host, load, now);
+                    }
+                    Ok(EvalOutcome::NoScript) => {
+                        self.fail_all(config, host, call.members, BridgeFailure::NoScript)
+                    }
+                    Err(failure) => self.fail_all(config, host, call.members, failure),
+                }
+            }
+            Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
+                Ok(()) => {
+                    host.count(Counter::ScriptLoads);
+                    let retry = Call {
+                        stage: Stage::Deciding { reloaded: true },
+                        ..call
+                    };
+                    self.send(config, host, retry, now);
+                }
+                Err(failure) => self.fail_all(config, host, call.members, failure),
+            },
+        }
+        self.dispatch_ready(config, host);
+    }
+
+    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
+    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
+        self.headers.remove(&ctx)
+    }
+
+    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
+    /// is part of still decides the others (its own verdict goes nowhere).
+    pub fn forget(&mut self, ctx: u32) {
+        self.waiting.retain(|w| w.ctx != ctx);
+        self.headers.remove(&ctx);
+    }
+
+    /// Sends batches while a call slot is free and requests wait.
+    fn dispatch_ready(&mut self, config: &Config, host: &mut impl Host) {
+        while self.in_flight.len() < config.batch.max_in_flight && !self.waiting.is_empty() {
+            let Some(now) = host.now_unix_ns() else {
+                let members: Vec<Waiting> = self.waiting.drain(..).collect();
+                self.fail_all(config, host, members, BridgeFailure::Clock);
+                return;
+            };
+            let members = self.next_batch(config, host, now);
+            if members.is_empty() {
+                continue;
+            }
+            let clock = match config.clock {
+                Clock::Proxy => now.to_string(),
+                Clock::Redis => "redis".to_string(),
+            };
+            let call = DecideCall::new(&clock, members.iter().map(|m| m.plan.checks.as_slice()));
+            let call = Call {
+                token: 0,
+                stage: Stage::Deciding { reloaded: false },
+                eval: BridgeRequest::evalsha(&config.script_sha, &call),
+                members,
+                sent_ns: now,
+            };
+            host.count(Counter::BridgeCalls);
+            host.record(Histogram::BatchSize, call.members.len() as u64);
+            self.send(config, host, call, now);
+        }
+    }
+
+    /// Takes the next batch from the queue, in arrival order: at most `batch.max_requests`,
+    /// within [`MAX_CALL_BYTES`]. Requests past their deadline fail by policy, and requests
+    /// the deny cache now refuses (a reply that came while they waited) are answered.
+    fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
+        let mut members = Vec::new();
+        let mut bytes = 0;
+        while members.len() < config.batch.max_requests {
+            let Some(next) = self.waiting.front() else {
+                break;
+            };
+            let size = call_bytes(&next.plan.checks);
+            if !members.is_empty() && bytes + size > MAX_CALL_BYTES {
+                break;
+            }
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            if now >= w.deadline_ns() {
+                let conclusion = self.conclude(
+                    config,
+                    host,
+                    &w.plan,
+                    Outcome::Failed(BridgeFailure::Expired),
+                    0,
+                );
+                self.deliver(host, w.ctx, conclusion, w.arrived_ns);
+            } else if let Some(refusal) = self.cached_refusal(config, host, &w.plan, now) {
+                self.deliver(host, w.ctx, Conclusion::Answer(refusal), w.arrived_ns);
+            } else {
+                bytes += size;
+                members.push(w);
+            }
+        }
+        members
+    }
+
+    /// Sends `call` in its stage: the decision, or the script load before it. The timeout is
+    /// what is left of its members' soonest deadline.
+    fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
+        let deadline = call
+            .members
+            .iter()
+            .map(Waiting::deadline_ns)
+            .min()
+            .unwrap_or(now);
+        if deadline <= now {
+            self.fail_all(config, host, call.members, BridgeFailure::Expired);
+            return;
+        }
+        let timeout = Duration::from_nanos(u64::try_from(deadline - now).unwrap_or(u64::MAX))
+            .max(Duration::from_millis(1));
+        let script_load;
+        let request = match call.stage {
+            Stage::Deciding { .. } => &call.eval,
+            Stage::LoadingScript => {
+                script_load = BridgeRequest::script_load();
+                &script_load
+            }
+        };
+        match host.dispatch(&config.bridge, request, timeout) {
+            Ok(token) => {
+                call.token = token;
+                self.in_flight.push(call);
+            }
+            Err(why) => self.fail_all(config, host, call.members, BridgeFailure::Dispatch(why)),
+        }
+    }
+
+    fn fail_all(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        members: Vec<Waiting>,
+        failure: BridgeFailure,
+    ) {
+        for member in members {
+            let outcome = Outcome::Failed(failure.clone());
+            let conclusion = self.conclude(config, host, &member.plan, outcome, 0);
+            self.deliver(host, member.ctx, conclusion, member.arrived_ns);
+        }
+    }
+
+    /// A 429 from the deny cache, if an enforced limit of `plan` is known to refuse it now.
+    fn cached_refusal(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        plan: &Plan,
+        now: u128,
+    ) -> Option<LocalResponse> {
+        if self.deny_cache.is_empty() {
+            return None;
+        }
+        let mut checks: Vec<LimitCheck> = Vec::new();
+        let mut limits: Vec<LimitResult> = Vec::new();
+        for check in plan.checks.iter().filter(|c| !c.shadow) {
+            if let Some(r) = self.deny_cache.covering(&check.key, check.cost, now) {
+                let ms = |at: u128| at.saturating_sub(now) as f64 / 1e6;
+                checks.push(check.clone());
+                limits.push(LimitResult {
+                    allowed: false,
+                    remaining: 0.0,
+                    reset_ms: ms(r.reset_at_ns),
+                    retry_ms: ms(r.until_ns),
+                });
+            }
+        }
+        if checks.is_empty() {
+            return None;
+        }
+        // Only refusals made since the last Redis restart any worker saw still hold.
+        if let Some(n) = host.redis_restarts(false) {
+            if n != self.restarts_seen {
+                self.restarts_seen = n;
+                self.deny_cache.clear();
+                return None;
+            }
+        }
+        host.count(Counter::Denied);
+        host.count(Counter::DenyCacheHits);
+        let decision = Decision {
+            allowed: false,
+            limits,
+        };
+        Some(response::denied(config, &checks, &decision))
+    }
+
+    /// The one place an outcome becomes "let it through" or "answer it". `sent_ns` is the
+    /// clock the decision was made with (for the deny cache).
+    fn conclude(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        plan: &Plan,
+        outcome: Outcome,
+        sent_ns: u128,
+    ) -> Conclusion {
+        match outcome {
+            Outcome::Decided(decision) if decision.allowed => {
+                host.count(Counter::Allowed);
+                if decision.limits.iter().any(|l| !l.allowed) {
+                    host.count(Counter::ShadowDenied);
+                }
+                Conclusion::Resume(response::rate_limit_headers(
+                    config,
+                    &plan.checks,
+                    &decision,
+                ))
+            }
+            Outcome::Decided(decision) => {
+                host.count(Counter::Denied);
+                for (check, result) in plan.checks.iter().zip(&decision.limits) {
+                    if !result.allowed && !check.shadow {
+                        let at = |ms: f64| sent_ns.saturating_add((ms * 1e6) as u128);
+                        let refusal = Refusal {
+                            until_ns: at(result.retry_ms),
+                            reset_at_ns: at(result.reset_ms),
+                            cost: check.cost,
+                        };
+                        self.deny_cache.insert(&check.key, refusal);
+                    }
+                }
+                Conclusion::Answer(response::denied(config, &plan.checks, &decision))
+            }
+            Outcome::Failed(failure) => {
+                host.count(Counter::BridgeErrors);
+                host.report_failure(&failure);
+                match plan.failure_mode {
+                    FailureMode::Open => {
+                        host.count(Counter::FailureModeOpen);
+                        Conclusion::Resume(Headers::new())
+                    }
+                    FailureMode::Closed => {
+                        host.count(Counter::FailureModeClosed);
+                        Conclusion::Answer(response::unavailable())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Carries out a conclusion for `ctx`: returned as the verdict if its own callback is
+    /// running, else resumed or answered through the host. `arrived_ns` (0: not waited)
+    /// gives the decision latency of requests that waited.
+    fn deliver(
+        &mut self,
+        host: &mut impl Host,
+        ctx: u32,
+        conclusion: Conclusion,
+        arrived_ns: u128,
+    ) {
+        let own = self.current.is_some_and(|c| c.ctx == ctx);
+        let verdict = match conclusion {
+            Conclusion::Answer(response) => {
+                host.answer(ctx, response);
+                Verdict::Pause
+            }
+            Conclusion::Resume(headers) => {
+                if !headers.is_empty() {
+                    self.headers.insert(ctx, headers);
+                }
+                Verdict::Continue
+            }
+        };
+        if own {
+            self.current = Some(Current {
+                ctx,
+                verdict: Some(verdict),
+            });
+            return;
+        }
+        if verdict == Verdict::Continue && !host.resume(ctx) {
+            self.headers.remove(&ctx);
+        }
+        if arrived_ns > 0 {
+            if let Some(now) = host.now_unix_ns() {
+                let ms = now.saturating_sub(arrived_ns).div_ceil(1_000_000);
+                host.record(Histogram::DecisionMs, u64::try_from(ms).unwrap_or(u64::MAX));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::tests::FakeRequest;
+    use std::collections::HashSet;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const T0: u128 = 1_000_000_000_000;
+    const MS: u128 = 1_000_000;
+
+    /// A record of what the engine asks of its host, with a clock the test moves.
+    #[derive(Default)]
+    struct FakeHost {
+        now: Option<u128>,
+        refuse_dispatch: bool,
+        cannot_wake: bool,
+        gone: HashSet<u32>,
+        next_token: u32,
+        dispatched: Vec<(u32, BridgeRequest, Duration)>,
+        wakes: usize,
+        resumed: Vec<u32>,
+        answered: Vec<(u32, LocalResponse)>,
+        counters: Vec<Counter>,
+        histograms: Vec<(Histogram, u64)>,
+        failures: Vec<BridgeFailure>,
+        restarts: u64,
+    }
+
+    impl Host for FakeHost {
+        fn now_unix_ns(&self) -> Option<u128> {
+            self.now
+        }
+        fn dispatch(
+            &mut self,
+            _bridge: &Bridge,
+            request: &BridgeRequest,
+            timeout: Duration,
+        ) -> Result<u32, String> {
+            if self.refuse_dispatch {
+                return Err("cluster not found".into());
+            }
+            self.next_token += 1;
+            self.dispatched
+                .push((self.next_token, request.clone(), timeout));
+            Ok(self.next_token)
+        }
+        fn wake(&mut self) -> bool {
+            self.wakes += 1;
+            !self.cannot_wake
+        }
+        fn resume(&mut self, ctx: u32) -> bool {
+            if self.gone.contains(&ctx) {
+                return false;
+            }
+            self.resumed.push(ctx);
+            true
+        }
+        fn answer(&mut self, ctx: u32, response: LocalResponse) -> bool {
+            if self.gone.contains(&ctx) {
+                return false;
+            }
+            self.answered.push((ctx, response));
+            true
+        }
+        fn count(&mut self, counter: Counter) {
+            self.counters.push(counter);
+        }
+        fn record(&mut self, histogram: Histogram, value: u64) {
+            self.histograms.push((histogram, value));
+        }
+        fn report_failure(&mut self, failure: &BridgeFailure) {
+            self.failures.push(failure.clone());
+        }
+        fn redis_restarts(&mut self, bump: bool) -> Option<u64> {
+            self.restarts += u64::from(bump);
+            Some(self.restarts)
+        }
+    }
+
+    impl FakeHost {
+        fn new() -> Self {
+            FakeHost {
+                now: Some(T0),
+                ..Default::default()
+            }
+        }
+        fn count_of(&self, counter: Counter) -> usize {
+            self.counters.iter().filter(|c| **c == counter).count()
+        }
+        fn last_token(&self) -> u32 {
+            self.dispatched.last().map(|d| d.0).unwrap_or(0)
+        }
+        /// The number of requests in the decision call `i` (its ARGV[2]).
+        fn batch_size(&self, i: usize) -> usize {
+            let path = &self.dispatched[i].1.path;
+            let segments: Vec<&str> = path.split('/').collect();
+            let keys: usize = segments[3].parse().unwrap();
+            segments[4 + keys + 1].parse().unwrap()
+        }
+        fn statuses(&self) -> Vec<(u32, u16)> {
+            self.answered.iter().map(|(c, r)| (*c, r.status)).collect()
+        }
+    }
+
+    fn config(extra: &str) -> Config {
+        let json = format!(
+            r#"{{{extra} "rules": [
+                {{"name": "all", "limits": [{{"name": "minute", "limit": 10, "window": "1m"}}]}},
+                {{"name": "costly", "match": {{"path_prefix": "/costly"}}, "cost": {{"header": "x-cost", "min": 1, "max": 5}},
+                  "limits": [{{"name": "minute", "limit": 10, "window": "1m"}}]}},
+                {{"name": "watch", "match": {{"path_prefix": "/watch"}}, "shadow": true,
+                  "limits": [{{"name": "minute", "limit": 10, "window": "1m"}}]}}
+            ]}}"#
+        );
+        Config::parse(json.as_bytes()).unwrap()
+    }
+
+    fn req(path: &str, key: &str) -> FakeRequest {
+        FakeRequest::new("GET", path).with("x-api-key", key.as_bytes())
+    }
+
+    fn ok(body: &str) -> BridgeReply<'_> {
+        BridgeReply {
+            status: Some(200),
+            body: body.as_bytes(),
+        }
+    }
+
+    /// One request's part of a reply.
+    #[derive(Clone, Copy)]
+    enum R {
+        /// Allowed, one limit, with this many left.
+        Allow(u32),
+        /// Refused, one limit, retry in this many ms.
+        Refuse(u32),
+        /// Allowed, then the shadow limit refused.
+        AllowShadowRefused,
+        Error,
+    }
+
+    fn reply(requests: &[R]) -> String {
+        let mut items = vec![requests.len().to_string()];
+        for r in requests {
+            items.push(match r {
+                R::Allow(left) => format!(r#"1,1,1,"{left}","6000","0""#),
+                R::Refuse(retry) => format!(r#"0,1,0,"0.5","3000","{retry}""#),
+                R::AllowShadowRefused => r#"1,2,1,"5","6000","0",0,"0","6000","3000""#.into(),
+                R::Error => {
+                    r#"-1,"WRONGTYPE Operation against a key holding the wrong kind of value""#
+                        .into()
+                }
+            });
+        }
+        format!(r#"{{"EVALSHA":[{}]}}"#, items.join(","))
+    }
+
+    /// A request arrives, and the worker is woken (as Envoy would, right after).
+    fn arrive(e: &mut Engine, c: &Config, h: &mut FakeHost, ctx: u32, r: &FakeRequest) -> Verdict {
+        let verdict = e.on_request(c, h, ctx, r);
+        if h.wakes > 0 {
+            e.on_wakeup(c, h);
+        }
+        verdict
+    }
+
+    #[test]
+    fn a_lone_request_is_sent_at_once_from_the_root_and_resumed_with_headers() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        assert_eq!(e.on_request(&c, &mut h, 7, &req("/", "k")), Verdict::Pause);
+        assert_eq!(h.wakes, 1, "the root is asked to send");
+        assert!(h.dispatched.is_empty(), "nothing is sent from the request");
+        e.on_wakeup(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 1);
+        let (token, call, timeout) = h.dispatched[0].clone();
+        assert!(call.path.starts_with("/EVALSHA/"));
+        assert!(
+            call.path.contains("/1000000000000/1/1/1/token_bucket/"),
+            "{}",
+            call.path
+        );
+        assert_eq!(timeout, Duration::from_millis(150));
+        h.now = Some(T0 + 2 * MS + 1);
+        e.on_reply(&c, &mut h, token, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.resumed, vec![7]);
+        assert!(h.answered.is_empty());
+        assert_eq!(
+            e.take_headers(7),
+            Some(vec![
+                ("x-ratelimit-limit", "10".to_string()),
+                ("x-ratelimit-remaining", "9".to_string()),
+                ("x-ratelimit-reset", "6".to_string())
+            ])
+        );
+        assert_eq!(e.take_headers(7), None, "headers go on once");
+        assert_eq!(h.counters, vec![Counter::BridgeCalls, Counter::Allowed]);
+        assert_eq!(
+            h.histograms,
+            vec![(Histogram::BatchSize, 1), (Histogram::DecisionMs, 3)]
+        );
+        assert_eq!(e.load(), (0, 0));
+    }
+
+    #[test]
+    fn requests_that_arrive_during_a_call_share_the_next_one_in_arrival_order() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        for (ctx, key) in [(2, "b"), (3, "c"), (4, "b")] {
+            assert_eq!(
+                e.on_request(&c, &mut h, ctx, &req("/", key)),
+                Verdict::Pause
+            );
+        }
+        assert_eq!(h.wakes, 1, "a call is in flight: no new wake-up");
+        assert_eq!(h.dispatched.len(), 1);
+        assert_eq!(e.load(), (3, 1));
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.dispatched.len(), 2, "the three waiting go in one call");
+        assert_eq!(h.batch_size(1), 3);
+        let path = &h.dispatched[1].1.path;
+        let b = sha1_key("b");
+        let c_key = sha1_key("c");
+        assert!(
+            path.find(&b).unwrap() < path.find(&c_key).unwrap(),
+            "keys in arrival order, b once: {path}"
+        );
+        assert_eq!(path.matches(&b).count(), 1);
+        e.on_reply(
+            &c,
+            &mut h,
+            2,
+            ok(&reply(&[R::Allow(9), R::Refuse(6000), R::Allow(8)])),
+        );
+        assert_eq!(h.resumed, vec![1, 2, 4]);
+        assert_eq!(h.statuses(), vec![(3, 429)]);
+        assert_eq!(
+            h.histograms
+                .iter()
+                .filter(|(k, _)| *k == Histogram::BatchSize)
+                .map(|(_, v)| *v)
+                .collect::<Vec<_>>(),
+            vec![1, 3]
+        );
+    }
+
+    fn sha1_key(identity: &str) -> String {
+        crate::sha1::sha1_hex(identity.as_bytes())
+    }
+
+    #[test]
+    fn batches_respect_max_requests_and_max_in_flight() {
+        let c = config(r#""batch": {"max_requests": 2, "max_in_flight": 2},"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        for ctx in 1..=7 {
+            e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
+        }
+        assert_eq!(h.wakes, 1);
+        e.on_wakeup(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 2, "two calls in flight at most");
+        assert_eq!((h.batch_size(0), h.batch_size(1)), (2, 2));
+        assert_eq!(e.load(), (3, 2));
+        e.on_reply(&c, &mut h, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        assert_eq!(h.resumed, vec![3, 4]);
+        assert_eq!(h.dispatched.len(), 3);
+        assert_eq!(h.batch_size(2), 2);
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        assert_eq!(h.batch_size(3), 1);
+        assert_eq!(e.load(), (0, 2));
+    }
+
+    #[test]
+    fn each_request_of_a_batch_gets_its_own_verdict_and_errors_stay_its_own() {
+        let c = config(r#""failure_mode": "closed","#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        for (ctx, path) in [(2, "/"), (3, "/watch"), (4, "/")] {
+            e.on_request(&c, &mut h, ctx, &req(path, &format!("k{ctx}")));
+        }
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(500)])));
+        e.on_reply(
+            &c,
+            &mut h,
+            2,
+            ok(&reply(&[R::Allow(3), R::AllowShadowRefused, R::Error])),
+        );
+        assert_eq!(h.resumed, vec![2, 3]);
+        assert_eq!(h.statuses(), vec![(1, 429), (4, 503)]);
+        assert_eq!(h.count_of(Counter::ShadowDenied), 1);
+        assert_eq!(h.count_of(Counter::FailureModeClosed), 1);
+        assert_eq!(
+            h.failures,
+            vec![BridgeFailure::Redis(
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            )]
+        );
+    }
+
+    #[test]
+    fn a_whole_call_failing_follows_each_request_policy() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        e.on_reply(
+            &c,
+            &mut h,
+            1,
+            BridgeReply {
+                status: None,
+                body: b"",
+            },
+        );
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(h.failures, vec![BridgeFailure::NoResponse]);
+        assert_eq!(
+            h.counters,
+            vec![
+                Counter::BridgeCalls,
+                Counter::BridgeErrors,
+                Counter::FailureModeOpen
+            ]
+        );
+        assert_eq!(e.take_headers(1), None);
+    }
+
+    #[test]
+    fn replies_for_streams_that_are_gone_still_decide_the_others() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        for ctx in 2..=4 {
+            e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
+        }
+        // 3 disconnects while waiting: it is not sent. 1 disconnects while its call is out.
+        e.forget(3);
+        h.gone.insert(1);
+        h.gone.insert(3);
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.resumed, Vec::<u32>::new());
+        assert_eq!(e.take_headers(1), None, "nothing kept for a gone stream");
+        assert_eq!(h.batch_size(1), 2, "3 left the queue");
+        h.gone.insert(2);
+        e.on_reply(&c, &mut h, 2, ok(&reply(&[R::Allow(9), R::Allow(8)])));
+        assert_eq!(h.resumed, vec![4]);
+        assert_eq!(h.count_of(Counter::Allowed), 3, "decided all the same");
+        assert_eq!(e.load(), (0, 0));
+    }
+
+    #[test]
+    fn noscript_loads_the_script_and_sends_the_same_call_once_more() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
+        e.on_reply(&c, &mut h, 1, ok(noscript));
+        assert_eq!(h.dispatched.len(), 2, "the load takes the only slot");
+        assert_eq!(h.dispatched[1].1, BridgeRequest::script_load());
+        let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
+        e.on_reply(&c, &mut h, 2, ok(&loaded));
+        assert_eq!(h.dispatched[2].1, h.dispatched[0].1, "the same call again");
+        e.on_reply(&c, &mut h, 3, ok(noscript));
+        assert_eq!(h.failures, vec![BridgeFailure::NoScript], "no loop");
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(h.batch_size(3), 1, "then the next batch goes");
+        assert_eq!(h.count_of(Counter::ScriptLoads), 1);
+    }
+
+    #[test]
+    fn a_redis_restart_empties_the_deny_cache() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
+        let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
+        e.on_reply(&c, &mut h, 2, ok(noscript));
+        e.on_request(&c, &mut h, 3, &req("/", "k"));
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 0, "asked Redis again");
+        assert_eq!(h.restarts, 1, "told the other workers");
+    }
+
+    #[test]
+    fn a_restart_another_worker_saw_empties_this_deny_cache() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(60_000)])));
+        e.on_request(&c, &mut h, 2, &req("/", "k"));
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
+        h.restarts += 1;
+        e.on_request(&c, &mut h, 3, &req("/", "k"));
+        assert_eq!(
+            h.count_of(Counter::DenyCacheHits),
+            1,
+            "forgotten: asked again"
+        );
+        assert_eq!(e.load(), (1, 0), "queued for Redis");
+    }
+
+    #[test]
+    fn refused_keys_are_answered_locally_until_they_could_fit() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "abuser"));
+        h.now = Some(T0 + MS);
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        let first = h.answered[0].1.clone();
+        assert_eq!(first.status, 429);
+        // 1 s later: answered without a call, Retry-After counting down from 6 s.
+        h.now = Some(T0 + 1000 * MS);
+        assert_eq!(
+            e.on_request(&c, &mut h, 2, &req("/", "abuser")),
+            Verdict::Pause
+        );
+        assert_eq!(h.dispatched.len(), 1, "no call");
+        let cached = &h.answered[1].1;
+        assert_eq!(cached.status, 429);
+        let header = |r: &LocalResponse, n: &str| {
+            r.headers
+                .iter()
+                .find(|(name, _)| *name == n)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(header(&first, "retry-after").as_deref(), Some("6"));
+        assert_eq!(header(cached, "retry-after").as_deref(), Some("5"));
+        assert_eq!(
+            header(cached, "x-ratelimit-remaining").as_deref(),
+            Some("0")
+        );
+        assert_eq!(header(cached, "x-ratelimit-limit").as_deref(), Some("10"));
+        assert_eq!(cached.body, first.body);
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
+        assert_eq!(h.count_of(Counter::Denied), 2);
+        // Another key is not affected; the same key is asked again exactly at the instant.
+        e.on_request(&c, &mut h, 3, &req("/", "someone-else"));
+        assert_eq!(h.wakes, 2);
+        h.now = Some(T0 + 6000 * MS - 1);
+        e.on_request(&c, &mut h, 4, &req("/", "abuser"));
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 2);
+        h.now = Some(T0 + 6000 * MS);
+        e.on_request(&c, &mut h, 5, &req("/", "abuser"));
+        assert_eq!(
+            h.count_of(Counter::DenyCacheHits),
+            2,
+            "expired: asked again"
+        );
+        assert_eq!(e.load(), (2, 0));
+    }
+
+    #[test]
+    fn a_smaller_cost_is_asked_and_a_larger_one_is_not() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        let costly = |cost: &str| req("/costly", "k").with("x-cost", cost.as_bytes());
+        arrive(&mut e, &c, &mut h, 1, &costly("3"));
+        let two_limits = r#"{"EVALSHA":[1,0,2,1,"10","0","0",0,"2","3000","1000"]}"#;
+        e.on_reply(&c, &mut h, 1, ok(two_limits));
+        assert_eq!(h.statuses(), vec![(1, 429)]);
+        e.on_request(&c, &mut h, 2, &costly("4"));
+        assert_eq!(
+            h.count_of(Counter::DenyCacheHits),
+            1,
+            "cost 4 >= 3: refused"
+        );
+        e.on_request(&c, &mut h, 3, &costly("2"));
+        assert_eq!(
+            h.count_of(Counter::DenyCacheHits),
+            1,
+            "cost 2 may fit: asked"
+        );
+        assert_eq!(e.load(), (1, 0));
+        // The rule "all" (not refused) alone is not covered by the entry of "costly".
+        e.on_request(&c, &mut h, 4, &req("/", "k"));
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
+    }
+
+    #[test]
+    fn shadow_refusals_are_not_cached_and_the_cache_can_be_off() {
+        for (extra, hits) in [("", 0), (r#""deny_cache": false,"#, 0)] {
+            let c = config(extra);
+            let mut e = Engine::new(&c);
+            let mut h = FakeHost::new();
+            arrive(&mut e, &c, &mut h, 1, &req("/watch", "k"));
+            e.on_reply(&c, &mut h, 1, ok(&reply(&[R::AllowShadowRefused])));
+            e.on_request(&c, &mut h, 2, &req("/watch", "k"));
+            assert_eq!(h.count_of(Counter::DenyCacheHits), hits);
+        }
+        let c = config(r#""deny_cache": false,"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        e.on_request(&c, &mut h, 2, &req("/", "k"));
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 0, "off: asked again");
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_keeps_the_latest_refusals() {
+        let c = config(r#""deny_cache": {"max_entries": 2},"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        for (ctx, key) in [(1, "a"), (2, "b"), (3, "c")] {
+            arrive(&mut e, &c, &mut h, ctx, &req("/", key));
+            let token = h.last_token();
+            e.on_reply(&c, &mut h, token, ok(&reply(&[R::Refuse(1000 * ctx)])));
+        }
+        assert_eq!(e.deny_cache.len(), 2);
+        e.on_request(&c, &mut h, 10, &req("/", "a"));
+        assert_eq!(
+            h.count_of(Counter::DenyCacheHits),
+            0,
+            "a expired first: evicted"
+        );
+        for (ctx, key) in [(11, "b"), (12, "c")] {
+            e.on_request(&c, &mut h, ctx, &req("/", key));
+        }
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 2);
+    }
+
+    #[test]
+    fn waiting_requests_the_last_reply_refused_are_answered_without_a_call() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "hot"));
+        for ctx in 2..=5 {
+            e.on_request(&c, &mut h, ctx, &req("/", "hot"));
+        }
+        e.on_request(&c, &mut h, 6, &req("/", "other"));
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        assert_eq!(
+            h.statuses(),
+            vec![(1, 429), (2, 429), (3, 429), (4, 429), (5, 429)]
+        );
+        assert_eq!(h.dispatched.len(), 2);
+        assert_eq!(h.batch_size(1), 1, "only the other key is asked");
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 4);
+    }
+
+    #[test]
+    fn a_request_past_its_timeout_in_the_queue_fails_by_policy_and_calls_get_what_is_left() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        h.now = Some(T0 + 100 * MS);
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        h.now = Some(T0 + 120 * MS);
+        e.on_request(&c, &mut h, 3, &req("/", "c"));
+        // The first call times out at 150 ms; request 2 (150 ms from 100) is still in time.
+        h.now = Some(T0 + 150 * MS);
+        e.on_reply(
+            &c,
+            &mut h,
+            1,
+            BridgeReply {
+                status: None,
+                body: b"",
+            },
+        );
+        assert_eq!(h.dispatched[1].2, Duration::from_millis(100));
+        assert_eq!(h.batch_size(1), 2);
+        h.now = Some(T0 + 260 * MS);
+        e.on_request(&c, &mut h, 4, &req("/", "d"));
+        h.now = Some(T0 + 280 * MS);
+        e.on_reply(&c, &mut h, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        assert_eq!(h.dispatched.len(), 3);
+        h.now = Some(T0 + 500 * MS);
+        e.on_request(&c, &mut h, 5, &req("/", "e"));
+        e.on_reply(
+            &c,
+            &mut h,
+            3,
+            BridgeReply {
+                status: None,
+                body: b"",
+            },
+        );
+        // 5 arrived at 500 and waited for nothing: sent. None waited past its timeout.
+        assert_eq!(h.resumed, vec![1, 2, 3, 4]);
+        assert!(h.failures.iter().all(|f| *f == BridgeFailure::NoResponse));
+        // Now one that does expire in the queue: the call in flight outlives it.
+        let c2 = config(r#""batch": {"max_in_flight": 1}, "bridge": {"timeout": "1s"},"#);
+        let mut e = Engine::new(&c2);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c2, &mut h, 1, &req("/", "a"));
+        h.now = Some(T0 + 10 * MS);
+        e.on_request(&c2, &mut h, 2, &req("/", "b"));
+        h.now = Some(T0 + 1010 * MS);
+        e.on_reply(&c2, &mut h, 1, ok(&reply(&[R::Allow(1)])));
+        assert_eq!(h.failures, vec![BridgeFailure::Expired]);
+        assert_eq!(h.resumed, vec![1, 2], "open: let through");
+        assert_eq!(h.dispatched.len(), 1, "nothing left to send");
+    }
+
+    #[test]
+    fn bad_requests_unmatched_requests_and_clock_failures_are_decided_at_once() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        let bad = req("/costly", "k").with("x-cost", b"lots");
+        assert_eq!(e.on_request(&c, &mut h, 1, &bad), Verdict::Pause);
+        assert_eq!(h.answered[0].1.status, 400);
+        assert_eq!(
+            h.answered[0].1.body,
+            "x-cost must be a whole number from 1 to 5\n"
+        );
+        assert_eq!(h.counters, vec![Counter::BadRequests]);
+        let only = Config::parse(
+            br#"{"rules": [{"name": "r", "match": {"path_exact": "/only"}, "limits": [{"name": "l", "limit": 1, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            e.on_request(&only, &mut h, 2, &req("/other", "k")),
+            Verdict::Continue
+        );
+        h.now = None;
+        assert_eq!(
+            e.on_request(&c, &mut h, 3, &req("/", "k")),
+            Verdict::Continue
+        );
+        assert_eq!(h.failures, vec![BridgeFailure::Clock]);
+        assert_eq!(h.wakes, 0);
+        assert!(h.dispatched.is_empty() && h.resumed.is_empty());
+    }
+
+    #[test]
+    fn without_a_wake_up_the_request_sends_itself_and_a_refused_dispatch_decides_it_at_once() {
+        for (extra, verdict) in [
+            ("", Verdict::Continue),
+            (r#""failure_mode": "closed","#, Verdict::Pause),
+        ] {
+            let c = config(extra);
+            let mut e = Engine::new(&c);
+            let mut h = FakeHost {
+                cannot_wake: true,
+                refuse_dispatch: true,
+                ..FakeHost::new()
+            };
+            assert_eq!(e.on_request(&c, &mut h, 1, &req("/", "k")), verdict);
+            assert!(
+                h.resumed.is_empty(),
+                "its own verdict is returned, not resumed"
+            );
+            assert_eq!(
+                h.failures,
+                vec![BridgeFailure::Dispatch("cluster not found".into())]
+            );
+        }
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost {
+            cannot_wake: true,
+            ..FakeHost::new()
+        };
+        assert_eq!(e.on_request(&c, &mut h, 1, &req("/", "k")), Verdict::Pause);
+        assert_eq!(h.dispatched.len(), 1, "sent from the request itself");
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(1)])));
+        assert_eq!(h.resumed, vec![1]);
+    }
+
+    #[test]
+    fn a_stray_reply_changes_nothing() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        e.on_reply(&c, &mut h, 42, ok(&reply(&[R::Allow(1)])));
+        assert!(h.resumed.is_empty() && h.counters.is_empty());
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, 42, ok(&reply(&[R::Allow(1)])));
+        assert_eq!(e.load(), (0, 1));
+    }
+
+    #[test]
+    fn a_reply_for_another_shape_fails_the_batch() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        assert_eq!(
+            h.failures,
+            vec![BridgeFailure::BadReply(
+                "EVALSHA result has the wrong number of requests"
+            )]
+        );
+        assert_eq!(h.resumed, vec![1]);
+    }
+}
