@@ -71,6 +71,9 @@ pub const ALGORITHMS: &[Algorithm] = &[
 /// The window the filter config expresses rates over: `limit` = R × 1 s.
 pub const WINDOW_S: f64 = 1.0;
 
+/// A path no bench request asks for: the rule of `filter-pass-through` matches only it.
+pub const NEVER_MATCHED_PATH: &str = "/never-requested-by-the-bench";
+
 /// The request header that picks a policy when one config holds several.
 pub const POLICY_HEADER: &str = "x-bench-algorithm";
 
@@ -91,7 +94,7 @@ pub struct Policy {
 /// policies, each is a rule that applies to requests whose `x-bench-algorithm` header names
 /// its algorithm (one Envoy then serves the accuracy runs of every algorithm). THE one place
 /// that knows the filter's config schema: adapt this function, and only it, when it changes.
-pub fn filter_json(shipped: &Value, policies: &[Policy]) -> Value {
+pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> Value {
     let mut config = shipped.clone();
     let timeout = policies.iter().map(|p| p.timeout_ms).min().unwrap_or(150);
     config["bridge"]["timeout"] = json!(format!("{timeout}ms"));
@@ -122,6 +125,9 @@ pub fn filter_json(shipped: &Value, policies: &[Policy]) -> Value {
                 rule["match"] =
                     json!({ "header": { "name": POLICY_HEADER, "value": p.algorithm } });
             }
+            if never_match {
+                rule["match"] = json!({ "path_exact": NEVER_MATCHED_PATH });
+            }
             rule
         })
         .collect();
@@ -138,13 +144,16 @@ pub enum Front<'a> {
     LocalRateLimit,
     /// Our filter with these policies (see [`filter_json`]).
     Filter(&'a [Policy]),
+    /// Our filter loaded with these policies, its rules matching no request: the floor any
+    /// wasm filter pays in this Envoy.
+    PassThrough(&'a [Policy]),
 }
 
 /// The Envoy config of `front` on the given ports.
 pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -> String {
     match front {
-        Front::Filter(policies) => {
-            let edits = filter_edits(policies);
+        Front::Filter(policies) | Front::PassThrough(policies) => {
+            let edits = filter_edits(policies, matches!(front, Front::PassThrough(_)));
             let edits: Vec<(&str, &str)> = edits
                 .iter()
                 .map(|(a, b)| (a.as_str(), b.as_str()))
@@ -164,12 +173,13 @@ pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -
 }
 
 /// Edits for [`envoy_config`]: the shipped filter JSON block replaced by [`filter_json`]'s.
-pub fn filter_edits(policies: &[Policy]) -> Vec<(String, String)> {
+pub fn filter_edits(policies: &[Policy], never_match: bool) -> Vec<(String, String)> {
     let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
     let (block, indent) = filter_json_block(&shipped);
     let value: Value = serde_json::from_str(&block)
         .unwrap_or_else(|e| panic!("the filter configuration in envoy.yaml is not JSON: {e}"));
-    let pretty = serde_json::to_string_pretty(&filter_json(&value, policies)).expect("JSON");
+    let pretty =
+        serde_json::to_string_pretty(&filter_json(&value, policies, never_match)).expect("JSON");
     let new_block: String = pretty.lines().map(|l| format!("{indent}{l}\n")).collect();
     vec![(block, new_block)]
 }
@@ -243,15 +253,21 @@ mod tests {
     #[test]
     fn several_policies_become_rules_picked_by_a_header() {
         let shipped = json!({"bridge": {"cluster": "webdis", "timeout": "150ms"}, "rules": []});
-        let one = filter_json(&shipped, &[policy("token_bucket")]);
+        let one = filter_json(&shipped, &[policy("token_bucket")], false);
         assert!(one["rules"][0].get("match").is_none());
         assert_eq!(one["bridge"]["timeout"], "5000ms");
         assert_eq!(one["bridge"]["cluster"], "webdis");
-        let two = filter_json(&shipped, &[policy("token_bucket"), policy("fixed_window")]);
+        let two = filter_json(
+            &shipped,
+            &[policy("token_bucket"), policy("fixed_window")],
+            false,
+        );
         assert_eq!(two["rules"][1]["match"]["header"]["value"], "fixed_window");
         assert_eq!(two["rules"][0]["limits"][0]["burst"], 100);
         assert!(two["rules"][1]["limits"][0].get("burst").is_none());
         assert_eq!(two["rules"][1]["limits"][0]["limit"], 100);
+        let never = filter_json(&shipped, &[policy("token_bucket")], true);
+        assert_eq!(never["rules"][0]["match"]["path_exact"], NEVER_MATCHED_PATH);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::wrk::WrkRun;
 pub const SCENARIOS: &[&str] = &[
     "baseline",
     "local_ratelimit",
+    "filter-pass-through",
     "filter-allow-1key",
     "filter-allow-10k-keys",
     "filter-deny-hotkey",
@@ -21,6 +22,10 @@ pub const SCENARIOS: &[&str] = &[
     "filter-serial",
     "baseline-repeat",
 ];
+
+/// Algorithms also measured with several Envoy workers per replica, whose engines (batches
+/// and deny caches) race on one key.
+pub const CONCURRENT_ALGORITHMS: &[&str] = &["token_bucket", "sliding_window_log"];
 
 /// What one throughput scenario cost, from the counters read before and after it.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +38,10 @@ pub struct Cost {
     /// Requests Envoy started to Webdis (`cluster.webdis.upstream_rq_total`), and connections
     /// to it that failed (`upstream_cx_connect_fail`: Webdis down).
     pub webdis_calls: u64,
+    /// Decision calls the filter made (`ratelimit_bridge_calls`) and requests its deny
+    /// cache answered (`ratelimit_deny_cache_hits`).
+    pub bridge_calls: u64,
+    pub deny_cache_hits: u64,
     pub webdis_connect_fails: u64,
     /// Redis calls per command, the bench's own left out.
     pub redis_commands: BTreeMap<String, u64>,
@@ -48,6 +57,16 @@ pub struct Cost {
 impl Cost {
     pub fn decisions(&self) -> u64 {
         self.allowed + self.denied
+    }
+
+    /// Decisions Redis made (the rest came from the deny cache).
+    pub fn redis_decisions(&self) -> u64 {
+        self.decisions().saturating_sub(self.deny_cache_hits)
+    }
+
+    /// Requests one decision call carried, on average.
+    pub fn mean_batch(&self) -> Option<f64> {
+        (self.bridge_calls > 0).then(|| self.redis_decisions() as f64 / self.bridge_calls as f64)
     }
 
     pub fn redis_total(&self) -> u64 {
@@ -73,6 +92,8 @@ pub struct Scenario {
 pub struct Accuracy {
     pub algorithm: String,
     pub replicas: usize,
+    /// Envoy worker threads per replica (each has its own engine and deny cache).
+    pub workers: u32,
     pub conns_per_replica: usize,
     pub capacity: u64,
     pub rate_per_sec: f64,
@@ -180,6 +201,14 @@ impl Report {
         (base.run.rps > 0.0).then(|| s.run.rps / base.run.rps)
     }
 
+    /// Throughput of a filter scenario over `filter-pass-through` (the filter loaded, no rule
+    /// matching): the floor any wasm filter pays here.
+    pub fn pass_through_ratio(&self, s: &Scenario) -> Option<f64> {
+        let floor = self.scenario("filter-pass-through")?;
+        (s.filter && s.compare_to == "baseline" && floor.run.rps > 0.0)
+            .then(|| s.run.rps / floor.run.rps)
+    }
+
     /// CPU seconds per 1,000 requests of process `label` in scenario `s`.
     fn cpu_per_1k(s: &Scenario, label: &str) -> Option<f64> {
         let cpu = s.cost.cpu.iter().find(|(l, _)| l == label)?.1?;
@@ -189,7 +218,7 @@ impl Report {
     /// The throughput table (also what the README shows).
     pub fn throughput_table(&self) -> String {
         let mut t = String::from(
-            "| scenario | req/s | × baseline | p50 ms | p99 ms | non-2xx | what |\n|---|---:|---:|---:|---:|---:|---|\n",
+            "| scenario | req/s | × baseline | × pass-through | p50 ms | p99 ms | non-2xx | what |\n|---|---:|---:|---:|---:|---:|---:|---|\n",
         );
         for s in &self.scenarios {
             let ratio = self
@@ -202,12 +231,17 @@ impl Report {
                     }
                 })
                 .unwrap_or_else(|| "–".into());
+            let floor = self
+                .pass_through_ratio(s)
+                .map(|r| format!("{r:.2}"))
+                .unwrap_or_else(|| "–".into());
             let _ = writeln!(
                 t,
-                "| `{}` | {} | {} | {} | {} | {} | {} |",
+                "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
                 s.name,
                 thousands(s.run.rps),
                 ratio,
+                floor,
                 ms(s.run.p50_ms),
                 ms(s.run.p99_ms),
                 thousands(s.run.non_2xx as f64),
@@ -229,7 +263,7 @@ impl Report {
 
     pub fn cost_table(&self) -> String {
         let mut t = format!(
-            "| scenario | filter: allowed / denied / failed open | Webdis calls / request | Redis commands / decision | CPU s per 1,000 req: Envoy | Webdis | Redis | cores busy: Envoy / Webdis / Redis | machine busy (of {} cores) |\n|---|---|---:|---:|---:|---:|---:|---|---:|\n",
+            "| scenario | filter: allowed / denied / failed open | deny-cache hits | Webdis calls / request | mean batch | Redis commands / decision | CPU s per 1,000 req: Envoy | Webdis | Redis | cores busy: Envoy / Webdis / Redis | machine busy (of {} cores) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
             self.machine.cores
         );
         for s in &self.scenarios {
@@ -240,14 +274,19 @@ impl Report {
                     format!("{:.2}", n as f64 / s.run.requests as f64)
                 }
             };
-            let per_decision = if s.cost.decisions() == 0 {
+            let per_decision = if s.cost.redis_decisions() == 0 {
                 "–".to_string()
             } else {
                 format!(
                     "{:.2}",
-                    s.cost.redis_total() as f64 / s.cost.decisions() as f64
+                    s.cost.redis_total() as f64 / s.cost.redis_decisions() as f64
                 )
             };
+            let batch = s
+                .cost
+                .mean_batch()
+                .map(|b| format!("{b:.1}"))
+                .unwrap_or_else(|| "–".into());
             let cpu = |label: &str| {
                 Report::cpu_per_1k(s, label)
                     .map(sig3)
@@ -269,7 +308,7 @@ impl Report {
                 .unwrap_or_else(|| "–".into());
             let _ = writeln!(
                 t,
-                "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 s.name,
                 if s.filter {
                     format!(
@@ -281,7 +320,13 @@ impl Report {
                 } else {
                     "–".into()
                 },
+                if s.filter {
+                    thousands(s.cost.deny_cache_hits as f64)
+                } else {
+                    "–".into()
+                },
                 per_req(s.cost.webdis_calls),
+                batch,
                 per_decision,
                 cpu("envoy"),
                 cpu("webdis"),
@@ -295,7 +340,7 @@ impl Report {
 
     pub fn accuracy_table(&self) -> String {
         let mut t = String::from(
-            "| algorithm | replicas × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open | allowed per replica |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+            "| algorithm | replicas × workers × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open | allowed per replica |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
         );
         for a in self.accuracy.iter().chain([&self.timeline.run]) {
             let load = match a.offered_per_sec {
@@ -304,9 +349,10 @@ impl Report {
             };
             let _ = writeln!(
                 t,
-                "| {} | {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} | {} |",
+                "| {} | {} × {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} | {} |",
                 a.algorithm,
                 a.replicas,
+                a.workers,
                 a.conns_per_replica,
                 load,
                 a.window_s,
@@ -344,7 +390,7 @@ impl Report {
         let total = envoy + webdis + redis;
         let _ = writeln!(
             out,
-            "- Per 1,000 allowed requests (`filter-allow-1key`) the chain used {} CPU s: Envoy {} ({:.0}%), Webdis {} ({:.0}%), Redis {} ({:.0}%). Envoy without the filter used {} per 1,000 (`baseline`), so the filter makes each request cost Envoy {:.1}× as much: the wasm call-out (an HTTP request to Webdis, its response, resuming the request) costs Envoy far more than answering the request itself.",
+            "- Per 1,000 allowed requests (`filter-allow-1key`) the chain used {} CPU s: Envoy {} ({:.0}%), Webdis {} ({:.0}%), Redis {} ({:.0}%). Envoy without the filter used {} per 1,000 (`baseline`), so the filter makes each request cost Envoy {:.1}× as much: the wasm callbacks, the request's share of a call-out (an HTTP request to Webdis and its response) and resuming the paused request.",
             sig3(total),
             sig3(envoy),
             100.0 * envoy / total.max(f64::MIN_POSITIVE),
@@ -356,7 +402,7 @@ impl Report {
             envoy / envoy_base.max(f64::MIN_POSITIVE),
         );
         if allow.cost.decisions() > 0 {
-            let decisions = allow.cost.decisions() as f64;
+            let decisions = allow.cost.redis_decisions().max(1) as f64;
             // Commands of nearly every decision by rate; the rare ones (a script load) by count.
             let per: Vec<String> = allow
                 .cost
@@ -373,9 +419,10 @@ impl Report {
                 .collect();
             let _ = writeln!(
                 out,
-                "- Each decision is one Webdis call ({:.2} per request) and one Redis round trip: {:.2} Redis commands per decision counted by `INFO commandstats`, i.e. {} (the commands inside the script are counted too).",
+                "- Concurrent decisions share calls: {:.3} Webdis calls per request in `filter-allow-1key`, a mean batch of {:.1} requests per `EVALSHA`. Per batch, Redis ran {:.2} commands counted by `INFO commandstats`, i.e. per request {} (the commands inside the script are counted too).",
                 allow.cost.webdis_calls as f64 / allow.run.requests.max(1) as f64,
-                allow.cost.redis_total() as f64 / allow.cost.decisions() as f64,
+                allow.cost.mean_batch().unwrap_or(0.0),
+                allow.cost.redis_total() as f64 / allow.cost.bridge_calls.max(1) as f64,
                 per.join(", ")
             );
         }
@@ -383,8 +430,11 @@ impl Report {
             if deny.cost.decisions() > 0 {
                 let _ = writeln!(
                     out,
-                    "- A denial is no cheaper for Envoy and Webdis (the call is the same) and a little cheaper for Redis: {:.2} Redis commands per decision in `filter-deny-hotkey` (nothing is written).",
-                    deny.cost.redis_total() as f64 / deny.cost.decisions() as f64
+                    "- A refused abuser is answered by its worker: in `filter-deny-hotkey` the deny cache answered {} of {} decisions ({:.1}%) without a call, and {:.4} Webdis calls were made per request.",
+                    thousands(deny.cost.deny_cache_hits as f64),
+                    thousands(deny.cost.decisions() as f64),
+                    100.0 * deny.cost.deny_cache_hits as f64 / deny.cost.decisions() as f64,
+                    deny.cost.webdis_calls as f64 / deny.run.requests.max(1) as f64,
                 );
             }
         }
@@ -494,7 +544,7 @@ impl Report {
         let a = self.accuracy.first().cloned().unwrap_or_default();
         let _ = writeln!(
             r,
-            "Replicas: Envoys with 1 worker each, each with its own Webdis (as a sidecar would be), all sharing one Redis. Every connection sends `GET /` with the same API key, so all replicas spend one key's state. Capacity (burst) C = {}, rate R = {} per second (for the window algorithms: a limit of R per 1 s window). The Envoys hold one rule per algorithm, chosen by a request header, so every algorithm runs on the same processes, one after the other, each on a fresh key. The clients count every response (each connection waits for its answer, so nothing is in flight when the run ends) and the filter's counters are read from every replica; the larger of the two counts is used, and fail-open passes count as let through, so a bridge failure cannot hide an overshoot (the runs use a 5 s bridge timeout; fail-open must be 0).\n\nThe window runs from the first request sent to the last response read, so it contains every decision instant, and the allowance over it is an upper bound of what an exact limiter allows. **Tolerance at the start and end instants:** the first decision came between the first request sent and the first response read, the last between the last request sent and the last response read; the tolerance column is how much smaller the allowance is over that shortest possible span (first response read to last request sent). An overshoot smaller than the tolerance could go unseen; a limiter that checks and then sets in separate commands lets racing requests spend the same unit, and with dozens of connections racing on one key all through the run its overshoot would grow with the run, far past the tolerance. Overshoot = `allowed − floor(allowance)` when positive. The window algorithms' allowances are their guarantees (fixed windows align to the Unix epoch; the sliding window counter is bounded here by its per-window count), so an overshoot would be a bug, not the algorithm's design.\n",
+            "Replicas: Envoys with 1 worker each (and, in the rows with 2 workers, Envoys with `--concurrency 2`, whose two engines per replica batch and cache refusals independently), each with its own Webdis (as a sidecar would be), all sharing one Redis. Every connection sends `GET /` with the same API key, so all replicas spend one key's state. Capacity (burst) C = {}, rate R = {} per second (for the window algorithms: a limit of R per 1 s window). The Envoys hold one rule per algorithm, chosen by a request header, so every algorithm runs on the same processes, one after the other, each on a fresh key. The clients count every response (each connection waits for its answer, so nothing is in flight when the run ends) and the filter's counters are read from every replica; the larger of the two counts is used, and fail-open passes count as let through, so a bridge failure cannot hide an overshoot (the runs use a 5 s bridge timeout; fail-open must be 0).\n\nThe window runs from the first request sent to the last response read, so it contains every decision instant, and the allowance over it is an upper bound of what an exact limiter allows. **Tolerance at the start and end instants:** the first decision came between the first request sent and the first response read, the last between the last request sent and the last response read; the tolerance column is how much smaller the allowance is over that shortest possible span (first response read to last request sent). An overshoot smaller than the tolerance could go unseen; a limiter that checks and then sets in separate commands lets racing requests spend the same unit, and with dozens of connections racing on one key all through the run its overshoot would grow with the run, far past the tolerance. Overshoot = `allowed − floor(allowance)` when positive. The window algorithms' allowances are their guarantees (fixed windows align to the Unix epoch; the sliding window counter is bounded here by its per-window count), so an overshoot would be a bug, not the algorithm's design.\n",
             a.capacity,
             a.rate_per_sec,
         );
@@ -560,6 +610,10 @@ impl Report {
                     "filter": {"allowed": s.cost.allowed, "denied": s.cost.denied,
                                "fail_open": s.cost.fail_open, "bridge_errors": s.cost.bridge_errors},
                     "webdis_calls": s.cost.webdis_calls,
+                    "bridge_calls": s.cost.bridge_calls,
+                    "deny_cache_hits": s.cost.deny_cache_hits,
+                    "mean_batch": s.cost.mean_batch(),
+                    "ratio_to_pass_through": self.pass_through_ratio(s),
                     "webdis_connect_fails": s.cost.webdis_connect_fails,
                     "machine_busy_s": s.cost.machine_busy_s,
                     "redis_commands": s.cost.redis_commands,
@@ -575,7 +629,7 @@ impl Report {
             .chain([&self.timeline.run])
             .map(|a| {
                 json!({
-                    "algorithm": a.algorithm, "replicas": a.replicas,
+                    "algorithm": a.algorithm, "replicas": a.replicas, "workers": a.workers,
                     "conns_per_replica": a.conns_per_replica, "capacity": a.capacity,
                     "rate_per_sec": a.rate_per_sec, "offered_per_sec": a.offered_per_sec,
                     "duration_s": a.duration_s, "window_s": a.window_s,
@@ -617,6 +671,15 @@ impl Report {
                 if !found {
                     missing.push(format!("accuracy {algorithm} {replicas} replicas"));
                 }
+            }
+        }
+        for algorithm in CONCURRENT_ALGORITHMS {
+            let found = self
+                .accuracy
+                .iter()
+                .any(|a| a.algorithm == *algorithm && a.workers > 1 && a.sent > 0);
+            if !found {
+                missing.push(format!("accuracy {algorithm} with several workers"));
             }
         }
         if self.timeline.per_second.is_empty() {

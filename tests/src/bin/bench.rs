@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use e2e::bench::client::{self, Load};
 use e2e::bench::config::{self, Algorithm, Front, Policy, ALGORITHMS};
 use e2e::bench::measure::{self, BENCH_OWN_COMMANDS};
-use e2e::bench::report::{Accuracy, Cost, Report, Scenario, Timeline, SCENARIOS};
+use e2e::bench::report::{
+    Accuracy, Cost, Report, Scenario, Timeline, CONCURRENT_ALGORITHMS, SCENARIOS,
+};
 use e2e::bench::svg;
 use e2e::bench::wrk::{self, Requests, WrkLoad};
 use e2e::procs::{Envoy, Redis, Webdis, WorkDir};
@@ -22,6 +24,9 @@ use e2e::{envoy_bin, free_port, root, wasm_path};
 
 struct Settings {
     quick: bool,
+    /// `--only a,b`: just these throughput scenarios, no accuracy runs (for measuring a
+    /// change by hand; the report then says what it lacks).
+    only: Option<Vec<String>>,
     out: PathBuf,
     /// Length of each measured wrk run, and of the warm-up before it.
     wrk_s: u64,
@@ -58,8 +63,14 @@ impl Settings {
                     "target/bench"
                 })
             });
+        let only = args
+            .iter()
+            .position(|a| a == "--only")
+            .and_then(|i| args.get(i + 1))
+            .map(|list| list.split(',').map(str::to_string).collect());
         Settings {
             quick,
+            only,
             out,
             wrk_s: if quick { 1 } else { 10 },
             warmup_s: if quick { 0 } else { 2 },
@@ -127,7 +138,11 @@ fn main() {
 
     let mut scenarios = throughput(&s, &dir, started);
     scenarios.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
-    let (accuracy, timeline) = accuracy(&s, &dir, started);
+    let (accuracy, timeline) = if s.only.is_some() {
+        (Vec::new(), Timeline::default())
+    } else {
+        accuracy(&s, &dir, started)
+    };
 
     let versions = vec![
         (
@@ -177,7 +192,7 @@ fn main() {
         ),
         (
             "Envoy".into(),
-            "1 worker (`--concurrency 1`) everywhere; the shipped envoy/envoy.yaml with its direct_response route (baseline: the wasm filter's entry removed; local_ratelimit: replaced by tests/bench/local_ratelimit.yaml)".into(),
+            "1 worker (`--concurrency 1`) everywhere but the accuracy rows with 2 workers; the shipped envoy/envoy.yaml with its direct_response route (baseline: the wasm filter's entry removed; local_ratelimit: replaced by tests/bench/local_ratelimit.yaml)".into(),
         ),
         (
             "Webdis and Redis".into(),
@@ -250,6 +265,10 @@ fn main() {
 
     println!("{}", report.throughput_table());
     println!("{}", report.accuracy_table());
+    if s.only.is_some() {
+        println!("{}", report.cost_table());
+        return;
+    }
     let missing = report.missing(&markdown);
     if !missing.is_empty() {
         eprintln!(
@@ -299,13 +318,17 @@ fn commit() -> String {
 }
 
 fn start_envoy(dir: &WorkDir, front: Front, webdis_port: u16) -> Envoy {
+    start_envoy_workers(dir, front, webdis_port, 1)
+}
+
+fn start_envoy_workers(dir: &WorkDir, front: Front, webdis_port: u16, workers: u32) -> Envoy {
     let port = free_port();
     let mut admin = free_port();
     while admin == port {
         admin = free_port();
     }
     let yaml = config::envoy_yaml(&front, port, admin, webdis_port);
-    Envoy::start_config(dir, port, admin, &yaml, 1)
+    Envoy::start_config(dir, port, admin, &yaml, workers)
 }
 
 fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
@@ -355,6 +378,9 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     };
     let mut out = Vec::new();
     let mut run = |name: &str, what: &str, compare_to: &str, load: &WrkLoad, t: &Target| {
+        if s.only.as_ref().is_some_and(|only| !only.iter().any(|o| o == name)) {
+            return;
+        }
         let scenario = measure_scenario(s, &mut admin, name, what, compare_to, load, t);
         say(
             started,
@@ -396,6 +422,17 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
         );
     }
     let allow = filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms);
+    {
+        let envoy = start_envoy(dir, Front::PassThrough(&[allow]), webdis.port);
+        let t = Target::new(&envoy, Some(&webdis), &redis, true);
+        run(
+            "filter-pass-through",
+            "the filter loaded, its rule matching no request: the floor of any wasm filter here",
+            "baseline",
+            &one_key,
+            &t,
+        );
+    }
     let envoy = start_envoy(dir, Front::Filter(&[allow]), webdis.port);
     {
         let t = Target::new(&envoy, Some(&webdis), &redis, true);
@@ -541,6 +578,8 @@ fn measure_scenario(
             fail_open: stat("wasmcustom.ratelimit_failure_mode_open"),
             bridge_errors: stat("wasmcustom.ratelimit_bridge_errors"),
             webdis_calls: stat("cluster.webdis.upstream_rq_total"),
+            bridge_calls: stat("wasmcustom.ratelimit_bridge_calls"),
+            deny_cache_hits: stat("wasmcustom.ratelimit_deny_cache_hits"),
             webdis_connect_fails: stat("cluster.webdis.upstream_cx_connect_fail"),
             redis_commands,
             redis_keys: admin
@@ -593,13 +632,56 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
                 ),
                 paced_total_per_sec: None,
             };
-            let (run, _) =
-                accuracy_run(&envoys[..replicas], algorithm, policy, &load, s.accuracy_s);
+            let (run, _) = accuracy_run(
+                &envoys[..replicas],
+                1,
+                algorithm,
+                policy,
+                &load,
+                s.accuracy_s,
+            );
             say(
                 started,
                 &format!(
                     "accuracy {}, {replicas} replicas: {} requests, {} allowed, allowance {:.1}, overshoot {}",
                     algorithm.name, run.sent, run.let_through(), run.allowance, run.overshoot()
+                ),
+            );
+            runs.push(run);
+        }
+    }
+    {
+        // Several workers per replica: each worker's engine batches and caches refusals on
+        // its own, all racing on one key.
+        let workers = 2;
+        let envoys2: Vec<Envoy> = webdis
+            .iter()
+            .map(|w| start_envoy_workers(dir, Front::Filter(&policies), w.port, workers))
+            .collect();
+        for name in CONCURRENT_ALGORITHMS {
+            let Some((algorithm, policy)) = ALGORITHMS
+                .iter()
+                .zip(&policies)
+                .find(|(a, _)| a.name == *name)
+            else {
+                continue;
+            };
+            let load = Load {
+                ports: envoys2.iter().map(|e| e.port).collect(),
+                conns_per_port: s.accuracy_conns,
+                duration: Duration::from_secs_f64(s.accuracy_s),
+                headers: headers(
+                    algorithm.name,
+                    format!("accuracy-{}-workers", algorithm.name),
+                ),
+                paced_total_per_sec: None,
+            };
+            let (run, _) = accuracy_run(&envoys2, workers, algorithm, policy, &load, s.accuracy_s);
+            say(
+                started,
+                &format!(
+                    "accuracy {}, {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}",
+                    algorithm.name, envoys2.len(), run.sent, run.let_through(), run.allowance, run.overshoot()
                 ),
             );
             runs.push(run);
@@ -613,7 +695,7 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
         headers: headers(algorithm.name, format!("overload-{}", algorithm.name)),
         paced_total_per_sec: Some(3.0 * s.rate),
     };
-    let (run, result) = accuracy_run(&envoys, algorithm, policy, &load, s.overload_s);
+    let (run, result) = accuracy_run(&envoys, 1, algorithm, policy, &load, s.overload_s);
     let seconds = s.overload_s.ceil() as usize;
     let mut per_second = vec![(0u64, 0u64, 0u64); seconds];
     for e in &result.events {
@@ -640,6 +722,7 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
 
 fn accuracy_run(
     envoys: &[Envoy],
+    workers: u32,
     algorithm: &Algorithm,
     policy: &Policy,
     load: &Load,
@@ -668,6 +751,7 @@ fn accuracy_run(
         allowance_inner: (algorithm.allowance)(policy, b.first_read, b.last_sent.max(b.first_read)),
         formula: algorithm.formula.to_string(),
         replicas: envoys.len(),
+        workers,
         conns_per_replica: load.conns_per_port,
         capacity: policy.capacity,
         rate_per_sec: policy.rate_per_sec,
