@@ -95,6 +95,9 @@ impl RootContext for Root {
             .map(|h| define(MetricType::Histogram, h.name()))
             .collect();
         let wake_queue = register_wake_queue();
+        if let Err(status) = hostcalls::set_tick_period(ratelimit_core::engine::TICK) {
+            log::warn!("cannot start the worker's timer: {status:?}");
+        }
         let limits: usize = config.rules.iter().map(|r| r.limits.len()).sum();
         log::info!(
             "configured: {} rules, {limits} limits, bridge cluster {}, batches of up to {} requests, {} call(s) in flight{}",
@@ -127,6 +130,15 @@ impl RootContext for Root {
         if let Ok(mut engine) = worker.engine.try_borrow_mut() {
             let mut host = worker.host(self.id);
             engine.on_wakeup(&worker.config, &mut host);
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        if let Ok(mut engine) = worker.engine.try_borrow_mut() {
+            engine.on_tick(&mut worker.host(self.id));
         }
     }
 

@@ -226,6 +226,7 @@ fn webdis_hung_answers_after_about_the_timeout() {
 fn redis_restart_needs_no_manual_step() {
     let mut stack = Stack::start("e2e-redis-restart", &[]);
     assert_full_bucket_then_limited(&stack.envoy, Some(b"before"));
+    let resets = stack.envoy.counter("ratelimit_deny_cache_resets");
     stack.redis.restart();
     // Webdis reconnects within about half a second; until then requests fail open.
     wait_for(
@@ -239,9 +240,14 @@ fn redis_restart_needs_no_manual_step() {
     );
     // Redis lost the script: the filter loaded it again by itself.
     assert!(stack.envoy.counter("ratelimit_script_loads") >= 1);
-    // And Redis lost the buckets: "before" starts full again, and is limited exactly (the
-    // worker that refused it before the restart forgot that refusal once a worker saw the
-    // restart).
+    // And Redis lost the buckets: "before" starts full again, and is limited exactly, once
+    // the worker that refused it forgot that refusal (at once if it saw the restart itself,
+    // else at its next tick).
+    wait_for(
+        "the cached refusal to be forgotten",
+        Duration::from_secs(5),
+        || (stack.envoy.counter("ratelimit_deny_cache_resets") > resets).then_some(()),
+    );
     assert_full_bucket_then_limited(&stack.envoy, Some(b"before"));
     assert_full_bucket_then_limited(&stack.envoy, Some(b"after"));
 }

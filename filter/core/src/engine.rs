@@ -26,6 +26,9 @@ use crate::response::{self, Headers, LocalResponse};
 /// 64 KiB); a batch stops growing before it would pass it. A single request always goes.
 pub const MAX_CALL_BYTES: usize = 32 * 1024;
 
+/// The period of each worker's timer ([`Engine::on_tick`]).
+pub const TICK: Duration = Duration::from_millis(100);
+
 /// What the engine needs from its host (Envoy through proxy-wasm, or a fake in tests).
 pub trait Host {
     /// Unix time in nanoseconds.
@@ -120,7 +123,8 @@ pub struct Engine {
     /// Rate-limit headers for allowed requests, until their response headers pass.
     headers: HashMap<u32, Headers>,
     current: Option<Current>,
-    /// Redis restarts (seen by any worker) this worker's deny cache is up to date with.
+    /// Redis restarts (seen by any worker) this worker's deny cache is up to date with: a
+    /// refusal outlives a restart another worker noticed by one tick at most.
     restarts_seen: u64,
 }
 
@@ -236,11 +240,11 @@ impl Engine {
                     }
                     Ok(EvalOutcome::NoScript) if !reloaded => {
                         // Redis restarted: what it refused before may fit again, here and
-                        // in the other workers.
-                        self.deny_cache.clear();
+                        // (at their next tick) in the other workers.
                         if let Some(n) = host.redis_restarts(true) {
                             self.restarts_seen = n;
                         }
+                        self.reset_deny_cache(host);
                         let load = Call {
                             stage: Stage::LoadingScript,
                             ..call
@@ -266,6 +270,24 @@ impl Engine {
             },
         }
         self.dispatch_ready(config, host);
+    }
+
+    /// The worker's timer (every [`TICK`]): learns of Redis restarts other workers saw.
+    pub fn on_tick(&mut self, host: &mut impl Host) {
+        if let Some(n) = host.redis_restarts(false) {
+            if n != self.restarts_seen {
+                self.restarts_seen = n;
+                self.reset_deny_cache(host);
+            }
+        }
+    }
+
+    /// Forgets every refusal (Redis lost the state they came from).
+    fn reset_deny_cache(&mut self, host: &mut impl Host) {
+        if !self.deny_cache.is_empty() {
+            self.deny_cache.clear();
+            host.count(Counter::DenyCacheResets);
+        }
     }
 
     /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
@@ -419,14 +441,6 @@ impl Engine {
         }
         if checks.is_empty() {
             return None;
-        }
-        // Only refusals made since the last Redis restart any worker saw still hold.
-        if let Some(n) = host.redis_restarts(false) {
-            if n != self.restarts_seen {
-                self.restarts_seen = n;
-                self.deny_cache.clear();
-                return None;
-            }
         }
         host.count(Counter::Denied);
         host.count(Counter::DenyCacheHits);
@@ -922,6 +936,11 @@ mod tests {
         e.on_request(&c, &mut h, 3, &req("/", "k"));
         assert_eq!(h.count_of(Counter::DenyCacheHits), 0, "asked Redis again");
         assert_eq!(h.restarts, 1, "told the other workers");
+        assert_eq!(h.count_of(Counter::DenyCacheResets), 1);
+        e.on_tick(&mut h);
+        h.restarts += 1;
+        e.on_tick(&mut h);
+        assert_eq!(h.count_of(Counter::DenyCacheResets), 1, "nothing to forget");
     }
 
     #[test]
@@ -935,12 +954,18 @@ mod tests {
         assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
         h.restarts += 1;
         e.on_request(&c, &mut h, 3, &req("/", "k"));
+        assert_eq!(h.count_of(Counter::DenyCacheHits), 2, "not yet known here");
+        e.on_tick(&mut h);
+        assert_eq!(h.count_of(Counter::DenyCacheResets), 1);
+        e.on_request(&c, &mut h, 4, &req("/", "k"));
         assert_eq!(
             h.count_of(Counter::DenyCacheHits),
-            1,
+            2,
             "forgotten: asked again"
         );
         assert_eq!(e.load(), (1, 0), "queued for Redis");
+        e.on_tick(&mut h);
+        assert_eq!(h.count_of(Counter::DenyCacheResets), 1, "once per restart");
     }
 
     #[test]

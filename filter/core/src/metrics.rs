@@ -39,6 +39,8 @@ stats! {
         BridgeCalls => "ratelimit_bridge_calls",
         /// Refused by the worker's deny cache, without a call.
         DenyCacheHits => "ratelimit_deny_cache_hits",
+        /// A worker forgot the refusals it held because Redis restarted.
+        DenyCacheResets => "ratelimit_deny_cache_resets",
     }
 }
 
@@ -67,7 +69,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 10);
+        assert_eq!(Counter::ALL.len(), 11);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 }

@@ -378,7 +378,10 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     };
     let mut out = Vec::new();
     let mut run = |name: &str, what: &str, compare_to: &str, load: &WrkLoad, t: &Target| {
-        if s.only.as_ref().is_some_and(|only| !only.iter().any(|o| o == name)) {
+        if s.only
+            .as_ref()
+            .is_some_and(|only| !only.iter().any(|o| o == name))
+        {
             return;
         }
         let scenario = measure_scenario(s, &mut admin, name, what, compare_to, load, t);
