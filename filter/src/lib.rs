@@ -60,7 +60,7 @@ impl Context for Root {
         _num_trailers: usize,
     ) {
         if let Some(worker) = &self.worker {
-            worker.on_reply(self.id, token_id, body_size);
+            worker.on_reply(self.id, None, token_id, body_size);
         }
     }
 }
@@ -202,8 +202,8 @@ impl Worker {
         }
     }
 
-    /// A bridge call's reply, whichever context it came to.
-    fn on_reply(&self, home: u32, token: u32, body_size: usize) {
+    /// A bridge call's reply, in the root (`at` None) or the request context that made it.
+    fn on_reply(&self, home: u32, at: Option<u32>, token: u32, body_size: usize) {
         // On timeout or connection failure Envoy sends no `:status` at all.
         let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
             .ok()
@@ -223,7 +223,7 @@ impl Worker {
         };
         if let Ok(mut engine) = self.engine.try_borrow_mut() {
             let mut host = self.host(home);
-            engine.on_reply(&self.config, &mut host, token, reply);
+            engine.on_reply(&self.config, &mut host, at, token, reply);
         }
     }
 }
@@ -269,7 +269,7 @@ impl HttpContext for Request {
 }
 
 impl Context for Request {
-    /// Only calls started from this request (when the root could not be woken) reply here.
+    /// Only calls started from this request (alone, on an idle worker) reply here.
     fn on_http_call_response(
         &mut self,
         token_id: u32,
@@ -277,14 +277,16 @@ impl Context for Request {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        self.worker.on_reply(self.id, token_id, body_size);
+        self.worker
+            .on_reply(self.id, Some(self.id), token_id, body_size);
     }
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if let Ok(mut engine) = self.worker.engine.try_borrow_mut() {
-            engine.forget(self.id);
+        let worker = &self.worker;
+        if let Ok(mut engine) = worker.engine.try_borrow_mut() {
+            engine.forget(&worker.config, &mut worker.host(self.id), self.id);
         }
     }
 }

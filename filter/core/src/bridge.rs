@@ -168,6 +168,8 @@ pub enum BridgeFailure {
     Clock,
     /// The request's timeout passed while it waited for a call.
     Expired,
+    /// The stream that made the call ended, and its reply with it.
+    Orphaned,
 }
 
 impl fmt::Display for BridgeFailure {
@@ -184,6 +186,7 @@ impl fmt::Display for BridgeFailure {
             BridgeFailure::Dispatch(why) => write!(f, "could not call the bridge: {why}"),
             BridgeFailure::Clock => write!(f, "host clock unavailable"),
             BridgeFailure::Expired => write!(f, "timed out waiting for a bridge call"),
+            BridgeFailure::Orphaned => write!(f, "the stream that made the call ended"),
         }
     }
 }

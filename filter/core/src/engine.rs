@@ -94,6 +94,9 @@ struct Call {
     members: Vec<Waiting>,
     /// The clock the script decides with (Unix ns): the instant the call was first sent.
     sent_ns: u128,
+    /// The request context that made the call, if not the root: its reply comes there, and
+    /// is lost if that stream ends first.
+    owner: Option<u32>,
 }
 
 enum Outcome {
@@ -194,27 +197,41 @@ impl Engine {
             plan,
             arrived_ns: now,
         });
-        if self.in_flight.len() < config.batch.max_in_flight && !self.wake_pending {
-            if host.wake() {
-                self.wake_pending = true;
-            } else {
-                // No way to reach the root: send from here rather than not at all.
-                self.dispatch_ready(config, host);
-            }
+        if self.in_flight.is_empty() && self.waiting.len() == 1 {
+            // An idle worker: this request alone goes at once, from its own context (no hop
+            // through the root). Only its own verdict rides on the call.
+            self.dispatch_ready(config, host, Some(ctx));
+        } else {
+            self.dispatch_later(config, host, ctx);
+        }
+    }
+
+    /// Asks the root to send what waits (once), when a call slot is free.
+    fn dispatch_later(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
+        if self.in_flight.len() >= config.batch.max_in_flight || self.wake_pending {
+            return;
+        }
+        if host.wake() {
+            self.wake_pending = true;
+        } else {
+            // No way to reach the root: send from here rather than not at all.
+            self.dispatch_ready(config, host, Some(ctx));
         }
     }
 
     /// The wake-up asked for with [`Host::wake`] (the root context is running).
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
-        self.dispatch_ready(config, host);
+        self.dispatch_ready(config, host, None);
     }
 
-    /// A call's reply (or its timeout) arrived.
+    /// A call's reply (or its timeout) arrived, in the root context (`at` None) or in the
+    /// request context that made the call.
     pub fn on_reply(
         &mut self,
         config: &Config,
         host: &mut impl Host,
+        at: Option<u32>,
         token: u32,
         reply: BridgeReply<'_>,
     ) {
@@ -269,7 +286,10 @@ impl Engine {
                 Err(failure) => self.fail_all(config, host, call.members, failure),
             },
         }
-        self.dispatch_ready(config, host);
+        match at {
+            None => self.dispatch_ready(config, host, None),
+            Some(ctx) => self.dispatch_later(config, host, ctx),
+        }
     }
 
     /// The worker's timer (every [`TICK`]): learns of Redis restarts other workers saw.
@@ -296,20 +316,39 @@ impl Engine {
     }
 
     /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
-    /// is part of still decides the others (its own verdict goes nowhere).
-    pub fn forget(&mut self, ctx: u32) {
+    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
+    /// was made from its context: that reply is lost with the stream, so the call's slot is
+    /// freed at once and any other request on it fails by policy.
+    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         self.waiting.retain(|w| w.ctx != ctx);
         self.headers.remove(&ctx);
+        while let Some(i) = self.in_flight.iter().position(|c| c.owner == Some(ctx)) {
+            let call = self.in_flight.swap_remove(i);
+            let others: Vec<Waiting> = call.members.into_iter().filter(|m| m.ctx != ctx).collect();
+            self.fail_all(config, host, others, BridgeFailure::Orphaned);
+        }
+        if !self.waiting.is_empty()
+            && self.in_flight.len() < config.batch.max_in_flight
+            && !self.wake_pending
+            && host.wake()
+        {
+            self.wake_pending = true;
+        }
     }
 
-    /// Sends batches while a call slot is free and requests wait.
-    fn dispatch_ready(&mut self, config: &Config, host: &mut impl Host) {
+    /// Sends batches while a call slot is free and requests wait; `from` is the request
+    /// context running, if not the root.
+    fn dispatch_ready(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
         while self.in_flight.len() < config.batch.max_in_flight && !self.waiting.is_empty() {
             let Some(now) = host.now_unix_ns() else {
                 let members: Vec<Waiting> = self.waiting.drain(..).collect();
                 self.fail_all(config, host, members, BridgeFailure::Clock);
                 return;
             };
+            if from.is_some() && !self.in_flight.is_empty() {
+                // One call from a request context at most: the root sends the rest.
+                break;
+            }
             let members = self.next_batch(config, host, now);
             if members.is_empty() {
                 continue;
@@ -325,6 +364,7 @@ impl Engine {
                 eval: BridgeRequest::evalsha(&config.script_sha, &call),
                 members,
                 sent_ns: now,
+                owner: from,
             };
             host.count(Counter::BridgeCalls);
             host.record(Histogram::BatchSize, call.members.len() as u64);
@@ -714,14 +754,12 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_request_is_sent_at_once_from_the_root_and_resumed_with_headers() {
+    fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
         let c = config("");
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         assert_eq!(e.on_request(&c, &mut h, 7, &req("/", "k")), Verdict::Pause);
-        assert_eq!(h.wakes, 1, "the root is asked to send");
-        assert!(h.dispatched.is_empty(), "nothing is sent from the request");
-        e.on_wakeup(&c, &mut h);
+        assert_eq!(h.wakes, 0, "no hop through the root");
         assert_eq!(h.dispatched.len(), 1);
         let (token, call, timeout) = h.dispatched[0].clone();
         assert!(call.path.starts_with("/EVALSHA/"));
@@ -732,7 +770,7 @@ mod tests {
         );
         assert_eq!(timeout, Duration::from_millis(150));
         h.now = Some(T0 + 2 * MS + 1);
-        e.on_reply(&c, &mut h, token, ok(&reply(&[R::Allow(9)])));
+        e.on_reply(&c, &mut h, Some(7), token, ok(&reply(&[R::Allow(9)])));
         assert_eq!(h.resumed, vec![7]);
         assert!(h.answered.is_empty());
         assert_eq!(
@@ -753,6 +791,44 @@ mod tests {
     }
 
     #[test]
+    fn requests_waiting_behind_a_request_made_call_are_sent_by_the_root() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        e.on_request(&c, &mut h, 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        assert_eq!(
+            (h.dispatched.len(), h.wakes),
+            (1, 0),
+            "no slot free: it waits"
+        );
+        // The reply comes to request 1's context: 2 is not sent from there, the root is woken.
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(9)])));
+        assert_eq!((h.dispatched.len(), h.wakes), (1, 1));
+        e.on_wakeup(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 2);
+        assert_eq!(h.resumed, vec![1]);
+    }
+
+    #[test]
+    fn a_request_made_call_whose_stream_ends_frees_its_slot_at_once() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        e.on_request(&c, &mut h, 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        // Client 1 disconnects: its call's reply will never come (the SDK drops it).
+        h.gone.insert(1);
+        e.forget(&c, &mut h, 1);
+        assert_eq!(e.load(), (1, 0));
+        assert_eq!(h.wakes, 1, "the root sends what waits");
+        e.on_wakeup(&c, &mut h);
+        e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.resumed, vec![2]);
+        assert!(h.failures.is_empty());
+    }
+
+    #[test]
     fn requests_that_arrive_during_a_call_share_the_next_one_in_arrival_order() {
         let c = config("");
         let mut e = Engine::new(&c);
@@ -764,10 +840,12 @@ mod tests {
                 Verdict::Pause
             );
         }
-        assert_eq!(h.wakes, 1, "a call is in flight: no new wake-up");
+        assert_eq!(h.wakes, 0, "a call is in flight: nothing to wake");
         assert_eq!(h.dispatched.len(), 1);
         assert_eq!(e.load(), (3, 1));
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(9)])));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.wakes, 1);
+        e.on_wakeup(&c, &mut h);
         assert_eq!(h.dispatched.len(), 2, "the three waiting go in one call");
         assert_eq!(h.batch_size(1), 3);
         let path = &h.dispatched[1].1.path;
@@ -781,6 +859,7 @@ mod tests {
         e.on_reply(
             &c,
             &mut h,
+            None,
             2,
             ok(&reply(&[R::Allow(9), R::Refuse(6000), R::Allow(8)])),
         );
@@ -805,21 +884,24 @@ mod tests {
         let c = config(r#""batch": {"max_requests": 2, "max_in_flight": 2},"#);
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
-        for ctx in 1..=7 {
+        for ctx in 1..=8 {
             e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
         }
-        assert_eq!(h.wakes, 1);
+        assert_eq!(h.dispatched.len(), 1, "the first went alone, at once");
+        assert_eq!(h.wakes, 1, "a second slot is free: the root is woken once");
         e.on_wakeup(&c, &mut h);
         assert_eq!(h.dispatched.len(), 2, "two calls in flight at most");
-        assert_eq!((h.batch_size(0), h.batch_size(1)), (2, 2));
-        assert_eq!(e.load(), (3, 2));
-        e.on_reply(&c, &mut h, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
-        assert_eq!(h.resumed, vec![3, 4]);
+        assert_eq!((h.batch_size(0), h.batch_size(1)), (1, 2));
+        assert_eq!(e.load(), (5, 2));
+        e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        assert_eq!(h.resumed, vec![2, 3]);
         assert_eq!(h.dispatched.len(), 3);
         assert_eq!(h.batch_size(2), 2);
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(1), R::Allow(1)])));
-        assert_eq!(h.batch_size(3), 1);
-        assert_eq!(e.load(), (0, 2));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(1)])));
+        assert_eq!(h.dispatched.len(), 3, "not from a request's context");
+        e.on_wakeup(&c, &mut h);
+        assert_eq!(h.batch_size(3), 2);
+        assert_eq!(e.load(), (1, 2));
     }
 
     #[test]
@@ -831,10 +913,11 @@ mod tests {
         for (ctx, path) in [(2, "/"), (3, "/watch"), (4, "/")] {
             e.on_request(&c, &mut h, ctx, &req(path, &format!("k{ctx}")));
         }
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(500)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(500)])));
         e.on_reply(
             &c,
             &mut h,
+            None,
             2,
             ok(&reply(&[R::Allow(3), R::AllowShadowRefused, R::Error])),
         );
@@ -859,6 +942,7 @@ mod tests {
         e.on_reply(
             &c,
             &mut h,
+            None,
             1,
             BridgeReply {
                 status: None,
@@ -888,15 +972,15 @@ mod tests {
             e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
         }
         // 3 disconnects while waiting: it is not sent. 1 disconnects while its call is out.
-        e.forget(3);
+        e.forget(&c, &mut h, 3);
         h.gone.insert(1);
         h.gone.insert(3);
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(9)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Allow(9)])));
         assert_eq!(h.resumed, Vec::<u32>::new());
         assert_eq!(e.take_headers(1), None, "nothing kept for a gone stream");
         assert_eq!(h.batch_size(1), 2, "3 left the queue");
         h.gone.insert(2);
-        e.on_reply(&c, &mut h, 2, ok(&reply(&[R::Allow(9), R::Allow(8)])));
+        e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(9), R::Allow(8)])));
         assert_eq!(h.resumed, vec![4]);
         assert_eq!(h.count_of(Counter::Allowed), 3, "decided all the same");
         assert_eq!(e.load(), (0, 0));
@@ -910,13 +994,13 @@ mod tests {
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         e.on_request(&c, &mut h, 2, &req("/", "b"));
         let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
-        e.on_reply(&c, &mut h, 1, ok(noscript));
+        e.on_reply(&c, &mut h, None, 1, ok(noscript));
         assert_eq!(h.dispatched.len(), 2, "the load takes the only slot");
         assert_eq!(h.dispatched[1].1, BridgeRequest::script_load());
         let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
-        e.on_reply(&c, &mut h, 2, ok(&loaded));
+        e.on_reply(&c, &mut h, None, 2, ok(&loaded));
         assert_eq!(h.dispatched[2].1, h.dispatched[0].1, "the same call again");
-        e.on_reply(&c, &mut h, 3, ok(noscript));
+        e.on_reply(&c, &mut h, None, 3, ok(noscript));
         assert_eq!(h.failures, vec![BridgeFailure::NoScript], "no loop");
         assert_eq!(h.resumed, vec![1]);
         assert_eq!(h.batch_size(3), 1, "then the next batch goes");
@@ -929,10 +1013,10 @@ mod tests {
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
         arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
         let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
-        e.on_reply(&c, &mut h, 2, ok(noscript));
+        e.on_reply(&c, &mut h, None, 2, ok(noscript));
         e.on_request(&c, &mut h, 3, &req("/", "k"));
         assert_eq!(h.count_of(Counter::DenyCacheHits), 0, "asked Redis again");
         assert_eq!(h.restarts, 1, "told the other workers");
@@ -949,7 +1033,7 @@ mod tests {
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(60_000)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(60_000)])));
         e.on_request(&c, &mut h, 2, &req("/", "k"));
         assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
         h.restarts += 1;
@@ -963,7 +1047,7 @@ mod tests {
             2,
             "forgotten: asked again"
         );
-        assert_eq!(e.load(), (1, 0), "queued for Redis");
+        assert_eq!(e.load(), (0, 1), "sent to Redis");
         e.on_tick(&mut h);
         assert_eq!(h.count_of(Counter::DenyCacheResets), 1, "once per restart");
     }
@@ -975,7 +1059,7 @@ mod tests {
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "abuser"));
         h.now = Some(T0 + MS);
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
         let first = h.answered[0].1.clone();
         assert_eq!(first.status, 429);
         // 1 s later: answered without a call, Retry-After counting down from 6 s.
@@ -1005,7 +1089,7 @@ mod tests {
         assert_eq!(h.count_of(Counter::Denied), 2);
         // Another key is not affected; the same key is asked again exactly at the instant.
         e.on_request(&c, &mut h, 3, &req("/", "someone-else"));
-        assert_eq!(h.wakes, 2);
+        assert_eq!(h.dispatched.len(), 2);
         h.now = Some(T0 + 6000 * MS - 1);
         e.on_request(&c, &mut h, 4, &req("/", "abuser"));
         assert_eq!(h.count_of(Counter::DenyCacheHits), 2);
@@ -1016,7 +1100,7 @@ mod tests {
             2,
             "expired: asked again"
         );
-        assert_eq!(e.load(), (2, 0));
+        assert_eq!(e.load(), (1, 1));
     }
 
     #[test]
@@ -1027,7 +1111,7 @@ mod tests {
         let costly = |cost: &str| req("/costly", "k").with("x-cost", cost.as_bytes());
         arrive(&mut e, &c, &mut h, 1, &costly("3"));
         let two_limits = r#"{"EVALSHA":[1,0,2,1,"10","0","0",0,"2","3000","1000"]}"#;
-        e.on_reply(&c, &mut h, 1, ok(two_limits));
+        e.on_reply(&c, &mut h, None, 1, ok(two_limits));
         assert_eq!(h.statuses(), vec![(1, 429)]);
         e.on_request(&c, &mut h, 2, &costly("4"));
         assert_eq!(
@@ -1041,7 +1125,7 @@ mod tests {
             1,
             "cost 2 may fit: asked"
         );
-        assert_eq!(e.load(), (1, 0));
+        assert_eq!(e.load(), (0, 1));
         // The rule "all" (not refused) alone is not covered by the entry of "costly".
         e.on_request(&c, &mut h, 4, &req("/", "k"));
         assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
@@ -1054,7 +1138,7 @@ mod tests {
             let mut e = Engine::new(&c);
             let mut h = FakeHost::new();
             arrive(&mut e, &c, &mut h, 1, &req("/watch", "k"));
-            e.on_reply(&c, &mut h, 1, ok(&reply(&[R::AllowShadowRefused])));
+            e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::AllowShadowRefused])));
             e.on_request(&c, &mut h, 2, &req("/watch", "k"));
             assert_eq!(h.count_of(Counter::DenyCacheHits), hits);
         }
@@ -1062,7 +1146,7 @@ mod tests {
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
         e.on_request(&c, &mut h, 2, &req("/", "k"));
         assert_eq!(h.count_of(Counter::DenyCacheHits), 0, "off: asked again");
     }
@@ -1075,7 +1159,13 @@ mod tests {
         for (ctx, key) in [(1, "a"), (2, "b"), (3, "c")] {
             arrive(&mut e, &c, &mut h, ctx, &req("/", key));
             let token = h.last_token();
-            e.on_reply(&c, &mut h, token, ok(&reply(&[R::Refuse(1000 * ctx)])));
+            e.on_reply(
+                &c,
+                &mut h,
+                None,
+                token,
+                ok(&reply(&[R::Refuse(1000 * ctx)])),
+            );
         }
         assert_eq!(e.deny_cache.len(), 2);
         e.on_request(&c, &mut h, 10, &req("/", "a"));
@@ -1100,7 +1190,7 @@ mod tests {
             e.on_request(&c, &mut h, ctx, &req("/", "hot"));
         }
         e.on_request(&c, &mut h, 6, &req("/", "other"));
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Refuse(6000)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
         assert_eq!(
             h.statuses(),
             vec![(1, 429), (2, 429), (3, 429), (4, 429), (5, 429)]
@@ -1125,6 +1215,7 @@ mod tests {
         e.on_reply(
             &c,
             &mut h,
+            None,
             1,
             BridgeReply {
                 status: None,
@@ -1136,13 +1227,14 @@ mod tests {
         h.now = Some(T0 + 260 * MS);
         e.on_request(&c, &mut h, 4, &req("/", "d"));
         h.now = Some(T0 + 280 * MS);
-        e.on_reply(&c, &mut h, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
         assert_eq!(h.dispatched.len(), 3);
         h.now = Some(T0 + 500 * MS);
         e.on_request(&c, &mut h, 5, &req("/", "e"));
         e.on_reply(
             &c,
             &mut h,
+            None,
             3,
             BridgeReply {
                 status: None,
@@ -1160,7 +1252,7 @@ mod tests {
         h.now = Some(T0 + 10 * MS);
         e.on_request(&c2, &mut h, 2, &req("/", "b"));
         h.now = Some(T0 + 1010 * MS);
-        e.on_reply(&c2, &mut h, 1, ok(&reply(&[R::Allow(1)])));
+        e.on_reply(&c2, &mut h, None, 1, ok(&reply(&[R::Allow(1)])));
         assert_eq!(h.failures, vec![BridgeFailure::Expired]);
         assert_eq!(h.resumed, vec![1, 2], "open: let through");
         assert_eq!(h.dispatched.len(), 1, "nothing left to send");
@@ -1228,7 +1320,7 @@ mod tests {
         };
         assert_eq!(e.on_request(&c, &mut h, 1, &req("/", "k")), Verdict::Pause);
         assert_eq!(h.dispatched.len(), 1, "sent from the request itself");
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(1)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Allow(1)])));
         assert_eq!(h.resumed, vec![1]);
     }
 
@@ -1237,10 +1329,10 @@ mod tests {
         let c = config("");
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
-        e.on_reply(&c, &mut h, 42, ok(&reply(&[R::Allow(1)])));
+        e.on_reply(&c, &mut h, None, 42, ok(&reply(&[R::Allow(1)])));
         assert!(h.resumed.is_empty() && h.counters.is_empty());
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, 42, ok(&reply(&[R::Allow(1)])));
+        e.on_reply(&c, &mut h, None, 42, ok(&reply(&[R::Allow(1)])));
         assert_eq!(e.load(), (0, 1));
     }
 
@@ -1250,7 +1342,7 @@ mod tests {
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, 1, ok(&reply(&[R::Allow(1), R::Allow(1)])));
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Allow(1), R::Allow(1)])));
         assert_eq!(
             h.failures,
             vec![BridgeFailure::BadReply(
