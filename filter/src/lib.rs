@@ -2,7 +2,7 @@
 //! host calls. It decides nothing itself. Host calls are used through `proxy_wasm::hostcalls`,
 //! whose `Result`s are handled, rather than the trait helpers, which unwrap and would trap the VM.
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -112,6 +112,7 @@ impl HttpContext for Request {
         let mut host = EnvoyHost {
             shared: &self.shared,
             pending_call: &mut self.pending_call,
+            request_headers: OnceCell::new(),
         };
         match self.flow.on_request_headers(&self.shared.config, &mut host) {
             Verdict::Continue => Action::Continue,
@@ -123,6 +124,7 @@ impl HttpContext for Request {
         let mut host = EnvoyHost {
             shared: &self.shared,
             pending_call: &mut self.pending_call,
+            request_headers: OnceCell::new(),
         };
         self.flow.on_response_headers(&mut host);
         Action::Continue
@@ -157,6 +159,7 @@ impl Context for Request {
         let mut host = EnvoyHost {
             shared: &self.shared,
             pending_call: &mut self.pending_call,
+            request_headers: OnceCell::new(),
         };
         let reply = BridgeReply {
             status,
@@ -171,13 +174,37 @@ impl Context for Request {
 struct EnvoyHost<'a> {
     shared: &'a Shared,
     pending_call: &'a mut Option<u32>,
+    /// The request headers, read on the first lookup. Envoy's single-value lookup
+    /// (`proxy_get_header_map_value`) returns only the first copy of a repeated header, so
+    /// repeats can only be counted over the whole map.
+    request_headers: OnceCell<Vec<(String, Vec<u8>)>>,
+}
+
+impl EnvoyHost<'_> {
+    fn request_headers(&self) -> &[(String, Vec<u8>)] {
+        self.request_headers.get_or_init(|| {
+            hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_else(|status| {
+                log::warn!("cannot read the request headers: {status:?}");
+                Vec::new()
+            })
+        })
+    }
+
+    fn copies<'h>(&'h self, name: &'h str) -> impl Iterator<Item = &'h Vec<u8>> + 'h {
+        self.request_headers()
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value)
+    }
 }
 
 impl RequestView for EnvoyHost<'_> {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        self.copies(name).next().cloned()
+    }
+
+    fn header_copies(&self, name: &str) -> usize {
+        self.copies(name).count()
     }
 
     fn source_address(&self) -> Option<String> {

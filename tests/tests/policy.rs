@@ -252,6 +252,67 @@ fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
 }
 
 #[test]
+fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
+    let s = stack(
+        "policy-repeated-headers",
+        r#""rules": [
+          {"name": "api", "match": {"path_prefix": "/api/"}, "cost": {"header": "x-cost", "min": 1, "max": 5},
+           "limits": [{"name": "hour", "limit": 3, "window": "1h"}]},
+          {"name": "gold", "match": {"path_prefix": "/tier/", "header": {"name": "x-tier", "value": "gold"}},
+           "limits": [{"name": "hour", "limit": 3, "window": "1h"}]}
+        ]"#,
+    );
+    let e = &s.envoy;
+    assert_eq!(
+        statuses(4, || keyed(e, "/api/a", "real-key")),
+        [200, 200, 200, 429]
+    );
+    let before = evalsha_calls(&s.redis);
+    // The filter used to key on the first copy, while a backend may read the last.
+    for (path, headers, name) in [
+        (
+            "/api/a",
+            [("x-api-key", &b"fresh-4"[..]), ("x-api-key", b"real-key")],
+            "x-api-key",
+        ),
+        (
+            "/api/a",
+            [("x-api-key", b"real-key"), ("x-api-key", b"fresh-5")],
+            "x-api-key",
+        ),
+        ("/api/a", [("x-cost", b"1"), ("x-cost", b"5")], "x-cost"),
+        (
+            "/tier/a",
+            [("x-tier", b"gold"), ("x-tier", b"free")],
+            "x-tier",
+        ),
+    ] {
+        let r = send(e, path, &headers);
+        assert_eq!(r.status, 400, "{headers:?}");
+        assert_eq!(r.text(), format!("{name} must be sent once\n"));
+    }
+    assert_eq!(evalsha_calls(&s.redis), before, "a 400 asks Redis nothing");
+    assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 4);
+    // Where no rule reads it, a repeated header passes untouched.
+    let r = send(e, "/other", &[("x-api-key", b"a"), ("x-api-key", b"b")]);
+    assert_eq!((r.status, r.header("x-ratelimit-limit")), (200, None));
+    // A header the limiter does not decide on may repeat on a limited path.
+    let r = send(
+        e,
+        "/api/a",
+        &[
+            ("x-api-key", b"other-key"),
+            ("accept", b"a"),
+            ("accept", b"b"),
+        ],
+    );
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-remaining")),
+        (200, Some("2"))
+    );
+}
+
+#[test]
 fn shadow_mode_never_blocks_and_still_counts() {
     let s = stack(
         "policy-shadow",

@@ -44,7 +44,7 @@ pub enum Counter {
     FailureModeClosed,
     BridgeErrors,
     ScriptLoads,
-    /// Answered 400: a bad cost header.
+    /// Answered 400: a bad cost header, or a header that decides sent more than once.
     BadRequests,
 }
 
@@ -300,6 +300,9 @@ mod tests {
     impl RequestView for FakeHost {
         fn header(&self, name: &str) -> Option<Vec<u8>> {
             self.request.header(name)
+        }
+        fn header_copies(&self, name: &str) -> usize {
+            self.request.header_copies(name)
         }
         fn source_address(&self) -> Option<String> {
             self.request.source_address()

@@ -3,12 +3,17 @@
 use std::net::IpAddr;
 
 use crate::config::{ClientIpPolicy, Config, KeySource, KeySpec, Limit, Rule, WhenMissing};
+use crate::plan::BadRequest;
 use crate::sha1::sha1_hex;
 
 /// What the limiter may read of a request.
 pub trait RequestView {
-    /// A request header's raw value (`:path` and `:method` included).
+    /// A request header's raw value (`:path` and `:method` included); the first copy if the
+    /// header was sent more than once.
     fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// How many copies of the header the request carries (0: absent). Envoy's single-value
+    /// lookup returns only the first copy, so the host must count them over the whole map.
+    fn header_copies(&self, name: &str) -> usize;
     /// The downstream peer, `ip:port`.
     fn source_address(&self) -> Option<String>;
     /// The name of the route Envoy picked, if it has one.
@@ -92,19 +97,33 @@ pub(crate) fn path_only(path: &[u8]) -> &[u8] {
     &path[..end]
 }
 
+/// A header the limiter decides on (a key source, the cost, a rule's `match.header`). Sent
+/// more than once it refuses the request: the limiter and the backend could read different
+/// copies (the first, the last, or all joined), so a client would be limited as one caller and
+/// served as another.
+pub(crate) fn decisive_header(
+    view: &dyn RequestView,
+    name: &str,
+) -> Result<Option<Vec<u8>>, BadRequest> {
+    if view.header_copies(name) > 1 {
+        return Err(BadRequest(format!("{name} must be sent once")));
+    }
+    Ok(view.header(name))
+}
+
 fn source_value(
     view: &dyn RequestView,
     source: &KeySource,
     policy: &ClientIpPolicy,
-) -> Option<Vec<u8>> {
+) -> Result<Option<Vec<u8>>, BadRequest> {
     let value = match source {
-        KeySource::Header(name) => view.header(name),
+        KeySource::Header(name) => decisive_header(view, name)?,
         KeySource::ClientIp => client_ip(view, policy).map(String::into_bytes),
         KeySource::Route => view.route_name().map(String::into_bytes),
         KeySource::Method => view.header(":method"),
         KeySource::Path => view.header(":path").map(|p| path_only(&p).to_vec()),
     };
-    value.filter(|v| !v.is_empty())
+    Ok(value.filter(|v| !v.is_empty()))
 }
 
 /// Joins the parts of a combined key; no header value can contain it, so parts cannot run
@@ -112,16 +131,18 @@ fn source_value(
 const PART_SEPARATOR: u8 = 0x1f;
 
 /// The identity a rule limits for this request: the first key alternative whose sources are
-/// all present, as (label, bytes). `None` when the rule should be skipped.
+/// all present, as (label, bytes). `None` when the rule should be skipped; an error when a
+/// header it reads was sent more than once (only the sources actually read count: an
+/// alternative is abandoned at its first missing source).
 pub fn resolve(
     view: &dyn RequestView,
     spec: &KeySpec,
     policy: &ClientIpPolicy,
-) -> Option<(String, Vec<u8>)> {
+) -> Result<Option<(String, Vec<u8>)>, BadRequest> {
     'alternatives: for alternative in &spec.alternatives {
         let mut identity = Vec::new();
         for (i, source) in alternative.sources.iter().enumerate() {
-            let Some(value) = source_value(view, source, policy) else {
+            let Some(value) = source_value(view, source, policy)? else {
                 continue 'alternatives;
             };
             if i > 0 {
@@ -129,12 +150,12 @@ pub fn resolve(
             }
             identity.extend_from_slice(&value);
         }
-        return Some((alternative.label.clone(), identity));
+        return Ok(Some((alternative.label.clone(), identity)));
     }
-    match spec.when_missing {
+    Ok(match spec.when_missing {
         WhenMissing::Anonymous => Some(("anonymous".to_string(), Vec::new())),
         WhenMissing::Skip => None,
-    }
+    })
 }
 
 /// Identities up to this length stay readable when `hash_identities` is off; longer or
@@ -170,38 +191,47 @@ pub fn redis_key(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::collections::HashMap;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    /// A request for tests.
+    /// A request for tests: headers in order, a name may repeat.
     #[derive(Default, Clone)]
     pub(crate) struct FakeRequest {
-        pub headers: HashMap<String, Vec<u8>>,
+        pub headers: Vec<(String, Vec<u8>)>,
         pub source: Option<String>,
         pub route: Option<String>,
     }
 
     impl FakeRequest {
         pub(crate) fn new(method: &str, path: &str) -> Self {
-            let mut r = FakeRequest {
+            FakeRequest {
                 source: Some("10.1.2.3:4567".into()),
                 ..Default::default()
-            };
-            r.headers
-                .insert(":method".into(), method.as_bytes().to_vec());
-            r.headers.insert(":path".into(), path.as_bytes().to_vec());
-            r
+            }
+            .with(":method", method.as_bytes())
+            .with(":path", path.as_bytes())
         }
+        /// Sets the header: replaces every copy of it.
         pub(crate) fn with(mut self, name: &str, value: &[u8]) -> Self {
-            self.headers.insert(name.into(), value.to_vec());
+            self.headers.retain(|(n, _)| n != name);
+            self.also(name, value)
+        }
+        /// Adds one more copy of the header.
+        pub(crate) fn also(mut self, name: &str, value: &[u8]) -> Self {
+            self.headers.push((name.into(), value.to_vec()));
             self
         }
     }
 
     impl RequestView for FakeRequest {
         fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.headers.get(name).cloned()
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        }
+        fn header_copies(&self, name: &str) -> usize {
+            self.headers.iter().filter(|(n, _)| n == name).count()
         }
         fn source_address(&self) -> Option<String> {
             self.source.clone()
@@ -297,12 +327,12 @@ pub(crate) mod tests {
         let with_key = FakeRequest::new("GET", "/").with("x-api-key", b"k1");
         assert_eq!(
             resolve(&with_key, spec, &c.client_ip),
-            Some(("header:x-api-key".into(), b"k1".to_vec()))
+            Ok(Some(("header:x-api-key".into(), b"k1".to_vec())))
         );
         let empty_key = FakeRequest::new("GET", "/").with("x-api-key", b"");
         assert_eq!(
             resolve(&empty_key, spec, &c.client_ip),
-            Some(("client_ip".into(), b"10.1.2.3".to_vec()))
+            Ok(Some(("client_ip".into(), b"10.1.2.3".to_vec())))
         );
     }
 
@@ -314,14 +344,14 @@ pub(crate) mod tests {
         );
         let spec = &c.rules[0].key;
         let mut r = FakeRequest::new("POST", "/orders?id=7").with("x-user", b"u1");
-        assert_eq!(resolve(&r, spec, &c.client_ip), None, "no route name");
+        assert_eq!(resolve(&r, spec, &c.client_ip), Ok(None), "no route name");
         r.route = Some("orders".into());
         assert_eq!(
             resolve(&r, spec, &c.client_ip),
-            Some((
+            Ok(Some((
                 "header:x-user+method+path+route".into(),
                 b"u1\x1fPOST\x1f/orders\x1forders".to_vec()
-            ))
+            )))
         );
     }
 
@@ -333,12 +363,62 @@ pub(crate) mod tests {
             "",
             r#"{"from": ["header:x-api-key"], "when_missing": "skip"}"#,
         );
-        assert_eq!(resolve(&r, &skip.rules[0].key, &skip.client_ip), None);
+        assert_eq!(resolve(&r, &skip.rules[0].key, &skip.client_ip), Ok(None));
         let anon = config("", r#"{"from": ["header:x-api-key"]}"#);
         assert_eq!(
             resolve(&r, &anon.rules[0].key, &anon.client_ip),
-            Some(("anonymous".into(), Vec::new()))
+            Ok(Some(("anonymous".into(), Vec::new())))
         );
+    }
+
+    #[test]
+    fn a_key_header_sent_twice_is_a_bad_request() {
+        let c = config("", r#"{"from": ["header:x-api-key", "client_ip"]}"#);
+        let spec = &c.rules[0].key;
+        let twice = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"fresh-4")
+            .also("x-api-key", b"real-key");
+        assert_eq!(
+            resolve(&twice, spec, &c.client_ip),
+            Err(BadRequest("x-api-key must be sent once".into()))
+        );
+        // Two copies are two copies even when they agree, or one is empty.
+        for (a, b) in [(&b"k"[..], &b"k"[..]), (b"", b"k")] {
+            let r = FakeRequest::new("GET", "/")
+                .with("x-api-key", a)
+                .also("x-api-key", b);
+            assert!(resolve(&r, spec, &c.client_ip).is_err());
+        }
+    }
+
+    #[test]
+    fn only_headers_actually_read_must_be_single() {
+        // The first alternative stops at its missing x-user: x-team is never read.
+        let c = config(
+            "",
+            r#"{"from": ["header:x-user+header:x-team", "client_ip"]}"#,
+        );
+        let spec = &c.rules[0].key;
+        let r = FakeRequest::new("GET", "/")
+            .with("x-team", b"a")
+            .also("x-team", b"b");
+        assert_eq!(
+            resolve(&r, spec, &c.client_ip),
+            Ok(Some(("client_ip".into(), b"10.1.2.3".to_vec())))
+        );
+        // An earlier alternative that is complete wins before a later one is read.
+        let c = config("", r#"{"from": ["client_ip", "header:x-api-key"]}"#);
+        let r = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"a")
+            .also("x-api-key", b"b");
+        assert!(resolve(&r, &c.rules[0].key, &c.client_ip).is_ok());
+        // A header no source names may repeat freely.
+        let c = config("", r#"{"from": ["header:x-api-key"]}"#);
+        let r = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"k")
+            .with("accept", b"a")
+            .also("accept", b"b");
+        assert!(resolve(&r, &c.rules[0].key, &c.client_ip).is_ok());
     }
 
     #[test]
