@@ -11,9 +11,14 @@ use e2e::{get, root, wait_for, Envoy, Redis, Response, Stack};
 /// The demo policy in envoy/envoy.yaml: capacity 10, 10 tokens per minute.
 const CAPACITY: usize = 10;
 
-/// The Redis key of the demo rule's bucket for an identity.
+/// The Redis key of the demo rule's bucket for a hashed identity (`id` is the digest).
 fn bucket_key(label: &str, id: &str) -> String {
     format!("rl:{{{label}:{id}}}:per_client:per_minute")
+}
+
+/// The same for an identity kept readable (`"hash_identities": false`).
+fn readable_bucket_key(label: &str, id: &str) -> String {
+    format!("rl:{{{label}={id}}}:per_client:per_minute")
 }
 
 fn digest(identity: &[u8]) -> String {
@@ -111,12 +116,11 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
             && key
                 .iter()
                 .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-        let id = if readable && printable {
-            String::from_utf8_lossy(&key).into_owned()
+        let expected = if readable && printable {
+            readable_bucket_key("header:x-api-key", &String::from_utf8_lossy(&key))
         } else {
-            digest(&key)
+            bucket_key("header:x-api-key", &digest(&key))
         };
-        let expected = bucket_key("header:x-api-key", &id);
         let tokens = stack
             .redis
             .admin()
@@ -147,6 +151,30 @@ fn hostile_keys_stay_intact_when_identities_are_readable() {
         &[("\"hash_identities\": true", "\"hash_identities\": false")],
     );
     assert_hostile_keys_get_ordinary_buckets(&stack, true);
+}
+
+#[test]
+fn a_readable_identity_never_shares_the_bucket_of_its_digest() {
+    let stack = Stack::start(
+        "e2e-readable-vs-digest",
+        &[("\"hash_identities\": true", "\"hash_identities\": false")],
+    );
+    // "a b" has a space, so it is hashed even here; its digest is 40 printable bytes, so as
+    // an identity of its own it stays readable. Both used to be `{header:x-api-key:<hex>}`.
+    let hashed = b"a b";
+    let hex = digest(hashed);
+    assert_full_bucket_then_limited(&stack.envoy, Some(hashed));
+    assert_full_bucket_then_limited(&stack.envoy, Some(hex.as_bytes()));
+    let mut keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().items();
+    keys.sort_by_key(|k| k.text());
+    let keys: Vec<String> = keys.iter().map(|k| k.text()).collect();
+    assert_eq!(
+        keys,
+        [
+            bucket_key("header:x-api-key", &hex),
+            readable_bucket_key("header:x-api-key", &hex)
+        ]
+    );
 }
 
 #[test]

@@ -162,9 +162,16 @@ pub fn resolve(
 /// non-printable ones are hashed anyway, so a debugging option cannot make keys huge.
 pub const MAX_READABLE_IDENTITY: usize = 128;
 
-/// The Redis key of one limit:
-/// `prefix{label:sha1hex(identity)}:rule:limit`. The braces are a Redis Cluster hash tag:
-/// all limits of one identity live on one slot, so one script call can decide them together.
+/// The Redis key of one limit: `prefix{label:sha1hex(identity)}:rule:limit`, or with
+/// `hash_identities` off and a short printable identity `prefix{label=identity}:rule:limit`.
+/// The braces are a Redis Cluster hash tag: all limits of one identity live on one slot, so
+/// one script call can decide them together.
+///
+/// The two forms can never name the same key: a label (`key.from` entry: `header:NAME` with a
+/// token name, `client_ip`, `route`, `method`, `path`, joined by `+`, or `anonymous`) never
+/// contains `=`, nor does a hex digest, so a readable key has a `=` inside its braces and a
+/// hashed one has none. Otherwise a readable identity that is itself 40 hex digits would share
+/// the bucket of the identity it is the SHA-1 of.
 pub fn redis_key(
     config: &Config,
     rule: &Rule,
@@ -177,13 +184,13 @@ pub fn redis_key(
         && identity
             .iter()
             .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-    let id = if readable {
-        String::from_utf8_lossy(identity).into_owned()
+    let (tag, id) = if readable {
+        ('=', String::from_utf8_lossy(identity).into_owned())
     } else {
-        sha1_hex(identity)
+        (':', sha1_hex(identity))
     };
     format!(
-        "{}{{{label}:{id}}}:{}:{}",
+        "{}{{{label}{tag}{id}}}:{}:{}",
         config.key_prefix, rule.name, limit.name
     )
 }
@@ -437,7 +444,7 @@ pub(crate) mod tests {
         let (rule, limit) = (&c.rules[0], &c.rules[0].limits[0]);
         assert_eq!(
             redis_key(&c, rule, limit, "client_ip", b"1.2.3.4"),
-            "rl:{client_ip:1.2.3.4}:r:l"
+            "rl:{client_ip=1.2.3.4}:r:l"
         );
         for identity in [
             &b"a b"[..],
@@ -450,5 +457,57 @@ pub(crate) mod tests {
                 format!("rl:{{k:{}}}:r:l", sha1_hex(identity))
             );
         }
+    }
+
+    #[test]
+    fn readable_and_hashed_keys_never_collide() {
+        let readable = config(r#""hash_identities": false,"#, "{}");
+        let (rule, limit) = (&readable.rules[0], &readable.rules[0].limits[0]);
+        // An identity too long to stay readable is hashed; its digest, sent as an identity,
+        // is 40 printable bytes and stays readable: the two must not share a bucket.
+        let long = [b'a'; MAX_READABLE_IDENTITY + 1];
+        let digest = sha1_hex(&long);
+        assert_ne!(
+            redis_key(&readable, rule, limit, "header:x-api-key", &long),
+            redis_key(
+                &readable,
+                rule,
+                limit,
+                "header:x-api-key",
+                digest.as_bytes()
+            )
+        );
+        assert_eq!(
+            redis_key(
+                &readable,
+                rule,
+                limit,
+                "header:x-api-key",
+                digest.as_bytes()
+            ),
+            format!("rl:{{header:x-api-key={digest}}}:r:l")
+        );
+        // Across deployments too: a readable digest is not the hashed key of its preimage.
+        let hashed = config("", "{}");
+        assert_ne!(
+            redis_key(&hashed, rule, limit, "header:x-api-key", b"abc"),
+            redis_key(
+                &readable,
+                rule,
+                limit,
+                "header:x-api-key",
+                sha1_hex(b"abc").as_bytes()
+            )
+        );
+        // What makes it hold: no label can contain '=' (key sources are token characters).
+        let labels = config(
+            "",
+            r#"{"from": ["header:!#$%&'*-.^_`|~+client_ip+route+method+path", "path"]}"#,
+        );
+        assert!(labels.rules[0]
+            .key
+            .alternatives
+            .iter()
+            .all(|a| !a.label.contains('=')));
     }
 }
