@@ -219,6 +219,88 @@ fn x_forwarded_for_counts_only_with_trusted_hops() {
 }
 
 #[test]
+fn an_invalid_x_forwarded_for_entry_is_no_identity() {
+    let s = stack(
+        "policy-xff-invalid",
+        r#""xff_trusted_hops": 1, "hash_identities": false,
+           "rules": [{"name": "by_ip", "key": {"from": ["client_ip", "header:x-fallback"], "when_missing": "skip"},
+             "limits": [{"name": "hour", "limit": 2, "window": "1h"}]}]"#,
+    );
+    let e = &s.envoy;
+    let via = |xff: &[u8], fallback: Option<&[u8]>| {
+        let mut headers: Vec<(&str, &[u8])> = vec![("x-forwarded-for", xff)];
+        headers.extend(fallback.map(|f| ("x-fallback", f)));
+        send(e, "/", &headers)
+    };
+    // Each used to be an identity of its own (or the shared "anonymous" one, or one bucket
+    // for both invalid byte strings); now none is, and this rule has nothing else to go on.
+    let invalid: [&[u8]; 6] = [
+        b"[]",
+        b":80",
+        b"\xff\xfe",
+        b"\xfe\xff",
+        b"1.2.3.4:abc",
+        b"unknown",
+    ];
+    for xff in invalid {
+        let r = via(xff, None);
+        assert_eq!(
+            (r.status, r.header("x-ratelimit-limit")),
+            (200, None),
+            "skipped, not limited: {xff:?}"
+        );
+    }
+    // With the next alternative present, it decides: one bucket whatever the garbage.
+    assert_eq!(
+        [
+            via(b"\xff\xfe", Some(b"f1")).status,
+            via(b"\xfe\xff", Some(b"f1")).status,
+            via(b"[]", Some(b"f1")).status
+        ],
+        [200, 200, 429]
+    );
+    // A valid entry with or without a port is one client.
+    assert_eq!(
+        [
+            via(b"1.2.3.4:80", Some(b"f2")).status,
+            via(b"1.2.3.4", None).status,
+            via(b"6.6.6.6, 1.2.3.4:8080", None).status
+        ],
+        [200, 200, 429]
+    );
+    // Envoy joins repeated X-Forwarded-For copies with ',': the last copy's entry counts.
+    let two_copies = send(
+        e,
+        "/",
+        &[
+            ("x-forwarded-for", b"9.9.9.9"),
+            ("x-forwarded-for", b"1.2.3.4"),
+        ],
+    );
+    assert_eq!(two_copies.status, 429);
+    // Fewer entries than trusted hops: the connection's peer.
+    assert_eq!(send(e, "/", &[]).header("x-ratelimit-remaining"), Some("1"));
+    let mut keys: Vec<String> = s
+        .redis
+        .admin()
+        .cmd(&["KEYS", "*"])
+        .unwrap()
+        .items()
+        .iter()
+        .map(|k| k.text())
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "rl:{client_ip=1.2.3.4}:by_ip:hour",
+            "rl:{client_ip=127.0.0.1}:by_ip:hour",
+            "rl:{header:x-fallback=f1}:by_ip:hour"
+        ]
+    );
+}
+
+#[test]
 fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
     let s = stack(
         "policy-cost",

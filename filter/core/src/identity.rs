@@ -37,29 +37,56 @@ pub fn strip_port(address: &str) -> &str {
 /// `xff_trusted_hops = N` the Nth entry from the right of X-Forwarded-For (the one the
 /// outermost trusted proxy saw), grouped into its IPv4 / IPv6 prefix (`2001:db8:1:2::/64`).
 /// A client can write anything into X-Forwarded-For, so with N = 0 it is never read.
+///
+/// With fewer entries than N the request did not come through the proxies: the peer counts.
+/// An Nth entry that is not an IP address (optionally with a port) is absent: the trusted
+/// chain is broken, and counting the bytes as written would let a client rotate garbage for
+/// fresh buckets. The rule's next key alternative, or its `when_missing`, applies then.
 pub fn client_ip(view: &dyn RequestView, policy: &ClientIpPolicy) -> Option<String> {
-    let peer = || view.source_address().map(|a| strip_port(&a).to_string());
-    let address = if policy.xff_trusted_hops == 0 {
-        peer()?
-    } else {
+    if policy.xff_trusted_hops > 0 {
         let xff = view.header("x-forwarded-for").unwrap_or_default();
-        let xff = String::from_utf8_lossy(&xff);
-        let entries: Vec<&str> = xff
-            .split(',')
-            .map(str::trim)
+        // Bytes, not text: a lossy conversion would turn different invalid values into one.
+        let entries: Vec<&[u8]> = xff
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
             .filter(|e| !e.is_empty())
             .collect();
-        // Fewer entries than trusted hops: the request did not come through the proxies.
-        match entries.len().checked_sub(policy.xff_trusted_hops) {
-            Some(i) => strip_port(entries[i]).to_string(),
-            None => peer()?,
+        if let Some(i) = entries.len().checked_sub(policy.xff_trusted_hops) {
+            return forwarded_address(entries[i]).map(|ip| group(ip, policy));
         }
-    };
-    match address.parse::<IpAddr>() {
-        Ok(ip) => Some(group(ip, policy)),
-        // Not an address (a proxy wrote garbage): counted as written, never merged with others.
-        Err(_) => Some(address),
     }
+    let peer = view.source_address()?;
+    let peer = strip_port(&peer);
+    match peer.parse::<IpAddr>() {
+        Ok(ip) => Some(group(ip, policy)),
+        // Envoy's peer is not an IP (a Unix socket, say): one bucket for that peer.
+        Err(_) => Some(peer.to_string()),
+    }
+}
+
+/// An X-Forwarded-For entry as an address: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
+/// `[2001:db8::1]` or `[2001:db8::1]:443`. Anything else (not UTF-8, `[]`, `:80`, a name, a
+/// bad port) is `None`.
+fn forwarded_address(entry: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(entry).ok()?;
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    let port_ok = |port: &str| {
+        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok()
+    };
+    if let Some(rest) = text.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        let v6 = inside.parse::<std::net::Ipv6Addr>().ok()?;
+        return match after.strip_prefix(':') {
+            None if after.is_empty() => Some(IpAddr::V6(v6)),
+            Some(port) if port_ok(port) => Some(IpAddr::V6(v6)),
+            _ => None,
+        };
+    }
+    let (host, port) = text.rsplit_once(':')?;
+    let v4 = host.parse::<std::net::Ipv4Addr>().ok()?;
+    port_ok(port).then_some(IpAddr::V4(v4))
 }
 
 /// The address's prefix in CIDR form; a full-length prefix is the bare address.
@@ -289,6 +316,67 @@ pub(crate) mod tests {
         assert_eq!(client_ip(&r, &policy(4)).as_deref(), Some("10.1.2.3"));
         let none = FakeRequest::new("GET", "/");
         assert_eq!(client_ip(&none, &policy(1)).as_deref(), Some("10.1.2.3"));
+    }
+
+    #[test]
+    fn xff_entries_are_addresses_with_an_optional_port() {
+        let via = |xff: &[u8]| {
+            let r = FakeRequest::new("GET", "/").with("x-forwarded-for", xff);
+            client_ip(&r, &policy(1))
+        };
+        for (xff, want) in [
+            (&b"1.2.3.4"[..], "1.2.3.4"),
+            (b"1.2.3.4:80", "1.2.3.4"),
+            (b" 6.6.6.6 ,1.2.3.4:65535 ", "1.2.3.4"),
+            (b"2001:db8::1", "2001:db8::/64"),
+            (b"[2001:db8::1]", "2001:db8::/64"),
+            (b"[2001:db8::1]:443", "2001:db8::/64"),
+            (b"::ffff:1.2.3.4", "1.2.3.4"),
+        ] {
+            assert_eq!(via(xff).as_deref(), Some(want), "{xff:?}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_chosen_xff_entry_is_absent() {
+        let via = |xff: &[u8]| {
+            let r = FakeRequest::new("GET", "/").with("x-forwarded-for", xff);
+            client_ip(&r, &policy(1))
+        };
+        for xff in [
+            &b"[]"[..],
+            b":80",
+            b"\xff\xfe",
+            b"\xfe\xff",
+            b"1.2.3.4:abc",
+            b"1.2.3.4:",
+            b"1.2.3.4:99999",
+            b"1.2.3.4:80:90",
+            b"[2001:db8::1]443",
+            b"[1.2.3.4]:80",
+            b"unknown",
+            b"client.example",
+            b"1.2.3.4, garbage",
+        ] {
+            assert_eq!(via(xff), None, "{xff:?}");
+        }
+        // Only the chosen entry must be valid: garbage further left is never read.
+        assert_eq!(via(b"garbage, 1.2.3.4").as_deref(), Some("1.2.3.4"));
+        // Absent, the rule's next alternative applies.
+        let c = config(
+            r#""xff_trusted_hops": 1,"#,
+            r#"{"from": ["client_ip", "header:x-api-key"], "when_missing": "skip"}"#,
+        );
+        let r = |xff: &[u8]| FakeRequest::new("GET", "/").with("x-forwarded-for", xff);
+        assert_eq!(
+            resolve(
+                &r(b"\xff\xfe").with("x-api-key", b"k"),
+                &c.rules[0].key,
+                &c.client_ip
+            ),
+            Ok(Some(("header:x-api-key".into(), b"k".to_vec())))
+        );
+        assert_eq!(resolve(&r(b"[]"), &c.rules[0].key, &c.client_ip), Ok(None));
     }
 
     #[test]
