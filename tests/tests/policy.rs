@@ -394,6 +394,125 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
     );
 }
 
+/// The largest limit of each algorithm, cycled to fill a rule.
+fn largest_limit(k: usize) -> String {
+    use ratelimit_core::bounds::{MAX_LIMIT, MAX_LOG_LIMIT};
+    match k % 5 {
+        0 => format!(r#""limit": {MAX_LIMIT}, "window": "366d", "burst": {MAX_LIMIT}"#),
+        1 => format!(
+            r#""algorithm": "gcra", "limit": {MAX_LIMIT}, "window": "366d", "burst": {MAX_LIMIT}"#
+        ),
+        2 => format!(
+            r#""algorithm": "sliding_window_counter", "limit": {MAX_LIMIT}, "window": "366d""#
+        ),
+        3 => format!(r#""algorithm": "fixed_window", "limit": {MAX_LIMIT}, "window": "366d""#),
+        _ => format!(
+            r#""algorithm": "sliding_window_log", "limit": {MAX_LOG_LIMIT}, "window": "366d""#
+        ),
+    }
+}
+
+#[test]
+fn the_largest_accepted_values_are_decided_exactly() {
+    use ratelimit_core::bounds::{
+        MAX_KEY_SOURCE_BYTES, MAX_LIMITS_PER_REQUEST, MAX_LIMITS_PER_RULE, MAX_STATE_LIFETIME,
+        MAX_WINDOW,
+    };
+    use ratelimit_core::identity::MAX_READABLE_IDENTITY;
+    // A 128-byte key source, 64-character rule and limit names, 4 rules of 16 limits that all
+    // apply to every request: 64 limits in one call, each with the largest values.
+    let header = format!("x-{}", "k".repeat(MAX_KEY_SOURCE_BYTES - "header:x-".len()));
+    let rule_name = |i: usize| format!("{i}{}", "r".repeat(63));
+    let limit_name = |j: usize| format!("{j:02}{}", "l".repeat(62));
+    // Rule 0 starts with the two limits whose state lives longest (burst 2 × window 366d):
+    // one token per 366 days, so exactly 2 requests pass.
+    let limit_fields = |i: usize, j: usize| match (i, j) {
+        (0, 0) => r#""limit": 1, "window": "366d", "burst": 2"#.to_string(),
+        (0, 1) => r#""algorithm": "gcra", "limit": 1, "window": "366d", "burst": 2"#.to_string(),
+        _ => largest_limit(i * MAX_LIMITS_PER_RULE + j),
+    };
+    let rules: Vec<String> = (0..4)
+        .map(|i| {
+            let limits: Vec<String> = (0..MAX_LIMITS_PER_RULE)
+                .map(|j| format!(r#"{{"name": "{}", {}}}"#, limit_name(j), limit_fields(i, j)))
+                .collect();
+            format!(
+                r#"{{"name": "{}", "key": {{"from": ["header:{header}"], "when_missing": "skip"}}, "limits": [{}]}}"#,
+                rule_name(i),
+                limits.join(", ")
+            )
+        })
+        .collect();
+    let s = stack(
+        "policy-largest-values",
+        &format!(
+            r#""hash_identities": false, "headers": "ietf", "rules": [{}]"#,
+            rules.join(",\n")
+        ),
+    );
+    // The longest readable identity, every byte of it percent-encoded in the call.
+    let identity: String = "!$&'()*.:;=@^|"
+        .chars()
+        .cycle()
+        .take(MAX_READABLE_IDENTITY)
+        .collect();
+    let hit = || send(&s.envoy, "/", &[(&header, identity.as_bytes())]);
+    let first = hit();
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(sf(&first, "ratelimit").len(), MAX_LIMITS_PER_REQUEST);
+    assert_eq!(hit().status, 200);
+    let denied = hit();
+    assert_eq!(denied.status, 429);
+    // The token comes back 366 days after the first request, less the few ms since.
+    let retry_after: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    let year_s = MAX_WINDOW.as_secs();
+    assert!(
+        (year_s - 10..=year_s).contains(&retry_after),
+        "{retry_after}"
+    );
+    // The refused request charged nothing: the large limits show exactly 2 units spent.
+    let state = sf(&denied, "ratelimit");
+    assert_eq!(state.len(), MAX_LIMITS_PER_REQUEST);
+    let remaining = |i: usize, j: usize| {
+        let name = format!("{}.{}", rule_name(i), limit_name(j));
+        state
+            .iter()
+            .find(|item| item.name() == Some(name.as_str()))
+            .and_then(|item| item.int("r"))
+            .unwrap_or_else(|| panic!("no {name} in RateLimit"))
+    };
+    // (0, 2..): sliding_window_counter, fixed_window, sliding_window_log, in cycle order.
+    assert_eq!(remaining(0, 2), 999_999_999_998, "sliding_window_counter");
+    assert_eq!(remaining(0, 3), 999_999_999_998, "fixed_window");
+    assert_eq!(remaining(0, 4), 9_998, "sliding_window_log");
+    assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
+
+    // Every key exists, named with the readable identity, and expires: PEXPIRE got an exact
+    // integer, for the longest-lived state too (732 days + the scripts' 60 s).
+    let mut admin = s.redis.admin();
+    let keys = admin.cmd(&["KEYS", "*"]).unwrap().items();
+    assert_eq!(keys.len(), MAX_LIMITS_PER_REQUEST);
+    let key = |i: usize, j: usize| {
+        format!(
+            "rl:{{header:{header}={identity}}}:{}:{}",
+            rule_name(i),
+            limit_name(j)
+        )
+    };
+    for k in &keys {
+        let ttl = admin.cmd(&["PTTL", &k.text()]).unwrap().int();
+        assert!(ttl > 0, "{} has PTTL {ttl}", k.text());
+    }
+    let longest = MAX_STATE_LIFETIME.as_millis() as i64 + 60_000;
+    for j in [0, 1] {
+        let ttl = admin.cmd(&["PTTL", &key(0, j)]).unwrap().int();
+        assert!((longest - 30_000..=longest).contains(&ttl), "{j}: {ttl}");
+    }
+    let log_ttl = admin.cmd(&["PTTL", &key(0, 4)]).unwrap().int();
+    let window = MAX_WINDOW.as_millis() as i64 + 60_000;
+    assert!((window - 30_000..=window).contains(&log_ttl), "{log_ttl}");
+}
+
 #[test]
 fn shadow_mode_never_blocks_and_still_counts() {
     let s = stack(

@@ -2,6 +2,7 @@
 //! under wasm-bindgen-test and with a fake host. The adapter in `ratelimit-filter` only carries
 //! out what [`flow::RequestFlow`] asks of its [`flow::Host`].
 
+pub mod bounds;
 pub mod bridge;
 pub mod config;
 pub mod encode;
