@@ -503,10 +503,14 @@ fn the_largest_accepted_values_are_decided_exactly() {
         let ttl = admin.cmd(&["PTTL", &k.text()]).unwrap().int();
         assert!(ttl > 0, "{} has PTTL {ttl}", k.text());
     }
+    // (+ 1 ms: the script's division in doubles may round the lifetime up.)
     let longest = MAX_STATE_LIFETIME.as_millis() as i64 + 60_000;
     for j in [0, 1] {
         let ttl = admin.cmd(&["PTTL", &key(0, j)]).unwrap().int();
-        assert!((longest - 30_000..=longest).contains(&ttl), "{j}: {ttl}");
+        assert!(
+            (longest - 30_000..=longest + 1).contains(&ttl),
+            "{j}: {ttl}"
+        );
     }
     let log_ttl = admin.cmd(&["PTTL", &key(0, 4)]).unwrap().int();
     let window = MAX_WINDOW.as_millis() as i64 + 60_000;

@@ -36,8 +36,9 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(366 * DAY);
 /// margin): burst / limit × window for token_bucket and gcra, 2 × window for
 /// sliding_window_counter, window for the others. Twice `MAX_WINDOW`, what
 /// sliding_window_counter needs at the longest window. The largest `PEXPIRE` argument is then
-/// 63,244,860,000: an exact integer (< 2^53) that Redis writes without exponent (< 1e17) and
-/// Lua's `tostring` too (< 1e14), so replies carry it exactly as well.
+/// about 63,244,860,000 (the script's division in doubles may round it up by 1 ms): an exact
+/// integer (< 2^53) that Redis writes without exponent (< 1e17) and Lua's `tostring` too
+/// (< 1e14), so replies carry it exactly as well.
 pub const MAX_STATE_LIFETIME: Duration = Duration::from_secs(2 * 366 * DAY);
 /// Largest `limit` and `burst`. The scripts count in doubles: token counts, their sums with a
 /// cost (≤ 1,000,000) and refills stay exact integers (< 2^53) with about 1/8000 of a unit to
