@@ -3,7 +3,7 @@
 //! calls are used through `proxy_wasm::hostcalls`, whose `Result`s are handled, rather than the
 //! trait helpers, which unwrap and would trap the VM.
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -246,7 +246,12 @@ impl HttpContext for Request {
             return Action::Continue;
         };
         let mut host = worker.host(self.id);
-        match engine.on_request(&worker.config, &mut host, self.id, &RequestHeaders) {
+        match engine.on_request(
+            &worker.config,
+            &mut host,
+            self.id,
+            &RequestHeaders::default(),
+        ) {
             Verdict::Continue => Action::Continue,
             Verdict::Pause => Action::Pause,
         }
@@ -292,13 +297,36 @@ impl Drop for Request {
 }
 
 /// The request whose callback is running, as the core reads it.
-struct RequestHeaders;
+#[derive(Default)]
+struct RequestHeaders {
+    /// The request headers, read on the first lookup. Envoy's single-value lookup
+    /// (`proxy_get_header_map_value`) returns only the first copy of a repeated header, so
+    /// repeats can only be counted over the whole map.
+    headers: OnceCell<Vec<(String, Vec<u8>)>>,
+}
+
+impl RequestHeaders {
+    fn copies<'h>(&'h self, name: &'h str) -> impl Iterator<Item = &'h Vec<u8>> + 'h {
+        self.headers
+            .get_or_init(|| {
+                hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_else(|status| {
+                    log::warn!("cannot read the request headers: {status:?}");
+                    Vec::new()
+                })
+            })
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value)
+    }
+}
 
 impl RequestView for RequestHeaders {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        self.copies(name).next().cloned()
+    }
+
+    fn header_copies(&self, name: &str) -> usize {
+        self.copies(name).count()
     }
 
     fn source_address(&self) -> Option<String> {

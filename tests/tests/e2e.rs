@@ -5,15 +5,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::procs::{validate_config, Webdis, WorkDir};
-use e2e::{get, root, wait_for, Envoy, Redis, Response, Stack};
+use e2e::procs::{envoy_config, filter_config_edit, validate_config, Webdis, WorkDir};
+use e2e::{free_port, get, root, wait_for, Envoy, Redis, Response, Stack};
 
 /// The demo policy in envoy/envoy.yaml: capacity 10, 10 tokens per minute.
 const CAPACITY: usize = 10;
 
-/// The Redis key of the demo rule's bucket for an identity.
+/// The Redis key of the demo rule's bucket for a hashed identity (`id` is the digest).
 fn bucket_key(label: &str, id: &str) -> String {
     format!("rl:{{{label}:{id}}}:per_client:per_minute")
+}
+
+/// The same for an identity kept readable (`"hash_identities": false`).
+fn readable_bucket_key(label: &str, id: &str) -> String {
+    format!("rl:{{{label}={id}}}:per_client:per_minute")
 }
 
 fn digest(identity: &[u8]) -> String {
@@ -111,12 +116,11 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
             && key
                 .iter()
                 .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-        let id = if readable && printable {
-            String::from_utf8_lossy(&key).into_owned()
+        let expected = if readable && printable {
+            readable_bucket_key("header:x-api-key", &String::from_utf8_lossy(&key))
         } else {
-            digest(&key)
+            bucket_key("header:x-api-key", &digest(&key))
         };
-        let expected = bucket_key("header:x-api-key", &id);
         let tokens = stack
             .redis
             .admin()
@@ -147,6 +151,30 @@ fn hostile_keys_stay_intact_when_identities_are_readable() {
         &[("\"hash_identities\": true", "\"hash_identities\": false")],
     );
     assert_hostile_keys_get_ordinary_buckets(&stack, true);
+}
+
+#[test]
+fn a_readable_identity_never_shares_the_bucket_of_its_digest() {
+    let stack = Stack::start(
+        "e2e-readable-vs-digest",
+        &[("\"hash_identities\": true", "\"hash_identities\": false")],
+    );
+    // "a b" has a space, so it is hashed even here; its digest is 40 printable bytes, so as
+    // an identity of its own it stays readable. Both used to be `{header:x-api-key:<hex>}`.
+    let hashed = b"a b";
+    let hex = digest(hashed);
+    assert_full_bucket_then_limited(&stack.envoy, Some(hashed));
+    assert_full_bucket_then_limited(&stack.envoy, Some(hex.as_bytes()));
+    let mut keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().items();
+    keys.sort_by_key(|k| k.text());
+    let keys: Vec<String> = keys.iter().map(|k| k.text()).collect();
+    assert_eq!(
+        keys,
+        [
+            bucket_key("header:x-api-key", &hex),
+            readable_bucket_key("header:x-api-key", &hex)
+        ]
+    );
 }
 
 #[test]
@@ -357,6 +385,61 @@ fn bad_filter_config_stops_envoy_and_names_the_field() {
         assert!(
             log.contains(&format!("invalid filter configuration: {message}")),
             "{to}: log does not name the field:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn over_bound_configs_fail_validation_naming_the_field() {
+    let dir = WorkDir::new("e2e-over-bound");
+    let limit = "\"algorithm\": \"token_bucket\", \"limit\": 10, \"window\": \"1m\"";
+    // Five rules applying to every request, 13 limits each: 65 limits in one call.
+    let limits: Vec<String> = (0..13)
+        .map(|j| format!(r#"{{"name": "l{j}", "limit": 1, "window": "1s"}}"#))
+        .collect();
+    let rules: Vec<String> = (0..5)
+        .map(|i| format!(r#"{{"name": "r{i}", "limits": [{}]}}"#, limits.join(", ")))
+        .collect();
+    let (filter_from, filter_to) =
+        filter_config_edit(&format!(r#"{{"rules": [{}]}}"#, rules.join(", ")));
+    let cases = [
+        (
+            limit.to_string(),
+            limit.replace("\"1m\"", "\"99999999999d\""),
+            "rules[0].limits[0].window: must be at most 366d",
+        ),
+        (
+            limit.to_string(),
+            limit.replace("10", "1000000000001"),
+            "rules[0].limits[0].limit: must be at most 1000000000000",
+        ),
+        (
+            limit.to_string(),
+            limit.replace("\"1m\"", "\"366d\", \"burst\": 30"),
+            "rules[0].limits[0].burst: the state would live burst / limit × window, longer than 732d: lower burst or window",
+        ),
+        (
+            limit.to_string(),
+            limit
+                .replace("token_bucket", "sliding_window_log")
+                .replace("10", "10001"),
+            "rules[0].limits[0].limit: sliding_window_log keeps one entry per unit: must be at most 10000",
+        ),
+        (
+            filter_from,
+            filter_to,
+            "rules[0]: a request it matches can carry 65 limits",
+        ),
+    ];
+    for (i, (from, to, message)) in cases.iter().enumerate() {
+        let yaml = envoy_config(free_port(), free_port(), 1, &[(from.as_str(), to.as_str())]);
+        let path = dir.file(&format!("over-bound-{i}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let (ok, output) = validate_config(&root(), &path);
+        assert!(!ok, "case {i} validated:\n{output}");
+        assert!(
+            output.contains(&format!("invalid filter configuration: {message}")),
+            "case {i}: the output does not name the field:\n{output}"
         );
     }
 }

@@ -508,6 +508,105 @@ fn state_expires_once_it_no_longer_matters() {
 }
 
 #[test]
+fn the_largest_values_the_config_accepts_keep_every_number_exact() {
+    use ratelimit_core::bounds::{MAX_LIMIT, MAX_LOG_LIMIT, MAX_STATE_LIFETIME, MAX_WINDOW};
+    let (_dir, redis) = start("lua-bounds");
+    let mut s = Script::new(&redis);
+    let w = MAX_WINDOW.as_millis() as u64;
+    let lifetime = MAX_STATE_LIFETIME.as_millis() as i64;
+    let big = |key, algorithm| L {
+        burst: MAX_LIMIT,
+        ..limit(key, algorithm, MAX_LIMIT, w)
+    };
+    // T0 lies 25,257,600,000 ms into its 366-day window (aligned to the Unix epoch).
+    let into = 25_257_600_000;
+    let cases: [(L, &str, i64); 7] = [
+        // burst 2 at 1 per 366 days: full again in 732 days, the longest state.
+        (
+            L {
+                burst: 2,
+                ..limit("rl:t:max-tb2", Algorithm::TokenBucket, 1, w)
+            },
+            "1",
+            lifetime,
+        ),
+        (
+            L {
+                burst: 2,
+                ..limit("rl:t:max-gcra2", Algorithm::Gcra, 1, w)
+            },
+            "1",
+            w as i64,
+        ),
+        // A bucket expires once it would be full again; GCRA once its TAT (here one
+        // 1/31,622,400,000 ms interval ahead, rounded up) has passed.
+        (
+            big("rl:t:max-tb", Algorithm::TokenBucket),
+            "999999999999",
+            w as i64,
+        ),
+        (big("rl:t:max-gcra", Algorithm::Gcra), "999999999999", 1),
+        (
+            limit("rl:t:max-fixed", Algorithm::FixedWindow, MAX_LIMIT, w),
+            "999999999999",
+            w as i64 - into,
+        ),
+        (
+            limit(
+                "rl:t:max-swc",
+                Algorithm::SlidingWindowCounter,
+                MAX_LIMIT,
+                w,
+            ),
+            "999999999999",
+            2 * w as i64 - into,
+        ),
+        (
+            limit(
+                "rl:t:max-swl",
+                Algorithm::SlidingWindowLog,
+                MAX_LOG_LIMIT,
+                w,
+            ),
+            "9999",
+            w as i64,
+        ),
+    ];
+    let mut admin = redis.admin();
+    for (l, remaining, ttl) in cases {
+        let (allowed, got_remaining, _, _) = s.one(T0, &l);
+        assert_eq!(
+            (allowed, got_remaining.as_str()),
+            (1, remaining),
+            "{}",
+            l.key
+        );
+        // PEXPIRE got a whole number: the state's lifetime + the scripts' 60 s (+ 1 ms where
+        // the script's division in doubles lands a hair above and rounds up).
+        let ttl = ttl + 60_000;
+        let pttl = admin.cmd(&["PTTL", l.key]).unwrap().int();
+        assert!(
+            (ttl - 1000..=ttl + 1).contains(&pttl),
+            "{}: PTTL {pttl}, want {ttl}",
+            l.key
+        );
+    }
+    // What the bounds prevent: with a window of 99999999999 days PEXPIRE's argument is a
+    // number Redis writes in exponent form, and every decision fails.
+    let huge = limit(
+        "rl:t:huge",
+        Algorithm::FixedWindow,
+        1,
+        99_999_999_999 * 86_400_000,
+    );
+    match s.decide_batch(T0, &[&[huge]]).remove(0) {
+        Err(message) => assert!(message.contains("not an integer"), "{message}"),
+        other => panic!("expected PEXPIRE to fail, got {other:?}"),
+    }
+}
+
+#[test]
+
 fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request() {
     let (_dir, redis) = start("lua-badargs");
     let mut s = Script::new(&redis);

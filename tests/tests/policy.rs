@@ -219,6 +219,88 @@ fn x_forwarded_for_counts_only_with_trusted_hops() {
 }
 
 #[test]
+fn an_invalid_x_forwarded_for_entry_is_no_identity() {
+    let s = stack(
+        "policy-xff-invalid",
+        r#""xff_trusted_hops": 1, "hash_identities": false,
+           "rules": [{"name": "by_ip", "key": {"from": ["client_ip", "header:x-fallback"], "when_missing": "skip"},
+             "limits": [{"name": "hour", "limit": 2, "window": "1h"}]}]"#,
+    );
+    let e = &s.envoy;
+    let via = |xff: &[u8], fallback: Option<&[u8]>| {
+        let mut headers: Vec<(&str, &[u8])> = vec![("x-forwarded-for", xff)];
+        headers.extend(fallback.map(|f| ("x-fallback", f)));
+        send(e, "/", &headers)
+    };
+    // Each used to be an identity of its own (or the shared "anonymous" one, or one bucket
+    // for both invalid byte strings); now none is, and this rule has nothing else to go on.
+    let invalid: [&[u8]; 6] = [
+        b"[]",
+        b":80",
+        b"\xff\xfe",
+        b"\xfe\xff",
+        b"1.2.3.4:abc",
+        b"unknown",
+    ];
+    for xff in invalid {
+        let r = via(xff, None);
+        assert_eq!(
+            (r.status, r.header("x-ratelimit-limit")),
+            (200, None),
+            "skipped, not limited: {xff:?}"
+        );
+    }
+    // With the next alternative present, it decides: one bucket whatever the garbage.
+    assert_eq!(
+        [
+            via(b"\xff\xfe", Some(b"f1")).status,
+            via(b"\xfe\xff", Some(b"f1")).status,
+            via(b"[]", Some(b"f1")).status
+        ],
+        [200, 200, 429]
+    );
+    // A valid entry with or without a port is one client.
+    assert_eq!(
+        [
+            via(b"1.2.3.4:80", Some(b"f2")).status,
+            via(b"1.2.3.4", None).status,
+            via(b"6.6.6.6, 1.2.3.4:8080", None).status
+        ],
+        [200, 200, 429]
+    );
+    // Envoy joins repeated X-Forwarded-For copies with ',': the last copy's entry counts.
+    let two_copies = send(
+        e,
+        "/",
+        &[
+            ("x-forwarded-for", b"9.9.9.9"),
+            ("x-forwarded-for", b"1.2.3.4"),
+        ],
+    );
+    assert_eq!(two_copies.status, 429);
+    // Fewer entries than trusted hops: the connection's peer.
+    assert_eq!(send(e, "/", &[]).header("x-ratelimit-remaining"), Some("1"));
+    let mut keys: Vec<String> = s
+        .redis
+        .admin()
+        .cmd(&["KEYS", "*"])
+        .unwrap()
+        .items()
+        .iter()
+        .map(|k| k.text())
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "rl:{client_ip=1.2.3.4}:by_ip:hour",
+            "rl:{client_ip=127.0.0.1}:by_ip:hour",
+            "rl:{header:x-fallback=f1}:by_ip:hour"
+        ]
+    );
+}
+
+#[test]
 fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
     let s = stack(
         "policy-cost",
@@ -249,6 +331,190 @@ fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
         "a bad request asks Redis nothing"
     );
     assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 7);
+}
+
+#[test]
+fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
+    let s = stack(
+        "policy-repeated-headers",
+        r#""rules": [
+          {"name": "api", "match": {"path_prefix": "/api/"}, "cost": {"header": "x-cost", "min": 1, "max": 5},
+           "limits": [{"name": "hour", "limit": 3, "window": "1h"}]},
+          {"name": "gold", "match": {"path_prefix": "/tier/", "header": {"name": "x-tier", "value": "gold"}},
+           "limits": [{"name": "hour", "limit": 3, "window": "1h"}]}
+        ]"#,
+    );
+    let e = &s.envoy;
+    assert_eq!(
+        statuses(4, || keyed(e, "/api/a", "real-key")),
+        [200, 200, 200, 429]
+    );
+    let before = evalsha_calls(&s.redis);
+    // The filter used to key on the first copy, while a backend may read the last.
+    for (path, headers, name) in [
+        (
+            "/api/a",
+            [("x-api-key", &b"fresh-4"[..]), ("x-api-key", b"real-key")],
+            "x-api-key",
+        ),
+        (
+            "/api/a",
+            [("x-api-key", b"real-key"), ("x-api-key", b"fresh-5")],
+            "x-api-key",
+        ),
+        ("/api/a", [("x-cost", b"1"), ("x-cost", b"5")], "x-cost"),
+        (
+            "/tier/a",
+            [("x-tier", b"gold"), ("x-tier", b"free")],
+            "x-tier",
+        ),
+    ] {
+        let r = send(e, path, &headers);
+        assert_eq!(r.status, 400, "{headers:?}");
+        assert_eq!(r.text(), format!("{name} must be sent once\n"));
+    }
+    assert_eq!(evalsha_calls(&s.redis), before, "a 400 asks Redis nothing");
+    assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 4);
+    // Where no rule reads it, a repeated header passes untouched.
+    let r = send(e, "/other", &[("x-api-key", b"a"), ("x-api-key", b"b")]);
+    assert_eq!((r.status, r.header("x-ratelimit-limit")), (200, None));
+    // A header the limiter does not decide on may repeat on a limited path.
+    let r = send(
+        e,
+        "/api/a",
+        &[
+            ("x-api-key", b"other-key"),
+            ("accept", b"a"),
+            ("accept", b"b"),
+        ],
+    );
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-remaining")),
+        (200, Some("2"))
+    );
+}
+
+/// The largest limit of each algorithm, cycled to fill a rule.
+fn largest_limit(k: usize) -> String {
+    use ratelimit_core::bounds::{MAX_LIMIT, MAX_LOG_LIMIT};
+    match k % 5 {
+        0 => format!(r#""limit": {MAX_LIMIT}, "window": "366d", "burst": {MAX_LIMIT}"#),
+        1 => format!(
+            r#""algorithm": "gcra", "limit": {MAX_LIMIT}, "window": "366d", "burst": {MAX_LIMIT}"#
+        ),
+        2 => format!(
+            r#""algorithm": "sliding_window_counter", "limit": {MAX_LIMIT}, "window": "366d""#
+        ),
+        3 => format!(r#""algorithm": "fixed_window", "limit": {MAX_LIMIT}, "window": "366d""#),
+        _ => format!(
+            r#""algorithm": "sliding_window_log", "limit": {MAX_LOG_LIMIT}, "window": "366d""#
+        ),
+    }
+}
+
+#[test]
+fn the_largest_accepted_values_are_decided_exactly() {
+    use ratelimit_core::bounds::{
+        MAX_KEY_SOURCE_BYTES, MAX_LIMITS_PER_REQUEST, MAX_LIMITS_PER_RULE, MAX_STATE_LIFETIME,
+        MAX_WINDOW,
+    };
+    use ratelimit_core::identity::MAX_READABLE_IDENTITY;
+    // A 128-byte key source, 64-character rule and limit names, 4 rules of 16 limits that all
+    // apply to every request: 64 limits in one call, each with the largest values.
+    let header = format!("x-{}", "k".repeat(MAX_KEY_SOURCE_BYTES - "header:x-".len()));
+    let rule_name = |i: usize| format!("{i}{}", "r".repeat(63));
+    let limit_name = |j: usize| format!("{j:02}{}", "l".repeat(62));
+    // Rule 0 starts with the two limits whose state lives longest (burst 2 × window 366d):
+    // one token per 366 days, so exactly 2 requests pass.
+    let limit_fields = |i: usize, j: usize| match (i, j) {
+        (0, 0) => r#""limit": 1, "window": "366d", "burst": 2"#.to_string(),
+        (0, 1) => r#""algorithm": "gcra", "limit": 1, "window": "366d", "burst": 2"#.to_string(),
+        _ => largest_limit(i * MAX_LIMITS_PER_RULE + j),
+    };
+    let rules: Vec<String> = (0..4)
+        .map(|i| {
+            let limits: Vec<String> = (0..MAX_LIMITS_PER_RULE)
+                .map(|j| format!(r#"{{"name": "{}", {}}}"#, limit_name(j), limit_fields(i, j)))
+                .collect();
+            format!(
+                r#"{{"name": "{}", "key": {{"from": ["header:{header}"], "when_missing": "skip"}}, "limits": [{}]}}"#,
+                rule_name(i),
+                limits.join(", ")
+            )
+        })
+        .collect();
+    let s = stack(
+        "policy-largest-values",
+        &format!(
+            r#""hash_identities": false, "headers": "ietf", "rules": [{}]"#,
+            rules.join(",\n")
+        ),
+    );
+    // The longest readable identity, every byte of it percent-encoded in the call.
+    let identity: String = "!$&'()*.:;=@^|"
+        .chars()
+        .cycle()
+        .take(MAX_READABLE_IDENTITY)
+        .collect();
+    let hit = || send(&s.envoy, "/", &[(&header, identity.as_bytes())]);
+    let first = hit();
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(sf(&first, "ratelimit").len(), MAX_LIMITS_PER_REQUEST);
+    assert_eq!(hit().status, 200);
+    let denied = hit();
+    assert_eq!(denied.status, 429);
+    // The token comes back 366 days after the first request, less the few ms since.
+    let retry_after: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    let year_s = MAX_WINDOW.as_secs();
+    assert!(
+        (year_s - 10..=year_s).contains(&retry_after),
+        "{retry_after}"
+    );
+    // The refused request charged nothing: the large limits show exactly 2 units spent.
+    let state = sf(&denied, "ratelimit");
+    assert_eq!(state.len(), MAX_LIMITS_PER_REQUEST);
+    let remaining = |i: usize, j: usize| {
+        let name = format!("{}.{}", rule_name(i), limit_name(j));
+        state
+            .iter()
+            .find(|item| item.name() == Some(name.as_str()))
+            .and_then(|item| item.int("r"))
+            .unwrap_or_else(|| panic!("no {name} in RateLimit"))
+    };
+    // (0, 2..): sliding_window_counter, fixed_window, sliding_window_log, in cycle order.
+    assert_eq!(remaining(0, 2), 999_999_999_998, "sliding_window_counter");
+    assert_eq!(remaining(0, 3), 999_999_999_998, "fixed_window");
+    assert_eq!(remaining(0, 4), 9_998, "sliding_window_log");
+    assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
+
+    // Every key exists, named with the readable identity, and expires: PEXPIRE got an exact
+    // integer, for the longest-lived state too (732 days + the scripts' 60 s).
+    let mut admin = s.redis.admin();
+    let keys = admin.cmd(&["KEYS", "*"]).unwrap().items();
+    assert_eq!(keys.len(), MAX_LIMITS_PER_REQUEST);
+    let key = |i: usize, j: usize| {
+        format!(
+            "rl:{{header:{header}={identity}}}:{}:{}",
+            rule_name(i),
+            limit_name(j)
+        )
+    };
+    for k in &keys {
+        let ttl = admin.cmd(&["PTTL", &k.text()]).unwrap().int();
+        assert!(ttl > 0, "{} has PTTL {ttl}", k.text());
+    }
+    // (+ 1 ms: the script's division in doubles may round the lifetime up.)
+    let longest = MAX_STATE_LIFETIME.as_millis() as i64 + 60_000;
+    for j in [0, 1] {
+        let ttl = admin.cmd(&["PTTL", &key(0, j)]).unwrap().int();
+        assert!(
+            (longest - 30_000..=longest + 1).contains(&ttl),
+            "{j}: {ttl}"
+        );
+    }
+    let log_ttl = admin.cmd(&["PTTL", &key(0, 4)]).unwrap().int();
+    let window = MAX_WINDOW.as_millis() as i64 + 60_000;
+    assert!((window - 30_000..=window).contains(&log_ttl), "{log_ttl}");
 }
 
 #[test]

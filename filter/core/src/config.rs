@@ -9,6 +9,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::bounds::{
+    check_request_bounds, show_duration, state_lifetime_ms, MAX_BRIDGE_FIELD_BYTES,
+    MAX_CONFIG_BYTES, MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE, MAX_LOG_LIMIT,
+    MAX_RULES, MAX_STATE_LIFETIME, MAX_WINDOW,
+};
 use crate::encode::base64;
 use crate::sha1::sha1_hex;
 
@@ -486,6 +491,16 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 impl Config {
     /// Parses and validates the filter's JSON configuration.
     pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
+        // Before parsing: every worker VM parses the configuration.
+        if json.len() > MAX_CONFIG_BYTES {
+            return Err(invalid(
+                "",
+                format!(
+                    "the configuration is {} bytes: must be at most {MAX_CONFIG_BYTES}",
+                    json.len()
+                ),
+            ));
+        }
         // serde would also read a struct from a JSON array, with a confusing message.
         if json
             .iter()
@@ -526,6 +541,12 @@ impl RawConfig {
         if self.rules.is_empty() {
             return Err(invalid("rules", "must hold at least one rule"));
         }
+        if self.rules.len() > MAX_RULES {
+            return Err(invalid(
+                "rules",
+                format!("must hold at most {MAX_RULES} rules"),
+            ));
+        }
         let mut names = HashSet::new();
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, raw) in self.rules.into_iter().enumerate() {
@@ -543,7 +564,7 @@ impl RawConfig {
             };
             rules.push(raw.validate(&field, &defaults)?);
         }
-        Ok(Config {
+        let config = Config {
             bridge,
             clock: self.clock,
             key_prefix: self.key_prefix,
@@ -559,12 +580,30 @@ impl RawConfig {
             batch: self.batch.validate()?,
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
-        })
+        };
+        check_request_bounds(&config)?;
+        Ok(config)
     }
 }
 
 impl RawBridge {
     fn validate(self) -> Result<(Bridge, Duration), ConfigError> {
+        // These go into every call's headers, which share Webdis's request size with the path.
+        for (name, value) in [
+            ("bridge.authority", &self.authority),
+            ("bridge.username", &self.username),
+            ("bridge.password", &self.password),
+        ] {
+            if value
+                .as_ref()
+                .is_some_and(|v| v.len() > MAX_BRIDGE_FIELD_BYTES)
+            {
+                return Err(invalid(
+                    name,
+                    format!("must be at most {MAX_BRIDGE_FIELD_BYTES} bytes"),
+                ));
+            }
+        }
         let cluster = self.cluster.unwrap_or_else(|| DEFAULT_CLUSTER.to_string());
         if cluster.is_empty() {
             return Err(invalid("bridge.cluster", "must not be empty"));
@@ -702,6 +741,12 @@ impl RawRule {
                 "must hold at least one limit",
             ));
         }
+        if self.limits.len() > MAX_LIMITS_PER_RULE {
+            return Err(invalid(
+                &format!("{field}.limits"),
+                format!("must hold at most {MAX_LIMITS_PER_RULE} limits"),
+            ));
+        }
         let mut names = HashSet::new();
         let mut limits = Vec::with_capacity(self.limits.len());
         for (j, raw) in self.limits.into_iter().enumerate() {
@@ -799,6 +844,13 @@ impl RawKey {
         let mut alternatives = Vec::with_capacity(self.from.len());
         for (k, text) in self.from.iter().enumerate() {
             let entry_field = format!("{field}.from[{k}]");
+            // The entry is the label in every key of the rule.
+            if text.len() > MAX_KEY_SOURCE_BYTES {
+                return Err(invalid(
+                    &entry_field,
+                    format!("must be at most {MAX_KEY_SOURCE_BYTES} characters"),
+                ));
+            }
             let mut sources = Vec::new();
             for part in text.split('+') {
                 let source = match part {
@@ -833,13 +885,34 @@ impl RawKey {
 impl RawLimit {
     fn validate(self, field: &str) -> Result<Limit, ConfigError> {
         check_name(&self.name, &format!("{field}.name"))?;
+        let limit_field = format!("{field}.limit");
         if self.limit < 1 {
-            return Err(invalid(&format!("{field}.limit"), "must be >= 1"));
+            return Err(invalid(&limit_field, "must be >= 1"));
+        }
+        if self.limit > MAX_LIMIT {
+            return Err(invalid(
+                &limit_field,
+                format!("must be at most {MAX_LIMIT}"),
+            ));
+        }
+        if self.algorithm == Algorithm::SlidingWindowLog && self.limit > MAX_LOG_LIMIT {
+            return Err(invalid(
+                &limit_field,
+                format!(
+                    "sliding_window_log keeps one entry per unit: must be at most {MAX_LOG_LIMIT}"
+                ),
+            ));
         }
         let window_field = format!("{field}.window");
         let window = duration_field(Some(&self.window), &window_field, Duration::ZERO)?;
         if window.is_zero() {
             return Err(invalid(&window_field, "must be > 0"));
+        }
+        if window > MAX_WINDOW {
+            return Err(invalid(
+                &window_field,
+                format!("must be at most {}", show_duration(MAX_WINDOW)),
+            ));
         }
         let burst = match self.burst {
             None => self.limit,
@@ -853,8 +926,26 @@ impl RawLimit {
                 ))
             }
             Some(0) => return Err(invalid(&format!("{field}.burst"), "must be >= 1")),
+            Some(burst) if burst > MAX_LIMIT => {
+                return Err(invalid(
+                    &format!("{field}.burst"),
+                    format!("must be at most {MAX_LIMIT}"),
+                ))
+            }
             Some(burst) => burst,
         };
+        // Only a burst above the limit can make a bucket outlive the longest window.
+        if state_lifetime_ms(self.algorithm, self.limit, window, burst)
+            > MAX_STATE_LIFETIME.as_millis()
+        {
+            return Err(invalid(
+                &format!("{field}.burst"),
+                format!(
+                    "the state would live burst / limit × window, longer than {}: lower burst or window",
+                    show_duration(MAX_STATE_LIFETIME)
+                ),
+            ));
+        }
         Ok(Limit {
             name: self.name,
             algorithm: self.algorithm,
@@ -865,7 +956,8 @@ impl RawLimit {
     }
 }
 
-const MAX_COST: u64 = 1_000_000;
+/// Largest cost of one request (fixed, or a cost header's `max`).
+pub const MAX_COST: u64 = 1_000_000;
 
 fn validate_cost(value: Option<Value>, field: &str) -> Result<Cost, ConfigError> {
     let value = match value {

@@ -22,9 +22,10 @@ use crate::metrics::{Counter, Histogram};
 use crate::plan::{plan, LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
 
-/// A call's path stays under this many bytes (Webdis's shipped `http_max_request_size` is
-/// 64 KiB); a batch stops growing before it would pass it. A single request always goes.
-pub const MAX_CALL_BYTES: usize = 32 * 1024;
+/// A call's path stays within this many bytes (Webdis's shipped `http_max_request_size` is
+/// 64 KiB); a batch stops growing before it would pass it. The configuration is refused if a
+/// single request could need more.
+pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
 
 /// The period of each worker's timer ([`Engine::on_tick`]).
 pub const TICK: Duration = Duration::from_millis(100);

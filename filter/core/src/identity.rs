@@ -3,12 +3,17 @@
 use std::net::IpAddr;
 
 use crate::config::{ClientIpPolicy, Config, KeySource, KeySpec, Limit, Rule, WhenMissing};
+use crate::plan::BadRequest;
 use crate::sha1::sha1_hex;
 
 /// What the limiter may read of a request.
 pub trait RequestView {
-    /// A request header's raw value (`:path` and `:method` included).
+    /// A request header's raw value (`:path` and `:method` included); the first copy if the
+    /// header was sent more than once.
     fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// How many copies of the header the request carries (0: absent). Envoy's single-value
+    /// lookup returns only the first copy, so the host must count them over the whole map.
+    fn header_copies(&self, name: &str) -> usize;
     /// The downstream peer, `ip:port`.
     fn source_address(&self) -> Option<String>;
     /// The name of the route Envoy picked, if it has one.
@@ -32,29 +37,56 @@ pub fn strip_port(address: &str) -> &str {
 /// `xff_trusted_hops = N` the Nth entry from the right of X-Forwarded-For (the one the
 /// outermost trusted proxy saw), grouped into its IPv4 / IPv6 prefix (`2001:db8:1:2::/64`).
 /// A client can write anything into X-Forwarded-For, so with N = 0 it is never read.
+///
+/// With fewer entries than N the request did not come through the proxies: the peer counts.
+/// An Nth entry that is not an IP address (optionally with a port) is absent: the trusted
+/// chain is broken, and counting the bytes as written would let a client rotate garbage for
+/// fresh buckets. The rule's next key alternative, or its `when_missing`, applies then.
 pub fn client_ip(view: &dyn RequestView, policy: &ClientIpPolicy) -> Option<String> {
-    let peer = || view.source_address().map(|a| strip_port(&a).to_string());
-    let address = if policy.xff_trusted_hops == 0 {
-        peer()?
-    } else {
+    if policy.xff_trusted_hops > 0 {
         let xff = view.header("x-forwarded-for").unwrap_or_default();
-        let xff = String::from_utf8_lossy(&xff);
-        let entries: Vec<&str> = xff
-            .split(',')
-            .map(str::trim)
+        // Bytes, not text: a lossy conversion would turn different invalid values into one.
+        let entries: Vec<&[u8]> = xff
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
             .filter(|e| !e.is_empty())
             .collect();
-        // Fewer entries than trusted hops: the request did not come through the proxies.
-        match entries.len().checked_sub(policy.xff_trusted_hops) {
-            Some(i) => strip_port(entries[i]).to_string(),
-            None => peer()?,
+        if let Some(i) = entries.len().checked_sub(policy.xff_trusted_hops) {
+            return forwarded_address(entries[i]).map(|ip| group(ip, policy));
         }
-    };
-    match address.parse::<IpAddr>() {
-        Ok(ip) => Some(group(ip, policy)),
-        // Not an address (a proxy wrote garbage): counted as written, never merged with others.
-        Err(_) => Some(address),
     }
+    let peer = view.source_address()?;
+    let peer = strip_port(&peer);
+    match peer.parse::<IpAddr>() {
+        Ok(ip) => Some(group(ip, policy)),
+        // Envoy's peer is not an IP (a Unix socket, say): one bucket for that peer.
+        Err(_) => Some(peer.to_string()),
+    }
+}
+
+/// An X-Forwarded-For entry as an address: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
+/// `[2001:db8::1]` or `[2001:db8::1]:443`. Anything else (not UTF-8, `[]`, `:80`, a name, a
+/// bad port) is `None`.
+fn forwarded_address(entry: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(entry).ok()?;
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    let port_ok = |port: &str| {
+        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok()
+    };
+    if let Some(rest) = text.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        let v6 = inside.parse::<std::net::Ipv6Addr>().ok()?;
+        return match after.strip_prefix(':') {
+            None if after.is_empty() => Some(IpAddr::V6(v6)),
+            Some(port) if port_ok(port) => Some(IpAddr::V6(v6)),
+            _ => None,
+        };
+    }
+    let (host, port) = text.rsplit_once(':')?;
+    let v4 = host.parse::<std::net::Ipv4Addr>().ok()?;
+    port_ok(port).then_some(IpAddr::V4(v4))
 }
 
 /// The address's prefix in CIDR form; a full-length prefix is the bare address.
@@ -92,19 +124,33 @@ pub(crate) fn path_only(path: &[u8]) -> &[u8] {
     &path[..end]
 }
 
+/// A header the limiter decides on (a key source, the cost, a rule's `match.header`). Sent
+/// more than once it refuses the request: the limiter and the backend could read different
+/// copies (the first, the last, or all joined), so a client would be limited as one caller and
+/// served as another.
+pub(crate) fn decisive_header(
+    view: &dyn RequestView,
+    name: &str,
+) -> Result<Option<Vec<u8>>, BadRequest> {
+    if view.header_copies(name) > 1 {
+        return Err(BadRequest(format!("{name} must be sent once")));
+    }
+    Ok(view.header(name))
+}
+
 fn source_value(
     view: &dyn RequestView,
     source: &KeySource,
     policy: &ClientIpPolicy,
-) -> Option<Vec<u8>> {
+) -> Result<Option<Vec<u8>>, BadRequest> {
     let value = match source {
-        KeySource::Header(name) => view.header(name),
+        KeySource::Header(name) => decisive_header(view, name)?,
         KeySource::ClientIp => client_ip(view, policy).map(String::into_bytes),
         KeySource::Route => view.route_name().map(String::into_bytes),
         KeySource::Method => view.header(":method"),
         KeySource::Path => view.header(":path").map(|p| path_only(&p).to_vec()),
     };
-    value.filter(|v| !v.is_empty())
+    Ok(value.filter(|v| !v.is_empty()))
 }
 
 /// Joins the parts of a combined key; no header value can contain it, so parts cannot run
@@ -112,16 +158,18 @@ fn source_value(
 const PART_SEPARATOR: u8 = 0x1f;
 
 /// The identity a rule limits for this request: the first key alternative whose sources are
-/// all present, as (label, bytes). `None` when the rule should be skipped.
+/// all present, as (label, bytes). `None` when the rule should be skipped; an error when a
+/// header it reads was sent more than once (only the sources actually read count: an
+/// alternative is abandoned at its first missing source).
 pub fn resolve(
     view: &dyn RequestView,
     spec: &KeySpec,
     policy: &ClientIpPolicy,
-) -> Option<(String, Vec<u8>)> {
+) -> Result<Option<(String, Vec<u8>)>, BadRequest> {
     'alternatives: for alternative in &spec.alternatives {
         let mut identity = Vec::new();
         for (i, source) in alternative.sources.iter().enumerate() {
-            let Some(value) = source_value(view, source, policy) else {
+            let Some(value) = source_value(view, source, policy)? else {
                 continue 'alternatives;
             };
             if i > 0 {
@@ -129,21 +177,28 @@ pub fn resolve(
             }
             identity.extend_from_slice(&value);
         }
-        return Some((alternative.label.clone(), identity));
+        return Ok(Some((alternative.label.clone(), identity)));
     }
-    match spec.when_missing {
+    Ok(match spec.when_missing {
         WhenMissing::Anonymous => Some(("anonymous".to_string(), Vec::new())),
         WhenMissing::Skip => None,
-    }
+    })
 }
 
 /// Identities up to this length stay readable when `hash_identities` is off; longer or
 /// non-printable ones are hashed anyway, so a debugging option cannot make keys huge.
 pub const MAX_READABLE_IDENTITY: usize = 128;
 
-/// The Redis key of one limit:
-/// `prefix{label:sha1hex(identity)}:rule:limit`. The braces are a Redis Cluster hash tag:
-/// all limits of one identity live on one slot, so one script call can decide them together.
+/// The Redis key of one limit: `prefix{label:sha1hex(identity)}:rule:limit`, or with
+/// `hash_identities` off and a short printable identity `prefix{label=identity}:rule:limit`.
+/// The braces are a Redis Cluster hash tag: all limits of one identity live on one slot, so
+/// one script call can decide them together.
+///
+/// The two forms can never name the same key: a label (`key.from` entry: `header:NAME` with a
+/// token name, `client_ip`, `route`, `method`, `path`, joined by `+`, or `anonymous`) never
+/// contains `=`, nor does a hex digest, so a readable key has a `=` inside its braces and a
+/// hashed one has none. Otherwise a readable identity that is itself 40 hex digits would share
+/// the bucket of the identity it is the SHA-1 of.
 pub fn redis_key(
     config: &Config,
     rule: &Rule,
@@ -156,13 +211,13 @@ pub fn redis_key(
         && identity
             .iter()
             .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-    let id = if readable {
-        String::from_utf8_lossy(identity).into_owned()
+    let (tag, id) = if readable {
+        ('=', String::from_utf8_lossy(identity).into_owned())
     } else {
-        sha1_hex(identity)
+        (':', sha1_hex(identity))
     };
     format!(
-        "{}{{{label}:{id}}}:{}:{}",
+        "{}{{{label}{tag}{id}}}:{}:{}",
         config.key_prefix, rule.name, limit.name
     )
 }
@@ -170,38 +225,47 @@ pub fn redis_key(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::collections::HashMap;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    /// A request for tests.
+    /// A request for tests: headers in order, a name may repeat.
     #[derive(Default, Clone)]
     pub(crate) struct FakeRequest {
-        pub headers: HashMap<String, Vec<u8>>,
+        pub headers: Vec<(String, Vec<u8>)>,
         pub source: Option<String>,
         pub route: Option<String>,
     }
 
     impl FakeRequest {
         pub(crate) fn new(method: &str, path: &str) -> Self {
-            let mut r = FakeRequest {
+            FakeRequest {
                 source: Some("10.1.2.3:4567".into()),
                 ..Default::default()
-            };
-            r.headers
-                .insert(":method".into(), method.as_bytes().to_vec());
-            r.headers.insert(":path".into(), path.as_bytes().to_vec());
-            r
+            }
+            .with(":method", method.as_bytes())
+            .with(":path", path.as_bytes())
         }
+        /// Sets the header: replaces every copy of it.
         pub(crate) fn with(mut self, name: &str, value: &[u8]) -> Self {
-            self.headers.insert(name.into(), value.to_vec());
+            self.headers.retain(|(n, _)| n != name);
+            self.also(name, value)
+        }
+        /// Adds one more copy of the header.
+        pub(crate) fn also(mut self, name: &str, value: &[u8]) -> Self {
+            self.headers.push((name.into(), value.to_vec()));
             self
         }
     }
 
     impl RequestView for FakeRequest {
         fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.headers.get(name).cloned()
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        }
+        fn header_copies(&self, name: &str) -> usize {
+            self.headers.iter().filter(|(n, _)| n == name).count()
         }
         fn source_address(&self) -> Option<String> {
             self.source.clone()
@@ -255,6 +319,67 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn xff_entries_are_addresses_with_an_optional_port() {
+        let via = |xff: &[u8]| {
+            let r = FakeRequest::new("GET", "/").with("x-forwarded-for", xff);
+            client_ip(&r, &policy(1))
+        };
+        for (xff, want) in [
+            (&b"1.2.3.4"[..], "1.2.3.4"),
+            (b"1.2.3.4:80", "1.2.3.4"),
+            (b" 6.6.6.6 ,1.2.3.4:65535 ", "1.2.3.4"),
+            (b"2001:db8::1", "2001:db8::/64"),
+            (b"[2001:db8::1]", "2001:db8::/64"),
+            (b"[2001:db8::1]:443", "2001:db8::/64"),
+            (b"::ffff:1.2.3.4", "1.2.3.4"),
+        ] {
+            assert_eq!(via(xff).as_deref(), Some(want), "{xff:?}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_chosen_xff_entry_is_absent() {
+        let via = |xff: &[u8]| {
+            let r = FakeRequest::new("GET", "/").with("x-forwarded-for", xff);
+            client_ip(&r, &policy(1))
+        };
+        for xff in [
+            &b"[]"[..],
+            b":80",
+            b"\xff\xfe",
+            b"\xfe\xff",
+            b"1.2.3.4:abc",
+            b"1.2.3.4:",
+            b"1.2.3.4:99999",
+            b"1.2.3.4:80:90",
+            b"[2001:db8::1]443",
+            b"[1.2.3.4]:80",
+            b"unknown",
+            b"client.example",
+            b"1.2.3.4, garbage",
+        ] {
+            assert_eq!(via(xff), None, "{xff:?}");
+        }
+        // Only the chosen entry must be valid: garbage further left is never read.
+        assert_eq!(via(b"garbage, 1.2.3.4").as_deref(), Some("1.2.3.4"));
+        // Absent, the rule's next alternative applies.
+        let c = config(
+            r#""xff_trusted_hops": 1,"#,
+            r#"{"from": ["client_ip", "header:x-api-key"], "when_missing": "skip"}"#,
+        );
+        let r = |xff: &[u8]| FakeRequest::new("GET", "/").with("x-forwarded-for", xff);
+        assert_eq!(
+            resolve(
+                &r(b"\xff\xfe").with("x-api-key", b"k"),
+                &c.rules[0].key,
+                &c.client_ip
+            ),
+            Ok(Some(("header:x-api-key".into(), b"k".to_vec())))
+        );
+        assert_eq!(resolve(&r(b"[]"), &c.rules[0].key, &c.client_ip), Ok(None));
+    }
+
+    #[test]
     fn addresses_are_grouped_by_prefix() {
         let v6 = |addr: &str| FakeRequest {
             source: Some(format!("[{addr}]:443")),
@@ -297,12 +422,12 @@ pub(crate) mod tests {
         let with_key = FakeRequest::new("GET", "/").with("x-api-key", b"k1");
         assert_eq!(
             resolve(&with_key, spec, &c.client_ip),
-            Some(("header:x-api-key".into(), b"k1".to_vec()))
+            Ok(Some(("header:x-api-key".into(), b"k1".to_vec())))
         );
         let empty_key = FakeRequest::new("GET", "/").with("x-api-key", b"");
         assert_eq!(
             resolve(&empty_key, spec, &c.client_ip),
-            Some(("client_ip".into(), b"10.1.2.3".to_vec()))
+            Ok(Some(("client_ip".into(), b"10.1.2.3".to_vec())))
         );
     }
 
@@ -314,14 +439,14 @@ pub(crate) mod tests {
         );
         let spec = &c.rules[0].key;
         let mut r = FakeRequest::new("POST", "/orders?id=7").with("x-user", b"u1");
-        assert_eq!(resolve(&r, spec, &c.client_ip), None, "no route name");
+        assert_eq!(resolve(&r, spec, &c.client_ip), Ok(None), "no route name");
         r.route = Some("orders".into());
         assert_eq!(
             resolve(&r, spec, &c.client_ip),
-            Some((
+            Ok(Some((
                 "header:x-user+method+path+route".into(),
                 b"u1\x1fPOST\x1f/orders\x1forders".to_vec()
-            ))
+            )))
         );
     }
 
@@ -333,12 +458,62 @@ pub(crate) mod tests {
             "",
             r#"{"from": ["header:x-api-key"], "when_missing": "skip"}"#,
         );
-        assert_eq!(resolve(&r, &skip.rules[0].key, &skip.client_ip), None);
+        assert_eq!(resolve(&r, &skip.rules[0].key, &skip.client_ip), Ok(None));
         let anon = config("", r#"{"from": ["header:x-api-key"]}"#);
         assert_eq!(
             resolve(&r, &anon.rules[0].key, &anon.client_ip),
-            Some(("anonymous".into(), Vec::new()))
+            Ok(Some(("anonymous".into(), Vec::new())))
         );
+    }
+
+    #[test]
+    fn a_key_header_sent_twice_is_a_bad_request() {
+        let c = config("", r#"{"from": ["header:x-api-key", "client_ip"]}"#);
+        let spec = &c.rules[0].key;
+        let twice = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"fresh-4")
+            .also("x-api-key", b"real-key");
+        assert_eq!(
+            resolve(&twice, spec, &c.client_ip),
+            Err(BadRequest("x-api-key must be sent once".into()))
+        );
+        // Two copies are two copies even when they agree, or one is empty.
+        for (a, b) in [(&b"k"[..], &b"k"[..]), (b"", b"k")] {
+            let r = FakeRequest::new("GET", "/")
+                .with("x-api-key", a)
+                .also("x-api-key", b);
+            assert!(resolve(&r, spec, &c.client_ip).is_err());
+        }
+    }
+
+    #[test]
+    fn only_headers_actually_read_must_be_single() {
+        // The first alternative stops at its missing x-user: x-team is never read.
+        let c = config(
+            "",
+            r#"{"from": ["header:x-user+header:x-team", "client_ip"]}"#,
+        );
+        let spec = &c.rules[0].key;
+        let r = FakeRequest::new("GET", "/")
+            .with("x-team", b"a")
+            .also("x-team", b"b");
+        assert_eq!(
+            resolve(&r, spec, &c.client_ip),
+            Ok(Some(("client_ip".into(), b"10.1.2.3".to_vec())))
+        );
+        // An earlier alternative that is complete wins before a later one is read.
+        let c = config("", r#"{"from": ["client_ip", "header:x-api-key"]}"#);
+        let r = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"a")
+            .also("x-api-key", b"b");
+        assert!(resolve(&r, &c.rules[0].key, &c.client_ip).is_ok());
+        // A header no source names may repeat freely.
+        let c = config("", r#"{"from": ["header:x-api-key"]}"#);
+        let r = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"k")
+            .with("accept", b"a")
+            .also("accept", b"b");
+        assert!(resolve(&r, &c.rules[0].key, &c.client_ip).is_ok());
     }
 
     #[test]
@@ -357,7 +532,7 @@ pub(crate) mod tests {
         let (rule, limit) = (&c.rules[0], &c.rules[0].limits[0]);
         assert_eq!(
             redis_key(&c, rule, limit, "client_ip", b"1.2.3.4"),
-            "rl:{client_ip:1.2.3.4}:r:l"
+            "rl:{client_ip=1.2.3.4}:r:l"
         );
         for identity in [
             &b"a b"[..],
@@ -370,5 +545,57 @@ pub(crate) mod tests {
                 format!("rl:{{k:{}}}:r:l", sha1_hex(identity))
             );
         }
+    }
+
+    #[test]
+    fn readable_and_hashed_keys_never_collide() {
+        let readable = config(r#""hash_identities": false,"#, "{}");
+        let (rule, limit) = (&readable.rules[0], &readable.rules[0].limits[0]);
+        // An identity too long to stay readable is hashed; its digest, sent as an identity,
+        // is 40 printable bytes and stays readable: the two must not share a bucket.
+        let long = [b'a'; MAX_READABLE_IDENTITY + 1];
+        let digest = sha1_hex(&long);
+        assert_ne!(
+            redis_key(&readable, rule, limit, "header:x-api-key", &long),
+            redis_key(
+                &readable,
+                rule,
+                limit,
+                "header:x-api-key",
+                digest.as_bytes()
+            )
+        );
+        assert_eq!(
+            redis_key(
+                &readable,
+                rule,
+                limit,
+                "header:x-api-key",
+                digest.as_bytes()
+            ),
+            format!("rl:{{header:x-api-key={digest}}}:r:l")
+        );
+        // Across deployments too: a readable digest is not the hashed key of its preimage.
+        let hashed = config("", "{}");
+        assert_ne!(
+            redis_key(&hashed, rule, limit, "header:x-api-key", b"abc"),
+            redis_key(
+                &readable,
+                rule,
+                limit,
+                "header:x-api-key",
+                sha1_hex(b"abc").as_bytes()
+            )
+        );
+        // What makes it hold: no label can contain '=' (key sources are token characters).
+        let labels = config(
+            "",
+            r#"{"from": ["header:!#$%&'*-.^_`|~+client_ip+route+method+path", "path"]}"#,
+        );
+        assert!(labels.rules[0]
+            .key
+            .alternatives
+            .iter()
+            .all(|a| !a.label.contains('=')));
     }
 }

@@ -3,6 +3,7 @@
 //! Envoy's callbacks to the worker's [`engine::Engine`] and carries out what it asks of its
 //! [`engine::Host`].
 
+pub mod bounds;
 pub mod bridge;
 pub mod config;
 pub mod deny_cache;

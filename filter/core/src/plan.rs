@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::config::{Algorithm, Config, Cost, FailureMode, Match, PathMatch};
-use crate::identity::{path_only, redis_key, resolve, RequestView};
+use crate::identity::{decisive_header, path_only, redis_key, resolve, RequestView};
 
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,10 +59,10 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
         failure_mode: FailureMode::Open,
     };
     for (r, rule) in config.rules.iter().enumerate() {
-        if !matches(&rule.matcher, view, &method, path) {
+        if !matches(&rule.matcher, view, &method, path)? {
             continue;
         }
-        let Some((label, identity)) = resolve(view, &rule.key, &config.client_ip) else {
+        let Some((label, identity)) = resolve(view, &rule.key, &config.client_ip)? else {
             continue;
         };
         let cost = request_cost(&rule.cost, view)?;
@@ -88,22 +88,31 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
     Ok(plan)
 }
 
-fn matches(m: &Match, view: &dyn RequestView, method: &[u8], path: &[u8]) -> bool {
+/// Whether a rule's matcher fits the request. The header is read last, only when path and
+/// method fit, so that a repeated header counts only on requests the rule could apply to.
+fn matches(
+    m: &Match,
+    view: &dyn RequestView,
+    method: &[u8],
+    path: &[u8],
+) -> Result<bool, BadRequest> {
     let path_ok = match &m.path {
         None => true,
         Some(PathMatch::Exact(p)) => path == p.as_bytes(),
         Some(PathMatch::Prefix(p)) => path.starts_with(p.as_bytes()),
     };
     let method_ok = m.methods.is_empty() || m.methods.iter().any(|x| x.as_bytes() == method);
-    let header_ok = match &m.header {
+    if !(path_ok && method_ok) {
+        return Ok(false);
+    }
+    Ok(match &m.header {
         None => true,
-        Some(h) => match (view.header(&h.name), &h.value) {
+        Some(h) => match (decisive_header(view, &h.name)?, &h.value) {
             (None, _) => false,
             (Some(_), None) => true,
             (Some(got), Some(want)) => got == want.as_bytes(),
         },
-    };
-    path_ok && method_ok && header_ok
+    })
 }
 
 fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> {
@@ -115,7 +124,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
             max,
             default,
         } => {
-            let Some(raw) = view.header(name) else {
+            let Some(raw) = decisive_header(view, name)? else {
                 return Ok(*default);
             };
             let bad = || BadRequest(format!("{name} must be a whole number from {min} to {max}"));
@@ -244,5 +253,58 @@ mod tests {
         ] {
             assert_eq!(cost(Some(value)), bad, "{value:?}");
         }
+    }
+
+    #[test]
+    fn a_decisive_header_sent_twice_is_a_bad_request() {
+        let c = config();
+        let bad = |name: &str| Err(BadRequest(format!("{name} must be sent once")));
+        // The key header of a matching rule: the first copy would be limited, a backend
+        // reading the last would serve the other.
+        let key_twice = FakeRequest::new("GET", "/api/a")
+            .with("x-api-key", b"fresh-4")
+            .also("x-api-key", b"real-key");
+        assert_eq!(plan(&c, &key_twice), bad("x-api-key"));
+        // The cost header.
+        let cost_twice = FakeRequest::new("GET", "/api/a")
+            .with("x-cost", b"1")
+            .also("x-cost", b"10");
+        assert_eq!(plan(&c, &cost_twice), bad("x-cost"));
+        // A match.header.
+        let tier_twice = FakeRequest::new("GET", "/x")
+            .with("x-tier", b"gold")
+            .also("x-tier", b"free");
+        assert_eq!(plan(&c, &tier_twice), bad("x-tier"));
+    }
+
+    #[test]
+    fn a_repeated_header_no_rule_reads_passes() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "api", "match": {"path_prefix": "/api/", "header": {"name": "x-tier"}},
+                "cost": {"header": "x-cost", "min": 1, "max": 10},
+                "limits": [{"name": "l", "limit": 5, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let twice = |path: &str, name: &str| {
+            plan(
+                &c,
+                &FakeRequest::new("GET", path)
+                    .with("x-tier", b"t")
+                    .with(name, b"a")
+                    .also(name, b"b"),
+            )
+        };
+        // Off the rule's path nothing is read, not even its match.header.
+        for name in ["x-api-key", "x-cost", "x-tier"] {
+            assert_eq!(
+                twice("/other", name).map(|p| p.checks.len()),
+                Ok(0),
+                "{name}"
+            );
+        }
+        // On it, headers that decide nothing may repeat.
+        assert_eq!(twice("/api/a", "accept").map(|p| p.checks.len()), Ok(1));
+        assert!(twice("/api/a", "x-tier").is_err());
+        assert!(twice("/api/a", "x-cost").is_err());
     }
 }
