@@ -439,10 +439,10 @@ impl Host for EnvoyHost<'_> {
         }
     }
 
-    fn count(&mut self, counter: Counter) {
+    fn count_n(&mut self, counter: Counter, n: u64) {
         if let Some(Some(id)) = self.worker.counters.get(counter as usize) {
-            // A failed increment loses one count; nothing to do about it on the request path.
-            let _ = hostcalls::increment_metric(*id, 1);
+            // A failed increment loses counts; nothing to do about it on the request path.
+            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

@@ -31,25 +31,26 @@ pub fn sha1(data: &[u8]) -> [u8; 20] {
             w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
         }
         let [mut a, mut b, mut c, mut d, mut e] = h;
-        for (i, &wi) in w.iter().enumerate() {
-            let (f, k) = match i {
-                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
-                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
-                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
-                _ => (b ^ c ^ d, 0xCA62_C1D6),
-            };
-            let temp = a
-                .rotate_left(5)
-                .wrapping_add(f)
-                .wrapping_add(e)
-                .wrapping_add(k)
-                .wrapping_add(wi);
-            e = d;
-            d = c;
-            c = b.rotate_left(30);
-            b = a;
-            a = temp;
-        }
+        // Four rounds of 20, each with its own function: no branch inside the rounds.
+        let mut round = |range: std::ops::Range<usize>, k: u32, f: fn(u32, u32, u32) -> u32| {
+            for &wi in &w[range] {
+                let temp = a
+                    .rotate_left(5)
+                    .wrapping_add(f(b, c, d))
+                    .wrapping_add(e)
+                    .wrapping_add(k)
+                    .wrapping_add(wi);
+                e = d;
+                d = c;
+                c = b.rotate_left(30);
+                b = a;
+                a = temp;
+            }
+        };
+        round(0..20, 0x5A82_7999, |b, c, d| (b & c) | (!b & d));
+        round(20..40, 0x6ED9_EBA1, |b, c, d| b ^ c ^ d);
+        round(40..60, 0x8F1B_BCDC, |b, c, d| (b & c) | (b & d) | (c & d));
+        round(60..80, 0xCA62_C1D6, |b, c, d| b ^ c ^ d);
         for (state, v) in h.iter_mut().zip([a, b, c, d, e]) {
             *state = state.wrapping_add(v);
         }
