@@ -54,8 +54,7 @@ pub fn request(
     req.extend_from_slice(b"\r\n");
     req.extend_from_slice(body);
     stream.write_all(&req)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
+    let raw = read_response(&mut stream)?;
     parse(&raw).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -64,7 +63,46 @@ pub fn request(
     })
 }
 
-fn parse(raw: &[u8]) -> Option<Response> {
+/// Reads one response: until its `Content-Length` or last chunk is in, else until the server
+/// closes. (Waiting for the close alone costs a second whenever Envoy delays it.)
+pub fn read_response(stream: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(raw);
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if is_complete(&raw) {
+            return Ok(raw);
+        }
+    }
+}
+
+fn is_complete(raw: &[u8]) -> bool {
+    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let body = &raw[split + 4..];
+    let header = |name: &str| {
+        head.split("\r\n")
+            .filter_map(|l| l.split_once(':'))
+            .find(|(n, _)| n.trim() == name)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        return body.ends_with(b"0\r\n\r\n");
+    }
+    match header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        Some(length) => body.len() >= length,
+        None => false,
+    }
+}
+
+/// A raw HTTP/1.1 response, if it is one.
+pub fn parse(raw: &[u8]) -> Option<Response> {
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&raw[..split]).ok()?;
     let mut lines = head.split("\r\n");

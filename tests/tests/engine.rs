@@ -1,0 +1,285 @@
+//! The decision engine of each worker end to end: concurrent requests share calls, refused
+//! keys are answered without calls until exactly when they could fit, and a client that
+//! leaves while its batch is in flight takes nobody else's decision with it. Real Envoy (one
+//! worker, so every request meets the same engine), Webdis and Redis, each test its own.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use e2e::procs::{envoy_config, filter_config_edit};
+use e2e::{free_port, get, wait_for, Envoy, Redis, Response, Webdis, WorkDir};
+
+struct OneWorker {
+    envoy: Envoy,
+    webdis: Webdis,
+    redis: Redis,
+    _dir: WorkDir,
+}
+
+/// Redis, Webdis and an Envoy with one worker whose filter holds `rules`.
+fn start(name: &str, rules: &str) -> OneWorker {
+    let dir = WorkDir::new(name);
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let json = format!(
+        r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "5s"}},
+"rules": {rules}}}"#
+    );
+    let (from, to) = filter_config_edit(&json);
+    let port = free_port();
+    let mut admin = free_port();
+    while admin == port {
+        admin = free_port();
+    }
+    let yaml = envoy_config(port, admin, webdis.port, &[(&from, &to)]);
+    let envoy = Envoy::start_config(&dir, port, admin, &yaml, 1);
+    OneWorker {
+        envoy,
+        webdis,
+        redis,
+        _dir: dir,
+    }
+}
+
+fn keyed(envoy: &Envoy, key: &str) -> Response {
+    get(envoy.port, "/", &[("x-api-key", key.as_bytes())]).expect("request through envoy")
+}
+
+fn evalsha_calls(redis: &Redis) -> u64 {
+    let stats = redis.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The script is loaded (the first call after Redis starts gets NOSCRIPT) before counting.
+fn warm_up(s: &OneWorker) {
+    assert_eq!(keyed(&s.envoy, "warm-up").status, 200);
+    assert_eq!(s.envoy.counter("ratelimit_script_loads"), 1);
+}
+
+#[test]
+fn concurrent_requests_share_calls() {
+    let s = start(
+        "engine-share",
+        r#"[{"name": "api", "limits": [{"name": "second", "limit": 1000000, "window": "1s"}]}]"#,
+    );
+    warm_up(&s);
+    let (evalsha, calls, upstream) = (
+        evalsha_calls(&s.redis),
+        s.envoy.counter("ratelimit_bridge_calls"),
+        s.envoy.stat("cluster.webdis.upstream_rq_total"),
+    );
+    const THREADS: usize = 16;
+    const EACH: usize = 40;
+    let port = s.envoy.port;
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                scope.spawn(move || {
+                    (0..EACH)
+                        .map(|i| {
+                            // Half on one hot key, half on keys of their own.
+                            let key = if i % 2 == 0 {
+                                "hot".to_string()
+                            } else {
+                                format!("client-{t}-{i}")
+                            };
+                            get(port, "/", &[("x-api-key", key.as_bytes())])
+                                .map(|r| r.status)
+                                .unwrap_or(0)
+                        })
+                        .collect::<Vec<u16>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("client thread"))
+            .collect()
+    });
+    let requests = (THREADS * EACH) as u64;
+    assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
+    assert_eq!(s.envoy.counter("ratelimit_allowed"), requests + 1);
+    let evalsha = evalsha_calls(&s.redis) - evalsha;
+    let calls = s.envoy.counter("ratelimit_bridge_calls") - calls;
+    let upstream = s.envoy.stat("cluster.webdis.upstream_rq_total") - upstream;
+    // Every decision call is one EVALSHA, counted alike by the filter, Envoy and Redis.
+    assert_eq!((calls, upstream), (evalsha, evalsha));
+    assert!(
+        evalsha * 2 <= requests,
+        "{requests} requests took {evalsha} calls: concurrent ones should share"
+    );
+    // And the hot key was charged once per request, exactly.
+    let key = format!(
+        "rl:{{header:x-api-key:{}}}:api:second",
+        ratelimit_core::sha1::sha1_hex(b"hot")
+    );
+    let tokens: f64 = s
+        .redis
+        .admin()
+        .cmd(&["HGET", &key, "tokens"])
+        .unwrap()
+        .text()
+        .parse()
+        .unwrap();
+    let hot = (THREADS * EACH / 2) as f64;
+    // Refill while the test ran adds back at most 1,000,000 per second of its duration.
+    assert!(tokens >= 1_000_000.0 - hot, "{tokens}");
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn the_deny_cache_answers_without_calls_and_expires_exactly() {
+    // Two tokens, one more per second.
+    let s = start(
+        "engine-deny-cache",
+        r#"[{"name": "api", "limits": [{"name": "second", "limit": 1, "window": "1s", "burst": 2}]}]"#,
+    );
+    warm_up(&s);
+    let first_sent = unix_ms();
+    assert_eq!(keyed(&s.envoy, "abuser").status, 200);
+    assert_eq!(keyed(&s.envoy, "abuser").status, 200);
+    let second_read = unix_ms();
+    assert_eq!(keyed(&s.envoy, "abuser").status, 429, "refused by Redis");
+    let before = evalsha_calls(&s.redis);
+    // Ask again and again until allowed. Every request read before a token can be back (1 s
+    // after the first was decided, which was after it was sent) must be refused, and the first
+    // request sent after one is surely back (1 s after the second was answered) allowed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut refused = 0u64;
+    let allowed_sent = loop {
+        assert!(Instant::now() < deadline, "never allowed again");
+        let sent = unix_ms();
+        let r = keyed(&s.envoy, "abuser");
+        let read = unix_ms();
+        if r.status == 200 {
+            break sent;
+        }
+        assert_eq!(r.status, 429);
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert!(
+            sent <= second_read + 1000.0,
+            "a request sent {:.1} ms after a token was surely back was refused",
+            sent - second_read - 1000.0
+        );
+        refused += 1;
+        assert!(read >= first_sent, "time runs forward");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        allowed_sent >= first_sent + 1000.0 - 1.0,
+        "allowed {:.1} ms before a token could be back",
+        first_sent + 1000.0 - allowed_sent
+    );
+    assert!(refused >= 10, "refused {refused} times in between");
+    // Only the request that was finally allowed went to Redis.
+    assert_eq!(evalsha_calls(&s.redis) - before, 1);
+    // The deny cache's answers reach the stats within a tick.
+    wait_for(
+        "the cached refusals to be counted",
+        Duration::from_secs(2),
+        || (s.envoy.counter("ratelimit_deny_cache_hits") == refused).then_some(()),
+    );
+    assert_eq!(s.envoy.counter("ratelimit_denied"), refused + 1);
+}
+
+/// A request sent on a connection of its own, its answer read later (or never).
+struct Pending(TcpStream);
+
+impl Pending {
+    fn send(port: u16, key: &str) -> Pending {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to envoy");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let request = format!(
+            "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nx-api-key: {key}\r\n\r\n"
+        );
+        stream
+            .write_all(request.as_bytes())
+            .expect("send the request");
+        Pending(stream)
+    }
+
+    fn answer(mut self) -> Response {
+        let raw = e2e::http::read_response(&mut self.0).expect("read the answer");
+        e2e::http::parse(&raw).expect("an HTTP response")
+    }
+}
+
+#[test]
+fn clients_that_leave_while_their_call_is_in_flight_take_no_other_decision_with_them() {
+    let s = start(
+        "engine-disconnect",
+        r#"[{"name": "api", "limits": [{"name": "minute", "limit": 100, "window": "1m"}]}]"#,
+    );
+    warm_up(&s);
+    let active = || s.envoy.stat("http.ingress.downstream_rq_active");
+    let calls = || s.envoy.counter("ratelimit_bridge_calls");
+    let calls_before = calls();
+    s.webdis.process.pause();
+    // A finds the worker idle: its call goes at once, from its own stream.
+    let a = Pending::send(s.envoy.port, "shared");
+    wait_for("A's call", Duration::from_secs(5), || {
+        (calls() == calls_before + 1).then_some(())
+    });
+    // B, C and D wait behind it.
+    let b = Pending::send(s.envoy.port, "shared");
+    let c = Pending::send(s.envoy.port, "shared");
+    let d = Pending::send(s.envoy.port, "shared");
+    wait_for("4 requests in Envoy", Duration::from_secs(5), || {
+        (active() == 4).then_some(())
+    });
+    // A leaves: its reply would be lost with its stream, so its slot is freed at once and
+    // the root sends B, C and D in one call.
+    drop(a);
+    wait_for("the batch of B, C and D", Duration::from_secs(5), || {
+        (calls() == calls_before + 2).then_some(())
+    });
+    // C leaves while that batch is in flight.
+    drop(c);
+    wait_for("C gone", Duration::from_secs(5), || {
+        (active() == 2).then_some(())
+    });
+    s.webdis.process.resume();
+    for (name, pending) in [("B", b), ("D", d)] {
+        let r = pending.answer();
+        assert_eq!(r.status, 200, "{name}");
+        assert!(
+            r.header("x-ratelimit-remaining").is_some(),
+            "{name} was decided by Redis, not let through by policy"
+        );
+    }
+    assert_eq!(s.envoy.counter("ratelimit_failure_mode_open"), 0);
+    assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
+    // B, C and D were decided in one call; A's call ran too, its answer went nowhere. All
+    // four were charged, as Redis decided them.
+    wait_for("the batch decided", Duration::from_secs(5), || {
+        (s.envoy.counter("ratelimit_allowed") == 1 + 3).then_some(())
+    });
+    let key = format!(
+        "rl:{{header:x-api-key:{}}}:api:minute",
+        ratelimit_core::sha1::sha1_hex(b"shared")
+    );
+    let tokens: f64 = s
+        .redis
+        .admin()
+        .cmd(&["HGET", &key, "tokens"])
+        .unwrap()
+        .text()
+        .parse()
+        .unwrap();
+    assert!((96.0..97.0).contains(&tokens), "4 charged: {tokens}");
+}
