@@ -169,6 +169,23 @@ impl Redis {
         RedisConn::login(self.port, "default", REDIS_WEBDIS_PASSWORD).expect("redis login")
     }
 
+    /// How many times Redis ran `command` (lower case, e.g. `evalsha`), from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let stats = self.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The `tokens` field of a token bucket's state, NaN if it has none.
+    pub fn bucket_tokens(&self, key: &str) -> f64 {
+        let text = self.admin().cmd(&["HGET", key, "tokens"]).unwrap().text();
+        text.parse().unwrap_or(f64::NAN)
+    }
+
     /// Kills Redis and starts a new one on the same port: all keys and scripts are gone.
     pub fn restart(&mut self) {
         self.process.stop();

@@ -47,13 +47,13 @@ fn keyed(envoy: &Envoy, key: &str) -> Response {
 }
 
 fn evalsha_calls(redis: &Redis) -> u64 {
-    let stats = redis.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    redis.command_calls("evalsha")
+}
+
+/// The bucket of `api_key` under rule `api`, limit `limit`.
+fn tokens(redis: &Redis, api_key: &str, limit: &str) -> f64 {
+    let digest = ratelimit_core::sha1::sha1_hex(api_key.as_bytes());
+    redis.bucket_tokens(&format!("rl:{{header:x-api-key:{digest}}}:api:{limit}"))
 }
 
 /// The script is loaded (the first call after Redis starts gets NOSCRIPT) before counting.
@@ -115,18 +115,7 @@ fn concurrent_requests_share_calls() {
         "{requests} requests took {evalsha} calls: concurrent ones should share"
     );
     // And the hot key was charged once per request, exactly.
-    let key = format!(
-        "rl:{{header:x-api-key:{}}}:api:second",
-        ratelimit_core::sha1::sha1_hex(b"hot")
-    );
-    let tokens: f64 = s
-        .redis
-        .admin()
-        .cmd(&["HGET", &key, "tokens"])
-        .unwrap()
-        .text()
-        .parse()
-        .unwrap();
+    let tokens = tokens(&s.redis, "hot", "second");
     let hot = (THREADS * EACH / 2) as f64;
     // Refill while the test ran adds back at most 1,000,000 per second of its duration.
     assert!(tokens >= 1_000_000.0 - hot, "{tokens}");
@@ -269,17 +258,6 @@ fn clients_that_leave_while_their_call_is_in_flight_take_no_other_decision_with_
     wait_for("the batch decided", Duration::from_secs(5), || {
         (s.envoy.counter("ratelimit_allowed") == 1 + 3).then_some(())
     });
-    let key = format!(
-        "rl:{{header:x-api-key:{}}}:api:minute",
-        ratelimit_core::sha1::sha1_hex(b"shared")
-    );
-    let tokens: f64 = s
-        .redis
-        .admin()
-        .cmd(&["HGET", &key, "tokens"])
-        .unwrap()
-        .text()
-        .parse()
-        .unwrap();
+    let tokens = tokens(&s.redis, "shared", "minute");
     assert!((96.0..97.0).contains(&tokens), "4 charged: {tokens}");
 }

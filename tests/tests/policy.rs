@@ -35,13 +35,7 @@ fn statuses(n: usize, mut each: impl FnMut() -> Response) -> Vec<u16> {
 }
 
 fn evalsha_calls(redis: &Redis) -> i64 {
-    let stats = redis.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    redis.command_calls("evalsha") as i64
 }
 
 /// The first request after Redis starts also loads the script (NOSCRIPT, SCRIPT LOAD, and
