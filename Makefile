@@ -75,7 +75,7 @@ lua-test: setup ## the Lua scripts against a real Redis with an injected clock
 	cargo test -p e2e --test lua_scripts
 
 e2e-test: setup build ## real Envoy + Webdis + Redis on free loopback ports
-	cargo test -p e2e --test e2e --test policy --test engine -- --test-threads 2
+	cargo test -p e2e --test e2e --test policy --test engine --test outage -- --test-threads 2
 
 validate: build ## envoy --mode validate on every shipped Envoy config
 	@for f in envoy/*.yaml envoy/examples/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done

@@ -4,7 +4,10 @@
 --
 -- KEYS[k]    the distinct state keys of the batch
 -- ARGV[1]    clock: Unix time in ns (decimal string) from the caller, or "redis" to use TIME
--- ARGV[2]    number of requests R
+-- ARGV[2]    deadline: Unix ms after which the caller has given up (plus the clock skew it
+--            allows), or "0" for none. A call that reaches Redis later is refused whole
+--            ("EXPIRED ...") and charges nothing: its requests were already decided by policy.
+-- ARGV[3]    number of requests R
 -- then, per request: its number of limits n, then seven per limit:
 --            key index (into KEYS), algorithm, limit, window (ms), burst, cost,
 --            "enforce" | "shadow"
@@ -17,9 +20,26 @@
 --      error such as WRONGTYPE): the others are still decided}
 -- with the numbers as strings (Redis would truncate Lua numbers to integers). remaining and
 -- reset_ms describe the state after this request: charged if committed, untouched if not.
+local redis_time = nil
+local function time_now()
+  redis_time = redis_time or redis.call('TIME')
+  return redis_time
+end
+
+local deadline = ARGV[2]
+if not deadline or not string.match(deadline, '^%d+$') then
+  return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
+end
+if deadline ~= '0' then
+  local t = time_now()
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
+    return redis.error_reply('EXPIRED decide: the call reached Redis after its deadline')
+  end
+end
+
 local now_str = ARGV[1]
 if now_str == 'redis' then
-  local t = redis.call('TIME')
+  local t = time_now()
   now_str = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
 end
 if not string.match(now_str, '^%d+$') then
@@ -28,7 +48,7 @@ end
 local now = {str = now_str}
 now.ms = elapsed_ms('0', now_str)
 
-local requests = tonumber(ARGV[2])
+local requests = tonumber(ARGV[3])
 if not requests or requests < 0 or requests ~= math.floor(requests) then
   return redis.error_reply('ERR decide: bad request count')
 end
@@ -95,7 +115,7 @@ local function error_text(e)
 end
 
 local out = {requests}
-local a = 3
+local a = 4
 for _ = 1, requests do
   local limits, next_a = read_request(a)
   if not limits then

@@ -13,7 +13,7 @@ use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, Metr
 use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
-    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Histogram, Host,
+    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
     LogThrottle, RequestView, Verdict,
 };
 
@@ -41,6 +41,7 @@ struct Worker {
     /// Metric ids, by the position of the stat in `Counter::ALL` / `Histogram::ALL`.
     counters: Vec<Option<u32>>,
     histograms: Vec<Option<u32>>,
+    gauges: Vec<Option<u32>>,
     failure_log: RefCell<LogThrottle>,
     /// The queue whose `on_queue_ready` runs the engine from the root context.
     wake_queue: Option<u32>,
@@ -94,6 +95,10 @@ impl RootContext for Root {
             .iter()
             .map(|h| define(MetricType::Histogram, h.name()))
             .collect();
+        let gauges = Gauge::ALL
+            .iter()
+            .map(|g| define(MetricType::Gauge, g.name()))
+            .collect();
         let wake_queue = register_wake_queue();
         if let Err(status) = hostcalls::set_tick_period(ratelimit_core::engine::TICK) {
             log::warn!("cannot start the worker's timer: {status:?}");
@@ -112,6 +117,7 @@ impl RootContext for Root {
             config,
             counters,
             histograms,
+            gauges,
             failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
             wake_queue,
         }));
@@ -138,7 +144,7 @@ impl RootContext for Root {
             return;
         };
         if let Ok(mut engine) = worker.engine.try_borrow_mut() {
-            engine.on_tick(&mut worker.host(self.id));
+            engine.on_tick(&worker.config, &mut worker.host(self.id));
         }
     }
 
@@ -449,6 +455,20 @@ impl Host for EnvoyHost<'_> {
     fn record(&mut self, histogram: Histogram, value: u64) {
         if let Some(Some(id)) = self.worker.histograms.get(histogram as usize) {
             let _ = hostcalls::record_metric(*id, value);
+        }
+    }
+
+    fn gauge_add(&mut self, gauge: Gauge, delta: i64) {
+        if let Some(Some(id)) = self.worker.gauges.get(gauge as usize) {
+            let _ = hostcalls::increment_metric(*id, delta);
+        }
+    }
+
+    fn report_breaker(&mut self, open: bool, why: &str) {
+        if open {
+            log::warn!("bridge circuit breaker open, requests follow the failure policy without a call: {why}");
+        } else {
+            log::info!("bridge circuit breaker closed: {why}");
         }
     }
 

@@ -208,7 +208,20 @@ pub struct Webdis {
 impl Webdis {
     /// Webdis with the shipped envoy/webdis.json, pointed at `redis_port`, on a free port.
     pub fn start(dir: &WorkDir, redis_port: u16) -> Webdis {
-        let port = free_port();
+        Webdis::start_on(dir, redis_port, free_port())
+    }
+
+    /// Kills Webdis and starts a new one on the same port.
+    pub fn restart(&mut self, dir: &WorkDir, redis_port: u16) {
+        self.process.stop();
+        let port = self.port;
+        wait_for("the old webdis port to be free", START_TIMEOUT, || {
+            std::net::TcpListener::bind(("127.0.0.1", port)).ok()
+        });
+        *self = Webdis::start_on(dir, redis_port, port);
+    }
+
+    fn start_on(dir: &WorkDir, redis_port: u16, port: u16) -> Webdis {
         let shipped =
             fs::read_to_string(root().join("envoy/webdis.json")).expect("read webdis.json");
         let mut config: serde_json::Value =

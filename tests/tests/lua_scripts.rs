@@ -84,11 +84,18 @@ impl Script {
             .iter()
             .map(|r| r.iter().map(L::check).collect())
             .collect();
-        DecideCall::new(clock, checks.iter().map(Vec::as_slice)).command(&self.sha)
+        DecideCall::new(clock, 0, checks.iter().map(Vec::as_slice)).command(&self.sha)
     }
 
     fn call_batch(&mut self, clock: &str, requests: &[&[L]]) -> Resp {
         let command = self.command(clock, requests);
+        self.conn.cmd(&command).unwrap()
+    }
+
+    /// As the filter sends it, with a deadline (Unix ms) after which Redis must not charge.
+    fn call_with_deadline(&mut self, clock: &str, deadline_ms: u128, limits: &[L]) -> Resp {
+        let checks: Vec<LimitCheck> = limits.iter().map(L::check).collect();
+        let command = DecideCall::new(clock, deadline_ms, [&checks[..]]).command(&self.sha);
         self.conn.cmd(&command).unwrap()
     }
 
@@ -657,6 +664,37 @@ fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request()
     let items = s.conn.cmd(&command).unwrap().items();
     assert_eq!((items[0].int(), items[1].int()), (1, -1));
     assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
+}
+
+#[test]
+fn a_call_past_its_deadline_charges_nothing() {
+    let (_dir, redis) = start("lua-deadline");
+    let mut s = Script::new(&redis);
+    let l = limit("rl:t:deadline", Algorithm::TokenBucket, 5, 1000);
+    let redis_ms = || {
+        let t = redis.admin().cmd(&["TIME"]).unwrap().items();
+        t[0].text().parse::<u128>().unwrap() * 1000 + t[1].text().parse::<u128>().unwrap() / 1000
+    };
+    // A deadline already passed on Redis's clock (the filter gave up long ago): refused whole.
+    match s.call_with_deadline("redis", redis_ms() - 1, std::slice::from_ref(&l)) {
+        Resp::Error(message) => assert!(message.starts_with("EXPIRED"), "{message}"),
+        other => panic!("expected EXPIRED, got {other:?}"),
+    }
+    assert_eq!(
+        redis
+            .admin()
+            .cmd(&["EXISTS", "rl:t:deadline"])
+            .unwrap()
+            .int(),
+        0,
+        "nothing charged"
+    );
+    // A deadline still ahead: decided and charged as usual.
+    let items = s
+        .call_with_deadline("redis", redis_ms() + 60_000, std::slice::from_ref(&l))
+        .items();
+    assert_eq!((items[0].int(), items[1].int()), (1, 1));
+    assert_eq!(redis.bucket_tokens("rl:t:deadline"), 4.0);
 }
 
 #[test]

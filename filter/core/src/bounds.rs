@@ -174,10 +174,10 @@ fn limit_call_bytes(config: &Config, rule: &Rule, limit: &Limit) -> usize {
 }
 
 /// The most bytes of the call path of one request carrying `limits` limits of `limit_bytes`
-/// bytes in all: `/EVALSHA/<sha>/<n>` + keys + `/<clock>/1/<n>` + arguments.
+/// bytes in all: `/EVALSHA/<sha>/<n>` + keys + `/<clock>/<deadline>/1/<n>` + arguments.
 fn call_path_bytes(limits: usize, limit_bytes: usize) -> usize {
     let n = digits(limits as u64);
-    "/EVALSHA/".len() + 40 + 1 + n + limit_bytes + 1 + MAX_CLOCK_DIGITS + 2 + 1 + n
+    "/EVALSHA/".len() + 40 + 1 + n + limit_bytes + 1 + 2 * MAX_CLOCK_DIGITS + 1 + 2 + 1 + n
 }
 
 /// Checks the bounds about one request. For each rule R, the limits of R and of every rule
@@ -403,7 +403,7 @@ mod tests {
                         })
                         .collect::<Vec<_>>(),
                 ),
-                "rules[0]: a request it matches can need a bridge call of 56718 bytes (its limits and those of every rule whose match does not exclude it, with the longest identity): must be at most 49152",
+                "rules[0]: a request it matches can need a bridge call of 56739 bytes (its limits and those of every rule whose match does not exclude it, with the longest identity): must be at most 49152",
             ),
         ];
         for (json, want) in cases {
@@ -560,7 +560,11 @@ mod tests {
         assert!(p.checks[0].key.contains(&format!("={identity}}}")));
         let call = BridgeRequest::evalsha(
             &c.script_sha,
-            &DecideCall::new(&"9".repeat(MAX_CLOCK_DIGITS), [&p.checks[..]]),
+            &DecideCall::new(
+                &"9".repeat(MAX_CLOCK_DIGITS),
+                u128::from(u64::MAX),
+                [&p.checks[..]],
+            ),
         );
         let per_rule: usize = c.rules[0]
             .limits

@@ -23,17 +23,22 @@ pub struct BridgeRequest {
 pub struct DecideCall {
     /// The distinct state keys of the batch (`KEYS`); a hot key is sent once.
     pub keys: Vec<String>,
-    /// `ARGV`: clock, number of requests, then per request its number of limits and seven
-    /// values per limit (key index, algorithm, limit, window ms, burst, cost, mode).
+    /// `ARGV`: clock, deadline, number of requests, then per request its number of limits and
+    /// seven values per limit (key index, algorithm, limit, window ms, burst, cost, mode).
     pub args: Vec<String>,
 }
 
 impl DecideCall {
-    /// `clock` is the Unix time in ns, or `"redis"` for Redis's own clock.
-    pub fn new<'a>(clock: &str, requests: impl IntoIterator<Item = &'a [LimitCheck]>) -> Self {
+    /// `clock` is the Unix time in ns, or `"redis"` for Redis's own clock; `deadline_ms` the
+    /// Unix ms after which Redis must not charge (0: none).
+    pub fn new<'a>(
+        clock: &str,
+        deadline_ms: u128,
+        requests: impl IntoIterator<Item = &'a [LimitCheck]>,
+    ) -> Self {
         let mut keys: Vec<String> = Vec::new();
         let mut index: HashMap<&str, usize> = HashMap::new();
-        let mut args = vec![clock.to_string(), String::new()];
+        let mut args = vec![clock.to_string(), deadline_ms.to_string(), String::new()];
         let mut count = 0usize;
         for checks in requests {
             count += 1;
@@ -52,7 +57,7 @@ impl DecideCall {
                 args.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
             }
         }
-        args[1] = count.to_string();
+        args[2] = count.to_string();
         DecideCall { keys, args }
     }
 
@@ -166,6 +171,10 @@ pub enum BridgeFailure {
     Dispatch(String),
     /// The host could not tell the time.
     Clock,
+    /// The call reached Redis after its deadline; Redis charged nothing.
+    Stale,
+    /// The worker's circuit breaker is open: no call was made.
+    BreakerOpen,
     /// The request's timeout passed while it waited for a call.
     Expired,
     /// The stream that made the call ended, and its reply with it.
@@ -185,6 +194,8 @@ impl fmt::Display for BridgeFailure {
             BridgeFailure::BadReply(why) => write!(f, "unreadable bridge reply: {why}"),
             BridgeFailure::Dispatch(why) => write!(f, "could not call the bridge: {why}"),
             BridgeFailure::Clock => write!(f, "host clock unavailable"),
+            BridgeFailure::Stale => write!(f, "the call reached Redis after its deadline"),
+            BridgeFailure::BreakerOpen => write!(f, "the circuit breaker is open"),
             BridgeFailure::Expired => write!(f, "timed out waiting for a bridge call"),
             BridgeFailure::Orphaned => write!(f, "the stream that made the call ended"),
         }
@@ -225,6 +236,9 @@ pub fn parse_eval_reply(
     if let [Value::Bool(false), Value::String(message)] = items.as_slice() {
         if message.starts_with("NOSCRIPT") {
             return Ok(EvalOutcome::NoScript);
+        }
+        if message.starts_with("EXPIRED") {
+            return Err(BridgeFailure::Stale);
         }
         return Err(BridgeFailure::Redis(shown_error(message)));
     }
@@ -381,7 +395,11 @@ mod tests {
         ];
         // A second request on the same per-second key: the key is sent once.
         let second = [check("rl:{k:1}:api:second", Algorithm::TokenBucket, false)];
-        let call = DecideCall::new("1764489269123456789", [&first[..], &second[..]]);
+        let call = DecideCall::new(
+            "1764489269123456789",
+            1764489269273,
+            [&first[..], &second[..]],
+        );
         let req = BridgeRequest::evalsha("abc123", &call);
         let segments: Vec<&str> = req.path.split('/').collect();
         assert_eq!(
@@ -394,6 +412,7 @@ mod tests {
                 "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond",
                 "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
                 "1764489269123456789",
+                "1764489269273",
                 "2",
                 "2",
                 "1",
@@ -441,9 +460,9 @@ mod tests {
                 c
             })
             .collect();
-        let call = DecideCall::new("redis", [&checks[..]]);
+        let call = DecideCall::new("redis", 0, [&checks[..]]);
         let path = BridgeRequest::evalsha("", &call).path;
-        let fixed = "/EVALSHA//5/redis/1".len();
+        let fixed = "/EVALSHA//5/redis/0/1".len();
         assert!(
             path.len() <= fixed + call_bytes(&checks),
             "{} > {}",
@@ -459,8 +478,8 @@ mod tests {
             Algorithm::Gcra,
             false,
         )];
-        let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", [&checks[..]]));
-        assert_eq!(req.path.split('/').count(), 15);
+        let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", 0, [&checks[..]]));
+        assert_eq!(req.path.split('/').count(), 16);
         assert!(!req.path.contains(".json"));
     }
 

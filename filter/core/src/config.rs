@@ -125,6 +125,11 @@ pub struct Config {
     pub deny_body: DenyBody,
     pub rules: Vec<Rule>,
     pub batch: Batch,
+    /// The circuit breaker of each worker; None: never opens.
+    pub breaker: Option<Breaker>,
+    /// How far Envoy's and Redis's clocks may differ: a call that reaches Redis later than its
+    /// timeout plus this charges nothing.
+    pub clock_skew: Duration,
     /// Refused keys a worker remembers until they could fit; 0 turns the deny cache off.
     pub deny_cache_entries: usize,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
@@ -149,7 +154,30 @@ impl Default for Batch {
     }
 }
 
+/// When a worker stops calling a failing bridge, and how it finds out that it is back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breaker {
+    /// Consecutive failed calls that open the breaker.
+    pub failures: u32,
+    /// A call in flight this long opens it (a hang is seen without waiting for the timeout).
+    pub stall: Duration,
+    /// While open, one probe call per interval; an answer closes it.
+    pub probe_interval: Duration,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            failures: 5,
+            stall: Duration::from_millis(25),
+            probe_interval: Duration::from_millis(500),
+        }
+    }
+}
+
 pub const DEFAULT_DENY_CACHE_ENTRIES: usize = 10_000;
+const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(1);
+const MAX_BREAKER_FAILURES: u64 = 1000;
 const MAX_BATCH_REQUESTS: u64 = 256;
 const MAX_IN_FLIGHT: u64 = 8;
 const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
@@ -321,6 +349,8 @@ struct RawConfig {
     batch: RawBatch,
     /// `false`, `true`, or `{"max_entries": N}`.
     deny_cache: Option<Value>,
+    /// `false`, `true`, or `{"failures": N, "stall": "25ms", "probe_interval": "500ms"}`.
+    breaker: Option<Value>,
     rules: Vec<RawRule>,
 }
 
@@ -329,6 +359,14 @@ struct RawConfig {
 struct RawBatch {
     max_requests: Option<u64>,
     max_in_flight: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    failures: Option<u64>,
+    stall: Option<String>,
+    probe_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -345,6 +383,7 @@ struct RawBridge {
     username: Option<String>,
     password: Option<String>,
     timeout: Option<String>,
+    clock_skew: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -516,7 +555,7 @@ impl Config {
 
 impl RawConfig {
     fn validate(self) -> Result<Config, ConfigError> {
-        let (bridge, default_timeout) = self.bridge.validate()?;
+        let (bridge, default_timeout, clock_skew) = self.bridge.validate()?;
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64
             || !self
@@ -578,6 +617,8 @@ impl RawConfig {
             deny_body: self.deny_body,
             rules,
             batch: self.batch.validate()?,
+            breaker: validate_breaker(self.breaker)?,
+            clock_skew,
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
         };
@@ -587,7 +628,7 @@ impl RawConfig {
 }
 
 impl RawBridge {
-    fn validate(self) -> Result<(Bridge, Duration), ConfigError> {
+    fn validate(self) -> Result<(Bridge, Duration, Duration), ConfigError> {
         // These go into every call's headers, which share Webdis's request size with the path.
         for (name, value) in [
             ("bridge.authority", &self.authority),
@@ -643,6 +684,11 @@ impl RawBridge {
             }
         };
         let timeout = timeout_field(self.timeout.as_deref(), "bridge.timeout", DEFAULT_TIMEOUT)?;
+        let skew = timeout_field(
+            self.clock_skew.as_deref(),
+            "bridge.clock_skew",
+            DEFAULT_CLOCK_SKEW,
+        )?;
         Ok((
             Bridge {
                 cluster,
@@ -650,6 +696,7 @@ impl RawBridge {
                 authorization,
             },
             timeout,
+            skew,
         ))
     }
 }
@@ -677,6 +724,36 @@ impl RawBatch {
             )?,
         })
     }
+}
+
+fn validate_breaker(value: Option<Value>) -> Result<Option<Breaker>, ConfigError> {
+    let raw = match value {
+        None | Some(Value::Bool(true)) => return Ok(Some(Breaker::default())),
+        Some(Value::Bool(false)) => return Ok(None),
+        Some(value @ Value::Object(_)) => serde_json::from_value::<RawBreaker>(value)
+            .map_err(|e| invalid("breaker", e.to_string()))?,
+        Some(_) => {
+            return Err(invalid(
+                "breaker",
+                "must be true, false or {\"failures\": N, \"stall\": D, \"probe_interval\": D}",
+            ))
+        }
+    };
+    let default = Breaker::default();
+    let failures = match raw.failures {
+        None => default.failures,
+        Some(n) if (1..=MAX_BREAKER_FAILURES).contains(&n) => n as u32,
+        Some(_) => return Err(invalid("breaker.failures", "must be between 1 and 1000")),
+    };
+    Ok(Some(Breaker {
+        failures,
+        stall: timeout_field(raw.stall.as_deref(), "breaker.stall", default.stall)?,
+        probe_interval: timeout_field(
+            raw.probe_interval.as_deref(),
+            "breaker.probe_interval",
+            default.probe_interval,
+        )?,
+    }))
 }
 
 fn validate_deny_cache(value: Option<Value>) -> Result<usize, ConfigError> {
@@ -1303,7 +1380,7 @@ mod tests {
             ("[]".into(), "the configuration must be a JSON object"),
             ("{}".into(), "rules: is required"),
             (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
-            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `rules`"),
+            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `rules`"),
             (top(r#", "batch": {"max_requests": 0}"#), "batch.max_requests: must be between 1 and 256"),
             (top(r#", "batch": {"max_requests": 257}"#), "batch.max_requests: must be between 1 and 256"),
             (top(r#", "batch": {"max_in_flight": 9}"#), "batch.max_in_flight: must be between 1 and 8"),
@@ -1323,7 +1400,7 @@ mod tests {
             (top(r#", "xff_trusted_hops": -1"#), "xff_trusted_hops: invalid value: integer `-1`, expected u8"),
             (top(r#", "ipv6_prefix": 0"#), "ipv6_prefix: must be between 1 and 128"),
             (top(r#", "ipv4_prefix": 33"#), "ipv4_prefix: must be between 1 and 32"),
-            (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`"),
+            (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`"),
             (top(r#", "bridge": {"cluster": ""}"#), "bridge.cluster: must not be empty"),
             (top(r#", "bridge": {"timeout": "0ms"}"#), "bridge.timeout: must be between 1ms and 60s"),
             (top(r#", "bridge": {"timeout": "2m"}"#), "bridge.timeout: must be between 1ms and 60s"),

@@ -18,7 +18,7 @@ use crate::bridge::{
 use crate::config::{Bridge, Clock, Config, FailureMode};
 use crate::deny_cache::{DenyCache, Refusal};
 use crate::identity::RequestView;
-use crate::metrics::{Counter, Histogram};
+use crate::metrics::{Counter, Gauge, Histogram};
 use crate::plan::{plan, LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
 
@@ -27,8 +27,9 @@ use crate::response::{self, Headers, LocalResponse};
 /// single request could need more.
 pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
 
-/// The period of each worker's timer ([`Engine::on_tick`]).
-pub const TICK: Duration = Duration::from_millis(100);
+/// The period of each worker's timer ([`Engine::on_tick`]): a stalled call is seen at most
+/// this long after `breaker.stall`.
+pub const TICK: Duration = Duration::from_millis(10);
 
 /// What the engine needs from its host (Envoy through proxy-wasm, or a fake in tests).
 pub trait Host {
@@ -54,6 +55,10 @@ pub trait Host {
         self.count_n(counter, 1);
     }
     fn record(&mut self, histogram: Histogram, value: u64);
+    /// Adds `delta` (possibly negative) to a gauge shared by the workers.
+    fn gauge_add(&mut self, gauge: Gauge, delta: i64);
+    /// The circuit breaker opened (`open`) or closed, and why; the host logs it.
+    fn report_breaker(&mut self, open: bool, why: &str);
     /// How many times any worker of this Envoy saw Redis lose its scripts (a restart);
     /// `bump` counts one more first. None if the host cannot share it.
     fn redis_restarts(&mut self, bump: bool) -> Option<u64>;
@@ -93,6 +98,8 @@ enum Stage {
 #[derive(Debug)]
 struct Call {
     token: u32,
+    /// When this stage of the call was dispatched (Unix ns), for the stall check.
+    dispatched_ns: u128,
     stage: Stage,
     /// The decision call, kept to send again after a script load.
     eval: BridgeRequest,
@@ -115,6 +122,25 @@ enum Conclusion {
     Answer(LocalResponse),
 }
 
+/// The circuit breaker of a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BreakerState {
+    /// Calls go out; `failures` in a row failed.
+    Closed { failures: u32 },
+    /// No call but one probe per interval.
+    Open {
+        since_ns: u128,
+        next_probe_ns: u128,
+        probe: Option<u32>,
+    },
+}
+
+impl Default for BreakerState {
+    fn default() -> Self {
+        BreakerState::Closed { failures: 0 }
+    }
+}
+
 /// The request whose own callback is running: its verdict is returned, not resumed.
 #[derive(Debug, Clone, Copy)]
 struct Current {
@@ -134,6 +160,7 @@ pub struct Engine {
     /// Deny-cache refusals not yet added to the stats (`ratelimit_denied` and
     /// `ratelimit_deny_cache_hits`).
     uncounted_hits: u64,
+    breaker: BreakerState,
     /// Redis restarts (seen by any worker) this worker's deny cache is up to date with: a
     /// refusal outlives a restart another worker noticed by one tick at most.
     restarts_seen: u64,
@@ -200,6 +227,13 @@ impl Engine {
             self.deliver(host, ctx, Conclusion::Answer(refusal), now);
             return;
         }
+        self.check_stall(config, host, now);
+        if matches!(self.breaker, BreakerState::Open { .. }) {
+            let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
+            let conclusion = self.conclude(config, host, &plan, outcome, 0);
+            self.deliver(host, ctx, conclusion, 0);
+            return;
+        }
         self.waiting.push_back(Waiting {
             ctx,
             plan,
@@ -244,6 +278,15 @@ impl Engine {
         token: u32,
         reply: BridgeReply<'_>,
     ) {
+        if let BreakerState::Open {
+            probe: Some(probe), ..
+        } = self.breaker
+        {
+            if probe == token {
+                self.on_probe_reply(host, reply);
+                return;
+            }
+        }
         let Some(i) = self.in_flight.iter().position(|c| c.token == token) else {
             return;
         };
@@ -255,6 +298,7 @@ impl Engine {
                 let shape: Vec<usize> = call.members.iter().map(|m| m.plan.checks.len()).collect();
                 match parse_eval_reply(reply, &shape) {
                     Ok(EvalOutcome::Decided(results)) => {
+                        self.note_success();
                         for (member, result) in call.members.into_iter().zip(results) {
                             let outcome = match result {
                                 Ok(decision) => Outcome::Decided(decision),
@@ -266,6 +310,7 @@ impl Engine {
                         }
                     }
                     Ok(EvalOutcome::NoScript) if !reloaded => {
+                        self.note_success();
                         // Redis restarted: what it refused before may fit again, here and
                         // (at their next tick) in the other workers.
                         if let Some(n) = host.redis_restarts(true) {
@@ -279,13 +324,14 @@ impl Engine {
                         self.send(config, host, load, now);
                     }
                     Ok(EvalOutcome::NoScript) => {
-                        self.fail_all(config, host, call.members, BridgeFailure::NoScript)
+                        self.fail_call(config, host, call.members, BridgeFailure::NoScript, now)
                     }
-                    Err(failure) => self.fail_all(config, host, call.members, failure),
+                    Err(failure) => self.fail_call(config, host, call.members, failure, now),
                 }
             }
             Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
                 Ok(()) => {
+                    self.note_success();
                     host.count(Counter::ScriptLoads);
                     let retry = Call {
                         stage: Stage::Deciding { reloaded: true },
@@ -293,7 +339,7 @@ impl Engine {
                     };
                     self.send(config, host, retry, now);
                 }
-                Err(failure) => self.fail_all(config, host, call.members, failure),
+                Err(failure) => self.fail_call(config, host, call.members, failure, now),
             },
         }
         match at {
@@ -302,9 +348,14 @@ impl Engine {
         }
     }
 
-    /// The worker's timer (every [`TICK`]): learns of Redis restarts other workers saw.
-    pub fn on_tick(&mut self, host: &mut impl Host) {
+    /// The worker's timer (every [`TICK`]), in the root context: sees a stalled call, sends
+    /// the breaker's probe, learns of Redis restarts other workers saw.
+    pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
         self.count_hits(host);
+        if let Some(now) = host.now_unix_ns() {
+            self.check_stall(config, host, now);
+            self.probe_if_due(config, host, now);
+        }
         if let Some(n) = host.redis_restarts(false) {
             if n != self.restarts_seen {
                 self.restarts_seen = n;
@@ -377,9 +428,22 @@ impl Engine {
                 Clock::Proxy => now.to_string(),
                 Clock::Redis => "redis".to_string(),
             };
-            let call = DecideCall::new(&clock, members.iter().map(|m| m.plan.checks.as_slice()));
+            // Redis charges nothing once the soonest of these requests has given up (plus the
+            // clock skew allowed): their verdict is then the failure policy's.
+            let deadline_ns = members
+                .iter()
+                .map(Waiting::deadline_ns)
+                .min()
+                .unwrap_or(now);
+            let deadline_ms = deadline_ns.saturating_add(config.clock_skew.as_nanos()) / 1_000_000;
+            let call = DecideCall::new(
+                &clock,
+                deadline_ms,
+                members.iter().map(|m| m.plan.checks.as_slice()),
+            );
             let call = Call {
                 token: 0,
+                dispatched_ns: now,
                 stage: Stage::Deciding { reloaded: false },
                 eval: BridgeRequest::evalsha(&config.script_sha, &call),
                 members,
@@ -454,9 +518,142 @@ impl Engine {
         match host.dispatch(&config.bridge, request, timeout) {
             Ok(token) => {
                 call.token = token;
+                call.dispatched_ns = now;
                 self.in_flight.push(call);
             }
-            Err(why) => self.fail_all(config, host, call.members, BridgeFailure::Dispatch(why)),
+            Err(why) => {
+                let failure = BridgeFailure::Dispatch(why);
+                self.fail_call(config, host, call.members, failure, now)
+            }
+        }
+    }
+
+    /// A call failed: its requests follow their policy, and the breaker counts it.
+    fn fail_call(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        members: Vec<Waiting>,
+        failure: BridgeFailure,
+        now: u128,
+    ) {
+        self.fail_all(config, host, members, failure.clone());
+        let (Some(breaker), BreakerState::Closed { failures }) = (config.breaker, self.breaker)
+        else {
+            return;
+        };
+        let failures = failures + 1;
+        self.breaker = BreakerState::Closed { failures };
+        if failures >= breaker.failures {
+            let why = format!("{failures} calls in a row failed, the last: {failure}");
+            self.trip(config, host, now, &why);
+        }
+    }
+
+    /// The bridge answered a call: the run of failures is over.
+    fn note_success(&mut self) {
+        if let BreakerState::Closed { .. } = self.breaker {
+            self.breaker = BreakerState::Closed { failures: 0 };
+        }
+    }
+
+    /// Opens the breaker if a call has been in flight for `breaker.stall`.
+    fn check_stall(&mut self, config: &Config, host: &mut impl Host, now: u128) {
+        let (Some(breaker), BreakerState::Closed { .. }) = (config.breaker, self.breaker) else {
+            return;
+        };
+        let Some(oldest) = self.in_flight.iter().map(|c| c.dispatched_ns).min() else {
+            return;
+        };
+        let age = now.saturating_sub(oldest);
+        if age >= breaker.stall.as_nanos() {
+            let why = format!("a call has been in flight for {} ms", age / 1_000_000);
+            self.trip(config, host, now, &why);
+        }
+    }
+
+    /// Opens the breaker: every request waiting for the bridge, or in a call in flight, is
+    /// decided now by its failure policy; until a probe is answered none waits for a call.
+    /// (Replies to the abandoned calls that still come are ignored.)
+    fn trip(&mut self, config: &Config, host: &mut impl Host, now: u128, why: &str) {
+        let interval = config
+            .breaker
+            .map(|b| b.probe_interval.as_nanos())
+            .unwrap_or(0);
+        self.breaker = BreakerState::Open {
+            since_ns: now,
+            next_probe_ns: now.saturating_add(interval),
+            probe: None,
+        };
+        host.count(Counter::BreakerTrips);
+        host.gauge_add(Gauge::BreakerOpen, 1);
+        host.report_breaker(true, why);
+        let mut members: Vec<Waiting> = self.waiting.drain(..).collect();
+        for call in self.in_flight.drain(..) {
+            members.extend(call.members);
+        }
+        self.fail_all(config, host, members, BridgeFailure::BreakerOpen);
+    }
+
+    /// While open, one probe per `breaker.probe_interval`: an empty decision call, which
+    /// answers only if Webdis, Redis and the script all do.
+    fn probe_if_due(&mut self, config: &Config, host: &mut impl Host, now: u128) {
+        let (
+            Some(breaker),
+            BreakerState::Open {
+                since_ns,
+                next_probe_ns,
+                probe: None,
+            },
+        ) = (config.breaker, self.breaker)
+        else {
+            return;
+        };
+        if now < next_probe_ns {
+            return;
+        }
+        let deadline_ms =
+            (now + breaker.probe_interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
+        let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
+        let request = BridgeRequest::evalsha(&config.script_sha, &call);
+        let probe = host
+            .dispatch(&config.bridge, &request, breaker.probe_interval)
+            .ok();
+        self.breaker = BreakerState::Open {
+            since_ns,
+            next_probe_ns: now.saturating_add(breaker.probe_interval.as_nanos()),
+            probe,
+        };
+    }
+
+    fn on_probe_reply(&mut self, host: &mut impl Host, reply: BridgeReply<'_>) {
+        let BreakerState::Open {
+            since_ns,
+            next_probe_ns,
+            ..
+        } = self.breaker
+        else {
+            return;
+        };
+        match parse_eval_reply(reply, &[]) {
+            // Answered (a missing script is the next call's to load): the bridge is back.
+            Ok(_) => {
+                self.breaker = BreakerState::Closed { failures: 0 };
+                host.gauge_add(Gauge::BreakerOpen, -1);
+                let now = host.now_unix_ns().unwrap_or(since_ns);
+                let why = format!(
+                    "a probe was answered after {} ms open",
+                    now.saturating_sub(since_ns) / 1_000_000
+                );
+                host.report_breaker(false, &why);
+            }
+            Err(_) => {
+                self.breaker = BreakerState::Open {
+                    since_ns,
+                    next_probe_ns,
+                    probe: None,
+                };
+            }
         }
     }
 
@@ -543,8 +740,11 @@ impl Engine {
                 Conclusion::Answer(response::denied(config, &plan.checks, &decision))
             }
             Outcome::Failed(failure) => {
-                host.count(Counter::BridgeErrors);
-                host.report_failure(&failure);
+                // An open breaker was logged once when it opened; no call failed here.
+                if failure != BridgeFailure::BreakerOpen {
+                    host.count(Counter::BridgeErrors);
+                    host.report_failure(&failure);
+                }
                 match plan.failure_mode {
                     FailureMode::Open => {
                         host.count(Counter::FailureModeOpen);
@@ -628,6 +828,8 @@ mod tests {
         histograms: Vec<(Histogram, u64)>,
         failures: Vec<BridgeFailure>,
         restarts: u64,
+        breaker_open: i64,
+        breaker_log: Vec<(bool, String)>,
     }
 
     impl Host for FakeHost {
@@ -681,6 +883,13 @@ mod tests {
             self.restarts += u64::from(bump);
             Some(self.restarts)
         }
+        fn gauge_add(&mut self, gauge: Gauge, delta: i64) {
+            assert_eq!(gauge, Gauge::BreakerOpen);
+            self.breaker_open += delta;
+        }
+        fn report_breaker(&mut self, open: bool, why: &str) {
+            self.breaker_log.push((open, why.to_string()));
+        }
     }
 
     impl FakeHost {
@@ -701,7 +910,7 @@ mod tests {
             let path = &self.dispatched[i].1.path;
             let segments: Vec<&str> = path.split('/').collect();
             let keys: usize = segments[3].parse().unwrap();
-            segments[4 + keys + 1].parse().unwrap()
+            segments[4 + keys + 2].parse().unwrap()
         }
         fn statuses(&self) -> Vec<(u32, u16)> {
             self.answered.iter().map(|(c, r)| (*c, r.status)).collect()
@@ -780,7 +989,8 @@ mod tests {
         let (token, call, timeout) = h.dispatched[0].clone();
         assert!(call.path.starts_with("/EVALSHA/"));
         assert!(
-            call.path.contains("/1000000000000/1/1/1/token_bucket/"),
+            call.path
+                .contains("/1000000000000/1001150/1/1/1/token_bucket/"),
             "{}",
             call.path
         );
@@ -1042,9 +1252,9 @@ mod tests {
         assert_eq!(hits(&e, &h), 0, "asked Redis again");
         assert_eq!(h.restarts, 1, "told the other workers");
         assert_eq!(h.count_of(Counter::DenyCacheResets), 1);
-        e.on_tick(&mut h);
+        e.on_tick(&c, &mut h);
         h.restarts += 1;
-        e.on_tick(&mut h);
+        e.on_tick(&c, &mut h);
         assert_eq!(h.count_of(Counter::DenyCacheResets), 1, "nothing to forget");
     }
 
@@ -1060,18 +1270,18 @@ mod tests {
         h.restarts += 1;
         e.on_request(&c, &mut h, 3, &req("/", "k"));
         assert_eq!(hits(&e, &h), 2, "not yet known here");
-        e.on_tick(&mut h);
+        e.on_tick(&c, &mut h);
         assert_eq!(h.count_of(Counter::DenyCacheResets), 1);
         e.on_request(&c, &mut h, 4, &req("/", "k"));
         assert_eq!(hits(&e, &h), 2, "forgotten: asked again");
         assert_eq!(e.load(), (0, 1), "sent to Redis");
-        e.on_tick(&mut h);
+        e.on_tick(&c, &mut h);
         assert_eq!(h.count_of(Counter::DenyCacheResets), 1, "once per restart");
     }
 
     #[test]
     fn refused_keys_are_answered_locally_until_they_could_fit() {
-        let c = config("");
+        let c = config(r#""breaker": false,"#);
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "abuser"));
@@ -1108,7 +1318,7 @@ mod tests {
             1,
             "the cached one is counted later"
         );
-        e.on_tick(&mut h);
+        e.on_tick(&c, &mut h);
         assert_eq!(h.count_of(Counter::Denied), 2);
         assert_eq!(h.count_of(Counter::DenyCacheHits), 1);
         // Another key is not affected; the same key is asked again exactly at the instant.
@@ -1210,7 +1420,8 @@ mod tests {
 
     #[test]
     fn a_request_past_its_timeout_in_the_queue_fails_by_policy_and_calls_get_what_is_left() {
-        let c = config("");
+        // Calls stay out for 150 ms here: no breaker, or it would see them stall.
+        let c = config(r#""breaker": false,"#);
         let mut e = Engine::new(&c);
         let mut h = FakeHost::new();
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
@@ -1253,7 +1464,9 @@ mod tests {
         assert_eq!(h.resumed, vec![1, 2, 3, 4]);
         assert!(h.failures.iter().all(|f| *f == BridgeFailure::NoResponse));
         // Now one that does expire in the queue: the call in flight outlives it.
-        let c2 = config(r#""batch": {"max_in_flight": 1}, "bridge": {"timeout": "1s"},"#);
+        let c2 = config(
+            r#""breaker": false, "batch": {"max_in_flight": 1}, "bridge": {"timeout": "1s"},"#,
+        );
         let mut e = Engine::new(&c2);
         let mut h = FakeHost::new();
         arrive(&mut e, &c2, &mut h, 1, &req("/", "a"));
@@ -1357,6 +1570,215 @@ mod tests {
                 "EVALSHA result has the wrong number of requests"
             )]
         );
+        assert_eq!(h.resumed, vec![1]);
+    }
+
+    fn none() -> BridgeReply<'static> {
+        BridgeReply {
+            status: None,
+            body: b"",
+        }
+    }
+
+    #[test]
+    fn the_breaker_opens_after_failures_in_a_row_and_then_decides_without_calls() {
+        let c = config(r#""breaker": {"failures": 3},"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        // Two failures, a success, then three failures: only a run of three opens it.
+        for (ctx, reply) in [
+            (1, None),
+            (2, None),
+            (3, Some(R::Allow(1))),
+            (4, None),
+            (5, None),
+        ] {
+            e.on_request(&c, &mut h, ctx, &req("/", "k"));
+            let token = h.last_token();
+            match reply {
+                Some(r) => e.on_reply(&c, &mut h, Some(ctx), token, ok(&reply_of(r))),
+                None => e.on_reply(&c, &mut h, Some(ctx), token, none()),
+            }
+        }
+        assert_eq!(h.breaker_open, 0);
+        e.on_request(&c, &mut h, 6, &req("/", "k"));
+        let token = h.last_token();
+        e.on_reply(
+            &c,
+            &mut h,
+            Some(6),
+            token,
+            BridgeReply {
+                status: Some(503),
+                body: b"",
+            },
+        );
+        assert_eq!(h.breaker_open, 1);
+        assert_eq!(h.count_of(Counter::BreakerTrips), 1);
+        assert_eq!(
+            h.breaker_log,
+            vec![(
+                true,
+                "3 calls in a row failed, the last: bridge answered HTTP 503".into()
+            )]
+        );
+        // Open: decided by the policy at once, no call, not a bridge error, not logged again.
+        let (calls, errors, logged) = (
+            h.dispatched.len(),
+            h.count_of(Counter::BridgeErrors),
+            h.failures.len(),
+        );
+        assert_eq!(
+            e.on_request(&c, &mut h, 7, &req("/", "k")),
+            Verdict::Continue
+        );
+        assert_eq!(h.dispatched.len(), calls);
+        assert_eq!(h.count_of(Counter::BridgeErrors), errors);
+        assert_eq!(h.failures.len(), logged);
+        assert_eq!(h.count_of(Counter::FailureModeOpen), 6);
+        let closed = config(r#""failure_mode": "closed", "breaker": {"failures": 1},"#);
+        let mut e = Engine::new(&closed);
+        let mut h = FakeHost::new();
+        e.on_request(&closed, &mut h, 1, &req("/", "k"));
+        e.on_reply(&closed, &mut h, Some(1), 1, none());
+        assert_eq!(
+            e.on_request(&closed, &mut h, 2, &req("/", "k")),
+            Verdict::Pause
+        );
+        assert_eq!(h.statuses(), vec![(1, 503), (2, 503)]);
+    }
+
+    fn reply_of(r: R) -> String {
+        reply(&[r])
+    }
+
+    #[test]
+    fn a_stalled_call_opens_the_breaker_and_releases_every_waiting_request() {
+        let c = config("");
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        e.on_request(&c, &mut h, 3, &req("/", "c"));
+        h.now = Some(T0 + 24 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.breaker_open, 0, "24 ms is no stall yet");
+        h.now = Some(T0 + 25 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.breaker_open, 1);
+        assert_eq!(
+            h.resumed,
+            vec![2, 3, 1],
+            "all released at once, by the open policy"
+        );
+        assert_eq!(e.load(), (0, 0));
+        assert_eq!(
+            h.breaker_log[0],
+            (true, "a call has been in flight for 25 ms".into())
+        );
+        // The abandoned call's reply, if it still comes, changes nothing.
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&reply_of(R::Allow(1))));
+        assert_eq!(h.count_of(Counter::Allowed), 0);
+        // A stall is also seen by the next request, without a tick.
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        e.on_request(&c, &mut h, 1, &req("/", "a"));
+        h.now = Some(T0 + 30 * MS);
+        assert_eq!(
+            e.on_request(&c, &mut h, 2, &req("/", "b")),
+            Verdict::Continue
+        );
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(h.breaker_open, 1);
+    }
+
+    #[test]
+    fn one_probe_per_interval_and_an_answer_closes_the_breaker() {
+        let c = config(r#""breaker": {"failures": 1, "probe_interval": "500ms"},"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        e.on_request(&c, &mut h, 1, &req("/", "a"));
+        e.on_reply(&c, &mut h, Some(1), 1, none());
+        assert_eq!(h.breaker_open, 1);
+        h.now = Some(T0 + 499 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 1, "no probe before the interval");
+        h.now = Some(T0 + 500 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 2);
+        let (probe, call, timeout) = h.dispatched[1].clone();
+        assert!(
+            call.path.ends_with("/0"),
+            "an empty decision call: {}",
+            call.path
+        );
+        assert_eq!(timeout, Duration::from_millis(500));
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 2, "one probe at a time");
+        // The probe fails: the next goes one interval later.
+        h.now = Some(T0 + 600 * MS);
+        e.on_reply(
+            &c,
+            &mut h,
+            None,
+            probe,
+            BridgeReply {
+                status: Some(503),
+                body: b"",
+            },
+        );
+        assert_eq!(h.breaker_open, 1);
+        h.now = Some(T0 + 999 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 2);
+        h.now = Some(T0 + 1000 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 3);
+        h.now = Some(T0 + 1002 * MS);
+        e.on_reply(&c, &mut h, None, 3, ok(r#"{"EVALSHA":[0]}"#));
+        assert_eq!(h.breaker_open, 0);
+        assert_eq!(
+            h.breaker_log.last(),
+            Some(&(false, "a probe was answered after 1002 ms open".to_string()))
+        );
+        // Closed: requests are sent again.
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        assert_eq!(h.dispatched.len(), 4);
+    }
+
+    #[test]
+    fn without_a_breaker_nothing_opens() {
+        let c = config(r#""breaker": false,"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        for ctx in 1..=10 {
+            e.on_request(&c, &mut h, ctx, &req("/", "k"));
+            let token = h.last_token();
+            e.on_reply(&c, &mut h, Some(ctx), token, none());
+        }
+        e.on_request(&c, &mut h, 11, &req("/", "k"));
+        h.now = Some(T0 + 10_000 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.breaker_open, 0);
+        assert_eq!(h.dispatched.len(), 11);
+    }
+
+    #[test]
+    fn a_call_carries_the_deadline_after_which_redis_must_not_charge() {
+        let c = config(r#""bridge": {"timeout": "200ms", "clock_skew": "1s"},"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        e.on_request(&c, &mut h, 1, &req("/", "k"));
+        // T0 + 200 ms + 1 s, in ms.
+        assert!(h.dispatched[0].1.path.contains("/1000000000000/1001200/1/"));
+        e.on_reply(
+            &c,
+            &mut h,
+            Some(1),
+            1,
+            ok(r#"{"EVALSHA":[false,"EXPIRED decide: the call reached Redis after its deadline"]}"#),
+        );
+        assert_eq!(h.failures, vec![BridgeFailure::Stale]);
         assert_eq!(h.resumed, vec![1]);
     }
 }

@@ -33,5 +33,5 @@ pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};
 pub use engine::{Engine, Host, Verdict};
 pub use identity::RequestView;
-pub use metrics::{Counter, Histogram};
+pub use metrics::{Counter, Gauge, Histogram};
 pub use throttle::LogThrottle;

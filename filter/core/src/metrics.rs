@@ -41,6 +41,16 @@ stats! {
         DenyCacheHits => "ratelimit_deny_cache_hits",
         /// A worker forgot the refusals it held because Redis restarted.
         DenyCacheResets => "ratelimit_deny_cache_resets",
+        /// A worker's circuit breaker opened.
+        BreakerTrips => "ratelimit_breaker_trips",
+    }
+}
+
+stats! {
+    /// Gauges (summed over the workers, each adding and taking away its own part).
+    Gauge {
+        /// Workers whose circuit breaker is open.
+        BreakerOpen => "ratelimit_breaker_open",
     }
 }
 
@@ -65,11 +75,12 @@ mod tests {
     fn every_stat_is_listed_once_with_its_own_name() {
         let mut names: Vec<&str> = Counter::ALL.iter().map(|c| c.name()).collect();
         names.extend(Histogram::ALL.iter().map(|h| h.name()));
+        names.extend(Gauge::ALL.iter().map(|g| g.name()));
         let count = names.len();
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 11);
+        assert_eq!(Counter::ALL.len(), 12);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 }

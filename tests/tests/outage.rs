@@ -1,0 +1,239 @@
+//! Outages of the bridge end to end: a hung Webdis is seen by each worker's circuit breaker
+//! well before the timeout, a dead one costs no wait, calls that reach Redis after their
+//! deadline charge nothing, and Envoy's own circuit breaker on the `webdis` cluster refuses a
+//! flood of calls, each counted as a bridge failure. Real Envoy (2 workers), Webdis and Redis.
+
+use std::time::{Duration, Instant};
+
+use e2e::procs::filter_config_edit;
+use e2e::{get, wait_for, Envoy, Response, Stack};
+
+/// The shipped bridge credentials and 150 ms timeout (plus `bridge_extra` bridge keys), and
+/// `extra` top-level keys.
+fn stack(name: &str, bridge_extra: &str, extra: &str, more_edits: &[(&str, &str)]) -> Stack {
+    let json = format!(
+        r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "150ms"{bridge_extra}}},
+{extra}
+"rules": [{{"name": "api", "limits": [{{"name": "minute", "limit": 1000, "window": "1m"}}]}}]}}"#
+    );
+    let (from, to) = filter_config_edit(&json);
+    let mut edits = vec![(from.as_str(), to.as_str())];
+    edits.extend_from_slice(more_edits);
+    Stack::start(name, &edits)
+}
+
+fn keyed(envoy: &Envoy, key: &str) -> Response {
+    get(envoy.port, "/", &[("x-api-key", key.as_bytes())]).expect("request through envoy")
+}
+
+fn decided(r: &Response) -> bool {
+    r.header("x-ratelimit-limit").is_some()
+}
+
+/// Sends requests from `threads` clients until `stop` says so; returns (status, time taken,
+/// decided) of each.
+fn load(
+    envoy: &Envoy,
+    threads: usize,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<(u16, Duration, bool)> {
+    use std::sync::atomic::Ordering;
+    let port = envoy.port;
+    std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut seen = Vec::new();
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        let key = format!("load-{t}");
+                        let started = Instant::now();
+                        let r = get(port, "/", &[("x-api-key", key.as_bytes())]);
+                        let took = started.elapsed();
+                        match r {
+                            Ok(r) => seen.push((r.status, took, decided(&r))),
+                            Err(_) => seen.push((0, took, false)),
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().expect("client thread"))
+            .collect()
+    })
+}
+
+#[test]
+fn webdis_hung_under_load_costs_no_request_the_timeout_and_decisions_resume() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = stack("outage-hung-load", "", "", &[]);
+    assert!(decided(&keyed(&s.envoy, "warm-up")));
+    let stop = AtomicBool::new(false);
+    let seen = std::thread::scope(|scope| {
+        let loaded = scope.spawn(|| load(&s.envoy, 8, &stop));
+        // Some decisions, then Webdis hangs for a second, then it is back.
+        wait_for("decisions under load", Duration::from_secs(5), || {
+            (s.envoy.counter("ratelimit_allowed") > 50).then_some(())
+        });
+        s.webdis.process.pause();
+        wait_for("a breaker to open", Duration::from_secs(5), || {
+            (s.envoy.counter("ratelimit_breaker_trips") >= 1).then_some(())
+        });
+        let fails = s.envoy.counter("ratelimit_failure_mode_open");
+        wait_for(
+            "requests answered while hung",
+            Duration::from_secs(5),
+            || (s.envoy.counter("ratelimit_failure_mode_open") > fails + 100).then_some(()),
+        );
+        s.webdis.process.resume();
+        let allowed = s.envoy.counter("ratelimit_allowed");
+        wait_for("decisions after the resume", Duration::from_secs(5), || {
+            (s.envoy.counter("ratelimit_allowed") > allowed + 50).then_some(())
+        });
+        stop.store(true, Ordering::SeqCst);
+        loaded.join().expect("load")
+    });
+    assert!(
+        seen.iter().all(|(status, _, _)| *status == 200),
+        "every request answered 200"
+    );
+    let slowest = seen
+        .iter()
+        .map(|(_, took, _)| *took)
+        .max()
+        .unwrap_or_default();
+    assert!(
+        slowest < Duration::from_millis(150),
+        "a request waited for the 150 ms timeout: {slowest:?}"
+    );
+    let undecided = seen.iter().filter(|(_, _, d)| !d).count();
+    assert!(undecided > 100, "{undecided} let through by policy");
+    assert!(
+        seen.last().is_some_and(|(_, _, d)| *d) || seen.iter().rev().take(20).any(|(_, _, d)| *d)
+    );
+    wait_for("every breaker closed", Duration::from_secs(5), || {
+        keyed(&s.envoy, "probe");
+        (s.envoy.stat("wasmcustom.ratelimit_breaker_open") == 0).then_some(())
+    });
+}
+
+#[test]
+fn webdis_killed_costs_no_wait_and_a_restart_brings_decisions_back() {
+    let mut s = stack("outage-webdis-killed", "", "", &[]);
+    assert!(decided(&keyed(&s.envoy, "k")));
+    s.webdis.process.stop();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let r = keyed(&s.envoy, "k");
+        assert_eq!(r.status, 200);
+        assert!(!decided(&r));
+        assert!(started.elapsed() < Duration::from_millis(140));
+    }
+    // Connection refused five times in a row opens a worker's breaker: no more connects.
+    assert!(s.envoy.counter("ratelimit_breaker_trips") >= 1);
+    let connects = s.envoy.stat("cluster.webdis.upstream_cx_connect_fail");
+    for _ in 0..20 {
+        keyed(&s.envoy, "k");
+    }
+    assert!(
+        s.envoy.stat("cluster.webdis.upstream_cx_connect_fail") <= connects + 4,
+        "while open, only probes try to connect"
+    );
+    let redis_port = s.redis.port;
+    s.webdis.restart(&s.dir, redis_port);
+    wait_for(
+        "decisions after Webdis is back",
+        Duration::from_secs(5),
+        || decided(&keyed(&s.envoy, "k")).then_some(()),
+    );
+}
+
+#[test]
+fn calls_that_reach_redis_after_their_deadline_charge_nothing() {
+    // A short skew allowance, so that the test need not wait a second for the deadline.
+    let s = stack(
+        "outage-stale",
+        r#", "clock_skew": "100ms""#,
+        r#""breaker": false,"#,
+        &[],
+    );
+    assert!(decided(&keyed(&s.envoy, "warm-up")));
+    let evalsha = |s: &Stack| s.redis.command_calls("evalsha");
+    let before = evalsha(&s);
+    s.webdis.process.pause();
+    // Five calls queue in the hung Webdis; each request fails open after its 150 ms.
+    for _ in 0..5 {
+        let r = keyed(&s.envoy, "stale");
+        assert_eq!(r.status, 200);
+        assert!(!decided(&r));
+    }
+    // Wait until Redis's clock is past every deadline (request + 150 ms + 100 ms skew).
+    let redis_ms = || {
+        let t = s.redis.admin().cmd(&["TIME"]).unwrap().items();
+        t[0].text().parse::<u128>().unwrap() * 1000 + t[1].text().parse::<u128>().unwrap() / 1000
+    };
+    let past = redis_ms() + 250;
+    wait_for("the deadlines to pass", Duration::from_secs(5), || {
+        (redis_ms() > past).then_some(())
+    });
+    s.webdis.process.resume();
+    wait_for(
+        "Webdis to run the queued calls",
+        Duration::from_secs(5),
+        || (evalsha(&s) >= before + 5).then_some(()),
+    );
+    let key = format!(
+        "rl:{{header:x-api-key:{}}}:api:minute",
+        ratelimit_core::sha1::sha1_hex(b"stale")
+    );
+    assert_eq!(
+        s.redis.admin().cmd(&["EXISTS", &key]).unwrap().int(),
+        0,
+        "the stale calls charged nothing"
+    );
+    // And a call in time still charges.
+    assert!(decided(&keyed(&s.envoy, "stale")));
+    assert_eq!(s.redis.bucket_tokens(&key), 999.0);
+}
+
+#[test]
+fn a_flood_over_envoys_own_circuit_breaker_counts_as_bridge_failures() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let shipped_limits =
+        "      - max_connections: 64\n        max_pending_requests: 64\n        max_requests: 64\n";
+    let tight =
+        "      - max_connections: 1\n        max_pending_requests: 0\n        max_requests: 1\n";
+    // Two workers, one call each in flight at most: with one connection and no queue for
+    // the bridge, the second worker's call is refused at once whenever both are busy.
+    let s = stack(
+        "outage-cluster-breaker",
+        "",
+        r#""breaker": false,"#,
+        &[(shipped_limits, tight)],
+    );
+    let stop = AtomicBool::new(false);
+    let seen = std::thread::scope(|scope| {
+        let loaded = scope.spawn(|| load(&s.envoy, 16, &stop));
+        wait_for(
+            "the cluster's circuit breaker to refuse calls",
+            Duration::from_secs(10),
+            || (s.envoy.stat("cluster.webdis.upstream_rq_pending_overflow") >= 5).then_some(()),
+        );
+        stop.store(true, Ordering::SeqCst);
+        loaded.join().expect("load")
+    });
+    assert!(
+        seen.iter().all(|(status, _, _)| *status == 200),
+        "failing open, all answered"
+    );
+    let overflow = s.envoy.stat("cluster.webdis.upstream_rq_pending_overflow");
+    let errors = s.envoy.counter("ratelimit_bridge_errors");
+    assert!(
+        errors >= overflow,
+        "{errors} bridge errors for {overflow} refused calls"
+    );
+    assert!(s.envoy.counter("ratelimit_failure_mode_open") >= overflow);
+}
