@@ -41,6 +41,12 @@ impl KeepAlive {
     /// reopened for the next request if the server closed it (it is not retried: a request
     /// that may have been decided is never sent twice).
     pub fn hit(&mut self) -> std::io::Result<u16> {
+        self.hit_decided().map(|(status, _)| status)
+    }
+
+    /// As [`KeepAlive::hit`], and whether the response carried rate-limit headers (the
+    /// limiter decided it, rather than letting it through by its failure policy).
+    pub fn hit_decided(&mut self) -> std::io::Result<(u16, bool)> {
         if self.conn.is_none() {
             self.connect()?;
         }
@@ -49,11 +55,11 @@ impl KeepAlive {
             None => Err(std::io::Error::other("not connected")),
         };
         match result {
-            Ok((status, keep)) => {
+            Ok((status, keep, decided)) => {
                 if !keep {
                     self.conn = None;
                 }
-                Ok(status)
+                Ok((status, decided))
             }
             Err(e) => {
                 self.conn = None;
@@ -63,8 +69,9 @@ impl KeepAlive {
     }
 }
 
-/// Writes `request`, reads one response; returns (status, connection still usable).
-fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<(u16, bool)> {
+/// Writes `request`, reads one response; returns (status, connection still usable, rate-limit
+/// headers present).
+fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<(u16, bool, bool)> {
     conn.get_mut().write_all(request)?;
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
     let mut line = String::new();
@@ -78,6 +85,7 @@ fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<
         .ok_or_else(|| bad("bad status line"))?;
     let mut length = 0usize;
     let mut keep = true;
+    let mut decided = false;
     loop {
         line.clear();
         if conn.read_line(&mut line)? == 0 {
@@ -89,6 +97,8 @@ fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<
         }
         if let Some((name, value)) = header.split_once(':') {
             let value = value.trim();
+            let lower = name.to_ascii_lowercase();
+            decided |= lower.starts_with("x-ratelimit-") || lower.starts_with("ratelimit");
             if name.eq_ignore_ascii_case("content-length") {
                 length = value.parse().map_err(|_| bad("bad content-length"))?;
             } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
@@ -102,7 +112,7 @@ fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<
     }
     let mut body = vec![0; length];
     conn.read_exact(&mut body)?;
-    Ok((status, keep))
+    Ok((status, keep, decided))
 }
 
 /// A load on one key through several Envoys.
@@ -129,6 +139,8 @@ pub struct Event {
     pub took: Duration,
     pub replica: usize,
     pub status: u16,
+    /// The response carried rate-limit headers.
+    pub decided: bool,
 }
 
 pub struct LoadResult {
@@ -220,13 +232,14 @@ pub fn run(load: &Load) -> LoadResult {
                         if sent >= start + duration {
                             break;
                         }
-                        let status = client.hit().unwrap_or(0);
+                        let (status, decided) = client.hit_decided().unwrap_or((0, false));
                         let done = Instant::now();
                         events.push(Event {
                             at: done - start,
                             took: done - sent,
                             replica,
                             status,
+                            decided,
                         });
                     }
                     events

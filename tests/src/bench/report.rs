@@ -147,6 +147,31 @@ pub struct Timeline {
     pub per_second: Vec<(u64, u64, u64)>,
 }
 
+/// A bridge outage under steady load: Webdis stopped, then resumed.
+#[derive(Clone, Debug, Default)]
+pub struct Outage {
+    pub failure_mode: String,
+    pub connections: usize,
+    /// Seconds since the load started.
+    pub stop_s: f64,
+    pub resume_s: f64,
+    pub slice_s: f64,
+    pub slices: Vec<super::svg::Slice>,
+    /// When a worker's breaker opened (the gauge went above 0) and when all had closed again.
+    pub breaker_open_s: Option<f64>,
+    pub breaker_closed_s: Option<f64>,
+    /// From the stop to the first request let through without waiting (under 10 ms), and from
+    /// the resume to the first decided one.
+    pub first_fast_after_stop_ms: Option<f64>,
+    pub first_decided_after_resume_ms: Option<f64>,
+    pub answered: u64,
+    /// Requests with no answer, or another status than 200.
+    pub failed: u64,
+    /// The slowest request sent after the breaker opened and before the resume, ms.
+    pub slowest_while_open_ms: f64,
+    pub chart_file: String,
+}
+
 pub struct Report {
     pub quick: bool,
     pub started_utc: String,
@@ -159,6 +184,7 @@ pub struct Report {
     pub accuracy: Vec<Accuracy>,
     pub timeline: Timeline,
     pub chart_file: String,
+    pub outage: Outage,
 }
 
 pub fn thousands(n: f64) -> String {
@@ -467,11 +493,11 @@ impl Report {
         ) {
             let _ = writeln!(
                 out,
-                "- With Webdis down (connection refused: {:.2} failed connects per request, no call reaches Webdis) requests fail open at {:.2}× baseline throughput; with Webdis hung each request waits for the bridge timeout (p50 {} ms), so throughput is bounded by connections / timeout ({} req/s here).",
+                "- With Webdis down requests fail open at {:.2}× pass-through ({:.4} failed connects per request: each worker's breaker opens after 5 refused calls, then only a probe per 500 ms connects); with Webdis hung at {:.2}× (p50 {} ms): the breaker opens on the first call stalled for 25 ms, then no request waits for the bridge.",
+                self.pass_through_ratio(down).unwrap_or(0.0),
                 down.cost.webdis_connect_fails as f64 / down.run.requests.max(1) as f64,
-                self.ratio(down).unwrap_or(0.0),
+                self.pass_through_ratio(hung).unwrap_or(0.0),
                 ms(hung.run.p50_ms),
-                thousands(hung.run.rps)
             );
         }
         if let Some(repeat) = self.scenario("baseline-repeat") {
@@ -530,6 +556,8 @@ impl Report {
         r.push_str(&self.accuracy_text());
         let _ = writeln!(r, "\n## Under 3× overload, over time\n");
         r.push_str(&self.timeline_text());
+        let _ = writeln!(r, "\n## A bridge outage, over time\n");
+        r.push_str(&self.outage_text());
         let _ = writeln!(r, "\n## Raw outputs\n");
         let _ = writeln!(
             r,
@@ -549,6 +577,53 @@ impl Report {
             a.rate_per_sec,
         );
         r.push_str(&self.accuracy_table());
+        r
+    }
+
+    fn outage_text(&self) -> String {
+        let o = &self.outage;
+        let ms = |v: Option<f64>| {
+            v.map(|v| format!("{v:.1} ms"))
+                .unwrap_or_else(|| "not seen".into())
+        };
+        let s = |v: Option<f64>| {
+            v.map(|v| format!("{v:.2} s"))
+                .unwrap_or_else(|| "not seen".into())
+        };
+        let mut r = String::new();
+        let _ = writeln!(
+            r,
+            "One Envoy (1 worker), failure mode `{}`, the shipped bridge timeout (150 ms) and breaker (5 failures, 25 ms stall, a probe per 500 ms), a limit never reached; {} keep-alive connections as fast as answered. Webdis is stopped (SIGSTOP) at {:.2} s and resumed (SIGCONT) at {:.2} s.\n",
+            o.failure_mode, o.connections, o.stop_s, o.resume_s
+        );
+        let _ = writeln!(
+            r,
+            "![requests per second and p99 through the outage]({})\n",
+            o.chart_file
+        );
+        let _ = writeln!(
+            r,
+            "- From the stop to the first request let through without waiting: **{}**; the breaker opened at {} (since the load started).",
+            ms(o.first_fast_after_stop_ms),
+            s(o.breaker_open_s)
+        );
+        let _ = writeln!(
+            r,
+            "- While open, the slowest request took {:.1} ms (the timeout is 150 ms).",
+            o.slowest_while_open_ms
+        );
+        let _ = writeln!(
+            r,
+            "- From the resume to the first decided request: **{}**; every breaker was closed again at {}.",
+            ms(o.first_decided_after_resume_ms),
+            s(o.breaker_closed_s)
+        );
+        let _ = writeln!(
+            r,
+            "- {} requests answered 200, {} failed or answered otherwise.",
+            thousands(o.answered as f64),
+            o.failed
+        );
         r
     }
 
@@ -681,6 +756,9 @@ impl Report {
             if !found {
                 missing.push(format!("accuracy {algorithm} with several workers"));
             }
+        }
+        if self.outage.slices.is_empty() {
+            missing.push("outage timeline".into());
         }
         if self.timeline.per_second.is_empty() {
             missing.push("overload timeline".into());

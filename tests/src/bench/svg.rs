@@ -1,4 +1,5 @@
-//! A line chart of allowed and denied requests per second, written as SVG text.
+//! Line charts written as SVG text: allowed and denied requests per second (the overload run),
+//! and requests per second with their p99 through a bridge outage (the outage timelines).
 
 use std::fmt::Write as _;
 
@@ -146,6 +147,155 @@ pub fn chart(title: &str, per_second: &[(u64, u64, u64)], rate: f64, offered: f6
     s
 }
 
+/// One slice of an outage timeline.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Slice {
+    /// Requests answered in the slice with rate-limit headers (decided by the limiter), and
+    /// without (let through by the failure policy), per second.
+    pub decided_per_s: f64,
+    pub undecided_per_s: f64,
+    /// 99th percentile of the time taken by the requests answered in the slice, ms.
+    pub p99_ms: f64,
+}
+
+/// A panel of the outage chart: its top, its y maximum, its label, and its series (name,
+/// colour, one value per slice).
+type Panel<'a> = (f64, f64, &'a str, Vec<(&'a str, &'a str, Vec<f64>)>);
+
+/// Two panels over time: requests per second (decided, let through by policy) and their p99,
+/// with vertical lines at `marks` (seconds since the load started, label, colour).
+pub fn outage(
+    title: &str,
+    slices: &[Slice],
+    slice_s: f64,
+    marks: &[(f64, String, &str)],
+) -> String {
+    const PANEL: f64 = 200.0;
+    const GAP: f64 = 50.0;
+    let h = TOP + PANEL + GAP + PANEL + BOTTOM;
+    let span = slices.len().max(1) as f64 * slice_s;
+    let plot_w = W - LEFT - RIGHT;
+    let x = |t: f64| LEFT + plot_w * t / span;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{W}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
+        W / 2.0,
+        escape(title)
+    );
+    let rate_max = nice_ceiling(
+        slices
+            .iter()
+            .map(|c| c.decided_per_s.max(c.undecided_per_s))
+            .fold(1.0, f64::max)
+            * 1.1,
+    );
+    let p99_max = nice_ceiling(slices.iter().map(|c| c.p99_ms).fold(1.0, f64::max) * 1.1);
+    let panels: [Panel; 2] = [
+        (
+            TOP,
+            rate_max,
+            "requests per second",
+            vec![
+                (
+                    "decided",
+                    "#2a9d3a",
+                    slices.iter().map(|c| c.decided_per_s).collect(),
+                ),
+                (
+                    "let through by policy",
+                    "#e07b00",
+                    slices.iter().map(|c| c.undecided_per_s).collect(),
+                ),
+            ],
+        ),
+        (
+            TOP + PANEL + GAP,
+            p99_max,
+            "p99 ms",
+            vec![("p99", "#6a3d9a", slices.iter().map(|c| c.p99_ms).collect())],
+        ),
+    ];
+    for (top, max, label, series) in &panels {
+        let y = |v: f64| top + PANEL * (1.0 - v / max);
+        for i in 0..=4 {
+            let value = max * i as f64 / 4.0;
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                y(value),
+                W - RIGHT,
+                y(value),
+                LEFT - 6.0,
+                y(value) + 4.0,
+                value
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL}" fill="none" stroke="#999"/><text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{label}</text>"##,
+            top + PANEL / 2.0
+        );
+        for (i, (name, colour, values)) in series.iter().enumerate() {
+            let points: Vec<String> = values
+                .iter()
+                .enumerate()
+                .map(|(k, v)| format!("{:.1},{:.1}", x((k as f64 + 0.5) * slice_s), y(*v)))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/><text x="{:.1}" y="{:.1}" fill="{colour}">{name}</text>"#,
+                points.join(" "),
+                LEFT + 8.0 + 170.0 * i as f64,
+                top + 14.0
+            );
+        }
+        for (t, mark, colour) in marks {
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.1}" y1="{top}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-dasharray="4 3"/>"#,
+                x(*t),
+                x(*t),
+                top + PANEL
+            );
+            if *label == "requests per second" {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.1}" y="{:.1}" fill="{colour}" font-size="10">{}</text>"#,
+                    x(*t) + 3.0,
+                    top + PANEL
+                        - 6.0
+                        - 12.0 * (marks.iter().position(|m| m.0 == *t).unwrap_or(0) % 4) as f64,
+                    escape(mark)
+                );
+            }
+        }
+    }
+    let ticks = span.ceil() as usize;
+    for second in 0..=ticks {
+        let xx = x(second as f64);
+        let _ = writeln!(
+            s,
+            r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{second}</text>"#,
+            h - BOTTOM + 18.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">seconds since the load started ({} ms slices)</text>"#,
+        LEFT + plot_w / 2.0,
+        h - 22.0,
+        (slice_s * 1000.0).round()
+    );
+    s.push_str("</svg>\n");
+    s
+}
+
 /// Picks one count out of (allowed, denied, failed).
 type Pick = fn(&(u64, u64, u64)) -> u64;
 
@@ -181,5 +331,19 @@ mod tests {
         assert!(svg.contains("t &lt;x&gt;"));
         assert_eq!(nice_ceiling(330.0), 500.0);
         assert_eq!(nice_ceiling(150.0), 200.0);
+    }
+
+    #[test]
+    fn the_outage_chart_has_both_panels_and_the_marks() {
+        let slice = Slice {
+            decided_per_s: 100.0,
+            undecided_per_s: 5.0,
+            p99_ms: 2.0,
+        };
+        let marks = vec![(1.0, "Webdis stopped".to_string(), "#000")];
+        let svg = outage("o", &[slice; 20], 0.1, &marks);
+        assert_eq!(svg.matches("<polyline").count(), 3);
+        assert_eq!(svg.matches("stroke-dasharray").count(), 2);
+        assert!(svg.contains("Webdis stopped"));
     }
 }

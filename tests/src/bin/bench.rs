@@ -14,7 +14,7 @@ use e2e::bench::client::{self, Load};
 use e2e::bench::config::{self, Algorithm, Front, Policy, ALGORITHMS};
 use e2e::bench::measure::{self, BENCH_OWN_COMMANDS};
 use e2e::bench::report::{
-    Accuracy, Cost, Report, Scenario, Timeline, CONCURRENT_ALGORITHMS, SCENARIOS,
+    Accuracy, Cost, Outage, Report, Scenario, Timeline, CONCURRENT_ALGORITHMS, SCENARIOS,
 };
 use e2e::bench::svg;
 use e2e::bench::wrk::{self, Requests, WrkLoad};
@@ -138,10 +138,11 @@ fn main() {
 
     let mut scenarios = throughput(&s, &dir, started);
     scenarios.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
-    let (accuracy, timeline) = if s.only.is_some() {
-        (Vec::new(), Timeline::default())
+    let (accuracy, timeline, outage) = if s.only.is_some() {
+        (Vec::new(), Timeline::default(), Outage::default())
     } else {
-        accuracy(&s, &dir, started)
+        let (accuracy, timeline) = accuracy(&s, &dir, started);
+        (accuracy, timeline, outage_run(&s, &dir, started))
     };
 
     let versions = vec![
@@ -233,6 +234,7 @@ fn main() {
         accuracy,
         timeline,
         chart_file: chart_file.clone(),
+        outage,
     };
     let t = &report.timeline;
     let svg = svg::chart(
@@ -249,6 +251,27 @@ fn main() {
         t.run.offered_per_sec.unwrap_or(0.0),
     );
     write(&s.out.join(&chart_file), &svg);
+    let o = &report.outage;
+    if !o.slices.is_empty() {
+        let mut marks = vec![
+            (o.stop_s, "Webdis stopped".to_string(), "#000000"),
+            (o.resume_s, "Webdis resumed".to_string(), "#000000"),
+        ];
+        if let Some(t) = o.breaker_open_s {
+            marks.push((t, "breaker open".to_string(), "#d1495b"));
+        }
+        if let Some(t) = o.breaker_closed_s {
+            marks.push((t, "breaker closed".to_string(), "#1f5fbf"));
+        }
+        let title = format!(
+            "Webdis stopped for {:.0} s under {} connections (failure mode {})",
+            o.resume_s - o.stop_s,
+            o.connections,
+            o.failure_mode
+        );
+        let chart = svg::outage(&title, &o.slices, o.slice_s, &marks);
+        write(&s.out.join(&o.chart_file), &chart);
+    }
     let csv: String = std::iter::once("second,allowed,denied,failed\n".to_string())
         .chain(
             t.per_second
@@ -481,7 +504,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
         let t = Target::new(&envoy, Some(&webdis), &redis, true);
         run(
             "filter-bridge-hung",
-            "the filter, Webdis stopped (SIGSTOP): each request fails open after the 150 ms timeout",
+            "the filter, Webdis stopped (SIGSTOP): the breaker opens on the first stalled call, then requests fail open without a call",
             "baseline",
             &one_key,
             &t,
@@ -493,7 +516,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
         let t = Target::new(&envoy, None, &redis, true);
         run(
             "filter-bridge-down",
-            "the filter, Webdis killed: connection refused, fail open",
+            "the filter, Webdis killed: connection refused, the breaker opens, fail open without a call",
             "baseline",
             &one_key,
             &t,
@@ -783,4 +806,144 @@ fn accuracy_run(
             .collect(),
     };
     (run, result)
+}
+
+/// Unix time in seconds.
+fn unix_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Steady load through one Envoy while Webdis is stopped and resumed: requests per second,
+/// decided or let through, and their p99 per 100 ms, with the breaker's state read from
+/// Envoy's gauge every 10 ms.
+fn outage_run(s: &Settings, dir: &WorkDir, started: Instant) -> Outage {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let redis = Redis::start(dir);
+    let webdis = Webdis::start(dir, redis.port);
+    let policy = filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms);
+    let envoy = start_envoy(dir, Front::Filter(&[policy]), webdis.port);
+    let (before, stopped, after) = if s.quick {
+        (1.0, 2.0, 1.5)
+    } else {
+        (2.0, 5.0, 2.0)
+    };
+    let connections = 8;
+    let load = Load {
+        ports: vec![envoy.port],
+        conns_per_port: connections,
+        duration: Duration::from_secs_f64(before + stopped + after),
+        headers: vec![("x-api-key".to_string(), "outage-timeline".to_string())],
+        paced_total_per_sec: None,
+    };
+    let done = AtomicBool::new(false);
+    let admin = envoy.admin_port;
+    let (result, gauge, stop_unix, resume_unix) = std::thread::scope(|scope| {
+        let poller = scope.spawn(|| {
+            let mut changes: Vec<(f64, u64)> = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let value = measure::envoy_stats(admin)
+                    .get("wasmcustom.ratelimit_breaker_open")
+                    .copied()
+                    .unwrap_or(0);
+                if changes.last().map(|c| c.1) != Some(value) {
+                    changes.push((unix_s(), value));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            changes
+        });
+        let loaded = scope.spawn(|| client::run(&load));
+        std::thread::sleep(Duration::from_secs_f64(0.2 + before));
+        let stop_unix = unix_s();
+        webdis.process.pause();
+        std::thread::sleep(Duration::from_secs_f64(stopped));
+        let resume_unix = unix_s();
+        webdis.process.resume();
+        let result = loaded.join().unwrap_or_else(|_| client::LoadResult {
+            events: Vec::new(),
+            start_unix: stop_unix,
+        });
+        done.store(true, Ordering::SeqCst);
+        let gauge = poller.join().unwrap_or_default();
+        (result, gauge, stop_unix, resume_unix)
+    });
+    let base = result.start_unix;
+    let stop_s = stop_unix - base;
+    let resume_s = resume_unix - base;
+    let slice_s = 0.1;
+    let n = ((before + stopped + after) / slice_s).ceil() as usize;
+    let mut took: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut slices = vec![svg::Slice::default(); n];
+    for e in &result.events {
+        let i = ((e.at.as_secs_f64() / slice_s) as usize).min(n - 1);
+        if e.decided {
+            slices[i].decided_per_s += 1.0 / slice_s;
+        } else if e.status == 200 {
+            slices[i].undecided_per_s += 1.0 / slice_s;
+        }
+        took[i].push(e.took.as_secs_f64() * 1000.0);
+    }
+    for (slice, times) in slices.iter_mut().zip(&mut took) {
+        times.sort_by(f64::total_cmp);
+        if !times.is_empty() {
+            let k = ((times.len() as f64 * 0.99).ceil() as usize).clamp(1, times.len()) - 1;
+            slice.p99_ms = times[k];
+        }
+    }
+    let at = |e: &client::Event| e.at.as_secs_f64();
+    let sent = |e: &client::Event| (e.at - e.took).as_secs_f64();
+    let breaker_open_s = gauge
+        .iter()
+        .find(|(t, v)| *t >= stop_unix && *v > 0)
+        .map(|(t, _)| t - base);
+    let breaker_closed_s = gauge
+        .iter()
+        .find(|(t, v)| *t >= resume_unix && *v == 0)
+        .map(|(t, _)| t - base);
+    let first_fast_after_stop_ms = result
+        .events
+        .iter()
+        .find(|e| sent(e) >= stop_s && !e.decided && e.status == 200 && e.took.as_millis() < 10)
+        .map(|e| (at(e) - stop_s) * 1000.0);
+    let first_decided_after_resume_ms = result
+        .events
+        .iter()
+        .find(|e| at(e) >= resume_s && e.decided)
+        .map(|e| (at(e) - resume_s) * 1000.0);
+    let open_from = breaker_open_s.unwrap_or(resume_s);
+    let slowest_while_open_ms = result
+        .events
+        .iter()
+        .filter(|e| sent(e) >= open_from && at(e) <= resume_s)
+        .map(|e| e.took.as_secs_f64() * 1000.0)
+        .fold(0.0, f64::max);
+    let outage = Outage {
+        failure_mode: "open".into(),
+        connections,
+        stop_s,
+        resume_s,
+        slice_s,
+        slices,
+        breaker_open_s,
+        breaker_closed_s,
+        first_fast_after_stop_ms,
+        first_decided_after_resume_ms,
+        answered: result.count(200),
+        failed: result.events.len() as u64 - result.count(200),
+        slowest_while_open_ms,
+        chart_file: "outage-open.svg".into(),
+    };
+    say(
+        started,
+        &format!(
+            "outage: first fast answer {:?} ms after the stop, first decision {:?} ms after the resume, slowest while open {:.1} ms",
+            outage.first_fast_after_stop_ms.map(|v| v.round()),
+            outage.first_decided_after_resume_ms.map(|v| v.round()),
+            outage.slowest_while_open_ms
+        ),
+    );
+    outage
 }
