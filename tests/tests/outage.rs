@@ -237,3 +237,32 @@ fn a_flood_over_envoys_own_circuit_breaker_counts_as_bridge_failures() {
     );
     assert!(s.envoy.counter("ratelimit_failure_mode_open") >= overflow);
 }
+
+#[test]
+fn local_mode_keeps_limiting_while_the_bridge_is_down() {
+    // 8 per minute globally; each of the 2 workers enforces a quarter of it, 2, on its own.
+    let json = r#"{"bridge": {"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "150ms"},
+"failure_mode": "local", "local_share": 0.25,
+"rules": [{"name": "api", "limits": [{"name": "minute", "limit": 8, "window": "1m"}]}]}"#;
+    let (from, to) = filter_config_edit(json);
+    let mut s = Stack::start("outage-local", &[(&from, &to)]);
+    assert!(decided(&keyed(&s.envoy, "warm-up")));
+    s.webdis.process.stop();
+    let statuses: Vec<u16> = (0..20).map(|_| keyed(&s.envoy, "abuser").status).collect();
+    let allowed = statuses.iter().filter(|&&st| st == 200).count();
+    assert!(
+        (2..=4).contains(&allowed),
+        "at most 2 per worker while Redis is out of reach: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&st| st == 429).count(),
+        20 - allowed
+    );
+    let refused = keyed(&s.envoy, "abuser");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("x-ratelimit-limit"), Some("2"));
+    assert!(refused.header("retry-after").is_some());
+    assert!(s.envoy.counter("ratelimit_failure_mode_local") >= 21);
+    // Another client has its own share.
+    assert_eq!(keyed(&s.envoy, "someone-else").status, 200);
+}

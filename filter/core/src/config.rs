@@ -25,6 +25,8 @@ pub enum FailureMode {
     Open,
     /// Answer 503: for endpoints where an unmetered request costs more than a refused one.
     Closed,
+    /// Each worker enforces the rule's limits itself, in memory, at `local_share` of each.
+    Local,
 }
 
 /// Whose clock the decision uses.
@@ -132,6 +134,8 @@ pub struct Config {
     pub clock_skew: Duration,
     /// Refused keys a worker remembers until they could fit; 0 turns the deny cache off.
     pub deny_cache_entries: usize,
+    /// The part of each limit one worker enforces on its own in the `local` failure mode.
+    pub local_share: f64,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
 }
@@ -351,6 +355,8 @@ struct RawConfig {
     deny_cache: Option<Value>,
     /// `false`, `true`, or `{"failures": N, "stall": "25ms", "probe_interval": "500ms"}`.
     breaker: Option<Value>,
+    #[serde(default = "default_local_share")]
+    local_share: f64,
     rules: Vec<RawRule>,
 }
 
@@ -456,6 +462,9 @@ struct RawCostHeader {
     default: Option<u64>,
 }
 
+fn default_local_share() -> f64 {
+    0.125
+}
 fn default_failure_mode() -> FailureMode {
     FailureMode::Open
 }
@@ -618,6 +627,14 @@ impl RawConfig {
             rules,
             batch: self.batch.validate()?,
             breaker: validate_breaker(self.breaker)?,
+            local_share: if self.local_share > 0.0 && self.local_share <= 1.0 {
+                self.local_share
+            } else {
+                return Err(invalid(
+                    "local_share",
+                    "must be a number above 0, at most 1",
+                ));
+            },
             clock_skew,
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
@@ -1380,7 +1397,15 @@ mod tests {
             ("[]".into(), "the configuration must be a JSON object"),
             ("{}".into(), "rules: is required"),
             (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
-            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `rules`"),
+            (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `rules`"),
+            (top(r#", "local_share": 0"#), "local_share: must be a number above 0, at most 1"),
+            (top(r#", "local_share": 1.5"#), "local_share: must be a number above 0, at most 1"),
+            (top(r#", "local_share": "1/8""#), "local_share: invalid type: string \"1/8\", expected f64"),
+            (top(r#", "breaker": {"failures": 0}"#), "breaker.failures: must be between 1 and 1000"),
+            (top(r#", "breaker": {"stall": "0ms"}"#), "breaker.stall: must be between 1ms and 60s"),
+            (top(r#", "breaker": {"probe_interval": "soon"}"#), "breaker.probe_interval: invalid duration \"soon\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+            (top(r#", "breaker": {"trips": 1}"#), "breaker: unknown field `trips`, expected one of `failures`, `stall`, `probe_interval`"),
+            (top(r#", "bridge": {"clock_skew": "2m"}"#), "bridge.clock_skew: must be between 1ms and 60s"),
             (top(r#", "batch": {"max_requests": 0}"#), "batch.max_requests: must be between 1 and 256"),
             (top(r#", "batch": {"max_requests": 257}"#), "batch.max_requests: must be between 1 and 256"),
             (top(r#", "batch": {"max_in_flight": 9}"#), "batch.max_in_flight: must be between 1 and 8"),
@@ -1389,7 +1414,7 @@ mod tests {
             (top(r#", "deny_cache": {"max_entries": 1000001}"#), "deny_cache.max_entries: must be between 0 and 1000000"),
             (top(r#", "deny_cache": {"entries": 5}"#), "deny_cache: unknown field `entries`, expected `max_entries`"),
             (top(r#", "deny_cache": "on""#), "deny_cache: must be true, false or {\"max_entries\": N}"),
-            (top(r#", "failure_mode": "sometimes""#), "failure_mode: unknown variant `sometimes`, expected `open` or `closed`"),
+            (top(r#", "failure_mode": "sometimes""#), "failure_mode: unknown variant `sometimes`, expected one of `open`, `closed`, `local`"),
             (top(r#", "clock": "ntp""#), "clock: unknown variant `ntp`, expected `proxy` or `redis`"),
             (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `none`"),
             (top(r#", "deny_body": "html""#), "deny_body: unknown variant `html`, expected `text` or `problem+json`"),
@@ -1417,7 +1442,7 @@ mod tests {
             (with_rule(r#"{"name": "r"}"#), "rules[0].limits: is required"),
             (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `cost`, `failure_mode`, `timeout`, `shadow`"),
             (rule(r#", "timeout": "0s""#), "rules[0].timeout: must be between 1ms and 60s"),
-            (rule(r#", "failure_mode": "half""#), "rules[0].failure_mode: unknown variant `half`, expected `open` or `closed`"),
+            (rule(r#", "failure_mode": "half""#), "rules[0].failure_mode: unknown variant `half`, expected one of `open`, `closed`, `local`"),
             (limit(r#""window": "1s""#), "rules[0].limits[0].limit: is required"),
             (limit(r#""limit": 0, "window": "1s""#), "rules[0].limits[0].limit: must be >= 1"),
             (limit(r#""limit": -3, "window": "1s""#), "rules[0].limits[0].limit: invalid value: integer `-3`, expected u64"),

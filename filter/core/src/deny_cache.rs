@@ -14,7 +14,7 @@
 //! engine clears this cache on the `NOSCRIPT` that follows; the other cases can refuse a key
 //! until its retry instant at most — a false refusal, never an overshoot.
 
-use std::collections::{BTreeSet, HashMap};
+use crate::expiring::ExpiringMap;
 
 /// What Redis said about one refused limit, and until when it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,21 +26,18 @@ pub struct Refusal {
     pub cost: u64,
 }
 
-/// A bounded map from a limit's Redis key to its latest refusal.
+/// A bounded map from a limit's Redis key to its latest refusal; when full, the refusal that
+/// expires first (an expired one, if any) makes room.
 #[derive(Debug, Default)]
 pub struct DenyCache {
-    capacity: usize,
-    entries: HashMap<String, Refusal>,
-    /// (until, key), so the entry that expires first (an expired one, if any) goes first.
-    by_expiry: BTreeSet<(u128, String)>,
+    entries: ExpiringMap<Refusal>,
 }
 
 impl DenyCache {
     /// A cache of at most `capacity` keys; 0 keeps nothing.
     pub fn new(capacity: usize) -> Self {
         DenyCache {
-            capacity,
-            ..Default::default()
+            entries: ExpiringMap::new(capacity),
         }
     }
 
@@ -56,7 +53,6 @@ impl DenyCache {
     /// before may no longer hold.
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.by_expiry.clear();
     }
 
     /// The refusal that still covers a request of `cost` on `key` at `now_ns`.
@@ -67,23 +63,9 @@ impl DenyCache {
             .copied()
     }
 
-    /// Remembers a refusal (replacing the key's older one). When full, the entry that expires
-    /// first makes room: expired entries before live ones.
+    /// Remembers a refusal (replacing the key's older one).
     pub fn insert(&mut self, key: &str, refusal: Refusal) {
-        if self.capacity == 0 {
-            return;
-        }
-        if let Some(old) = self.entries.remove(key) {
-            self.by_expiry.remove(&(old.until_ns, key.to_string()));
-        }
-        while self.entries.len() >= self.capacity {
-            let Some((_, first)) = self.by_expiry.pop_first() else {
-                break;
-            };
-            self.entries.remove(&first);
-        }
-        self.by_expiry.insert((refusal.until_ns, key.to_string()));
-        self.entries.insert(key.to_string(), refusal);
+        self.entries.insert(key, refusal.until_ns, refusal);
     }
 }
 

@@ -18,6 +18,7 @@ use crate::bridge::{
 use crate::config::{Bridge, Clock, Config, FailureMode};
 use crate::deny_cache::{DenyCache, Refusal};
 use crate::identity::RequestView;
+use crate::local::{scaled, LocalLimits};
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::plan::{plan, LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
@@ -161,6 +162,8 @@ pub struct Engine {
     /// `ratelimit_deny_cache_hits`).
     uncounted_hits: u64,
     breaker: BreakerState,
+    /// The state of the `local` failure mode.
+    local: LocalLimits,
     /// Redis restarts (seen by any worker) this worker's deny cache is up to date with: a
     /// refusal outlives a restart another worker noticed by one tick at most.
     restarts_seen: u64,
@@ -746,6 +749,7 @@ impl Engine {
                     host.report_failure(&failure);
                 }
                 match plan.failure_mode {
+                    FailureMode::Local => self.decide_locally(config, host, plan),
                     FailureMode::Open => {
                         host.count(Counter::FailureModeOpen);
                         Conclusion::Resume(Headers::new())
@@ -756,6 +760,34 @@ impl Engine {
                     }
                 }
             }
+        }
+    }
+
+    /// The `local` failure mode: the limits of the request's rules that fail locally, decided
+    /// by this worker alone at `local_share` of each (the others let it through).
+    fn decide_locally(&mut self, config: &Config, host: &mut impl Host, plan: &Plan) -> Conclusion {
+        host.count(Counter::FailureModeLocal);
+        let checks: Vec<LimitCheck> = plan
+            .checks
+            .iter()
+            .filter(|c| {
+                config
+                    .rules
+                    .get(c.rule)
+                    .is_some_and(|r| r.failure_mode == FailureMode::Local)
+            })
+            .map(|c| scaled(c, config.local_share))
+            .collect();
+        let Some(now) = host.now_unix_ns() else {
+            return Conclusion::Resume(Headers::new());
+        };
+        let decision = self.local.decide(&checks, now);
+        if decision.allowed {
+            host.count(Counter::Allowed);
+            Conclusion::Resume(response::rate_limit_headers(config, &checks, &decision))
+        } else {
+            host.count(Counter::Denied);
+            Conclusion::Answer(response::denied(config, &checks, &decision))
         }
     }
 
@@ -1780,5 +1812,38 @@ mod tests {
         );
         assert_eq!(h.failures, vec![BridgeFailure::Stale]);
         assert_eq!(h.resumed, vec![1]);
+    }
+
+    #[test]
+    fn local_mode_limits_each_worker_to_its_share_while_the_bridge_fails() {
+        let c =
+            config(r#""failure_mode": "local", "local_share": 0.5, "breaker": {"failures": 1},"#);
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        // The call fails: the request is decided here, on 5 of the 10 per minute.
+        e.on_request(&c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, none());
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(
+            e.take_headers(1),
+            Some(vec![
+                ("x-ratelimit-limit", "5".to_string()),
+                ("x-ratelimit-remaining", "4".to_string()),
+                ("x-ratelimit-reset", "12".to_string())
+            ])
+        );
+        // The breaker is open: the rest are decided here at once, without a call.
+        let verdicts: Vec<Verdict> = (2..=6)
+            .map(|ctx| e.on_request(&c, &mut h, ctx, &req("/", "k")))
+            .collect();
+        use Verdict::{Continue, Pause};
+        assert_eq!(verdicts, [Continue, Continue, Continue, Continue, Pause]);
+        assert_eq!(h.statuses(), vec![(6, 429)]);
+        assert_eq!(h.dispatched.len(), 1);
+        assert_eq!(h.count_of(Counter::FailureModeLocal), 6);
+        assert_eq!(h.count_of(Counter::Allowed), 5);
+        assert_eq!(h.count_of(Counter::Denied), 1);
+        // Another key has a share of its own.
+        assert_eq!(e.on_request(&c, &mut h, 7, &req("/", "other")), Continue);
     }
 }

@@ -3,13 +3,16 @@
 //! Envoy's callbacks to the worker's [`engine::Engine`] and carries out what it asks of its
 //! [`engine::Host`].
 
+pub mod algorithms;
 pub mod bounds;
 pub mod bridge;
 pub mod config;
 pub mod deny_cache;
 pub mod encode;
 pub mod engine;
+pub mod expiring;
 pub mod identity;
+pub mod local;
 pub mod metrics;
 pub mod plan;
 pub mod response;

@@ -31,6 +31,8 @@ stats! {
         ShadowDenied => "ratelimit_shadow_denied",
         FailureModeOpen => "ratelimit_failure_mode_open",
         FailureModeClosed => "ratelimit_failure_mode_closed",
+        /// Decided by the worker alone, in memory, because the bridge failed.
+        FailureModeLocal => "ratelimit_failure_mode_local",
         BridgeErrors => "ratelimit_bridge_errors",
         ScriptLoads => "ratelimit_script_loads",
         /// Answered 400: a bad or repeated header the limiter reads.
@@ -80,7 +82,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 12);
+        assert_eq!(Counter::ALL.len(), 13);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 }

@@ -40,7 +40,7 @@ pub struct Plan {
     pub checks: Vec<LimitCheck>,
     /// The shortest timeout among the matching rules.
     pub timeout: Duration,
-    /// Closed if any matching enforcing rule fails closed.
+    /// Closed if any matching enforcing rule fails closed, else local if any fails locally.
     pub failure_mode: FailureMode,
 }
 
@@ -67,8 +67,13 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
         };
         let cost = request_cost(&rule.cost, view)?;
         plan.timeout = plan.timeout.min(rule.timeout);
-        if rule.failure_mode == FailureMode::Closed && !rule.shadow {
-            plan.failure_mode = FailureMode::Closed;
+        // Closed wins over local, local over open (a shadow rule never closes).
+        if !rule.shadow {
+            plan.failure_mode = match (plan.failure_mode, rule.failure_mode) {
+                (FailureMode::Closed, _) | (_, FailureMode::Closed) => FailureMode::Closed,
+                (FailureMode::Local, _) | (_, FailureMode::Local) => FailureMode::Local,
+                _ => FailureMode::Open,
+            };
         }
         for (l, limit) in rule.limits.iter().enumerate() {
             plan.checks.push(LimitCheck {
@@ -207,6 +212,29 @@ mod tests {
         );
         let silver = FakeRequest::new("GET", "/x").with("x-tier", b"silver");
         assert!(plan(&c, &silver).unwrap().checks.is_empty());
+    }
+
+    #[test]
+    fn closed_wins_over_local_and_local_over_open() {
+        let json = |modes: &[&str]| {
+            let rules: Vec<String> = modes
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    format!(r#"{{"name": "r{i}", "failure_mode": "{m}", "limits": [{{"name": "l", "limit": 1, "window": "1s"}}]}}"#)
+                })
+                .collect();
+            Config::parse(format!(r#"{{"rules": [{}]}}"#, rules.join(",")).as_bytes()).unwrap()
+        };
+        for (modes, want) in [
+            (&["open", "local"][..], FailureMode::Local),
+            (&["local", "closed", "open"][..], FailureMode::Closed),
+            (&["open", "open"][..], FailureMode::Open),
+            (&["local"][..], FailureMode::Local),
+        ] {
+            let p = plan(&json(modes), &FakeRequest::new("GET", "/")).unwrap();
+            assert_eq!(p.failure_mode, want, "{modes:?}");
+        }
     }
 
     #[test]

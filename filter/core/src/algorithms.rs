@@ -1,0 +1,406 @@
+//! The Rust twin of each Lua algorithm (`lua/*.lua`): same inputs, same arithmetic, same
+//! answers, on state held in memory. The `local` failure mode runs them while the bridge is
+//! unavailable; each function mirrors its Lua file line for line, so read them side by side.
+//! Times are Unix milliseconds as `f64` (sub-millisecond precision is all local mode needs).
+
+use crate::config::Algorithm;
+
+/// One limit's parameters, as the script gets them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    pub limit: f64,
+    /// Milliseconds.
+    pub window: f64,
+    pub burst: f64,
+    pub cost: f64,
+}
+
+/// A limit's state for one key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    TokenBucket {
+        tokens: f64,
+        ts: f64,
+    },
+    Gcra {
+        tat: f64,
+    },
+    FixedWindow {
+        w: f64,
+        n: f64,
+    },
+    SlidingWindowCounter {
+        w: f64,
+        cur: f64,
+        prev: f64,
+    },
+    /// Times of the counted units, oldest first.
+    SlidingWindowLog {
+        entries: Vec<f64>,
+    },
+}
+
+/// What deciding one limit says, before anything is charged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    pub allowed: bool,
+    /// Remaining and ms until whole if nothing is taken, and if the request is charged.
+    pub kept_remaining: f64,
+    pub kept_reset: f64,
+    pub taken_remaining: f64,
+    pub taken_reset: f64,
+    /// When refused: ms until the request would be allowed.
+    pub retry: f64,
+    /// The state once charged (only used if allowed), and how long it matters (ms).
+    pub charged: State,
+    pub lifetime: f64,
+}
+
+impl Evaluation {
+    /// (remaining, reset ms, retry ms) as the script replies them: charged or kept.
+    pub fn reply(&self, charged: bool) -> (f64, f64, f64) {
+        if charged {
+            (self.taken_remaining, self.taken_reset.ceil(), self.retry)
+        } else {
+            (self.kept_remaining, self.kept_reset.ceil(), self.retry)
+        }
+    }
+}
+
+/// Decides one limit at `now` on `state` (None: a fresh key).
+pub fn evaluate(algorithm: Algorithm, state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    match algorithm {
+        Algorithm::TokenBucket => token_bucket(state, p, now),
+        Algorithm::Gcra => gcra(state, p, now),
+        Algorithm::FixedWindow => fixed_window(state, p, now),
+        Algorithm::SlidingWindowCounter => sliding_window_counter(state, p, now),
+        Algorithm::SlidingWindowLog => sliding_window_log(state, p, now),
+    }
+}
+
+/// The scripts keep state 60 s past the moment it stops mattering.
+const MARGIN_MS: f64 = 60_000.0;
+
+fn token_bucket(state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    let rate = p.limit / p.window;
+    let capacity = p.burst;
+    let (tokens, stamp) = match state {
+        Some(State::TokenBucket { tokens, ts }) if now > *ts => {
+            (capacity.min(tokens + (now - ts) * rate), now)
+        }
+        // A clock that went backwards refills nothing, and the stored time stays.
+        Some(State::TokenBucket { tokens, ts }) => (capacity.min(*tokens), *ts),
+        _ => (capacity, now),
+    };
+    let allowed = tokens >= p.cost;
+    let left = tokens - p.cost;
+    Evaluation {
+        allowed,
+        kept_remaining: tokens,
+        kept_reset: (capacity - tokens) / rate,
+        taken_remaining: left,
+        taken_reset: (capacity - left) / rate,
+        retry: if allowed {
+            0.0
+        } else {
+            ((p.cost - tokens) / rate).ceil()
+        },
+        charged: State::TokenBucket {
+            tokens: left,
+            ts: stamp,
+        },
+        lifetime: (capacity / rate).ceil() + MARGIN_MS,
+    }
+}
+
+fn gcra(state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    let interval = p.window / p.limit;
+    let stored = match state {
+        Some(State::Gcra { tat }) => *tat,
+        _ => now,
+    };
+    // A clock that went backwards cannot move TAT back.
+    let tat = stored.max(now);
+    let new_tat = tat + p.cost * interval;
+    let allow_at = new_tat - p.burst * interval;
+    let allowed = now >= allow_at;
+    Evaluation {
+        allowed,
+        kept_remaining: ((now - (tat - p.burst * interval)) / interval).max(0.0),
+        kept_reset: tat - now,
+        taken_remaining: ((now - allow_at) / interval).max(0.0),
+        taken_reset: new_tat - now,
+        retry: if allowed {
+            0.0
+        } else {
+            (allow_at - now).ceil()
+        },
+        charged: State::Gcra { tat: new_tat },
+        lifetime: (new_tat - now).ceil() + MARGIN_MS,
+    }
+}
+
+fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    let mut index = (now / p.window).floor();
+    let mut n = 0.0;
+    if let Some(State::FixedWindow { w, n: counted }) = state {
+        if index <= *w {
+            // A clock that went backwards stays in the newest window seen.
+            index = *w;
+            n = *counted;
+        }
+    }
+    let ends_in = ((index + 1.0) * p.window - now).max(0.0);
+    let allowed = n + p.cost <= p.limit;
+    Evaluation {
+        allowed,
+        kept_remaining: (p.limit - n).max(0.0),
+        kept_reset: if n > 0.0 { ends_in } else { 0.0 },
+        taken_remaining: p.limit - n - p.cost,
+        taken_reset: ends_in,
+        retry: if allowed { 0.0 } else { ends_in.ceil() },
+        charged: State::FixedWindow {
+            w: index,
+            n: n + p.cost,
+        },
+        lifetime: ends_in.ceil() + MARGIN_MS,
+    }
+}
+
+fn sliding_window_counter(state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    let big_w = p.window;
+    let mut index = (now / big_w).floor();
+    let (mut cur, mut prev) = (0.0, 0.0);
+    let mut into = now - index * big_w;
+    if let Some(State::SlidingWindowCounter {
+        w,
+        cur: c,
+        prev: pr,
+    }) = state
+    {
+        if index == w + 1.0 {
+            prev = *c;
+        } else if index <= *w {
+            (cur, prev) = (*c, *pr);
+            if index < *w {
+                // A clock that went backwards: the newest window, fully weighted.
+                index = *w;
+                into = 0.0;
+            }
+        }
+    }
+    let weight = (big_w - into) / big_w;
+    let estimate = prev * weight + cur;
+    // Time until the estimate drops to `target` or less, or None if it never does alone.
+    let wait_for = |target: f64| -> Option<f64> {
+        if estimate <= target {
+            return Some(0.0);
+        }
+        if cur <= target && prev > 0.0 {
+            return Some((big_w - (target - cur) * big_w / prev - into).max(0.0));
+        }
+        if target < 0.0 {
+            return None;
+        }
+        Some((big_w - into) + (big_w - target * big_w / cur).max(0.0))
+    };
+    let allowed = estimate + p.cost <= p.limit;
+    Evaluation {
+        allowed,
+        kept_remaining: (p.limit - estimate).max(0.0),
+        kept_reset: wait_for(0.0).unwrap_or(0.0),
+        taken_remaining: (p.limit - estimate - p.cost).max(0.0),
+        taken_reset: (big_w - into) + big_w,
+        retry: if allowed {
+            0.0
+        } else {
+            wait_for(p.limit - p.cost)
+                .unwrap_or(2.0 * big_w - into)
+                .ceil()
+        },
+        charged: State::SlidingWindowCounter {
+            w: index,
+            cur: cur + p.cost,
+            prev,
+        },
+        lifetime: (2.0 * big_w - into).ceil() + MARGIN_MS,
+    }
+}
+
+fn sliding_window_log(state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    // Entries at or before now - window no longer count.
+    let mut entries: Vec<f64> = match state {
+        Some(State::SlidingWindowLog { entries }) => entries
+            .iter()
+            .copied()
+            .filter(|&t| t > now - p.window)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let count = entries.len() as f64;
+    let kept_reset = entries
+        .last()
+        .map(|newest| (newest + p.window - now).max(0.0))
+        .unwrap_or(0.0);
+    let allowed = count + p.cost <= p.limit;
+    let retry = if allowed {
+        0.0
+    } else if p.cost > p.limit {
+        p.window.ceil()
+    } else {
+        // The request fits once the (count + cost - limit) oldest entries have left.
+        let k = (count + p.cost - p.limit) as usize;
+        let oldest = entries.get(k.saturating_sub(1)).copied().unwrap_or(now);
+        (oldest + p.window - now).ceil().max(1.0)
+    };
+    let result = Evaluation {
+        allowed,
+        kept_remaining: (p.limit - count).max(0.0),
+        kept_reset,
+        taken_remaining: p.limit - count - p.cost,
+        taken_reset: p.window,
+        retry,
+        charged: State::SlidingWindowLog {
+            entries: Vec::new(),
+        },
+        lifetime: p.window.ceil() + MARGIN_MS,
+    };
+    if allowed {
+        let at = entries.partition_point(|&t| t <= now);
+        entries.splice(at..at, std::iter::repeat_n(now, p.cost as usize));
+    }
+    Evaluation {
+        charged: State::SlidingWindowLog { entries },
+        ..result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const T0: f64 = 1_764_489_600_000.0;
+
+    /// `(now offset ms, cost, allowed, remaining, reset ms, retry ms)` on one key, the same
+    /// tables as the Lua tests (`tests/tests/lua_scripts.rs`).
+    type Case = (f64, f64, bool, f64, f64, f64);
+
+    fn run(algorithm: Algorithm, limit: f64, window: f64, burst: f64, cases: &[Case]) {
+        let mut state: Option<State> = None;
+        for (i, &(at, cost, allowed, remaining, reset, retry)) in cases.iter().enumerate() {
+            let p = Params {
+                limit,
+                window,
+                burst,
+                cost,
+            };
+            let e = evaluate(algorithm, state.as_ref(), p, T0 + at);
+            let got = (e.allowed, e.reply(e.allowed));
+            assert_eq!(
+                got,
+                (allowed, (remaining, reset, retry)),
+                "{algorithm:?} case {i}"
+            );
+            if e.allowed {
+                state = Some(e.charged);
+            }
+        }
+    }
+
+    #[test]
+    fn token_bucket_as_the_script() {
+        run(
+            Algorithm::TokenBucket,
+            2.0,
+            1000.0,
+            5.0,
+            &[
+                (0.0, 1.0, true, 4.0, 500.0, 0.0),
+                (0.0, 1.0, true, 3.0, 1000.0, 0.0),
+                (0.0, 3.0, true, 0.0, 2500.0, 0.0),
+                (0.0, 1.0, false, 0.0, 2500.0, 500.0),
+                (250.0, 1.0, false, 0.5, 2250.0, 250.0),
+                (500.0, 1.0, true, 0.0, 2500.0, 0.0),
+                (1500.0, 3.0, false, 2.0, 1500.0, 500.0),
+                (2000.0, 3.0, true, 0.0, 2500.0, 0.0),
+                (86_400_000.0, 5.0, true, 0.0, 2500.0, 0.0),
+                (86_400_000.0, 1.0, false, 0.0, 2500.0, 500.0),
+            ],
+        );
+    }
+
+    #[test]
+    fn gcra_as_the_script() {
+        run(
+            Algorithm::Gcra,
+            10.0,
+            1000.0,
+            3.0,
+            &[
+                (0.0, 1.0, true, 2.0, 100.0, 0.0),
+                (0.0, 1.0, true, 1.0, 200.0, 0.0),
+                (0.0, 1.0, true, 0.0, 300.0, 0.0),
+                (0.0, 1.0, false, 0.0, 300.0, 100.0),
+                (50.0, 1.0, false, 0.5, 250.0, 50.0),
+                (100.0, 1.0, true, 0.0, 300.0, 0.0),
+                (1000.0, 2.0, true, 1.0, 200.0, 0.0),
+                (500.0, 2.0, false, 0.0, 700.0, 600.0),
+            ],
+        );
+    }
+
+    #[test]
+    fn fixed_window_as_the_script() {
+        run(
+            Algorithm::FixedWindow,
+            3.0,
+            1000.0,
+            3.0,
+            &[
+                (200.0, 2.0, true, 1.0, 800.0, 0.0),
+                (300.0, 1.0, true, 0.0, 700.0, 0.0),
+                (400.0, 1.0, false, 0.0, 600.0, 600.0),
+                (1000.0, 1.0, true, 2.0, 1000.0, 0.0),
+                (1100.0, 4.0, false, 2.0, 900.0, 900.0),
+            ],
+        );
+    }
+
+    #[test]
+    fn sliding_window_counter_as_the_script() {
+        run(
+            Algorithm::SlidingWindowCounter,
+            10.0,
+            1000.0,
+            10.0,
+            &[
+                (500.0, 10.0, true, 0.0, 1500.0, 0.0),
+                (900.0, 1.0, false, 0.0, 1100.0, 200.0),
+                (1500.0, 5.0, true, 0.0, 1500.0, 0.0),
+                (1600.0, 2.0, false, 1.0, 1400.0, 100.0),
+                (1700.0, 2.0, true, 0.0, 1300.0, 0.0),
+            ],
+        );
+    }
+
+    #[test]
+    fn sliding_window_log_as_the_script() {
+        run(
+            Algorithm::SlidingWindowLog,
+            3.0,
+            1000.0,
+            3.0,
+            &[
+                (0.0, 1.0, true, 2.0, 1000.0, 0.0),
+                (100.0, 1.0, true, 1.0, 1000.0, 0.0),
+                (200.0, 1.0, true, 0.0, 1000.0, 0.0),
+                (300.0, 1.0, false, 0.0, 900.0, 700.0),
+                (999.0, 1.0, false, 0.0, 201.0, 1.0),
+                (1000.0, 1.0, true, 0.0, 1000.0, 0.0),
+                (1050.0, 2.0, false, 0.0, 950.0, 150.0),
+            ],
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The `local` failure mode: while the bridge is unavailable, each worker enforces the limits
+//! of the rules that choose it on its own, in memory, with the same algorithms as the scripts
+//! (`algorithms.rs`), at `local_share` of each limit and burst. With `local_share` =
+//! 1 / (replicas × workers), the fleet together lets through about what one Redis would.
+
+use crate::algorithms::{evaluate, Params, State};
+use crate::bridge::{Decision, LimitResult};
+use crate::expiring::ExpiringMap;
+use crate::plan::LimitCheck;
+
+/// Keys one worker keeps state for; when full, the state that stops mattering first goes.
+pub const LOCAL_MAX_ENTRIES: usize = 10_000;
+
+#[derive(Debug)]
+pub struct LocalLimits {
+    states: ExpiringMap<State>,
+}
+
+impl Default for LocalLimits {
+    fn default() -> Self {
+        LocalLimits {
+            states: ExpiringMap::new(LOCAL_MAX_ENTRIES),
+        }
+    }
+}
+
+/// A check with its limit, burst and quota scaled to this worker's share (at least 1 each).
+pub fn scaled(check: &LimitCheck, share: f64) -> LimitCheck {
+    let part = |n: u64| ((n as f64 * share).floor() as u64).max(1);
+    LimitCheck {
+        per_window: part(check.per_window),
+        burst: part(check.burst),
+        quota: part(check.quota),
+        ..check.clone()
+    }
+}
+
+impl LocalLimits {
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// Decides `checks` (already scaled) at `now_ns` exactly as the script would on this
+    /// worker's own state: all enforced limits allow, or nothing is charged.
+    pub fn decide(&mut self, checks: &[LimitCheck], now_ns: u128) -> Decision {
+        let now = now_ns as f64 / 1e6;
+        let evaluations: Vec<_> = checks
+            .iter()
+            .map(|c| {
+                let p = Params {
+                    limit: c.per_window as f64,
+                    window: c.window_ms as f64,
+                    burst: c.burst as f64,
+                    cost: c.cost as f64,
+                };
+                evaluate(c.algorithm, self.states.get(&c.key), p, now)
+            })
+            .collect();
+        let committed = evaluations
+            .iter()
+            .zip(checks)
+            .all(|(e, c)| e.allowed || c.shadow);
+        let mut limits = Vec::with_capacity(checks.len());
+        for (e, c) in evaluations.into_iter().zip(checks) {
+            let charged = committed && e.allowed;
+            let (remaining, reset_ms, retry_ms) = e.reply(charged);
+            limits.push(LimitResult {
+                allowed: e.allowed,
+                remaining,
+                reset_ms,
+                retry_ms,
+            });
+            if charged {
+                let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
+                self.states.insert(&c.key, expires, e.charged);
+            }
+        }
+        Decision {
+            allowed: committed,
+            limits,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Algorithm;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn check(key: &str, algorithm: Algorithm, limit: u64, shadow: bool) -> LimitCheck {
+        LimitCheck {
+            rule: 0,
+            limit: 0,
+            key: key.into(),
+            algorithm,
+            per_window: limit,
+            quota: limit,
+            window_ms: 60_000,
+            burst: limit,
+            cost: 1,
+            shadow,
+        }
+    }
+
+    const T0: u128 = 1_764_489_600_000_000_000;
+
+    #[test]
+    fn a_share_of_each_limit_at_least_one() {
+        let c = check("k", Algorithm::TokenBucket, 100, false);
+        let s = scaled(&c, 0.125);
+        assert_eq!((s.per_window, s.burst, s.quota), (12, 12, 12));
+        let s = scaled(&check("k", Algorithm::FixedWindow, 3, false), 0.125);
+        assert_eq!((s.per_window, s.burst), (1, 1));
+    }
+
+    #[test]
+    fn all_or_nothing_over_the_request_and_shadow_limits_never_refuse() {
+        let mut local = LocalLimits::default();
+        let minute = check("m", Algorithm::TokenBucket, 5, false);
+        let day = check("d", Algorithm::FixedWindow, 2, false);
+        let watch = check("w", Algorithm::FixedWindow, 1, true);
+        let both = [minute.clone(), day, watch];
+        let allowed: Vec<bool> = (0..4).map(|_| local.decide(&both, T0).allowed).collect();
+        assert_eq!(allowed, [true, true, false, false], "the day limit of 2");
+        // The refusals charged nothing: 3 of the 5 per minute are left.
+        let alone = local.decide(std::slice::from_ref(&minute), T0);
+        assert_eq!(alone.limits[0].remaining, 2.0);
+        assert_eq!(local.len(), 3);
+    }
+}
