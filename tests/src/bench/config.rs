@@ -87,6 +87,8 @@ pub struct Policy {
     pub rate_per_sec: f64,
     /// Deadline of each call to Webdis.
     pub timeout_ms: u64,
+    /// `"open"`, or `"local"` (each worker limits alone when the bridge fails).
+    pub failure_mode: &'static str,
 }
 
 /// The filter's JSON config enforcing `policies` on the `x-api-key` header (fail open), from
@@ -98,7 +100,8 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
     let mut config = shipped.clone();
     let timeout = policies.iter().map(|p| p.timeout_ms).min().unwrap_or(150);
     config["bridge"]["timeout"] = json!(format!("{timeout}ms"));
-    config["failure_mode"] = json!("open");
+    let local = policies.iter().any(|p| p.failure_mode == "local");
+    config["failure_mode"] = json!(if local { "local" } else { "open" });
     let rules: Vec<Value> = policies
         .iter()
         .map(|p| {
@@ -233,6 +236,7 @@ mod tests {
 
     fn policy(algorithm: &'static str) -> Policy {
         Policy {
+            failure_mode: "open",
             algorithm,
             capacity: 100,
             rate_per_sec: 100.0,

@@ -170,6 +170,11 @@ pub struct Outage {
     /// The slowest request sent after the breaker opened and before the resume, ms.
     pub slowest_while_open_ms: f64,
     pub chart_file: String,
+    /// Local mode: the most the fleet may let through per second while the bridge is out
+    /// (limit × local_share × workers × replicas), and what it did, per whole second of the
+    /// outage after the first.
+    pub local_bound_per_s: Option<f64>,
+    pub allowed_per_s_while_out: Vec<u64>,
 }
 
 pub struct Report {
@@ -184,7 +189,7 @@ pub struct Report {
     pub accuracy: Vec<Accuracy>,
     pub timeline: Timeline,
     pub chart_file: String,
-    pub outage: Outage,
+    pub outages: Vec<Outage>,
 }
 
 pub fn thousands(n: f64) -> String {
@@ -557,7 +562,9 @@ impl Report {
         let _ = writeln!(r, "\n## Under 3× overload, over time\n");
         r.push_str(&self.timeline_text());
         let _ = writeln!(r, "\n## A bridge outage, over time\n");
-        r.push_str(&self.outage_text());
+        for o in &self.outages {
+            r.push_str(&Report::outage_text(o));
+        }
         let _ = writeln!(r, "\n## Raw outputs\n");
         let _ = writeln!(
             r,
@@ -580,8 +587,7 @@ impl Report {
         r
     }
 
-    fn outage_text(&self) -> String {
-        let o = &self.outage;
+    fn outage_text(o: &Outage) -> String {
         let ms = |v: Option<f64>| {
             v.map(|v| format!("{v:.1} ms"))
                 .unwrap_or_else(|| "not seen".into())
@@ -591,9 +597,14 @@ impl Report {
                 .unwrap_or_else(|| "not seen".into())
         };
         let mut r = String::new();
+        let limit = if o.failure_mode == "local" {
+            "one key far over its limit (100 per second, burst 100; `local_share` 1/8)"
+        } else {
+            "a limit never reached"
+        };
         let _ = writeln!(
             r,
-            "One Envoy (1 worker), failure mode `{}`, the shipped bridge timeout (150 ms) and breaker (5 failures, 25 ms stall, a probe per 500 ms), a limit never reached; {} keep-alive connections as fast as answered. Webdis is stopped (SIGSTOP) at {:.2} s and resumed (SIGCONT) at {:.2} s.\n",
+            "### Failure mode `{}`\n\nOne Envoy (1 worker), the shipped bridge timeout (150 ms) and breaker (5 failures, 25 ms stall, a probe per 500 ms), {limit}; {} keep-alive connections as fast as answered. Webdis is stopped (SIGSTOP) at {:.2} s and resumed (SIGCONT) at {:.2} s.\n",
             o.failure_mode, o.connections, o.stop_s, o.resume_s
         );
         let _ = writeln!(
@@ -618,12 +629,25 @@ impl Report {
             ms(o.first_decided_after_resume_ms),
             s(o.breaker_closed_s)
         );
+        let refused: f64 = o.slices.iter().map(|c| c.refused_per_s * o.slice_s).sum();
         let _ = writeln!(
             r,
-            "- {} requests answered 200, {} failed or answered otherwise.",
+            "- {} requests answered 200 or 429 ({} of them 429), {} failed or answered otherwise.",
             thousands(o.answered as f64),
+            thousands(refused),
             o.failed
         );
+        if let Some(bound) = o.local_bound_per_s {
+            let _ = writeln!(
+                r,
+                "- Allowed per whole second while Webdis was out: {} (bound: limit × local_share × workers × replicas = {bound:.1} per second; the first of these seconds may add the local burst, 100 × local_share = 12.5).",
+                o.allowed_per_s_while_out
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         r
     }
 
@@ -757,8 +781,14 @@ impl Report {
                 missing.push(format!("accuracy {algorithm} with several workers"));
             }
         }
-        if self.outage.slices.is_empty() {
-            missing.push("outage timeline".into());
+        for mode in ["open", "local"] {
+            if !self
+                .outages
+                .iter()
+                .any(|o| o.failure_mode == mode && !o.slices.is_empty())
+            {
+                missing.push(format!("outage timeline, failure mode {mode}"));
+            }
         }
         if self.timeline.per_second.is_empty() {
             missing.push("overload timeline".into());

@@ -150,10 +150,11 @@ pub fn chart(title: &str, per_second: &[(u64, u64, u64)], rate: f64, offered: f6
 /// One slice of an outage timeline.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Slice {
-    /// Requests answered in the slice with rate-limit headers (decided by the limiter), and
-    /// without (let through by the failure policy), per second.
-    pub decided_per_s: f64,
+    /// Requests answered in the slice, per second: allowed by a decision (with rate-limit
+    /// headers), let through by the failure policy (without), and refused (429).
+    pub allowed_per_s: f64,
     pub undecided_per_s: f64,
+    pub refused_per_s: f64,
     /// 99th percentile of the time taken by the requests answered in the slice, ms.
     pub p99_ms: f64,
 }
@@ -162,13 +163,15 @@ pub struct Slice {
 /// colour, one value per slice).
 type Panel<'a> = (f64, f64, &'a str, Vec<(&'a str, &'a str, Vec<f64>)>);
 
-/// Two panels over time: requests per second (decided, let through by policy) and their p99,
-/// with vertical lines at `marks` (seconds since the load started, label, colour).
+/// Two panels over time: requests per second (allowed, let through by policy; refusals, far
+/// more numerous under overload, are left to the text) and their p99, with vertical lines at `marks` (seconds since the load started, label, colour)
+/// and, if given, a dashed horizontal line at `bound` requests per second.
 pub fn outage(
     title: &str,
     slices: &[Slice],
     slice_s: f64,
     marks: &[(f64, String, &str)],
+    bound: Option<(f64, String)>,
 ) -> String {
     const PANEL: f64 = 200.0;
     const GAP: f64 = 50.0;
@@ -191,7 +194,7 @@ pub fn outage(
     let rate_max = nice_ceiling(
         slices
             .iter()
-            .map(|c| c.decided_per_s.max(c.undecided_per_s))
+            .map(|c| c.allowed_per_s.max(c.undecided_per_s))
             .fold(1.0, f64::max)
             * 1.1,
     );
@@ -203,9 +206,9 @@ pub fn outage(
             "requests per second",
             vec![
                 (
-                    "decided",
+                    "allowed",
                     "#2a9d3a",
-                    slices.iter().map(|c| c.decided_per_s).collect(),
+                    slices.iter().map(|c| c.allowed_per_s).collect(),
                 ),
                 (
                     "let through by policy",
@@ -253,6 +256,18 @@ pub fn outage(
                 points.join(" "),
                 LEFT + 8.0 + 170.0 * i as f64,
                 top + 14.0
+            );
+        }
+        if let (Some((value, text)), "requests per second") = (&bound, *label) {
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#1f5fbf" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#1f5fbf">{}</text>"##,
+                y(*value),
+                W - RIGHT,
+                y(*value),
+                W - RIGHT - 4.0,
+                y(*value) - 4.0,
+                escape(text)
             );
         }
         for (t, mark, colour) in marks {
@@ -336,14 +351,15 @@ mod tests {
     #[test]
     fn the_outage_chart_has_both_panels_and_the_marks() {
         let slice = Slice {
-            decided_per_s: 100.0,
+            allowed_per_s: 100.0,
             undecided_per_s: 5.0,
+            refused_per_s: 0.0,
             p99_ms: 2.0,
         };
         let marks = vec![(1.0, "Webdis stopped".to_string(), "#000")];
-        let svg = outage("o", &[slice; 20], 0.1, &marks);
+        let svg = outage("o", &[slice; 20], 0.1, &marks, Some((50.0, "bound".into())));
         assert_eq!(svg.matches("<polyline").count(), 3);
-        assert_eq!(svg.matches("stroke-dasharray").count(), 2);
+        assert_eq!(svg.matches("stroke-dasharray").count(), 3);
         assert!(svg.contains("Webdis stopped"));
     }
 }

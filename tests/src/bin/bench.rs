@@ -138,11 +138,15 @@ fn main() {
 
     let mut scenarios = throughput(&s, &dir, started);
     scenarios.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
-    let (accuracy, timeline, outage) = if s.only.is_some() {
-        (Vec::new(), Timeline::default(), Outage::default())
+    let (accuracy, timeline, outages) = if s.only.is_some() {
+        (Vec::new(), Timeline::default(), Vec::new())
     } else {
         let (accuracy, timeline) = accuracy(&s, &dir, started);
-        (accuracy, timeline, outage_run(&s, &dir, started))
+        let outages = vec![
+            outage_run(&s, &dir, started, "open"),
+            outage_run(&s, &dir, started, "local"),
+        ];
+        (accuracy, timeline, outages)
     };
 
     let versions = vec![
@@ -234,7 +238,7 @@ fn main() {
         accuracy,
         timeline,
         chart_file: chart_file.clone(),
-        outage,
+        outages,
     };
     let t = &report.timeline;
     let svg = svg::chart(
@@ -251,8 +255,7 @@ fn main() {
         t.run.offered_per_sec.unwrap_or(0.0),
     );
     write(&s.out.join(&chart_file), &svg);
-    let o = &report.outage;
-    if !o.slices.is_empty() {
+    for o in report.outages.iter().filter(|o| !o.slices.is_empty()) {
         let mut marks = vec![
             (o.stop_s, "Webdis stopped".to_string(), "#000000"),
             (o.resume_s, "Webdis resumed".to_string(), "#000000"),
@@ -269,7 +272,10 @@ fn main() {
             o.connections,
             o.failure_mode
         );
-        let chart = svg::outage(&title, &o.slices, o.slice_s, &marks);
+        let bound = o
+            .local_bound_per_s
+            .map(|b| (b, format!("local bound {b:.1}/s")));
+        let chart = svg::outage(&title, &o.slices, o.slice_s, &marks, bound);
         write(&s.out.join(&o.chart_file), &chart);
     }
     let csv: String = std::iter::once("second,allowed,denied,failed\n".to_string())
@@ -356,6 +362,7 @@ fn start_envoy_workers(dir: &WorkDir, front: Front, webdis_port: u16, workers: u
 
 fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
     Policy {
+        failure_mode: "open",
         algorithm: "token_bucket",
         capacity,
         rate_per_sec: rate,
@@ -628,6 +635,7 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
     let policies: Vec<Policy> = ALGORITHMS
         .iter()
         .map(|a| Policy {
+            failure_mode: "open",
             algorithm: a.name,
             capacity: s.capacity,
             rate_per_sec: s.rate,
@@ -819,11 +827,21 @@ fn unix_s() -> f64 {
 /// Steady load through one Envoy while Webdis is stopped and resumed: requests per second,
 /// decided or let through, and their p99 per 100 ms, with the breaker's state read from
 /// Envoy's gauge every 10 ms.
-fn outage_run(s: &Settings, dir: &WorkDir, started: Instant) -> Outage {
+fn outage_run(s: &Settings, dir: &WorkDir, started: Instant, failure_mode: &'static str) -> Outage {
     use std::sync::atomic::{AtomicBool, Ordering};
     let redis = Redis::start(dir);
     let webdis = Webdis::start(dir, redis.port);
-    let policy = filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms);
+    // Open: a limit never reached, so every answer is a decision or a pass. Local: one key far
+    // over 100 per second, so what each mode lets through shows.
+    let local = failure_mode == "local";
+    let policy = if local {
+        Policy {
+            failure_mode,
+            ..filter_policy(100, 100.0, s.timeout_ms)
+        }
+    } else {
+        filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms)
+    };
     let envoy = start_envoy(dir, Front::Filter(&[policy]), webdis.port);
     let (before, stopped, after) = if s.quick {
         (1.0, 2.0, 1.5)
@@ -879,10 +897,11 @@ fn outage_run(s: &Settings, dir: &WorkDir, started: Instant) -> Outage {
     let mut slices = vec![svg::Slice::default(); n];
     for e in &result.events {
         let i = ((e.at.as_secs_f64() / slice_s) as usize).min(n - 1);
-        if e.decided {
-            slices[i].decided_per_s += 1.0 / slice_s;
-        } else if e.status == 200 {
-            slices[i].undecided_per_s += 1.0 / slice_s;
+        match (e.status, e.decided) {
+            (200, true) => slices[i].allowed_per_s += 1.0 / slice_s,
+            (200, false) => slices[i].undecided_per_s += 1.0 / slice_s,
+            (429, _) => slices[i].refused_per_s += 1.0 / slice_s,
+            _ => {}
         }
         took[i].push(e.took.as_secs_f64() * 1000.0);
     }
@@ -906,7 +925,7 @@ fn outage_run(s: &Settings, dir: &WorkDir, started: Instant) -> Outage {
     let first_fast_after_stop_ms = result
         .events
         .iter()
-        .find(|e| sent(e) >= stop_s && !e.decided && e.status == 200 && e.took.as_millis() < 10)
+        .find(|e| sent(e) >= stop_s && e.took.as_millis() < 10 && (!e.decided || local))
         .map(|e| (at(e) - stop_s) * 1000.0);
     let first_decided_after_resume_ms = result
         .events
@@ -920,8 +939,27 @@ fn outage_run(s: &Settings, dir: &WorkDir, started: Instant) -> Outage {
         .filter(|e| sent(e) >= open_from && at(e) <= resume_s)
         .map(|e| e.took.as_secs_f64() * 1000.0)
         .fold(0.0, f64::max);
+    // Local mode: what the fleet (here 1 replica × 1 worker) may let through per second.
+    let local_bound_per_s = local.then_some(100.0 * 0.125);
+    let allowed_per_s_while_out: Vec<u64> = if local {
+        let first = stop_s.ceil() as u64;
+        let last = resume_s.floor() as u64;
+        (first..last)
+            .map(|sec| {
+                result
+                    .events
+                    .iter()
+                    .filter(|e| e.status == 200 && at(e) >= sec as f64 && at(e) < (sec + 1) as f64)
+                    .count() as u64
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let outage = Outage {
-        failure_mode: "open".into(),
+        failure_mode: failure_mode.into(),
+        local_bound_per_s,
+        allowed_per_s_while_out,
         connections,
         stop_s,
         resume_s,
@@ -931,15 +969,15 @@ fn outage_run(s: &Settings, dir: &WorkDir, started: Instant) -> Outage {
         breaker_closed_s,
         first_fast_after_stop_ms,
         first_decided_after_resume_ms,
-        answered: result.count(200),
-        failed: result.events.len() as u64 - result.count(200),
+        answered: result.count(200) + result.count(429),
+        failed: result.events.len() as u64 - result.count(200) - result.count(429),
         slowest_while_open_ms,
-        chart_file: "outage-open.svg".into(),
+        chart_file: format!("outage-{failure_mode}.svg"),
     };
     say(
         started,
         &format!(
-            "outage: first fast answer {:?} ms after the stop, first decision {:?} ms after the resume, slowest while open {:.1} ms",
+            "outage ({failure_mode}): first fast answer {:?} ms after the stop, first decision {:?} ms after the resume, slowest while open {:.1} ms",
             outage.first_fast_after_stop_ms.map(|v| v.round()),
             outage.first_decided_after_resume_ms.map(|v| v.round()),
             outage.slowest_while_open_ms
