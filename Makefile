@@ -14,7 +14,7 @@ WASM := target/wasm32-wasip1/release/ratelimit_filter.wasm
 WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
 export ENVOY_BIN
 
-.PHONY: help setup setup-test build run test lint unit-test wasm-test lua-test e2e-test validate clean
+.PHONY: help setup setup-test build run test lint unit-test wasm-test lua-test e2e-test validate clean bench bench-quick fuzz
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -71,8 +71,12 @@ wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-u
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
 	  cargo test --target wasm32-unknown-unknown -p ratelimit-core
 
-lua-test: setup ## the Lua scripts against a real Redis with an injected clock
+lua-test: setup ## the Lua scripts against a real Redis, and against their Rust twins (property tests)
 	cargo test -p e2e --test lua_scripts
+	cargo test -p e2e --test properties -- --nocapture
+
+fuzz: setup ## the property tests with 3,000 random sequences per algorithm each (about a minute)
+	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
 
 e2e-test: setup build ## real Envoy + Webdis + Redis on free loopback ports
 	cargo test -p e2e --test e2e --test policy --test engine --test outage -- --test-threads 2
@@ -83,10 +87,8 @@ validate: build ## envoy --mode validate on every shipped Envoy config
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
 
-.PHONY: bench bench-quick
-
-bench: setup build ## throughput, latency, cost, global accuracy (about 4 min): target/bench/report.md
+bench: setup build ## throughput, latency, cost, accuracy, outages (about 5 min): target/bench/report.md
 	cargo run -q -p e2e --bin bench -- $(if $(filter-out 0,$(BENCH_QUICK)),--quick)
 
-bench-quick: setup build ## every bench scenario, short (~35 s; part of make test): target/bench-quick/
+bench-quick: setup build ## every bench scenario, short (~50 s; part of make test): target/bench-quick/
 	cargo run -q -p e2e --bin bench -- --quick

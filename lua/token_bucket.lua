@@ -21,23 +21,25 @@ ALGORITHMS.token_bucket = function(key, p, now)
     stamp = state[2]
     tokens = math.min(capacity, tokens)
   end
+  -- Refill starts at the stored time: waits count from there when this clock is behind it.
+  local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
 
   local d = {
     allowed = tokens >= p.cost,
     kept_remaining = tokens,
-    kept_reset = (capacity - tokens) / rate,
+    kept_reset = ahead + (capacity - tokens) / rate,
     retry = 0,
   }
   if d.allowed then
     local left = tokens - p.cost
     d.taken_remaining = left
-    d.taken_reset = (capacity - left) / rate
+    d.taken_reset = ahead + (capacity - left) / rate
     d.commit = function()
       redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
-      redis.call('PEXPIRE', key, math.ceil(capacity / rate) + 60000)
+      redis.call('PEXPIRE', key, math.ceil(ahead + capacity / rate) + 60000)
     end
   else
-    d.retry = math.ceil((p.cost - tokens) / rate)
+    d.retry = math.ceil(ahead + (p.cost - tokens) / rate)
   end
   return d
 end

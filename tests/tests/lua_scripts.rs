@@ -248,8 +248,9 @@ fn token_bucket_ignores_a_clock_that_goes_backwards() {
         &tb,
         &[
             (T0 + 10 * S, 2, 1, "0", "2000", "0"),
-            // 5 s in the past: no tokens appear, none go negative.
-            (T0 + 5 * S, 1, 0, "0", "2000", "1000"),
+            // 5 s in the past: no tokens appear, none go negative, and the waits count from
+            // the stored time, 5 s ahead of this clock.
+            (T0 + 5 * S, 1, 0, "0", "7000", "6000"),
         ],
     );
     let ts = redis

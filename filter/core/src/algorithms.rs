@@ -53,6 +53,9 @@ pub struct Evaluation {
     pub retry: f64,
     /// The state once charged (only used if allowed), and how long it matters (ms).
     pub charged: State,
+    /// The state to keep when not charged, if deciding changed it (the log trims old entries
+    /// whatever the verdict, as the script does).
+    pub kept: Option<State>,
     pub lifetime: f64,
 }
 
@@ -92,24 +95,27 @@ fn token_bucket(state: Option<&State>, p: Params, now: f64) -> Evaluation {
         Some(State::TokenBucket { tokens, ts }) => (capacity.min(*tokens), *ts),
         _ => (capacity, now),
     };
+    // Refill starts at the stored time: waits count from there when this clock is behind it.
+    let ahead = stamp - now;
     let allowed = tokens >= p.cost;
     let left = tokens - p.cost;
     Evaluation {
         allowed,
         kept_remaining: tokens,
-        kept_reset: (capacity - tokens) / rate,
+        kept_reset: ahead + (capacity - tokens) / rate,
         taken_remaining: left,
-        taken_reset: (capacity - left) / rate,
+        taken_reset: ahead + (capacity - left) / rate,
         retry: if allowed {
             0.0
         } else {
-            ((p.cost - tokens) / rate).ceil()
+            (ahead + (p.cost - tokens) / rate).ceil()
         },
         charged: State::TokenBucket {
             tokens: left,
             ts: stamp,
         },
-        lifetime: (capacity / rate).ceil() + MARGIN_MS,
+        kept: None,
+        lifetime: (ahead + capacity / rate).ceil() + MARGIN_MS,
     }
 }
 
@@ -136,6 +142,7 @@ fn gcra(state: Option<&State>, p: Params, now: f64) -> Evaluation {
             (allow_at - now).ceil()
         },
         charged: State::Gcra { tat: new_tat },
+        kept: None,
         lifetime: (new_tat - now).ceil() + MARGIN_MS,
     }
 }
@@ -163,6 +170,7 @@ fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
             w: index,
             n: n + p.cost,
         },
+        kept: None,
         lifetime: ends_in.ceil() + MARGIN_MS,
     }
 }
@@ -223,6 +231,7 @@ fn sliding_window_counter(state: Option<&State>, p: Params, now: f64) -> Evaluat
             cur: cur + p.cost,
             prev,
         },
+        kept: None,
         lifetime: (2.0 * big_w - into).ceil() + MARGIN_MS,
     }
 }
@@ -263,6 +272,9 @@ fn sliding_window_log(state: Option<&State>, p: Params, now: f64) -> Evaluation 
         charged: State::SlidingWindowLog {
             entries: Vec::new(),
         },
+        kept: Some(State::SlidingWindowLog {
+            entries: entries.clone(),
+        }),
         lifetime: p.window.ceil() + MARGIN_MS,
     };
     if allowed {
@@ -305,6 +317,8 @@ mod tests {
             );
             if e.allowed {
                 state = Some(e.charged);
+            } else if let Some(kept) = e.kept {
+                state = Some(kept);
             }
         }
     }

@@ -35,6 +35,12 @@ pub fn scaled(check: &LimitCheck, share: f64) -> LimitCheck {
     }
 }
 
+/// Unix ns as ms, computed as the scripts do (whole seconds and the rest apart), so that the
+/// twins see the same number: Unix ns do not fit a double exactly.
+pub fn unix_ms(ns: u128) -> f64 {
+    (ns / 1_000_000_000) as f64 * 1000.0 + (ns % 1_000_000_000) as f64 / 1e6
+}
+
 impl LocalLimits {
     pub fn len(&self) -> usize {
         self.states.len()
@@ -47,7 +53,7 @@ impl LocalLimits {
     /// Decides `checks` (already scaled) at `now_ns` exactly as the script would on this
     /// worker's own state: all enforced limits allow, or nothing is charged.
     pub fn decide(&mut self, checks: &[LimitCheck], now_ns: u128) -> Decision {
-        let now = now_ns as f64 / 1e6;
+        let now = unix_ms(now_ns);
         let evaluations: Vec<_> = checks
             .iter()
             .map(|c| {
@@ -74,9 +80,11 @@ impl LocalLimits {
                 reset_ms,
                 retry_ms,
             });
+            let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
             if charged {
-                let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
                 self.states.insert(&c.key, expires, e.charged);
+            } else if let Some(kept) = e.kept {
+                self.states.insert(&c.key, expires, kept);
             }
         }
         Decision {

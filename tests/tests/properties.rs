@@ -1,0 +1,276 @@
+//! The algorithms proven against each other over random traffic: every Lua script in a real
+//! Redis (called through the filter's own `DecideCall`) and its Rust twin in the core
+//! (`ratelimit_core::algorithms`, what the `local` failure mode runs) must agree decision by
+//! decision; and the twin keeps each algorithm's promises: never more than its bound in any
+//! window, a refused request retried after its `retry` is allowed, a clock going backwards never
+//! refills. proptest shrinks a failing sequence to a minimal one. Seeded and bounded here;
+//! `PROPTEST_CASES=N` runs more (`make fuzz`).
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+
+use e2e::{Redis, RedisConn, WorkDir};
+use ratelimit_core::algorithms::{evaluate, Params, State};
+use ratelimit_core::bridge::DecideCall;
+use ratelimit_core::config::Algorithm;
+use ratelimit_core::local::unix_ms;
+use ratelimit_core::plan::LimitCheck;
+
+const T0: u128 = 1_764_489_600_000_000_000;
+const MS: u128 = 1_000_000;
+
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+];
+
+/// A limit and the traffic on one key: (ms since the previous request, possibly back, cost).
+#[derive(Debug, Clone)]
+struct Scenario {
+    algorithm: Algorithm,
+    limit: u64,
+    window_ms: u64,
+    burst: u64,
+    steps: Vec<(i64, u64)>,
+}
+
+fn scenario(algorithm: Algorithm, max_steps: usize) -> impl Strategy<Value = Scenario> {
+    let buckets = matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+    (1u64..=20, 50u64..=3000, 1u64..=30).prop_flat_map(move |(limit, window_ms, burst)| {
+        let step = prop_oneof![
+            8 => 0i64..(2 * window_ms as i64),
+            1 => -(window_ms as i64)..0,
+        ];
+        prop::collection::vec((step, 1u64..=4), 1..max_steps).prop_map(move |steps| Scenario {
+            algorithm,
+            limit,
+            window_ms,
+            burst: if buckets { burst } else { limit },
+            steps,
+        })
+    })
+}
+
+fn runner(cases: u32) -> TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    TestRunner::new_with_rng(
+        RunnerConfig {
+            cases,
+            failure_persistence: None,
+            ..RunnerConfig::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    )
+}
+
+/// One decision as (allowed, remaining, reset ms, retry ms).
+type Answer = (bool, f64, f64, f64);
+
+fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now: u128) -> Answer {
+    let check = LimitCheck {
+        rule: 0,
+        limit: 0,
+        key: key.to_string(),
+        algorithm: s.algorithm,
+        per_window: s.limit,
+        quota: s.burst,
+        window_ms: s.window_ms,
+        burst: s.burst,
+        cost,
+        shadow: false,
+    };
+    let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
+    let items = conn.cmd(&command).expect("EVALSHA").items();
+    let number = |i: usize| items[i].text().parse::<f64>().unwrap_or(f64::NAN);
+    (items[3].int() == 1, number(4), number(5), number(6))
+}
+
+fn params(s: &Scenario, cost: u64) -> Params {
+    Params {
+        limit: s.limit as f64,
+        window: s.window_ms as f64,
+        burst: s.burst as f64,
+        cost: cost as f64,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0)
+}
+
+/// The instants of the scenario (ns), the clock moving by each step.
+fn instants(s: &Scenario) -> Vec<u128> {
+    let mut now = T0 as i128;
+    s.steps
+        .iter()
+        .map(|(step, _)| {
+            now += *step as i128 * MS as i128;
+            now as u128
+        })
+        .collect()
+}
+
+#[test]
+fn the_lua_scripts_and_their_rust_twins_agree_decision_by_decision() {
+    let dir = WorkDir::new("properties-differential");
+    let redis = Redis::start(&dir);
+    let conn = std::cell::RefCell::new(redis.webdis_user());
+    let sha = conn
+        .borrow_mut()
+        .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+        .unwrap()
+        .text();
+    let mut total = 0u64;
+    for algorithm in ALGORITHMS {
+        let mut runner = runner(60);
+        let case = std::cell::Cell::new(0u64);
+        let result = runner.run(&scenario(algorithm, 30), |s| {
+            case.set(case.get() + 1);
+            let key = format!("rl:prop:{}:{}", algorithm.name(), case.get());
+            let mut conn = conn.borrow_mut();
+            let mut state: Option<State> = None;
+            for ((_, cost), now) in s.steps.iter().zip(instants(&s)) {
+                let from_redis = lua(&mut conn, &sha, &key, &s, *cost, now);
+                let e = evaluate(algorithm, state.as_ref(), params(&s, *cost), unix_ms(now));
+                let (remaining, reset, retry) = e.reply(e.allowed);
+                let twin = (e.allowed, remaining, reset, retry);
+                prop_assert!(
+                    from_redis.0 == twin.0
+                        && close(from_redis.1, twin.1)
+                        && close(from_redis.2, twin.2)
+                        && close(from_redis.3, twin.3),
+                    "at {} ms, cost {cost}: Lua {from_redis:?}, Rust {twin:?}",
+                    (now as i128 - T0 as i128) / MS as i128
+                );
+                if e.allowed {
+                    state = Some(e.charged);
+                } else if let Some(kept) = e.kept {
+                    state = Some(kept);
+                }
+            }
+            Ok(())
+        });
+        if let Err(failure) = result {
+            panic!("{}: {failure}", algorithm.name());
+        }
+        total += case.get();
+    }
+    println!("differential: {total} random sequences, Lua and Rust agreed on every decision");
+}
+
+/// Runs the twin over a scenario: (instant ms, cost, evaluation) of each step.
+fn replay(
+    s: &Scenario,
+) -> Vec<(
+    f64,
+    u64,
+    ratelimit_core::algorithms::Evaluation,
+    Option<State>,
+)> {
+    let mut state: Option<State> = None;
+    let mut out = Vec::new();
+    for ((_, cost), now) in s.steps.iter().zip(instants(s)) {
+        let before = state.clone();
+        let e = evaluate(s.algorithm, state.as_ref(), params(s, *cost), unix_ms(now));
+        if e.allowed {
+            state = Some(e.charged.clone());
+        } else if let Some(kept) = &e.kept {
+            state = Some(kept.clone());
+        }
+        out.push((unix_ms(now), *cost, e, before));
+    }
+    out
+}
+
+#[test]
+fn every_algorithm_keeps_its_promises() {
+    let total = std::cell::Cell::new(0u64);
+    for algorithm in ALGORITHMS {
+        let mut runner = runner(2000);
+        let result = runner.run(&scenario(algorithm, 40), |s| {
+            total.set(total.get() + 1);
+            let steps = replay(&s);
+            let w = s.window_ms as f64;
+            // Never more than the bound in any window, over clocks that only move forward.
+            let forward = s.steps.iter().all(|(step, _)| *step >= 0);
+            for (i, (t0, ..)) in steps.iter().enumerate() {
+                if !forward {
+                    break;
+                }
+                let mut allowed = 0.0;
+                for (t1, cost, e, _) in &steps[i..] {
+                    if e.allowed {
+                        allowed += *cost as f64;
+                    }
+                    let span = t1 - t0;
+                    let bound = match algorithm {
+                        Algorithm::TokenBucket | Algorithm::Gcra => {
+                            s.burst as f64 + s.limit as f64 * span / w
+                        }
+                        // Any sliding window holds at most `limit`.
+                        Algorithm::SlidingWindowLog if span < w => s.limit as f64,
+                        // An aligned window holds at most `limit`; a span touches this many.
+                        _ => s.limit as f64 * ((t1 / w).floor() - (t0 / w).floor() + 1.0),
+                    };
+                    prop_assert!(
+                        allowed <= bound + 1e-6,
+                        "{allowed} allowed in {span} ms, bound {bound}"
+                    );
+                }
+            }
+            // The first step at which the clock went back, if any.
+            let back = s
+                .steps
+                .iter()
+                .position(|(step, _)| *step < 0)
+                .unwrap_or(s.steps.len());
+            for (i, (now, cost, e, before)) in steps.iter().enumerate() {
+                // Retried after `retry` with no other traffic, a refused request fits, if it
+                // can ever fit: to the millisecond (the refill summed in doubles can land a hair
+                // short of the exact instant, so 1 ms is allowed).
+                let capacity = match algorithm {
+                    Algorithm::TokenBucket | Algorithm::Gcra => s.burst,
+                    _ => s.limit,
+                };
+                // (Once a clock has gone back, a window's state is ahead of it, and its retry
+                // is counted from the window it stays in: a promise for clocks that move on.)
+                if !e.allowed && *cost <= capacity && i < back {
+                    let later = evaluate(
+                        algorithm,
+                        before.as_ref(),
+                        params(&s, *cost),
+                        now + e.retry + 1.0,
+                    );
+                    prop_assert!(
+                        later.allowed,
+                        "refused with retry {} ms, then refused again",
+                        e.retry
+                    );
+                }
+                // A clock that went back refills nothing: never more room than now.
+                let earlier = evaluate(algorithm, before.as_ref(), params(&s, *cost), now - 1000.0);
+                prop_assert!(
+                    earlier.kept_remaining <= e.kept_remaining + 1e-9
+                        || !matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra),
+                    "going back 1 s left {} instead of {}",
+                    earlier.kept_remaining,
+                    e.kept_remaining
+                );
+            }
+            Ok(())
+        });
+        if let Err(failure) = result {
+            panic!("{}: {failure}", algorithm.name());
+        }
+    }
+    println!(
+        "invariants: {} random sequences, every promise kept",
+        total.get()
+    );
+}
