@@ -63,9 +63,10 @@ lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are error
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
 
-unit-test: ## core and adapter unit tests, native (and the test harness's own)
+unit-test: ## core and adapter unit tests, native (and the test harness's own), parsers under random input
 	cargo test -p ratelimit-core -p ratelimit-filter
 	cargo test -p e2e --lib
+	cargo test -p e2e --test parsers -- --nocapture
 
 wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
@@ -75,8 +76,9 @@ lua-test: setup ## the Lua scripts against a real Redis, and against their Rust 
 	cargo test -p e2e --test lua_scripts
 	cargo test -p e2e --test properties -- --nocapture
 
-fuzz: setup ## the property tests with 3,000 random sequences per algorithm each (about a minute)
+fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,000 inputs per parser
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
+	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
 e2e-test: setup build ## real Envoy + Webdis + Redis on free loopback ports
 	cargo test -p e2e --test e2e --test policy --test engine --test outage -- --test-threads 2
