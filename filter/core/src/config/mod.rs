@@ -1,0 +1,327 @@
+//! The filter's JSON configuration: the validated model the request path reads (this file),
+//! the serde layer as written with its defaults (`raw.rs`), its validation (`validate.rs` for
+//! the top level and the bridge, `rules.rs` for rules and limits), and locating serde's errors
+//! in the text (`locate.rs`). Every error names the field it is about
+//! (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config at start-up with a
+//! message an operator can act on.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+mod locate;
+mod raw;
+mod rules;
+mod validate;
+
+pub use raw::parse_duration;
+pub use rules::MAX_COST;
+
+/// What a bridge failure (timeout, refused connection, bad reply) does to the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureMode {
+    /// Let the request through: the limiter never turns into an outage.
+    Open,
+    /// Answer 503: for endpoints where an unmetered request costs more than a refused one.
+    Closed,
+    /// Each worker enforces the rule's limits itself, in memory, at `local_share` of each.
+    Local,
+}
+
+/// Whose clock the decision uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Clock {
+    /// Envoy's time, passed to the script: deterministic, but replicas' clocks must agree.
+    #[default]
+    Proxy,
+    /// Redis `TIME`: one clock for the whole fleet.
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    #[default]
+    TokenBucket,
+    Gcra,
+    SlidingWindowCounter,
+    SlidingWindowLog,
+    FixedWindow,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum HeaderMode {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    #[default]
+    #[serde(rename = "x-ratelimit")]
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    #[serde(rename = "ietf")]
+    Ietf,
+    #[serde(rename = "both")]
+    Both,
+    /// None of them (a 429 still carries `Retry-After`).
+    #[serde(rename = "none")]
+    None,
+}
+
+impl HeaderMode {
+    pub fn x_ratelimit(self) -> bool {
+        matches!(self, HeaderMode::XRateLimit | HeaderMode::Both)
+    }
+    pub fn ietf(self) -> bool {
+        matches!(self, HeaderMode::Ietf | HeaderMode::Both)
+    }
+}
+
+/// The body of a 429.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum DenyBody {
+    #[default]
+    #[serde(rename = "text")]
+    Text,
+    /// RFC 9457 `application/problem+json`, type `quota-exceeded`.
+    #[serde(rename = "problem+json")]
+    ProblemJson,
+}
+
+/// What to do with a rule when none of its key sources is present on a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenMissing {
+    /// Limit all such requests together under one `anonymous` key.
+    #[default]
+    Anonymous,
+    /// The rule does not apply to the request.
+    Skip,
+}
+
+/// A validated configuration, ready for the request path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub bridge: Bridge,
+    pub clock: Clock,
+    pub key_prefix: String,
+    pub hash_identities: bool,
+    pub client_ip: ClientIpPolicy,
+    pub headers: HeaderMode,
+    pub deny_body: DenyBody,
+    pub rules: Vec<Rule>,
+    pub batch: Batch,
+    /// The circuit breaker of each worker; None: never opens.
+    pub breaker: Option<Breaker>,
+    /// How far Envoy's and Redis's clocks may differ: a call that reaches Redis later than its
+    /// timeout plus this charges nothing.
+    pub clock_skew: Duration,
+    /// Refused keys a worker remembers until they could fit; 0 turns the deny cache off.
+    pub deny_cache_entries: usize,
+    /// The part of each limit one worker enforces on its own in the `local` failure mode.
+    pub local_share: f64,
+    /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
+    pub script_sha: String,
+}
+
+/// How a worker groups decisions into bridge calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Requests one call decides at most.
+    pub max_requests: usize,
+    /// Calls one worker has in flight at most; requests wait for a free one.
+    pub max_in_flight: usize,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            max_requests: 64,
+            max_in_flight: 1,
+        }
+    }
+}
+
+/// When a worker stops calling a failing bridge, and how it finds out that it is back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breaker {
+    /// Consecutive failed calls that open the breaker.
+    pub failures: u32,
+    /// A call in flight this long opens it (a hang is seen without waiting for the timeout).
+    pub stall: Duration,
+    /// While open, one probe call per interval; an answer closes it.
+    pub probe_interval: Duration,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            failures: 5,
+            stall: Duration::from_millis(25),
+            probe_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+pub const DEFAULT_DENY_CACHE_ENTRIES: usize = 10_000;
+const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(1);
+const MAX_BREAKER_FAILURES: u64 = 1000;
+const MAX_BATCH_REQUESTS: u64 = 256;
+const MAX_IN_FLIGHT: u64 = 8;
+const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bridge {
+    /// Envoy cluster that reaches Webdis.
+    pub cluster: String,
+    /// `:authority` of the calls to Webdis.
+    pub authority: String,
+    /// Ready-made `Authorization` header value, when Webdis requires basic auth.
+    pub authorization: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIpPolicy {
+    /// 0: the connection's peer. N > 0: the Nth address from the right of X-Forwarded-For.
+    pub xff_trusted_hops: usize,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub name: String,
+    pub matcher: Match,
+    pub key: KeySpec,
+    pub limits: Vec<Limit>,
+    pub cost: Cost,
+    pub failure_mode: FailureMode,
+    pub timeout: Duration,
+    pub shadow: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Match {
+    pub path: Option<PathMatch>,
+    /// Upper-case methods; empty matches any.
+    pub methods: Vec<String>,
+    pub header: Option<HeaderMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PathMatch {
+    Exact(String),
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeaderMatch {
+    pub name: String,
+    /// None: the header must be present; Some: it must equal this value.
+    pub value: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySpec {
+    /// Tried in order; the first whose sources are all present is the key.
+    pub alternatives: Vec<KeyAlternative>,
+    pub when_missing: WhenMissing,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyAlternative {
+    /// As written in the config (`header:x-api-key+path`): names the key's kind.
+    pub label: String,
+    pub sources: Vec<KeySource>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeySource {
+    /// A request header (lower-case name).
+    Header(String),
+    ClientIp,
+    Route,
+    Method,
+    /// The path without its query string.
+    Path,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    pub name: String,
+    pub algorithm: Algorithm,
+    /// Requests (cost units) per window.
+    pub limit: u64,
+    pub window: Duration,
+    /// Token bucket and GCRA: the most that can be spent at once (default: `limit`).
+    pub burst: u64,
+}
+
+impl Limit {
+    /// The quota a client sees in headers: the burst for buckets, the limit for windows.
+    pub fn quota(&self) -> u64 {
+        if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cost {
+    Fixed(u64),
+    /// Taken from a request header, which must hold an integer in `min..=max`; absent: `default`.
+    Header {
+        name: String,
+        min: u64,
+        max: u64,
+        default: u64,
+    },
+}
+
+/// A configuration error: the field (`rules[0].name`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub(crate) fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

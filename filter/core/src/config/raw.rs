@@ -1,0 +1,220 @@
+//! The configuration as written: serde structs with their defaults, and the duration fields.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{
+    invalid, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, WhenMissing,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub(super) bridge: RawBridge,
+    #[serde(default = "default_failure_mode")]
+    pub(super) failure_mode: FailureMode,
+    #[serde(default)]
+    pub(super) shadow: bool,
+    #[serde(default)]
+    pub(super) clock: Clock,
+    #[serde(default = "default_key_prefix")]
+    pub(super) key_prefix: String,
+    #[serde(default = "default_true")]
+    pub(super) hash_identities: bool,
+    #[serde(default)]
+    pub(super) xff_trusted_hops: u8,
+    #[serde(default = "default_ipv4_prefix")]
+    pub(super) ipv4_prefix: u8,
+    #[serde(default = "default_ipv6_prefix")]
+    pub(super) ipv6_prefix: u8,
+    #[serde(default)]
+    pub(super) headers: HeaderMode,
+    #[serde(default)]
+    pub(super) deny_body: DenyBody,
+    #[serde(default)]
+    pub(super) batch: RawBatch,
+    /// `false`, `true`, or `{"max_entries": N}`.
+    pub(super) deny_cache: Option<Value>,
+    /// `false`, `true`, or `{"failures": N, "stall": "25ms", "probe_interval": "500ms"}`.
+    pub(super) breaker: Option<Value>,
+    #[serde(default = "default_local_share")]
+    pub(super) local_share: f64,
+    pub(super) rules: Vec<RawRule>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBatch {
+    pub(super) max_requests: Option<u64>,
+    pub(super) max_in_flight: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBreaker {
+    pub(super) failures: Option<u64>,
+    pub(super) stall: Option<String>,
+    pub(super) probe_interval: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDenyCache {
+    pub(super) max_entries: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBridge {
+    pub(super) cluster: Option<String>,
+    pub(super) authority: Option<String>,
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) timeout: Option<String>,
+    pub(super) clock_skew: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRule {
+    pub(super) name: String,
+    #[serde(rename = "match", default)]
+    pub(super) matcher: RawMatch,
+    #[serde(default)]
+    pub(super) key: RawKey,
+    pub(super) limits: Vec<RawLimit>,
+    pub(super) cost: Option<Value>,
+    pub(super) failure_mode: Option<FailureMode>,
+    pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) shadow: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMatch {
+    pub(super) path_exact: Option<String>,
+    pub(super) path_prefix: Option<String>,
+    pub(super) methods: Option<Vec<String>>,
+    pub(super) header: Option<RawHeaderMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaderMatch {
+    pub(super) name: String,
+    pub(super) value: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKey {
+    #[serde(default = "default_key_from")]
+    pub(super) from: Vec<String>,
+    #[serde(default)]
+    pub(super) when_missing: WhenMissing,
+}
+
+impl Default for RawKey {
+    fn default() -> Self {
+        RawKey {
+            from: default_key_from(),
+            when_missing: WhenMissing::default(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) algorithm: Algorithm,
+    pub(super) limit: u64,
+    pub(super) window: String,
+    pub(super) burst: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCostHeader {
+    pub(super) header: String,
+    pub(super) min: Option<u64>,
+    pub(super) max: Option<u64>,
+    pub(super) default: Option<u64>,
+}
+
+pub(super) fn default_local_share() -> f64 {
+    0.125
+}
+pub(super) fn default_failure_mode() -> FailureMode {
+    FailureMode::Open
+}
+pub(super) fn default_key_prefix() -> String {
+    "rl:".to_string()
+}
+pub(super) fn default_true() -> bool {
+    true
+}
+pub(super) fn default_ipv4_prefix() -> u8 {
+    32
+}
+pub(super) fn default_ipv6_prefix() -> u8 {
+    64
+}
+pub(super) fn default_key_from() -> Vec<String> {
+    vec!["header:x-api-key".to_string(), "client_ip".to_string()]
+}
+
+pub(super) const DEFAULT_CLUSTER: &str = "webdis";
+pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(150);
+pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const MAX_XFF_HOPS: u8 = 10;
+
+/// Reads an optional duration field, naming the field when the text is not a duration.
+pub(super) fn duration_field(
+    text: Option<&str>,
+    field: &str,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match text {
+        None => Ok(default),
+        Some(text) => parse_duration(text).ok_or_else(|| {
+            invalid(
+                field,
+                format!("invalid duration \"{text}\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+            )
+        }),
+    }
+}
+
+pub(super) fn timeout_field(
+    text: Option<&str>,
+    field: &str,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    let timeout = duration_field(text, field, default)?;
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return Err(invalid(field, "must be between 1ms and 60s"));
+    }
+    Ok(timeout)
+}
+
+/// A duration written as a whole number and a unit: `150ms`, `2s`, `1m`, `1h`, `1d`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(millis_per_unit)?))
+}

@@ -1,0 +1,296 @@
+//! Validation of rules: matches, keys, limits and costs.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::raw::*;
+use super::validate::{check_header_name, check_name, RuleDefaults};
+use super::*;
+use crate::bounds::{
+    show_duration, state_lifetime_ms, MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE,
+    MAX_LOG_LIMIT, MAX_STATE_LIFETIME, MAX_WINDOW,
+};
+
+impl RawRule {
+    pub(super) fn validate(
+        self,
+        field: &str,
+        defaults: &RuleDefaults,
+    ) -> Result<Rule, ConfigError> {
+        check_name(&self.name, &format!("{field}.name"))?;
+        let matcher = self.matcher.validate(&format!("{field}.match"))?;
+        let key = self.key.validate(&format!("{field}.key"))?;
+        if self.limits.is_empty() {
+            return Err(invalid(
+                &format!("{field}.limits"),
+                "must hold at least one limit",
+            ));
+        }
+        if self.limits.len() > MAX_LIMITS_PER_RULE {
+            return Err(invalid(
+                &format!("{field}.limits"),
+                format!("must hold at most {MAX_LIMITS_PER_RULE} limits"),
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(self.limits.len());
+        for (j, raw) in self.limits.into_iter().enumerate() {
+            let limit_field = format!("{field}.limits[{j}]");
+            if !names.insert(raw.name.clone()) {
+                return Err(invalid(
+                    &format!("{limit_field}.name"),
+                    format!("duplicate limit name \"{}\" in this rule", raw.name),
+                ));
+            }
+            limits.push(raw.validate(&limit_field)?);
+        }
+        let cost = validate_cost(self.cost, &format!("{field}.cost"))?;
+        let timeout = timeout_field(
+            self.timeout.as_deref(),
+            &format!("{field}.timeout"),
+            defaults.timeout,
+        )?;
+        Ok(Rule {
+            name: self.name,
+            matcher,
+            key,
+            limits,
+            cost,
+            failure_mode: self.failure_mode.unwrap_or(defaults.failure_mode),
+            timeout,
+            shadow: self.shadow || defaults.shadow,
+        })
+    }
+}
+
+impl RawMatch {
+    pub(super) fn validate(self, field: &str) -> Result<Match, ConfigError> {
+        let path = match (self.path_exact, self.path_prefix) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    field,
+                    "path_exact and path_prefix exclude each other",
+                ))
+            }
+            (Some(p), None) => Some((PathMatch::Exact(p.clone()), p, "path_exact")),
+            (None, Some(p)) => Some((PathMatch::Prefix(p.clone()), p, "path_prefix")),
+            (None, None) => None,
+        };
+        if let Some((_, text, name)) = &path {
+            if !text.starts_with('/') {
+                return Err(invalid(&format!("{field}.{name}"), "must start with '/'"));
+            }
+        }
+        let methods = match self.methods {
+            None => Vec::new(),
+            Some(methods) if methods.is_empty() => {
+                return Err(invalid(
+                    &format!("{field}.methods"),
+                    "must not be empty (leave it out to match any method)",
+                ))
+            }
+            Some(methods) => {
+                let mut upper = Vec::with_capacity(methods.len());
+                for (k, m) in methods.iter().enumerate() {
+                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+                        return Err(invalid(
+                            &format!("{field}.methods[{k}]"),
+                            "must be an HTTP method such as GET",
+                        ));
+                    }
+                    upper.push(m.to_ascii_uppercase());
+                }
+                upper
+            }
+        };
+        let header = match self.header {
+            None => None,
+            Some(h) => Some(HeaderMatch {
+                name: check_header_name(&h.name, &format!("{field}.header.name"))?,
+                value: h.value,
+            }),
+        };
+        Ok(Match {
+            path: path.map(|(p, _, _)| p),
+            methods,
+            header,
+        })
+    }
+}
+
+impl RawKey {
+    pub(super) fn validate(self, field: &str) -> Result<KeySpec, ConfigError> {
+        if self.from.is_empty() {
+            return Err(invalid(
+                &format!("{field}.from"),
+                "must name at least one key source",
+            ));
+        }
+        let mut alternatives = Vec::with_capacity(self.from.len());
+        for (k, text) in self.from.iter().enumerate() {
+            let entry_field = format!("{field}.from[{k}]");
+            // The entry is the label in every key of the rule.
+            if text.len() > MAX_KEY_SOURCE_BYTES {
+                return Err(invalid(
+                    &entry_field,
+                    format!("must be at most {MAX_KEY_SOURCE_BYTES} characters"),
+                ));
+            }
+            let mut sources = Vec::new();
+            for part in text.split('+') {
+                let source = match part {
+                    "client_ip" => KeySource::ClientIp,
+                    "route" => KeySource::Route,
+                    "method" => KeySource::Method,
+                    "path" => KeySource::Path,
+                    _ => match part.strip_prefix("header:") {
+                        Some(name) => KeySource::Header(check_header_name(name, &entry_field)?),
+                        None => {
+                            return Err(invalid(
+                                &entry_field,
+                                format!("unknown key source \"{part}\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+                            ))
+                        }
+                    },
+                };
+                sources.push(source);
+            }
+            alternatives.push(KeyAlternative {
+                label: text.to_ascii_lowercase(),
+                sources,
+            });
+        }
+        Ok(KeySpec {
+            alternatives,
+            when_missing: self.when_missing,
+        })
+    }
+}
+
+impl RawLimit {
+    pub(super) fn validate(self, field: &str) -> Result<Limit, ConfigError> {
+        check_name(&self.name, &format!("{field}.name"))?;
+        let limit_field = format!("{field}.limit");
+        if self.limit < 1 {
+            return Err(invalid(&limit_field, "must be >= 1"));
+        }
+        if self.limit > MAX_LIMIT {
+            return Err(invalid(
+                &limit_field,
+                format!("must be at most {MAX_LIMIT}"),
+            ));
+        }
+        if self.algorithm == Algorithm::SlidingWindowLog && self.limit > MAX_LOG_LIMIT {
+            return Err(invalid(
+                &limit_field,
+                format!(
+                    "sliding_window_log keeps one entry per unit: must be at most {MAX_LOG_LIMIT}"
+                ),
+            ));
+        }
+        let window_field = format!("{field}.window");
+        let window = duration_field(Some(&self.window), &window_field, Duration::ZERO)?;
+        if window.is_zero() {
+            return Err(invalid(&window_field, "must be > 0"));
+        }
+        if window > MAX_WINDOW {
+            return Err(invalid(
+                &window_field,
+                format!("must be at most {}", show_duration(MAX_WINDOW)),
+            ));
+        }
+        let burst = match self.burst {
+            None => self.limit,
+            Some(_) if !self.algorithm.has_burst() => {
+                return Err(invalid(
+                    &format!("{field}.burst"),
+                    format!(
+                        "{} has no burst: only token_bucket and gcra do",
+                        self.algorithm.name()
+                    ),
+                ))
+            }
+            Some(0) => return Err(invalid(&format!("{field}.burst"), "must be >= 1")),
+            Some(burst) if burst > MAX_LIMIT => {
+                return Err(invalid(
+                    &format!("{field}.burst"),
+                    format!("must be at most {MAX_LIMIT}"),
+                ))
+            }
+            Some(burst) => burst,
+        };
+        // Only a burst above the limit can make a bucket outlive the longest window.
+        if state_lifetime_ms(self.algorithm, self.limit, window, burst)
+            > MAX_STATE_LIFETIME.as_millis()
+        {
+            return Err(invalid(
+                &format!("{field}.burst"),
+                format!(
+                    "the state would live burst / limit × window, longer than {}: lower burst or window",
+                    show_duration(MAX_STATE_LIFETIME)
+                ),
+            ));
+        }
+        Ok(Limit {
+            name: self.name,
+            algorithm: self.algorithm,
+            limit: self.limit,
+            window,
+            burst,
+        })
+    }
+}
+
+/// Largest cost of one request (fixed, or a cost header's `max`).
+pub const MAX_COST: u64 = 1_000_000;
+
+pub(super) fn validate_cost(value: Option<Value>, field: &str) -> Result<Cost, ConfigError> {
+    let value = match value {
+        None => return Ok(Cost::Fixed(1)),
+        Some(value) => value,
+    };
+    if let Some(n) = value.as_u64() {
+        if !(1..=MAX_COST).contains(&n) {
+            return Err(invalid(field, "must be between 1 and 1000000"));
+        }
+        return Ok(Cost::Fixed(n));
+    }
+    if !value.is_object() {
+        return Err(invalid(
+            field,
+            "must be a whole number or {\"header\": NAME, \"min\": N, \"max\": N}",
+        ));
+    }
+    let raw: RawCostHeader =
+        serde_json::from_value(value).map_err(|e| invalid(field, e.to_string()))?;
+    let name = check_header_name(&raw.header, &format!("{field}.header"))?;
+    let (Some(min), Some(max)) = (raw.min, raw.max) else {
+        return Err(invalid(
+            field,
+            "a cost taken from a header needs both min and max",
+        ));
+    };
+    if min > max || max > MAX_COST {
+        return Err(invalid(field, "needs min <= max <= 1000000"));
+    }
+    let default = raw.default.unwrap_or(min);
+    if !(min..=max).contains(&default) {
+        return Err(invalid(
+            &format!("{field}.default"),
+            "must be between min and max",
+        ));
+    }
+    Ok(Cost::Header {
+        name,
+        min,
+        max,
+        default,
+    })
+}
+
+/// RFC 9110 `tchar`.
+pub(super) fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}

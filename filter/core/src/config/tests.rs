@@ -1,0 +1,276 @@
+//! The configuration's fixtures: every default, every field's error message.
+
+use super::*;
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const MINIMAL: &str = r#"{"rules": [{"name": "all", "limits": [{"name": "per_minute", "limit": 10, "window": "1m"}]}]}"#;
+
+#[test]
+fn minimal_config_takes_documented_defaults() {
+    let c = Config::parse(MINIMAL.as_bytes()).unwrap();
+    assert_eq!(c.bridge.cluster, "webdis");
+    assert_eq!(c.bridge.authority, "webdis");
+    assert_eq!(c.bridge.authorization, None);
+    assert_eq!(c.clock, Clock::Proxy);
+    assert_eq!(c.key_prefix, "rl:");
+    assert!(c.hash_identities);
+    assert_eq!(
+        c.client_ip,
+        ClientIpPolicy {
+            xff_trusted_hops: 0,
+            ipv4_prefix: 32,
+            ipv6_prefix: 64
+        }
+    );
+    assert_eq!(c.headers, HeaderMode::XRateLimit);
+    assert_eq!(c.deny_body, DenyBody::Text);
+    assert_eq!(
+        c.batch,
+        Batch {
+            max_requests: 64,
+            max_in_flight: 1
+        }
+    );
+    assert_eq!(c.deny_cache_entries, 10_000);
+    let rule = &c.rules[0];
+    assert_eq!(rule.matcher, Match::default());
+    assert_eq!(
+        rule.key.alternatives,
+        vec![
+            KeyAlternative {
+                label: "header:x-api-key".into(),
+                sources: vec![KeySource::Header("x-api-key".into())]
+            },
+            KeyAlternative {
+                label: "client_ip".into(),
+                sources: vec![KeySource::ClientIp]
+            },
+        ]
+    );
+    assert_eq!(rule.key.when_missing, WhenMissing::Anonymous);
+    assert_eq!(rule.cost, Cost::Fixed(1));
+    assert_eq!(rule.failure_mode, FailureMode::Open);
+    assert_eq!(rule.timeout, Duration::from_millis(150));
+    assert!(!rule.shadow);
+    assert_eq!(
+        rule.limits,
+        vec![Limit {
+            name: "per_minute".into(),
+            algorithm: Algorithm::TokenBucket,
+            limit: 10,
+            window: Duration::from_secs(60),
+            burst: 10
+        }]
+    );
+    assert_eq!(c.script_sha.len(), 40);
+}
+
+#[test]
+fn full_config_is_read() {
+    let c = Config::parse(
+        br#"{
+          "bridge": {"cluster": "bridge", "authority": "webdis.local", "username": "ratelimit",
+                     "password": "secret", "timeout": "2s"},
+          "failure_mode": "closed", "shadow": true, "clock": "redis", "key_prefix": "limits:",
+          "hash_identities": false, "xff_trusted_hops": 1, "ipv4_prefix": 24, "ipv6_prefix": 48,
+          "headers": "both", "deny_body": "problem+json",
+          "rules": [{
+            "name": "login",
+            "match": {"path_exact": "/login", "methods": ["post"], "header": {"name": "X-Tier", "value": "free"}},
+            "key": {"from": ["header:X-User+route", "client_ip"], "when_missing": "skip"},
+            "limits": [{"name": "burst", "algorithm": "gcra", "limit": 5, "window": "1s", "burst": 10},
+                       {"name": "daily", "algorithm": "sliding_window_log", "limit": 100, "window": "1d"}],
+            "cost": {"header": "X-Cost", "min": 1, "max": 50, "default": 2},
+            "failure_mode": "open", "timeout": "80ms", "shadow": false
+          }]
+        }"#,
+    )
+    .unwrap();
+    assert_eq!(c.bridge.authority, "webdis.local");
+    assert_eq!(
+        c.bridge.authorization.as_deref(),
+        Some("Basic cmF0ZWxpbWl0OnNlY3JldA==")
+    );
+    assert_eq!(c.clock, Clock::Redis);
+    assert_eq!(c.client_ip.xff_trusted_hops, 1);
+    assert_eq!(c.headers, HeaderMode::Both);
+    assert_eq!(c.deny_body, DenyBody::ProblemJson);
+    let r = &c.rules[0];
+    assert_eq!(r.matcher.path, Some(PathMatch::Exact("/login".into())));
+    assert_eq!(r.matcher.methods, vec!["POST".to_string()]);
+    assert_eq!(
+        r.matcher.header,
+        Some(HeaderMatch {
+            name: "x-tier".into(),
+            value: Some("free".into())
+        })
+    );
+    assert_eq!(
+        r.key.alternatives[0].sources,
+        vec![KeySource::Header("x-user".into()), KeySource::Route]
+    );
+    assert_eq!(r.key.when_missing, WhenMissing::Skip);
+    assert_eq!(r.limits[0].burst, 10);
+    assert_eq!(r.limits[0].quota(), 10);
+    assert_eq!(r.limits[1].quota(), 100);
+    assert_eq!(
+        r.cost,
+        Cost::Header {
+            name: "x-cost".into(),
+            min: 1,
+            max: 50,
+            default: 2
+        }
+    );
+    assert_eq!(r.failure_mode, FailureMode::Open);
+    assert_eq!(r.timeout, Duration::from_millis(80));
+    assert!(r.shadow, "global shadow applies to every rule");
+}
+
+#[test]
+fn durations() {
+    let cases = [
+        ("150ms", Some(Duration::from_millis(150))),
+        ("30s", Some(Duration::from_secs(30))),
+        ("5m", Some(Duration::from_secs(300))),
+        ("1h", Some(Duration::from_secs(3600))),
+        ("1d", Some(Duration::from_secs(86400))),
+        ("0s", Some(Duration::ZERO)),
+        ("150", None),
+        ("ms", None),
+        ("1.5s", None),
+        ("-1s", None),
+        ("1 s", None),
+        ("1w", None),
+        ("99999999999999999999d", None),
+    ];
+    for (text, want) in cases {
+        assert_eq!(parse_duration(text), want, "{text}");
+    }
+}
+
+/// Wraps one rule's JSON in a config.
+fn with_rule(rule: &str) -> String {
+    format!(r#"{{"rules": [{rule}]}}"#)
+}
+
+const LIMIT: &str = r#"{"name": "l", "limit": 1, "window": "1s"}"#;
+
+/// One bad config per case, with the exact message the operator sees.
+#[test]
+fn batch_and_deny_cache_settings() {
+    let with = |extra: &str| {
+        let json = format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}], {extra}}}"#);
+        Config::parse(json.as_bytes()).unwrap()
+    };
+    let c = with(r#""batch": {"max_requests": 256, "max_in_flight": 8}, "deny_cache": false"#);
+    assert_eq!((c.batch.max_requests, c.batch.max_in_flight), (256, 8));
+    assert_eq!(c.deny_cache_entries, 0);
+    assert_eq!(with(r#""deny_cache": true"#).deny_cache_entries, 10_000);
+    assert_eq!(with(r#""deny_cache": {}"#).deny_cache_entries, 10_000);
+    let c = with(r#""deny_cache": {"max_entries": 0}, "batch": {"max_requests": 1}"#);
+    assert_eq!((c.deny_cache_entries, c.batch.max_requests), (0, 1));
+    assert_eq!(
+        with(r#""deny_cache": {"max_entries": 1000000}"#).deny_cache_entries,
+        1_000_000
+    );
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    let rule = |extra: &str| with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}]{extra}}}"#));
+    let limit = |fields: &str| {
+        with_rule(&format!(
+            r#"{{"name": "r", "limits": [{{"name": "l", {fields}}}]}}"#
+        ))
+    };
+    let top =
+        |extra: &str| format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}]{extra}}}"#);
+    let cases: Vec<(String, &str)> = vec![
+        ("".into(), "EOF while parsing a value"),
+        ("[]".into(), "the configuration must be a JSON object"),
+        ("{}".into(), "rules: is required"),
+        (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
+        (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `rules`"),
+        (top(r#", "local_share": 0"#), "local_share: must be a number above 0, at most 1"),
+        (top(r#", "local_share": 1.5"#), "local_share: must be a number above 0, at most 1"),
+        (top(r#", "local_share": "1/8""#), "local_share: invalid type: string \"1/8\", expected f64"),
+        (top(r#", "breaker": {"failures": 0}"#), "breaker.failures: must be between 1 and 1000"),
+        (top(r#", "breaker": {"stall": "0ms"}"#), "breaker.stall: must be between 1ms and 60s"),
+        (top(r#", "breaker": {"probe_interval": "soon"}"#), "breaker.probe_interval: invalid duration \"soon\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+        (top(r#", "breaker": {"trips": 1}"#), "breaker: unknown field `trips`, expected one of `failures`, `stall`, `probe_interval`"),
+        (top(r#", "bridge": {"clock_skew": "2m"}"#), "bridge.clock_skew: must be between 1ms and 60s"),
+        (top(r#", "batch": {"max_requests": 0}"#), "batch.max_requests: must be between 1 and 256"),
+        (top(r#", "batch": {"max_requests": 257}"#), "batch.max_requests: must be between 1 and 256"),
+        (top(r#", "batch": {"max_in_flight": 9}"#), "batch.max_in_flight: must be between 1 and 8"),
+        (top(r#", "batch": {"max_in_flight": -1}"#), "batch.max_in_flight: invalid value: integer `-1`, expected u64"),
+        (top(r#", "batch": {"size": 3}"#), "batch.size: unknown field `size`, expected `max_requests` or `max_in_flight`"),
+        (top(r#", "deny_cache": {"max_entries": 1000001}"#), "deny_cache.max_entries: must be between 0 and 1000000"),
+        (top(r#", "deny_cache": {"entries": 5}"#), "deny_cache: unknown field `entries`, expected `max_entries`"),
+        (top(r#", "deny_cache": "on""#), "deny_cache: must be true, false or {\"max_entries\": N}"),
+        (top(r#", "failure_mode": "sometimes""#), "failure_mode: unknown variant `sometimes`, expected one of `open`, `closed`, `local`"),
+        (top(r#", "clock": "ntp""#), "clock: unknown variant `ntp`, expected `proxy` or `redis`"),
+        (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `none`"),
+        (top(r#", "deny_body": "html""#), "deny_body: unknown variant `html`, expected `text` or `problem+json`"),
+        (top(r#", "hash_identities": "yes""#), "hash_identities: invalid type: string \"yes\", expected a boolean"),
+        (top(r#", "key_prefix": """#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),
+        (top(r#", "key_prefix": "rl{""#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),
+        (top(r#", "xff_trusted_hops": 11"#), "xff_trusted_hops: must be between 0 and 10"),
+        (top(r#", "xff_trusted_hops": -1"#), "xff_trusted_hops: invalid value: integer `-1`, expected u8"),
+        (top(r#", "ipv6_prefix": 0"#), "ipv6_prefix: must be between 1 and 128"),
+        (top(r#", "ipv4_prefix": 33"#), "ipv4_prefix: must be between 1 and 32"),
+        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`"),
+        (top(r#", "bridge": {"cluster": ""}"#), "bridge.cluster: must not be empty"),
+        (top(r#", "bridge": {"timeout": "0ms"}"#), "bridge.timeout: must be between 1ms and 60s"),
+        (top(r#", "bridge": {"timeout": "2m"}"#), "bridge.timeout: must be between 1ms and 60s"),
+        (top(r#", "bridge": {"timeout": 150}"#), "bridge.timeout: invalid type: integer `150`, expected a string"),
+        (top(r#", "bridge": {"timeout": "soon"}"#), "bridge.timeout: invalid duration \"soon\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+        (top(r#", "bridge": {"username": "u"}"#), "bridge.password: is required with bridge.username"),
+        (top(r#", "bridge": {"password": "p"}"#), "bridge.username: is required with bridge.password"),
+        (top(r#", "bridge": {"username": "a:b", "password": "p"}"#), "bridge.username: must be non-empty and must not contain ':'"),
+        (top(r#", "bridge": {"authority": "a b"}"#), "bridge.authority: must be a host name, printable ASCII without spaces"),
+        (with_rule(&format!(r#"{{"limits": [{LIMIT}]}}"#)), "rules[0].name: is required"),
+        (with_rule(&format!(r#"{{"name": "a b", "limits": [{LIMIT}]}}"#)), "rules[0].name: must be 1 to 64 letters, digits, '-' or '_'"),
+        (format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}, {{"name": "r", "limits": [{LIMIT}]}}]}}"#), "rules[1].name: duplicate rule name \"r\""),
+        (with_rule(r#"{"name": "r", "limits": []}"#), "rules[0].limits: must hold at least one limit"),
+        (with_rule(r#"{"name": "r"}"#), "rules[0].limits: is required"),
+        (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `cost`, `failure_mode`, `timeout`, `shadow`"),
+        (rule(r#", "timeout": "0s""#), "rules[0].timeout: must be between 1ms and 60s"),
+        (rule(r#", "failure_mode": "half""#), "rules[0].failure_mode: unknown variant `half`, expected one of `open`, `closed`, `local`"),
+        (limit(r#""window": "1s""#), "rules[0].limits[0].limit: is required"),
+        (limit(r#""limit": 0, "window": "1s""#), "rules[0].limits[0].limit: must be >= 1"),
+        (limit(r#""limit": -3, "window": "1s""#), "rules[0].limits[0].limit: invalid value: integer `-3`, expected u64"),
+        (limit(r#""limit": 1.5, "window": "1s""#), "rules[0].limits[0].limit: invalid type: floating point `1.5`, expected u64"),
+        (limit(r#""limit": 1"#), "rules[0].limits[0].window: is required"),
+        (limit(r#""limit": 1, "window": "0s""#), "rules[0].limits[0].window: must be > 0"),
+        (limit(r#""limit": 1, "window": "1y""#), "rules[0].limits[0].window: invalid duration \"1y\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
+        (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`"),
+        (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
+        (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
+        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`"),
+        (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
+        (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
+        (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+        (rule(r#", "key": {"from": ["client_ip", "header:"]}"#), "rules[0].key.from[1]: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+        (rule(r#", "key": {"from": ["path+"]}"#), "rules[0].key.from[0]: unknown key source \"\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+        (rule(r#", "key": {"when_missing": "deny"}"#), "rules[0].key.when_missing: unknown variant `deny`, expected `anonymous` or `skip`"),
+        (rule(r#", "match": {"path_exact": "/a", "path_prefix": "/b"}"#), "rules[0].match: path_exact and path_prefix exclude each other"),
+        (rule(r#", "match": {"path_prefix": "api"}"#), "rules[0].match.path_prefix: must start with '/'"),
+        (rule(r#", "match": {"methods": []}"#), "rules[0].match.methods: must not be empty (leave it out to match any method)"),
+        (rule(r#", "match": {"methods": ["GET", "GE T"]}"#), "rules[0].match.methods[1]: must be an HTTP method such as GET"),
+        (rule(r#", "match": {"header": {"name": "bad name"}}"#), "rules[0].match.header.name: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+        (rule(r#", "match": {"host": "x"}"#), "rules[0].match.host: unknown field `host`, expected one of `path_exact`, `path_prefix`, `methods`, `header`"),
+        (rule(r#", "cost": 0"#), "rules[0].cost: must be between 1 and 1000000"),
+        (rule(r#", "cost": "2""#), "rules[0].cost: must be a whole number or {\"header\": NAME, \"min\": N, \"max\": N}"),
+        (rule(r#", "cost": {"header": "x-cost"}"#), "rules[0].cost: a cost taken from a header needs both min and max"),
+        (rule(r#", "cost": {"header": "x-cost", "min": 5, "max": 2}"#), "rules[0].cost: needs min <= max <= 1000000"),
+        (rule(r#", "cost": {"header": "x-cost", "min": 1, "max": 5, "default": 9}"#), "rules[0].cost.default: must be between min and max"),
+        (rule(r#", "cost": {"header": "x cost", "min": 1, "max": 5}"#), "rules[0].cost.header: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+        (rule(r#", "cost": {"header": "x-cost", "min": 1, "max": 5, "step": 1}"#), "rules[0].cost: unknown field `step`, expected one of `header`, `min`, `max`, `default`"),
+    ];
+    for (json, want) in cases {
+        let got = Config::parse(json.as_bytes()).unwrap_err().to_string();
+        assert_eq!(got, want, "config {json}");
+    }
+}
