@@ -4,7 +4,9 @@
 //! parser (`make fuzz`); the counts are printed.
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+use proptest::test_runner::TestRunner;
+
+mod common;
 
 use ratelimit_core::bridge::{parse_eval_reply, BridgeReply, EvalOutcome};
 use ratelimit_core::config::{ClientIpPolicy, Config};
@@ -13,18 +15,7 @@ use ratelimit_core::identity::{client_ip, RequestView};
 use ratelimit_core::plan::{plan, BadRequest};
 
 fn runner(cases: u32) -> TestRunner {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    TestRunner::new_with_rng(
-        RunnerConfig {
-            cases,
-            failure_persistence: None,
-            ..RunnerConfig::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]),
-    )
+    common::seeded_runner(cases, 11)
 }
 
 /// Runs `test` on `strategy`, panics with the minimal failing input, returns the cases run.

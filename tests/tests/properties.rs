@@ -7,7 +7,9 @@
 //! `PROPTEST_CASES=N` runs more (`make fuzz`).
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+use proptest::test_runner::TestRunner;
+
+mod common;
 
 use e2e::{Redis, RedisConn, WorkDir};
 use ratelimit_core::algorithms::{evaluate, Params, State};
@@ -55,18 +57,7 @@ fn scenario(algorithm: Algorithm, max_steps: usize) -> impl Strategy<Value = Sce
 }
 
 fn runner(cases: u32) -> TestRunner {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    TestRunner::new_with_rng(
-        RunnerConfig {
-            cases,
-            failure_persistence: None,
-            ..RunnerConfig::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
-    )
+    common::seeded_runner(cases, 7)
 }
 
 /// One decision as (allowed, remaining, reset ms, retry ms).
