@@ -1,12 +1,11 @@
 //! Validation of rules: matches, keys, limits and costs.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::raw::*;
-use super::validate::{check_header_name, check_name, RuleDefaults};
+use super::validate::{check_header_name, check_name, NamedList, RuleDefaults};
 use super::*;
 use crate::bounds::{
     show_duration, state_lifetime_ms, MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE,
@@ -22,30 +21,13 @@ impl RawRule {
         check_name(&self.name, &format!("{field}.name"))?;
         let matcher = self.matcher.validate(&format!("{field}.match"))?;
         let key = self.key.validate(&format!("{field}.key"))?;
-        if self.limits.is_empty() {
-            return Err(invalid(
-                &format!("{field}.limits"),
-                "must hold at least one limit",
-            ));
-        }
-        if self.limits.len() > MAX_LIMITS_PER_RULE {
-            return Err(invalid(
-                &format!("{field}.limits"),
-                format!("must hold at most {MAX_LIMITS_PER_RULE} limits"),
-            ));
-        }
-        let mut names = HashSet::new();
-        let mut limits = Vec::with_capacity(self.limits.len());
-        for (j, raw) in self.limits.into_iter().enumerate() {
-            let limit_field = format!("{field}.limits[{j}]");
-            if !names.insert(raw.name.clone()) {
-                return Err(invalid(
-                    &format!("{limit_field}.name"),
-                    format!("duplicate limit name \"{}\" in this rule", raw.name),
-                ));
-            }
-            limits.push(raw.validate(&limit_field)?);
-        }
+        let list = NamedList {
+            field: &format!("{field}.limits"),
+            noun: ("limit", "limits"),
+            max: MAX_LIMITS_PER_RULE,
+            duplicate_suffix: " in this rule",
+        };
+        let limits = list.validate(self.limits, |l| &l.name, |raw, field| raw.validate(field))?;
         let cost = validate_cost(self.cost, &format!("{field}.cost"))?;
         let timeout = timeout_field(
             self.timeout.as_deref(),

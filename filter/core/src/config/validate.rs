@@ -64,32 +64,22 @@ impl RawConfig {
         if !(1..=128).contains(&self.ipv6_prefix) {
             return Err(invalid("ipv6_prefix", "must be between 1 and 128"));
         }
-        if self.rules.is_empty() {
-            return Err(invalid("rules", "must hold at least one rule"));
-        }
-        if self.rules.len() > MAX_RULES {
-            return Err(invalid(
-                "rules",
-                format!("must hold at most {MAX_RULES} rules"),
-            ));
-        }
-        let mut names = HashSet::new();
-        let mut rules = Vec::with_capacity(self.rules.len());
-        for (i, raw) in self.rules.into_iter().enumerate() {
-            let field = format!("rules[{i}]");
-            if !names.insert(raw.name.clone()) {
-                return Err(invalid(
-                    &format!("{field}.name"),
-                    format!("duplicate rule name \"{}\"", raw.name),
-                ));
-            }
-            let defaults = RuleDefaults {
-                failure_mode: self.failure_mode,
-                timeout: default_timeout,
-                shadow: self.shadow,
-            };
-            rules.push(raw.validate(&field, &defaults)?);
-        }
+        let defaults = RuleDefaults {
+            failure_mode: self.failure_mode,
+            timeout: default_timeout,
+            shadow: self.shadow,
+        };
+        let list = NamedList {
+            field: "rules",
+            noun: ("rule", "rules"),
+            max: MAX_RULES,
+            duplicate_suffix: "",
+        };
+        let rules = list.validate(
+            self.rules,
+            |r| &r.name,
+            |raw, field| raw.validate(field, &defaults),
+        )?;
         let config = Config {
             bridge,
             clock: self.clock,
@@ -271,6 +261,51 @@ pub(super) fn validate_deny_cache(value: Option<Value>) -> Result<usize, ConfigE
             "deny_cache.max_entries",
             "must be between 0 and 1000000",
         )),
+    }
+}
+
+/// A list of named items in the config (rules, a rule's limits): not empty, at most `max`,
+/// names unique, each validated under its own field (`rules[3]`).
+pub(super) struct NamedList<'a> {
+    pub(super) field: &'a str,
+    /// Singular and plural, for the messages.
+    pub(super) noun: (&'a str, &'a str),
+    pub(super) max: usize,
+    /// After `duplicate rule name "x"`, e.g. ` in this rule`.
+    pub(super) duplicate_suffix: &'a str,
+}
+
+impl NamedList<'_> {
+    pub(super) fn validate<R, T>(
+        &self,
+        items: Vec<R>,
+        name_of: impl Fn(&R) -> &String,
+        mut validate: impl FnMut(R, &str) -> Result<T, ConfigError>,
+    ) -> Result<Vec<T>, ConfigError> {
+        let (one, many) = self.noun;
+        if items.is_empty() {
+            return Err(invalid(self.field, format!("must hold at least one {one}")));
+        }
+        if items.len() > self.max {
+            return Err(invalid(
+                self.field,
+                format!("must hold at most {} {many}", self.max),
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, raw) in items.into_iter().enumerate() {
+            let field = format!("{}[{i}]", self.field);
+            let name = name_of(&raw).clone();
+            if !names.insert(name.clone()) {
+                return Err(invalid(
+                    &format!("{field}.name"),
+                    format!("duplicate {one} name \"{name}\"{}", self.duplicate_suffix),
+                ));
+            }
+            out.push(validate(raw, &field)?);
+        }
+        Ok(out)
     }
 }
 
