@@ -66,6 +66,7 @@ lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are error
 unit-test: ## core and adapter unit tests, native (and the test harness's own), parsers under random input
 	cargo test -p ratelimit-core -p ratelimit-filter
 	cargo test -p e2e --lib
+	cargo test -p bench
 	cargo test -p e2e --test parsers -- --nocapture
 
 wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
@@ -90,7 +91,7 @@ clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
 
 bench: setup build ## throughput, latency, cost, accuracy, outages (about 5 min): target/bench/report.md
-	cargo run -q -p e2e --bin bench -- $(if $(filter-out 0,$(BENCH_QUICK)),--quick)
+	cargo run -q -p bench -- $(if $(filter-out 0,$(BENCH_QUICK)),--quick)
 
 bench-quick: setup build ## every bench scenario, short (~50 s; part of make test): target/bench-quick/
-	cargo run -q -p e2e --bin bench -- --quick
+	cargo run -q -p bench -- --quick

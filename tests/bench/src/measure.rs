@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use crate::http::get;
-use crate::resp::RedisConn;
+use e2e::http::get;
+use e2e::resp::RedisConn;
 
 /// CPU time (user + system, all threads) of a process so far, in seconds; None once gone.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {

@@ -37,15 +37,10 @@ impl KeepAlive {
         Ok(())
     }
 
-    /// Sends one request and reads the whole response; returns its status. The connection is
-    /// reopened for the next request if the server closed it (it is not retried: a request
-    /// that may have been decided is never sent twice).
-    pub fn hit(&mut self) -> std::io::Result<u16> {
-        self.hit_decided().map(|(status, _)| status)
-    }
-
-    /// As [`KeepAlive::hit`], and whether the response carried rate-limit headers (the
-    /// limiter decided it, rather than letting it through by its failure policy).
+    /// Sends one request and reads the whole response; returns its status and whether it
+    /// carried rate-limit headers (the limiter decided it, rather than letting it through by
+    /// its failure policy). The connection is reopened for the next request if the server
+    /// closed it (it is not retried: a request that may have been decided is never sent twice).
     pub fn hit_decided(&mut self) -> std::io::Result<(u16, bool)> {
         if self.conn.is_none() {
             self.connect()?;

@@ -8,8 +8,8 @@
 
 use serde_json::{json, Value};
 
-use crate::procs::{envoy_config, filter_json_block, indent_of};
-use crate::root;
+use e2e::procs::{envoy_config, filter_json_block, indent_of};
+use e2e::root;
 
 /// An algorithm the accuracy runs measure, with the most an exact limiter of its kind may
 /// allow on one key under continuous overload between two instants.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::root;
+use e2e::root;
 
 /// What wrk sends.
 #[derive(Clone, Debug)]

@@ -4,23 +4,29 @@
 //! (written to `target/bench-quick/`). `--out DIR` writes elsewhere.
 //!
 //! The parts are in `tests/src/bench/`; the filter's config schema is known only to
-//! `e2e::bench::config::filter_json`.
+//! `config::filter_json`.
+
+mod client;
+mod config;
+mod measure;
+mod report;
+mod svg;
+mod wrk;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::bench::client::{self, Load};
-use e2e::bench::config::{self, Algorithm, Front, Policy, ALGORITHMS};
-use e2e::bench::measure::{self, BENCH_OWN_COMMANDS};
-use e2e::bench::report::{
-    Accuracy, Cost, Outage, Report, Scenario, Timeline, CONCURRENT_ALGORITHMS, SCENARIOS,
-};
-use e2e::bench::svg;
-use e2e::bench::wrk::{self, Requests, WrkLoad};
+use client::Load;
+use config::{Algorithm, Front, Policy, ALGORITHMS};
 use e2e::procs::{Envoy, Redis, Webdis, WorkDir};
 use e2e::resp::RedisConn;
 use e2e::{envoy_bin, free_port, root, wasm_path};
+use measure::BENCH_OWN_COMMANDS;
+use report::{
+    Accuracy, Cost, Outage, Report, Scenario, Timeline, CONCURRENT_ALGORITHMS, SCENARIOS,
+};
+use wrk::{Requests, WrkLoad};
 
 struct Settings {
     quick: bool,
