@@ -207,13 +207,13 @@ impl Engine {
                     host,
                     ctx,
                     Conclusion::Answer(response::bad_request(&bad.0)),
-                    0,
+                    (0, 0),
                 );
                 return;
             }
         };
         if plan.checks.is_empty() {
-            self.deliver(host, ctx, Conclusion::Resume(Headers::new()), 0);
+            self.deliver(host, ctx, Conclusion::Resume(Headers::new()), (0, 0));
             return;
         }
         let Some(now) = host.now_unix_ns() else {
@@ -224,18 +224,18 @@ impl Engine {
                 Outcome::Failed(BridgeFailure::Clock),
                 0,
             );
-            self.deliver(host, ctx, conclusion, 0);
+            self.deliver(host, ctx, conclusion, (0, 0));
             return;
         };
         if let Some(refusal) = self.cached_refusal(config, &plan, now) {
-            self.deliver(host, ctx, Conclusion::Answer(refusal), now);
+            self.deliver(host, ctx, Conclusion::Answer(refusal), (0, 0));
             return;
         }
         self.check_stall(config, host, now);
         if matches!(self.breaker, BreakerState::Open { .. }) {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
             let conclusion = self.conclude(config, host, &plan, outcome, 0);
-            self.deliver(host, ctx, conclusion, 0);
+            self.deliver(host, ctx, conclusion, (0, 0));
             return;
         }
         self.waiting.push_back(Waiting {
@@ -310,7 +310,7 @@ impl Engine {
                             };
                             let conclusion =
                                 self.conclude(config, host, &member.plan, outcome, call.sent_ns);
-                            self.deliver(host, member.ctx, conclusion, member.arrived_ns);
+                            self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
                         }
                     }
                     Ok(EvalOutcome::NoScript) if !reloaded => {
@@ -400,7 +400,8 @@ impl Engine {
         while let Some(i) = self.in_flight.iter().position(|c| c.owner == Some(ctx)) {
             let call = self.in_flight.swap_remove(i);
             let others: Vec<Waiting> = call.members.into_iter().filter(|m| m.ctx != ctx).collect();
-            self.fail_all(config, host, others, BridgeFailure::Orphaned);
+            let now = host.now_unix_ns().unwrap_or(0);
+            self.fail_all(config, host, others, BridgeFailure::Orphaned, now);
         }
         if !self.waiting.is_empty()
             && self.in_flight.len() < config.batch.max_in_flight
@@ -417,7 +418,7 @@ impl Engine {
         while self.in_flight.len() < config.batch.max_in_flight && !self.waiting.is_empty() {
             let Some(now) = host.now_unix_ns() else {
                 let members: Vec<Waiting> = self.waiting.drain(..).collect();
-                self.fail_all(config, host, members, BridgeFailure::Clock);
+                self.fail_all(config, host, members, BridgeFailure::Clock, 0);
                 return;
             };
             if from.is_some() && !self.in_flight.is_empty() {
@@ -485,9 +486,14 @@ impl Engine {
                     Outcome::Failed(BridgeFailure::Expired),
                     0,
                 );
-                self.deliver(host, w.ctx, conclusion, w.arrived_ns);
+                self.deliver(host, w.ctx, conclusion, (w.arrived_ns, now));
             } else if let Some(refusal) = self.cached_refusal(config, &w.plan, now) {
-                self.deliver(host, w.ctx, Conclusion::Answer(refusal), w.arrived_ns);
+                self.deliver(
+                    host,
+                    w.ctx,
+                    Conclusion::Answer(refusal),
+                    (w.arrived_ns, now),
+                );
             } else {
                 bytes += size;
                 members.push(w);
@@ -506,7 +512,7 @@ impl Engine {
             .min()
             .unwrap_or(now);
         if deadline <= now {
-            self.fail_all(config, host, call.members, BridgeFailure::Expired);
+            self.fail_all(config, host, call.members, BridgeFailure::Expired, now);
             return;
         }
         let timeout = Duration::from_nanos(u64::try_from(deadline - now).unwrap_or(u64::MAX))
@@ -541,7 +547,7 @@ impl Engine {
         failure: BridgeFailure,
         now: u128,
     ) {
-        self.fail_all(config, host, members, failure.clone());
+        self.fail_all(config, host, members, failure.clone(), now);
         let (Some(breaker), BreakerState::Closed { failures }) = (config.breaker, self.breaker)
         else {
             return;
@@ -596,7 +602,7 @@ impl Engine {
         for call in self.in_flight.drain(..) {
             members.extend(call.members);
         }
-        self.fail_all(config, host, members, BridgeFailure::BreakerOpen);
+        self.fail_all(config, host, members, BridgeFailure::BreakerOpen, now);
     }
 
     /// While open, one probe per `breaker.probe_interval`: an empty decision call, which
@@ -667,11 +673,12 @@ impl Engine {
         host: &mut impl Host,
         members: Vec<Waiting>,
         failure: BridgeFailure,
+        now: u128,
     ) {
         for member in members {
             let outcome = Outcome::Failed(failure.clone());
             let conclusion = self.conclude(config, host, &member.plan, outcome, 0);
-            self.deliver(host, member.ctx, conclusion, member.arrived_ns);
+            self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
         }
     }
 
@@ -793,14 +800,15 @@ impl Engine {
     }
 
     /// Carries out a conclusion for `ctx`: returned as the verdict if its own callback is
-    /// running, else resumed or answered through the host. `arrived_ns` (0: not waited)
-    /// gives the decision latency of requests that waited.
+    /// running, else resumed or answered through the host. `(arrived_ns, now)` gives the
+    /// decision latency of requests that waited (arrived 0: not waited; the clock is read once
+    /// per callback by the caller, not once per request).
     fn deliver(
         &mut self,
         host: &mut impl Host,
         ctx: u32,
         conclusion: Conclusion,
-        arrived_ns: u128,
+        (arrived_ns, now): (u128, u128),
     ) {
         let own = self.current.is_some_and(|c| c.ctx == ctx);
         let verdict = match conclusion {
@@ -825,11 +833,9 @@ impl Engine {
         if verdict == Verdict::Continue && !host.resume(ctx) {
             self.headers.remove(&ctx);
         }
-        if arrived_ns > 0 {
-            if let Some(now) = host.now_unix_ns() {
-                let ms = now.saturating_sub(arrived_ns).div_ceil(1_000_000);
-                host.record(Histogram::DecisionMs, u64::try_from(ms).unwrap_or(u64::MAX));
-            }
+        if arrived_ns > 0 && now >= arrived_ns {
+            let ms = (now - arrived_ns).div_ceil(1_000_000);
+            host.record(Histogram::DecisionMs, u64::try_from(ms).unwrap_or(u64::MAX));
         }
     }
 }
@@ -963,6 +969,13 @@ mod tests {
         Config::parse(json.as_bytes()).unwrap()
     }
 
+    /// A config with `extra` top-level keys, a fresh engine for it, and a fake host.
+    fn setup(extra: &str) -> (Config, Engine, FakeHost) {
+        let c = config(extra);
+        let e = Engine::new(&c);
+        (c, e, FakeHost::new())
+    }
+
     fn req(path: &str, key: &str) -> FakeRequest {
         FakeRequest::new("GET", path).with("x-api-key", key.as_bytes())
     }
@@ -1013,9 +1026,7 @@ mod tests {
 
     #[test]
     fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         assert_eq!(e.on_request(&c, &mut h, 7, &req("/", "k")), Verdict::Pause);
         assert_eq!(h.wakes, 0, "no hop through the root");
         assert_eq!(h.dispatched.len(), 1);
@@ -1051,9 +1062,7 @@ mod tests {
 
     #[test]
     fn requests_waiting_behind_a_request_made_call_are_sent_by_the_root() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         e.on_request(&c, &mut h, 1, &req("/", "a"));
         e.on_request(&c, &mut h, 2, &req("/", "b"));
         assert_eq!(
@@ -1071,9 +1080,7 @@ mod tests {
 
     #[test]
     fn a_request_made_call_whose_stream_ends_frees_its_slot_at_once() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         e.on_request(&c, &mut h, 1, &req("/", "a"));
         e.on_request(&c, &mut h, 2, &req("/", "b"));
         // Client 1 disconnects: its call's reply will never come (the SDK drops it).
@@ -1089,9 +1096,7 @@ mod tests {
 
     #[test]
     fn requests_that_arrive_during_a_call_share_the_next_one_in_arrival_order() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         for (ctx, key) in [(2, "b"), (3, "c"), (4, "b")] {
             assert_eq!(
@@ -1145,9 +1150,7 @@ mod tests {
 
     #[test]
     fn batches_respect_max_requests_and_max_in_flight() {
-        let c = config(r#""batch": {"max_requests": 2, "max_in_flight": 2},"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""batch": {"max_requests": 2, "max_in_flight": 2},"#);
         for ctx in 1..=8 {
             e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
         }
@@ -1170,9 +1173,7 @@ mod tests {
 
     #[test]
     fn each_request_of_a_batch_gets_its_own_verdict_and_errors_stay_its_own() {
-        let c = config(r#""failure_mode": "closed","#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""failure_mode": "closed","#);
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         for (ctx, path) in [(2, "/"), (3, "/watch"), (4, "/")] {
             e.on_request(&c, &mut h, ctx, &req(path, &format!("k{ctx}")));
@@ -1199,9 +1200,7 @@ mod tests {
 
     #[test]
     fn a_whole_call_failing_follows_each_request_policy() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         e.on_reply(
             &c,
@@ -1228,9 +1227,7 @@ mod tests {
 
     #[test]
     fn replies_for_streams_that_are_gone_still_decide_the_others() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         for ctx in 2..=4 {
             e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
@@ -1252,9 +1249,7 @@ mod tests {
 
     #[test]
     fn noscript_loads_the_script_and_sends_the_same_call_once_more() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         e.on_request(&c, &mut h, 2, &req("/", "b"));
         let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
@@ -1273,9 +1268,7 @@ mod tests {
 
     #[test]
     fn a_redis_restart_empties_the_deny_cache() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
         e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
         arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
@@ -1293,9 +1286,7 @@ mod tests {
 
     #[test]
     fn a_restart_another_worker_saw_empties_this_deny_cache() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
         e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(60_000)])));
         e.on_request(&c, &mut h, 2, &req("/", "k"));
@@ -1314,9 +1305,7 @@ mod tests {
 
     #[test]
     fn refused_keys_are_answered_locally_until_they_could_fit() {
-        let c = config(r#""breaker": false,"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""breaker": false,"#);
         arrive(&mut e, &c, &mut h, 1, &req("/", "abuser"));
         h.now = Some(T0 + MS);
         e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
@@ -1368,9 +1357,7 @@ mod tests {
 
     #[test]
     fn a_smaller_cost_is_asked_and_a_larger_one_is_not() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         let costly = |cost: &str| req("/costly", "k").with("x-cost", cost.as_bytes());
         arrive(&mut e, &c, &mut h, 1, &costly("3"));
         let two_limits = r#"{"EVALSHA":[1,0,2,1,"10","0","0",0,"2","3000","1000"]}"#;
@@ -1397,9 +1384,7 @@ mod tests {
             e.on_request(&c, &mut h, 2, &req("/watch", "k"));
             assert_eq!(hits(&e, &h), 0);
         }
-        let c = config(r#""deny_cache": false,"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""deny_cache": false,"#);
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
         e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
         e.on_request(&c, &mut h, 2, &req("/", "k"));
@@ -1408,9 +1393,7 @@ mod tests {
 
     #[test]
     fn the_cache_is_bounded_and_keeps_the_latest_refusals() {
-        let c = config(r#""deny_cache": {"max_entries": 2},"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""deny_cache": {"max_entries": 2},"#);
         for (ctx, key) in [(1, "a"), (2, "b"), (3, "c")] {
             arrive(&mut e, &c, &mut h, ctx, &req("/", key));
             let token = h.last_token();
@@ -1433,9 +1416,7 @@ mod tests {
 
     #[test]
     fn waiting_requests_the_last_reply_refused_are_answered_without_a_call() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "hot"));
         for ctx in 2..=5 {
             e.on_request(&c, &mut h, ctx, &req("/", "hot"));
@@ -1454,9 +1435,7 @@ mod tests {
     #[test]
     fn a_request_past_its_timeout_in_the_queue_fails_by_policy_and_calls_get_what_is_left() {
         // Calls stay out for 150 ms here: no breaker, or it would see them stall.
-        let c = config(r#""breaker": false,"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""breaker": false,"#);
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         h.now = Some(T0 + 100 * MS);
         e.on_request(&c, &mut h, 2, &req("/", "b"));
@@ -1514,9 +1493,7 @@ mod tests {
 
     #[test]
     fn bad_requests_unmatched_requests_and_clock_failures_are_decided_at_once() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         let bad = req("/costly", "k").with("x-cost", b"lots");
         assert_eq!(e.on_request(&c, &mut h, 1, &bad), Verdict::Pause);
         assert_eq!(h.answered[0].1.status, 400);
@@ -1580,9 +1557,7 @@ mod tests {
 
     #[test]
     fn a_stray_reply_changes_nothing() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         e.on_reply(&c, &mut h, None, 42, ok(&reply(&[R::Allow(1)])));
         assert!(h.resumed.is_empty() && h.counters.is_empty());
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
@@ -1592,9 +1567,7 @@ mod tests {
 
     #[test]
     fn a_reply_for_another_shape_fails_the_batch() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
         e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Allow(1), R::Allow(1)])));
         assert_eq!(
@@ -1615,9 +1588,7 @@ mod tests {
 
     #[test]
     fn the_breaker_opens_after_failures_in_a_row_and_then_decides_without_calls() {
-        let c = config(r#""breaker": {"failures": 3},"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""breaker": {"failures": 3},"#);
         // Two failures, a success, then three failures: only a run of three opens it.
         for (ctx, reply) in [
             (1, None),
@@ -1687,9 +1658,7 @@ mod tests {
 
     #[test]
     fn a_stalled_call_opens_the_breaker_and_releases_every_waiting_request() {
-        let c = config("");
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         e.on_request(&c, &mut h, 2, &req("/", "b"));
         e.on_request(&c, &mut h, 3, &req("/", "c"));
@@ -1727,9 +1696,7 @@ mod tests {
 
     #[test]
     fn one_probe_per_interval_and_an_answer_closes_the_breaker() {
-        let c = config(r#""breaker": {"failures": 1, "probe_interval": "500ms"},"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""breaker": {"failures": 1, "probe_interval": "500ms"},"#);
         e.on_request(&c, &mut h, 1, &req("/", "a"));
         e.on_reply(&c, &mut h, Some(1), 1, none());
         assert_eq!(h.breaker_open, 1);
@@ -1781,9 +1748,7 @@ mod tests {
 
     #[test]
     fn without_a_breaker_nothing_opens() {
-        let c = config(r#""breaker": false,"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""breaker": false,"#);
         for ctx in 1..=10 {
             e.on_request(&c, &mut h, ctx, &req("/", "k"));
             let token = h.last_token();
@@ -1798,9 +1763,7 @@ mod tests {
 
     #[test]
     fn a_call_carries_the_deadline_after_which_redis_must_not_charge() {
-        let c = config(r#""bridge": {"timeout": "200ms", "clock_skew": "1s"},"#);
-        let mut e = Engine::new(&c);
-        let mut h = FakeHost::new();
+        let (c, mut e, mut h) = setup(r#""bridge": {"timeout": "200ms", "clock_skew": "1s"},"#);
         e.on_request(&c, &mut h, 1, &req("/", "k"));
         // T0 + 200 ms + 1 s, in ms.
         assert!(h.dispatched[0].1.path.contains("/1000000000000/1001200/1/"));
