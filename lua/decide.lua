@@ -2,24 +2,33 @@
 -- limits, exactly as if each had been sent alone (a request sees what the ones before it in the
 -- batch charged). The argument layout is built in one place, ratelimit_core::bridge::DecideCall.
 --
--- KEYS[k]    the distinct state keys of the batch
+-- KEYS[k]    the distinct keys of the batch (state, key-budget counters, overflow state)
 -- ARGV[1]    clock: Unix time in ns (decimal string) from the caller, or "redis" to use TIME
 -- ARGV[2]    deadline: Unix ms after which the caller has given up (plus the clock skew it
 --            allows), or "0" for none. A call that reaches Redis later is refused whole
 --            ("EXPIRED ...") and charges nothing: its requests were already decided by policy.
 -- ARGV[3]    number of requests R
--- then, per request: its number of limits n, then seven per limit:
+-- ARGV[4]    number of key budgets B, then four per budget: counter key index, new keys per
+--            window, window (ms), "shared" | "deny"
+-- then, per request: its number of limits n, then nine per limit:
 --            key index (into KEYS), algorithm, limit, window (ms), burst, cost,
---            "enforce" | "shadow"
+--            "enforce" | "shadow", budget index (0: none), overflow key index (0: none)
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
 --   {R, then per request either
---      committed (1|0), n, then per limit: allowed (1|0), remaining, reset_ms, retry_ms
+--      committed (1|0), n, then per limit: outcome, remaining, reset_ms, retry_ms
 --    or -1, "ERR ..." when that request alone could not be decided (bad arguments, a Redis
 --      error such as WRONGTYPE): the others are still decided}
 -- with the numbers as strings (Redis would truncate Lua numbers to integers). remaining and
 -- reset_ms describe the state after this request: charged if committed, untouched if not.
+-- outcome is 1 (allowed) or 0 (refused), plus 2 when the limit's identity was new while its
+-- rule's key budget was used up: then the limit was decided on the rule's overflow state
+-- ("shared") or refused until the budget's window ends ("deny").
+--
+-- Key budget: an identity is new when none of its keys under that budget exist. A new
+-- identity charged by a committed request counts one against the budget's current window
+-- (a fixed window: floor(now / window)); existing identities never touch the budget.
 local redis_time = nil
 local function time_now()
   redis_time = redis_time or redis.call('TIME')
@@ -48,21 +57,47 @@ end
 local now = {str = now_str}
 now.ms = elapsed_ms('0', now_str)
 
+local function whole(v)
+  return v and v >= 0 and v == math.floor(v)
+end
+
 local requests = tonumber(ARGV[3])
-if not requests or requests < 0 or requests ~= math.floor(requests) then
+if not whole(requests) then
   return redis.error_reply('ERR decide: bad request count')
+end
+
+local BUDGETS = {}
+local budget_count = tonumber(ARGV[4])
+if not whole(budget_count) or 4 + 4 * budget_count > #ARGV then
+  return redis.error_reply('ERR decide: bad key budget count')
+end
+for b = 1, budget_count do
+  local at = 4 + (b - 1) * 4
+  local budget = {
+    key = KEYS[tonumber(ARGV[at + 1]) or 0],
+    new_keys = tonumber(ARGV[at + 2]),
+    window = tonumber(ARGV[at + 3]),
+    deny = ARGV[at + 4] == 'deny',
+  }
+  if not budget.key or not whole(budget.new_keys) or budget.new_keys < 1
+      or not budget.window or budget.window <= 0
+      or (ARGV[at + 4] ~= 'deny' and ARGV[at + 4] ~= 'shared') then
+    return redis.error_reply('ERR decide: bad arguments for key budget ' .. b)
+  end
+  BUDGETS[b] = budget
 end
 
 -- Reads one request's limits from ARGV at `a`; returns the limits (or an error text) and
 -- the position after them, or nil when the layout itself is broken.
 local function read_request(a)
   local n = tonumber(ARGV[a])
-  if not n or n < 1 or n ~= math.floor(n) or a + 7 * n > #ARGV then
+  if not n or n < 1 or n ~= math.floor(n) or a + 9 * n > #ARGV then
     return nil
   end
   local limits, problem = {}, nil
   for i = 1, n do
-    local b = a + (i - 1) * 7
+    local b = a + (i - 1) * 9
+    local budget = tonumber(ARGV[b + 8])
     local p = {
       key = KEYS[tonumber(ARGV[b + 1]) or 0],
       algorithm = ALGORITHMS[ARGV[b + 2]],
@@ -71,37 +106,108 @@ local function read_request(a)
       burst = tonumber(ARGV[b + 5]),
       cost = tonumber(ARGV[b + 6]),
       shadow = ARGV[b + 7] == 'shadow',
+      budget = budget ~= 0 and budget or nil,
+      overflow = KEYS[tonumber(ARGV[b + 9]) or 0],
     }
     if not p.key or not p.algorithm or not p.limit or p.limit < 1 or not p.window
-        or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0 then
+        or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
+        or (p.budget and (not BUDGETS[p.budget] or not p.overflow)) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
   end
-  return problem or limits, a + 1 + 7 * n
+  return problem or limits, a + 1 + 9 * n
+end
+
+-- The key budgets a request's limits use: for each, whether its identity is new and, if so,
+-- the budget's window and count. Limits over a used-up budget move to the overflow state
+-- ("shared") or are marked refused ("deny").
+local function apply_budgets(limits)
+  local uses, order = {}, {}
+  for _, p in ipairs(limits) do
+    if p.budget then
+      local u = uses[p.budget]
+      if not u then
+        u = {budget = BUDGETS[p.budget], keys = {}}
+        uses[p.budget] = u
+        order[#order + 1] = u
+      end
+      u.keys[#u.keys + 1] = p.key
+    end
+  end
+  for _, u in ipairs(order) do
+    if redis.call('EXISTS', unpack(u.keys)) == 0 then
+      local b = u.budget
+      local state = redis.call('HMGET', b.key, 'w', 'n')
+      u.window = math.floor(now.ms / b.window)
+      u.count = tonumber(state[1]) == u.window and (tonumber(state[2]) or 0) or 0
+      u.new = true
+      u.over = u.count >= b.new_keys
+    end
+  end
+  for _, p in ipairs(limits) do
+    local u = p.budget and uses[p.budget]
+    if u and u.over then
+      p.over = true
+      if u.budget.deny then
+        p.refuse_ms = math.max(1, math.ceil((u.window + 1) * u.budget.window - now.ms))
+      else
+        p.key = p.overflow
+      end
+    end
+  end
+  return order
+end
+
+-- A new identity charged within its budget counts one against the budget's window.
+local function charge_budgets(order, limits, charged)
+  for _, u in ipairs(order) do
+    if u.new and not u.over then
+      local used = false
+      for i, p in ipairs(limits) do
+        if charged[i] and p.budget and BUDGETS[p.budget] == u.budget then
+          used = true
+        end
+      end
+      if used then
+        redis.call('HSET', u.budget.key, 'w', string.format('%d', u.window),
+          'n', string.format('%d', u.count + 1))
+        redis.call('PEXPIRE', u.budget.key, math.ceil(2 * u.budget.window))
+      end
+    end
+  end
 end
 
 local function decide_request(limits)
+  local budgets = apply_budgets(limits)
   local decisions = {}
   local committed = true
   for i, p in ipairs(limits) do
-    local d = p.algorithm(p.key, p, now)
+    local d
+    if p.refuse_ms then
+      d = {allowed = false, kept_remaining = 0, kept_reset = p.refuse_ms, retry = p.refuse_ms}
+    else
+      d = p.algorithm(p.key, p, now)
+    end
     decisions[i] = d
     if not d.allowed and not p.shadow then
       committed = false
     end
   end
   local reply = {committed and 1 or 0, #limits}
-  for _, d in ipairs(decisions) do
-    local charged = committed and d.allowed
-    if charged then
+  local charged = {}
+  for i, d in ipairs(decisions) do
+    charged[i] = committed and d.allowed
+    if charged[i] then
       d.commit()
     end
-    reply[#reply + 1] = d.allowed and 1 or 0
-    reply[#reply + 1] = tostring(charged and d.taken_remaining or d.kept_remaining)
-    reply[#reply + 1] = tostring(math.ceil(charged and d.taken_reset or d.kept_reset))
+    local outcome = (d.allowed and 1 or 0) + (limits[i].over and 2 or 0)
+    reply[#reply + 1] = outcome
+    reply[#reply + 1] = tostring(charged[i] and d.taken_remaining or d.kept_remaining)
+    reply[#reply + 1] = tostring(math.ceil(charged[i] and d.taken_reset or d.kept_reset))
     reply[#reply + 1] = tostring(d.retry)
   end
+  charge_budgets(budgets, limits, charged)
   return reply
 end
 
@@ -115,11 +221,11 @@ local function error_text(e)
 end
 
 local out = {requests}
-local a = 4
+local a = 5 + 4 * budget_count
 for _ = 1, requests do
   local limits, next_a = read_request(a)
   if not limits then
-    return redis.error_reply('ERR decide: expected n, then 7 arguments per limit')
+    return redis.error_reply('ERR decide: expected n, then 9 arguments per limit')
   end
   a = next_a
   local entry
@@ -134,6 +240,6 @@ for _ = 1, requests do
   end
 end
 if a ~= #ARGV + 1 then
-  return redis.error_reply('ERR decide: expected n, then 7 arguments per limit')
+  return redis.error_reply('ERR decide: expected n, then 9 arguments per limit')
 end
 return out

@@ -14,7 +14,7 @@ use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
     BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
-    LogThrottle, RequestView, Verdict,
+    LogThrottle, RequestView, RuleStats, Verdict,
 };
 
 /// Bridge replies larger than this are cut (and so fail to parse): a batch's reply is small.
@@ -40,6 +40,8 @@ struct Worker {
     engine: RefCell<Engine>,
     /// Metric ids, by the position of the stat in `Counter::ALL` / `Histogram::ALL`.
     counters: Vec<Option<u32>>,
+    /// Per-rule counter ids, numbered by `RuleStats`.
+    rule_counters: Vec<Option<u32>>,
     histograms: Vec<Option<u32>>,
     gauges: Vec<Option<u32>>,
     failure_log: RefCell<LogThrottle>,
@@ -91,6 +93,10 @@ impl RootContext for Root {
             .iter()
             .map(|c| define(MetricType::Counter, c.name()))
             .collect();
+        let rule_counters = RuleStats::names(&config)
+            .iter()
+            .map(|name| define(MetricType::Counter, name))
+            .collect();
         let histograms = Histogram::ALL
             .iter()
             .map(|h| define(MetricType::Histogram, h.name()))
@@ -116,6 +122,7 @@ impl RootContext for Root {
             engine: RefCell::new(Engine::new(&config)),
             config,
             counters,
+            rule_counters,
             histograms,
             gauges,
             failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
@@ -448,6 +455,12 @@ impl Host for EnvoyHost<'_> {
     fn count_n(&mut self, counter: Counter, n: u64) {
         if let Some(Some(id)) = self.worker.counters.get(counter as usize) {
             // A failed increment loses counts; nothing to do about it on the request path.
+            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn count_rule(&mut self, stat: usize, n: u64) {
+        if let Some(Some(id)) = self.worker.rule_counters.get(stat) {
             let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }

@@ -75,6 +75,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         burst: s.burst,
         cost,
         shadow: false,
+        budget: None,
     };
     let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();

@@ -156,9 +156,36 @@ fn limit_call_bytes(config: &Config, rule: &Rule, limit: &Limit) -> usize {
     };
     let window_ms = u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX);
     let mode = if rule.shadow { "shadow" } else { "enforce" };
-    1 + key
+    // The budget and overflow key indexes ("0" without a budget). With a budget: the overflow
+    // key (`prefix{overflow}:rule:limit`) and, counted with every limit as if each brought its
+    // own, the budget's counter key (`prefix{key_budget}:rule`) and its four arguments.
+    let key_index = digits(3 * MAX_LIMITS_PER_REQUEST as u64);
+    let budget = match &rule.key_budget {
+        None => 2 * 2,
+        Some(b) => {
+            let overflow = encoded(&crate::identity::overflow_key(config, rule, limit));
+            let counter = encoded(&crate::identity::budget_counter_key(config, rule));
+            let budget_window = u64::try_from(b.window.as_millis()).unwrap_or(u64::MAX);
+            2 * (1 + key_index)
+                + 1
+                + overflow
+                + 1
+                + counter
+                + 1
+                + key_index
+                + 1
+                + digits(b.new_keys)
+                + 1
+                + digits(budget_window)
+                + 1
+                + "shared".len()
+        }
+    };
+    budget
         + 1
-        + digits(MAX_LIMITS_PER_REQUEST as u64)
+        + key
+        + 1
+        + key_index
         + 1
         + limit.algorithm.name().len()
         + 1
@@ -174,10 +201,24 @@ fn limit_call_bytes(config: &Config, rule: &Rule, limit: &Limit) -> usize {
 }
 
 /// The most bytes of the call path of one request carrying `limits` limits of `limit_bytes`
-/// bytes in all: `/EVALSHA/<sha>/<n>` + keys + `/<clock>/<deadline>/1/<n>` + arguments.
+/// bytes in all: `/EVALSHA/<sha>/<keys>` + keys + `/<clock>/<deadline>/1/<budgets>/<n>` +
+/// arguments (a request has at most one budget per limit, and three keys per limit).
 fn call_path_bytes(limits: usize, limit_bytes: usize) -> usize {
     let n = digits(limits as u64);
-    "/EVALSHA/".len() + 40 + 1 + n + limit_bytes + 1 + 2 * MAX_CLOCK_DIGITS + 1 + 2 + 1 + n
+    let keys = digits(3 * limits as u64);
+    "/EVALSHA/".len()
+        + 40
+        + 1
+        + keys
+        + limit_bytes
+        + 1
+        + 2 * MAX_CLOCK_DIGITS
+        + 1
+        + 2
+        + 1
+        + n
+        + 1
+        + n
 }
 
 /// Checks the bounds about one request. For each rule R, the limits of R and of every rule
@@ -403,7 +444,7 @@ mod tests {
                         })
                         .collect::<Vec<_>>(),
                 ),
-                "rules[0]: a request it matches can need a bridge call of 56739 bytes (its limits and those of every rule whose match does not exclude it, with the longest identity): must be at most 49152",
+                "rules[0]: a request it matches can need a bridge call of 57063 bytes (its limits and those of every rule whose match does not exclude it, with the longest identity): must be at most 49152",
             ),
         ];
         for (json, want) in cases {
@@ -571,12 +612,75 @@ mod tests {
             .iter()
             .map(|l| limit_call_bytes(&c, &c.rules[0], l))
             .sum();
-        // Exact but for the key indexes 1 to 9, counted with two digits like the others.
-        assert_eq!(call.path.len() + 9, call_path_bytes(64, 4 * per_rule));
+        // Exact but for the key indexes (1 to 64 here) and the key count, counted with three
+        // digits (with key budgets a request can have three keys per limit), and the budget
+        // count (0 here), counted with as many digits as the limits.
+        assert_eq!(call.path.len() + 75, call_path_bytes(64, 4 * per_rule));
         assert!(
             call.path.len() <= MAX_CALL_PATH_BYTES,
             "{}",
             call.path.len()
+        );
+    }
+
+    /// With key budgets each limit also carries an overflow key and a counter: the bound still
+    /// covers the real call, and a config whose worst request would not fit is refused.
+    #[test]
+    fn the_call_size_bound_covers_key_budgets() {
+        let budgeted = |rules: usize| {
+            let rules: Vec<String> = (0..rules)
+                .map(|i| {
+                    let limits: Vec<String> = (0..16)
+                        .map(|j| {
+                            limit_json(
+                                &format!("{j:02}{}", "l".repeat(62)),
+                                &format!(r#""limit": {MAX_LIMIT}, "window": "366d""#),
+                            )
+                        })
+                        .collect();
+                    format!(
+                        r#"{{"name": "{i}{}", "key": {{"from": ["header:x-k"]}}, "key_budget": {{"new_keys": {MAX_LIMIT}, "window": "366d", "over_budget": "shared"}}, "limits": [{}]}}"#,
+                        "r".repeat(63),
+                        limits.join(", ")
+                    )
+                })
+                .collect();
+            config_json(
+                r#""key_prefix": "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!","#,
+                &rules,
+            )
+        };
+        let c = parse(&budgeted(2)).unwrap();
+        let request = FakeRequest::new("GET", "/").with("x-k", b"client");
+        let p = plan(&c, &request).unwrap();
+        assert_eq!(p.checks.len(), 32);
+        let call = BridgeRequest::evalsha(
+            &c.script_sha,
+            &DecideCall::new(
+                &"9".repeat(MAX_CLOCK_DIGITS),
+                u128::from(u64::MAX),
+                [&p.checks[..]],
+            ),
+        );
+        let bound: usize = c
+            .rules
+            .iter()
+            .flat_map(|r| {
+                r.limits
+                    .iter()
+                    .map(|l| limit_call_bytes(&c, r, l))
+                    .collect::<Vec<_>>()
+            })
+            .sum();
+        assert!(call.path.len() <= call_path_bytes(32, bound));
+        assert!(
+            call.path.len() > call_path_bytes(32, bound) * 3 / 4,
+            "not far off"
+        );
+        let refused = parse(&budgeted(4)).unwrap_err();
+        assert!(
+            refused.starts_with("rules[0]: a request it matches can need a bridge call of"),
+            "{refused}"
         );
     }
 

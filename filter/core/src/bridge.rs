@@ -21,11 +21,30 @@ pub struct BridgeRequest {
 /// `lua/decide.lua` reads. Built here and nowhere else: the filter and the Lua tests use it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecideCall {
-    /// The distinct state keys of the batch (`KEYS`); a hot key is sent once.
+    /// The distinct keys of the batch (`KEYS`); a hot key is sent once.
     pub keys: Vec<String>,
-    /// `ARGV`: clock, deadline, number of requests, then per request its number of limits and
-    /// seven values per limit (key index, algorithm, limit, window ms, burst, cost, mode).
+    /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
+    /// budget (counter key index, new keys, window ms, `shared` | `deny`), then per request its
+    /// number of limits and nine values per limit (key index, algorithm, limit, window ms,
+    /// burst, cost, mode, budget index or 0, overflow key index or 0).
     pub args: Vec<String>,
+}
+
+/// Numbers the distinct keys of a call from 1, as `KEYS` does.
+#[derive(Default)]
+struct KeyTable<'a> {
+    keys: Vec<String>,
+    index: HashMap<&'a str, usize>,
+}
+
+impl<'a> KeyTable<'a> {
+    fn index_of(&mut self, key: &'a str) -> usize {
+        let keys = &mut self.keys;
+        *self.index.entry(key).or_insert_with(|| {
+            keys.push(key.to_string());
+            keys.len()
+        })
+    }
 }
 
 impl DecideCall {
@@ -36,29 +55,53 @@ impl DecideCall {
         deadline_ms: u128,
         requests: impl IntoIterator<Item = &'a [LimitCheck]>,
     ) -> Self {
-        let mut keys: Vec<String> = Vec::new();
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        let mut args = vec![clock.to_string(), deadline_ms.to_string(), String::new()];
+        let mut keys = KeyTable::default();
+        let mut budgets: Vec<String> = Vec::new();
+        let mut budget_index: HashMap<&str, usize> = HashMap::new();
+        let mut body: Vec<String> = Vec::new();
         let mut count = 0usize;
         for checks in requests {
             count += 1;
-            args.push(checks.len().to_string());
+            body.push(checks.len().to_string());
             for c in checks {
-                let k = *index.entry(&c.key).or_insert_with(|| {
-                    keys.push(c.key.clone());
-                    keys.len()
-                });
-                args.push(k.to_string());
-                args.push(c.algorithm.name().to_string());
-                args.push(c.per_window.to_string());
-                args.push(c.window_ms.to_string());
-                args.push(c.burst.to_string());
-                args.push(c.cost.to_string());
-                args.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
+                body.push(keys.index_of(&c.key).to_string());
+                body.push(c.algorithm.name().to_string());
+                body.push(c.per_window.to_string());
+                body.push(c.window_ms.to_string());
+                body.push(c.burst.to_string());
+                body.push(c.cost.to_string());
+                body.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
+                match &c.budget {
+                    None => {
+                        body.push("0".to_string());
+                        body.push("0".to_string());
+                    }
+                    Some(b) => {
+                        let next = budget_index.len() + 1;
+                        let i = *budget_index.entry(&b.counter_key).or_insert(next);
+                        if i == next {
+                            budgets.push(keys.index_of(&b.counter_key).to_string());
+                            budgets.push(b.new_keys.to_string());
+                            budgets.push(b.window_ms.to_string());
+                            budgets.push(b.over_budget.name().to_string());
+                        }
+                        body.push(i.to_string());
+                        body.push(keys.index_of(&b.overflow_key).to_string());
+                    }
+                }
             }
         }
-        args[2] = count.to_string();
-        DecideCall { keys, args }
+        let mut args = Vec::with_capacity(4 + budgets.len() + body.len());
+        args.push(clock.to_string());
+        args.push(deadline_ms.to_string());
+        args.push(count.to_string());
+        args.push(budget_index.len().to_string());
+        args.extend(budgets);
+        args.extend(body);
+        DecideCall {
+            keys: keys.keys,
+            args,
+        }
     }
 
     /// The Redis command: `EVALSHA sha numkeys KEYS... ARGV...`.
@@ -76,11 +119,21 @@ impl DecideCall {
 /// An upper bound of the bytes a request's checks add to a call's path (keys counted as if
 /// none were shared), so a batch can stop before it outgrows what Webdis accepts.
 pub fn call_bytes(checks: &[LimitCheck]) -> usize {
-    // Per limit: the key index, algorithm, four numbers and the mode, with their separators.
-    const ARGUMENTS_PER_LIMIT: usize = 7 * 21 + 8;
+    // Per limit: the key index, algorithm, four numbers, the mode, the budget and overflow
+    // key indexes, with their separators.
+    const ARGUMENTS_PER_LIMIT: usize = 9 * 21 + 10;
+    // Per budget: the counter key's index, two numbers and the mode.
+    const ARGUMENTS_PER_BUDGET: usize = 4 * 21 + 4;
     4 + checks
         .iter()
-        .map(|c| 1 + path_segment_len(c.key.as_bytes()) + ARGUMENTS_PER_LIMIT)
+        .map(|c| {
+            let budget = c.budget.as_ref().map_or(0, |b| {
+                2 + path_segment_len(b.overflow_key.as_bytes())
+                    + path_segment_len(b.counter_key.as_bytes())
+                    + ARGUMENTS_PER_BUDGET
+            });
+            1 + path_segment_len(c.key.as_bytes()) + ARGUMENTS_PER_LIMIT + budget
+        })
         .sum::<usize>()
 }
 
@@ -144,6 +197,9 @@ pub struct LimitResult {
     pub reset_ms: f64,
     /// When refused: milliseconds until this request would be allowed.
     pub retry_ms: f64,
+    /// A new identity over its rule's key budget: refused for it (mode `deny`) or decided on
+    /// the rule's shared overflow state (mode `shared`).
+    pub over_budget: bool,
 }
 
 /// What Redis decided for one request: all limits, in the order they were sent.
@@ -289,15 +345,20 @@ fn parse_request(
     let (values, rest) = rest.split_at(4 * expected);
     let mut limits = Vec::with_capacity(expected);
     for chunk in values.chunks_exact(4) {
+        // 0 or 1: refused or allowed; plus 2 when the identity was over the key budget.
+        let outcome = chunk[0]
+            .as_u64()
+            .filter(|v| *v <= 3)
+            .ok_or(BridgeFailure::BadReply("limit outcome is not 0 to 3"))?;
         limits.push(LimitResult {
-            allowed: flag(&chunk[0])
-                .ok_or(BridgeFailure::BadReply("allowed flag is not 0 or 1"))?,
+            allowed: outcome & 1 == 1,
             remaining: non_negative_number(&chunk[1])
                 .ok_or(BridgeFailure::BadReply("remaining is not a number >= 0"))?,
             reset_ms: non_negative_number(&chunk[2])
                 .ok_or(BridgeFailure::BadReply("reset is not a number >= 0"))?,
             retry_ms: non_negative_number(&chunk[3])
                 .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
+            over_budget: outcome & 2 == 2,
         });
     }
     Ok((Ok(Decision { allowed, limits }), rest))
@@ -361,7 +422,8 @@ fn non_negative_number(value: &Value) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Algorithm;
+    use crate::config::{Algorithm, OverBudget};
+    use crate::plan::BudgetCheck;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -384,6 +446,7 @@ mod tests {
             burst: 20,
             cost: 1,
             shadow,
+            budget: None,
         }
     }
 
@@ -402,48 +465,80 @@ mod tests {
         );
         let req = BridgeRequest::evalsha("abc123", &call);
         let segments: Vec<&str> = req.path.split('/').collect();
-        assert_eq!(
-            segments,
-            [
-                "",
-                "EVALSHA",
-                "abc123",
-                "2",
-                "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond",
-                "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
-                "1764489269123456789",
-                "1764489269273",
-                "2",
-                "2",
-                "1",
-                "token_bucket",
-                "10",
-                "60000",
-                "20",
-                "1",
-                "enforce",
-                "2",
-                "fixed_window",
-                "10",
-                "60000",
-                "20",
-                "1",
-                "shadow",
-                "1",
-                "1",
-                "token_bucket",
-                "10",
-                "60000",
-                "20",
-                "1",
-                "enforce",
-            ]
-        );
+        #[rustfmt::skip]
+        let want = [
+            "", "EVALSHA", "abc123", "2",
+            "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond", "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
+            "1764489269123456789", "1764489269273", "2", "0",
+            "2",
+            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "0", "0",
+            "2", "fixed_window", "10", "60000", "20", "1", "shadow", "0", "0",
+            "1",
+            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "0", "0",
+        ];
+        assert_eq!(segments, want);
         assert_eq!(req.method, "GET");
         assert!(req.body.is_none());
         assert_eq!(
             call.command("abc123")[..4],
             ["EVALSHA", "abc123", "2", "rl:{k:1}:api:second"]
+        );
+    }
+
+    #[test]
+    fn key_budgets_are_sent_once_per_call_with_their_overflow_keys() {
+        let budgeted = |key: &str, limit: &str| {
+            let mut c = check(key, Algorithm::TokenBucket, false);
+            c.budget = Some(BudgetCheck {
+                counter_key: "rl:{key_budget}:ip".into(),
+                overflow_key: format!("rl:{{overflow}}:ip:{limit}"),
+                new_keys: 1000,
+                window_ms: 60_000,
+                over_budget: OverBudget::Deny,
+            });
+            c
+        };
+        let first = [
+            budgeted("rl:{a:1}:ip:s", "s"),
+            budgeted("rl:{a:1}:ip:m", "m"),
+        ];
+        let second = [
+            check("rl:{k:1}:api:s", Algorithm::Gcra, true),
+            budgeted("rl:{a:2}:ip:s", "s"),
+        ];
+        let call = DecideCall::new("redis", 0, [&first[..], &second[..]]);
+        assert_eq!(
+            call.keys,
+            [
+                "rl:{a:1}:ip:s",
+                "rl:{key_budget}:ip",
+                "rl:{overflow}:ip:s",
+                "rl:{a:1}:ip:m",
+                "rl:{overflow}:ip:m",
+                "rl:{k:1}:api:s",
+                "rl:{a:2}:ip:s",
+            ]
+        );
+        #[rustfmt::skip]
+        let want = [
+            "redis", "0", "2",
+            "1", "2", "1000", "60000", "deny",
+            "2",
+            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "3",
+            "4", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "5",
+            "2",
+            "6", "gcra", "10", "60000", "20", "1", "shadow", "0", "0",
+            "7", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "3",
+        ];
+        assert_eq!(call.args, want);
+        let path = BridgeRequest::evalsha("", &call).path;
+        let fixed = "/EVALSHA//7/redis/0/2".len();
+        let bytes = call_bytes(&first) + call_bytes(&second);
+        assert!(
+            path.len() <= fixed + bytes,
+            "{} > {}",
+            path.len(),
+            fixed + bytes
         );
     }
 
@@ -462,7 +557,7 @@ mod tests {
             .collect();
         let call = DecideCall::new("redis", 0, [&checks[..]]);
         let path = BridgeRequest::evalsha("", &call).path;
-        let fixed = "/EVALSHA//5/redis/0/1".len();
+        let fixed = "/EVALSHA//5/redis/0/1/0".len();
         assert!(
             path.len() <= fixed + call_bytes(&checks),
             "{} > {}",
@@ -479,7 +574,7 @@ mod tests {
             false,
         )];
         let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", 0, [&checks[..]]));
-        assert_eq!(req.path.split('/').count(), 16);
+        assert_eq!(req.path.split('/').count(), 19);
         assert!(!req.path.contains(".json"));
     }
 
@@ -508,6 +603,20 @@ mod tests {
     }
 
     #[test]
+    fn over_budget_outcomes_are_read() {
+        let Ok(EvalOutcome::Decided(d)) = parse_eval_reply(
+            ok(r#"{"EVALSHA":[2,0,1,2,"0","900","900",1,1,3,"4","6000","0"]}"#),
+            &[1, 1],
+        ) else {
+            panic!("not decided");
+        };
+        let first = d[0].as_ref().unwrap();
+        assert!(!first.allowed && !first.limits[0].allowed && first.limits[0].over_budget);
+        let second = d[1].as_ref().unwrap();
+        assert!(second.allowed && second.limits[0].allowed && second.limits[0].over_budget);
+    }
+
+    #[test]
     fn decisions_are_read() {
         assert_eq!(
             parse_eval_reply(
@@ -524,13 +633,15 @@ mod tests {
                             allowed: true,
                             remaining: 4.0,
                             reset_ms: 6000.0,
-                            retry_ms: 0.0
+                            retry_ms: 0.0,
+                            over_budget: false,
                         },
                         LimitResult {
                             allowed: false,
                             remaining: 0.25,
                             reset_ms: 59000.0,
-                            retry_ms: 4500.0
+                            retry_ms: 4500.0,
+                            over_budget: false,
                         },
                     ]
                 }),
@@ -639,7 +750,11 @@ mod tests {
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,true,"4","0","0"]}"#),
-                BridgeFailure::BadReply("allowed flag is not 0 or 1"),
+                BridgeFailure::BadReply("limit outcome is not 0 to 3"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,4,"4","0","0"]}"#),
+                BridgeFailure::BadReply("limit outcome is not 0 to 3"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,1,"four","0","0"]}"#),

@@ -19,7 +19,7 @@ use crate::config::{Bridge, Clock, Config, FailureMode};
 use crate::deny_cache::{DenyCache, Refusal};
 use crate::identity::RequestView;
 use crate::local::{scaled, LocalLimits};
-use crate::metrics::{Counter, Gauge, Histogram};
+use crate::metrics::{Counter, Gauge, Histogram, PendingCounts, RuleEvent, RuleStats};
 use crate::plan::{plan, LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
 
@@ -53,6 +53,8 @@ pub trait Host {
     fn answer(&mut self, ctx: u32, response: LocalResponse) -> bool;
     /// Adds `n` to a counter.
     fn count_n(&mut self, counter: Counter, n: u64);
+    /// Adds `n` to per-rule stat `stat` (numbered by [`RuleStats`]).
+    fn count_rule(&mut self, stat: usize, n: u64);
     fn count(&mut self, counter: Counter) {
         self.count_n(counter, 1);
     }
@@ -168,13 +170,19 @@ pub struct Engine {
     /// Redis restarts (seen by any worker) this worker's deny cache is up to date with: a
     /// refusal outlives a restart another worker noticed by one tick at most.
     restarts_seen: u64,
+    rule_stats: RuleStats,
+    /// Per-rule counts not yet added to the stats (handed over with the deny-cache hits).
+    pending: PendingCounts,
 }
 
 impl Engine {
     /// A new engine for `config` (a new configuration starts with an empty deny cache).
     pub fn new(config: &Config) -> Self {
+        let rule_stats = RuleStats::new(config);
         Engine {
             deny_cache: DenyCache::new(config.deny_cache_entries),
+            pending: PendingCounts::new(rule_stats.len()),
+            rule_stats,
             ..Default::default()
         }
     }
@@ -268,7 +276,7 @@ impl Engine {
     /// The wake-up asked for with [`Host::wake`] (the root context is running).
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
-        self.count_hits(host);
+        self.flush_counts(host);
         self.dispatch_ready(config, host, None);
     }
 
@@ -295,7 +303,7 @@ impl Engine {
             return;
         };
         let call = self.in_flight.swap_remove(i);
-        self.count_hits(host);
+        self.flush_counts(host);
         let now = host.now_unix_ns().unwrap_or(call.sent_ns);
         match call.stage {
             Stage::Deciding { reloaded } => {
@@ -355,7 +363,7 @@ impl Engine {
     /// The worker's timer (every [`TICK`]), in the root context: sees a stalled call, sends
     /// the breaker's probe, learns of Redis restarts other workers saw.
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
-        self.count_hits(host);
+        self.flush_counts(host);
         if let Some(now) = host.now_unix_ns() {
             self.check_stall(config, host, now);
             self.probe_if_due(config, host, now);
@@ -368,13 +376,21 @@ impl Engine {
         }
     }
 
-    /// Adds the deny-cache refusals answered since the last time to the stats.
-    fn count_hits(&mut self, host: &mut impl Host) {
+    /// Adds the deny-cache refusals answered and the per-rule counts taken since the last
+    /// time to the stats.
+    fn flush_counts(&mut self, host: &mut impl Host) {
         let n = std::mem::take(&mut self.uncounted_hits);
         if n > 0 {
             host.count_n(Counter::Denied, n);
             host.count_n(Counter::DenyCacheHits, n);
         }
+        self.pending.drain(|stat, n| host.count_rule(stat, n));
+    }
+
+    /// Counts `event` on a limit of a rule (handed to the stats later, see `flush_counts`).
+    fn count_rule(&mut self, check: &LimitCheck, event: RuleEvent) {
+        self.pending
+            .add(self.rule_stats.event(check.rule, check.limit, event));
     }
 
     /// Forgets every refusal (Redis lost the state they came from).
@@ -692,12 +708,17 @@ impl Engine {
         for check in plan.checks.iter().filter(|c| !c.shadow) {
             if let Some(r) = self.deny_cache.covering(&check.key, check.cost, now) {
                 let ms = |at: u128| at.saturating_sub(now) as f64 / 1e6;
+                self.pending.add(
+                    self.rule_stats
+                        .event(check.rule, check.limit, RuleEvent::Denied),
+                );
                 checks.push(check.clone());
                 limits.push(LimitResult {
                     allowed: false,
                     remaining: 0.0,
                     reset_ms: ms(r.reset_at_ns),
                     retry_ms: ms(r.until_ns),
+                    over_budget: false,
                 });
             }
         }
@@ -729,6 +750,7 @@ impl Engine {
                 if decision.limits.iter().any(|l| !l.allowed) {
                     host.count(Counter::ShadowDenied);
                 }
+                self.count_decision(host, plan, &decision);
                 Conclusion::Resume(response::rate_limit_headers(
                     config,
                     &plan.checks,
@@ -737,6 +759,7 @@ impl Engine {
             }
             Outcome::Decided(decision) => {
                 host.count(Counter::Denied);
+                self.count_decision(host, plan, &decision);
                 for (check, result) in plan.checks.iter().zip(&decision.limits) {
                     if !result.allowed && !check.shadow {
                         let at = |ms: f64| sent_ns.saturating_add((ms * 1e6) as u128);
@@ -756,6 +779,19 @@ impl Engine {
                     host.count(Counter::BridgeErrors);
                     host.report_failure(&failure);
                 }
+                for check in &plan.checks {
+                    let local = plan.failure_mode == FailureMode::Local
+                        && config
+                            .rules
+                            .get(check.rule)
+                            .is_some_and(|r| r.failure_mode == FailureMode::Local);
+                    let event = match plan.failure_mode {
+                        FailureMode::Closed => RuleEvent::FailedClosed,
+                        _ if local => RuleEvent::FailedLocal,
+                        _ => RuleEvent::FailedOpen,
+                    };
+                    self.count_rule(check, event);
+                }
                 match plan.failure_mode {
                     FailureMode::Local => self.decide_locally(config, host, plan),
                     FailureMode::Open => {
@@ -767,6 +803,31 @@ impl Engine {
                         Conclusion::Answer(response::unavailable())
                     }
                 }
+            }
+        }
+    }
+
+    /// Per-rule counts of a decision from Redis: what each limit did, and the rules whose key
+    /// budget a new identity found used up (once per rule and request).
+    fn count_decision(&mut self, host: &mut impl Host, plan: &Plan, decision: &Decision) {
+        let mut budget_rule = None;
+        for (check, result) in plan.checks.iter().zip(&decision.limits) {
+            let event = match (result.allowed, check.shadow) {
+                (true, _) => RuleEvent::Allowed,
+                (false, true) => RuleEvent::ShadowDenied,
+                (false, false) => RuleEvent::Denied,
+            };
+            // A limit that allowed a request another limit refused did nothing to count.
+            if decision.allowed || event != RuleEvent::Allowed {
+                self.count_rule(check, event);
+            }
+            if result.over_budget && budget_rule != Some(check.rule) {
+                if budget_rule.is_none() {
+                    host.count(Counter::KeyBudgetExceeded);
+                }
+                budget_rule = Some(check.rule);
+                self.pending
+                    .add(self.rule_stats.budget_exceeded(check.rule));
             }
         }
     }
@@ -864,6 +925,7 @@ mod tests {
         resumed: Vec<u32>,
         answered: Vec<(u32, LocalResponse)>,
         counters: Vec<Counter>,
+        rule_counts: HashMap<usize, u64>,
         histograms: Vec<(Histogram, u64)>,
         failures: Vec<BridgeFailure>,
         restarts: u64,
@@ -912,6 +974,9 @@ mod tests {
                 self.counters.push(counter);
             }
         }
+        fn count_rule(&mut self, stat: usize, n: u64) {
+            *self.rule_counts.entry(stat).or_default() += n;
+        }
         fn record(&mut self, histogram: Histogram, value: u64) {
             self.histograms.push((histogram, value));
         }
@@ -940,6 +1005,17 @@ mod tests {
         }
         fn count_of(&self, counter: Counter) -> usize {
             self.counters.iter().filter(|c| **c == counter).count()
+        }
+        /// The per-rule stats the host was given, by name (`ratelimit_rule.all.minute.denied`).
+        fn rule_counts(&self, c: &Config) -> Vec<(String, u64)> {
+            let names = RuleStats::names(c);
+            let mut counts: Vec<(String, u64)> = self
+                .rule_counts
+                .iter()
+                .map(|(i, n)| (names[*i].clone(), *n))
+                .collect();
+            counts.sort();
+            counts
         }
         fn last_token(&self) -> u32 {
             self.dispatched.last().map(|d| d.0).unwrap_or(0)
@@ -1034,7 +1110,7 @@ mod tests {
         assert!(call.path.starts_with("/EVALSHA/"));
         assert!(
             call.path
-                .contains("/1000000000000/1001150/1/1/1/token_bucket/"),
+                .contains("/1000000000000/1001150/1/0/1/1/token_bucket/"),
             "{}",
             call.path
         );
@@ -1169,6 +1245,71 @@ mod tests {
         e.on_wakeup(&c, &mut h);
         assert_eq!(h.batch_size(3), 2);
         assert_eq!(e.load(), (1, 2));
+    }
+
+    #[test]
+    fn per_rule_counts_say_what_each_limit_did_and_reach_the_stats_on_the_tick() {
+        let (c, mut e, mut h) = setup(r#""failure_mode": "closed","#);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        for (ctx, path) in [(2, "/"), (3, "/watch"), (4, "/")] {
+            e.on_request(&c, &mut h, ctx, &req(path, &format!("k{ctx}")));
+        }
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(500)])));
+        e.on_reply(
+            &c,
+            &mut h,
+            None,
+            2,
+            ok(&reply(&[R::Allow(3), R::AllowShadowRefused, R::Error])),
+        );
+        // Key "a" again: refused by the deny cache, without a call.
+        arrive(&mut e, &c, &mut h, 5, &req("/", "a"));
+        assert_eq!(h.statuses().last(), Some(&(5, 429)));
+        let before = h.rule_counts(&c);
+        e.on_tick(&c, &mut h);
+        let count = |name: &str| (format!("ratelimit_rule.{name}"), 1);
+        let mut want = vec![
+            ("ratelimit_rule.all.minute.allowed".to_string(), 2),
+            ("ratelimit_rule.all.minute.denied".to_string(), 2),
+            count("all.minute.failed_closed"),
+            count("watch.minute.shadow_denied"),
+        ];
+        want.sort();
+        assert_eq!(h.rule_counts(&c), want);
+        assert!(before.len() < want.len(), "the last ones wait for the tick");
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.rule_counts(&c), want, "handed over once");
+    }
+
+    #[test]
+    fn a_new_identity_over_its_key_budget_is_counted_once_per_rule() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "ip", "key": {"from": ["client_ip"]},
+                "key_budget": {"new_keys": 100, "window": "1m", "over_budget": "deny"},
+                "limits": [{"name": "second", "limit": 5, "window": "1s"},
+                           {"name": "minute", "limit": 50, "window": "1m"}]}]}"#,
+        )
+        .unwrap();
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        assert!(
+            h.dispatched[0].1.path.contains("/1/1/"),
+            "one budget in the call"
+        );
+        let over = r#"{"EVALSHA":[1,0,2,2,"0","30000","30000",2,"0","30000","30000"]}"#;
+        e.on_reply(&c, &mut h, Some(1), 1, ok(over));
+        assert_eq!(h.statuses(), vec![(1, 429)]);
+        assert_eq!(h.count_of(Counter::KeyBudgetExceeded), 1);
+        e.on_tick(&c, &mut h);
+        assert_eq!(
+            h.rule_counts(&c),
+            vec![
+                ("ratelimit_rule.ip.key_budget_exceeded".to_string(), 1),
+                ("ratelimit_rule.ip.minute.denied".to_string(), 1),
+                ("ratelimit_rule.ip.second.denied".to_string(), 1),
+            ]
+        );
     }
 
     #[test]

@@ -222,6 +222,21 @@ pub fn redis_key(
     )
 }
 
+/// The key counting a rule's new identities (its key budget). The tag `{key_budget}` has
+/// neither `=` nor `:`, and every identity's tag has one of them: no identity can reach it.
+pub fn budget_counter_key(config: &Config, rule: &Rule) -> String {
+    format!("{}{{key_budget}}:{}", config.key_prefix, rule.name)
+}
+
+/// The state key of a limit's shared `overflow` identity (a new identity over the key budget,
+/// in mode `shared`); like [`budget_counter_key`], out of every identity's reach.
+pub fn overflow_key(config: &Config, rule: &Rule, limit: &Limit) -> String {
+    format!(
+        "{}{{overflow}}:{}:{}",
+        config.key_prefix, rule.name, limit.name
+    )
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -36,5 +36,5 @@ pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};
 pub use engine::{Engine, Host, Verdict};
 pub use identity::RequestView;
-pub use metrics::{Counter, Gauge, Histogram};
+pub use metrics::{Counter, Gauge, Histogram, RuleStats};
 pub use throttle::LogThrottle;

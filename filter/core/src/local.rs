@@ -79,6 +79,7 @@ impl LocalLimits {
                 remaining,
                 reset_ms,
                 retry_ms,
+                over_budget: false,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
             if charged {
@@ -113,6 +114,7 @@ mod tests {
             burst: limit,
             cost: 1,
             shadow,
+            budget: None,
         }
     }
 

@@ -45,6 +45,138 @@ stats! {
         DenyCacheResets => "ratelimit_deny_cache_resets",
         /// A worker's circuit breaker opened.
         BreakerTrips => "ratelimit_breaker_trips",
+        /// A new identity arrived while its rule's key budget was used up.
+        KeyBudgetExceeded => "ratelimit_key_budget_exceeded",
+    }
+}
+
+stats! {
+    /// What happened to one limit of one rule on one request: a counter per rule, limit and
+    /// event, `ratelimit_rule.<rule>.<limit>.<event>`.
+    RuleEvent {
+        /// The request was allowed, and this limit allowed it.
+        Allowed => "allowed",
+        /// This limit refused the request (by Redis or the deny cache).
+        Denied => "denied",
+        /// This limit of a shadow rule would have refused the request.
+        ShadowDenied => "shadow_denied",
+        /// The bridge failed and the request was let through.
+        FailedOpen => "failed_open",
+        /// The bridge failed and the request was answered 503.
+        FailedClosed => "failed_closed",
+        /// The bridge failed and this worker decided the limit in memory.
+        FailedLocal => "failed_local",
+    }
+}
+
+/// Where per-rule stats start in Envoy: `ratelimit_rule.<rule>.<limit>.<event>` and
+/// `ratelimit_rule.<rule>.key_budget_exceeded`. Envoy's `stats_tags` (see envoy/envoy.yaml)
+/// turn the names into `ratelimit_rule_<event>{rule="…",limit="…"}` for Prometheus. Rule and
+/// limit names hold only letters, digits, `-` and `_`, so the dots are unambiguous.
+pub const RULE_STAT_PREFIX: &str = "ratelimit_rule";
+
+/// The per-rule stats of a configuration, numbered: for each rule, for each of its limits,
+/// one per [`RuleEvent`]; then one `key_budget_exceeded` per rule. Cardinality follows the
+/// configuration, never the identities.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuleStats {
+    /// Index of each rule's first limit stat.
+    starts: Vec<usize>,
+    limits: usize,
+}
+
+impl RuleStats {
+    pub fn new(config: &crate::config::Config) -> Self {
+        let mut starts = Vec::with_capacity(config.rules.len());
+        let mut limits = 0;
+        for rule in &config.rules {
+            starts.push(limits);
+            limits += rule.limits.len();
+        }
+        RuleStats { starts, limits }
+    }
+
+    /// How many stats there are.
+    pub fn len(&self) -> usize {
+        self.limits * RuleEvent::ALL.len() + self.starts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The stat of `event` on limit `limit` of rule `rule`.
+    pub fn event(&self, rule: usize, limit: usize, event: RuleEvent) -> Option<usize> {
+        let start = self.starts.get(rule)?;
+        Some((start + limit) * RuleEvent::ALL.len() + event as usize)
+    }
+
+    /// The `key_budget_exceeded` stat of rule `rule`.
+    pub fn budget_exceeded(&self, rule: usize) -> Option<usize> {
+        (rule < self.starts.len()).then(|| self.limits * RuleEvent::ALL.len() + rule)
+    }
+
+    /// Every stat's name, by index.
+    pub fn names(config: &crate::config::Config) -> Vec<String> {
+        let mut names = Vec::new();
+        for rule in &config.rules {
+            for limit in &rule.limits {
+                for event in RuleEvent::ALL {
+                    names.push(format!(
+                        "{RULE_STAT_PREFIX}.{}.{}.{}",
+                        rule.name,
+                        limit.name,
+                        event.name()
+                    ));
+                }
+            }
+        }
+        for rule in &config.rules {
+            names.push(format!(
+                "{RULE_STAT_PREFIX}.{}.key_budget_exceeded",
+                rule.name
+            ));
+        }
+        names
+    }
+}
+
+/// Per-rule counts a worker has not yet handed to the host: counted in memory on the request
+/// path, added to Envoy's stats in one host call per stat on the worker's tick.
+#[derive(Debug, Default)]
+pub struct PendingCounts {
+    counts: Vec<u64>,
+    touched: Vec<usize>,
+}
+
+impl PendingCounts {
+    pub fn new(stats: usize) -> Self {
+        PendingCounts {
+            counts: vec![0; stats],
+            touched: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, stat: Option<usize>) {
+        let Some(i) = stat else {
+            return;
+        };
+        let Some(count) = self.counts.get_mut(i) else {
+            return;
+        };
+        if *count == 0 {
+            self.touched.push(i);
+        }
+        *count += 1;
+    }
+
+    /// Hands every pending count to `report` (stat, count) and forgets them.
+    pub fn drain(&mut self, mut report: impl FnMut(usize, u64)) {
+        for i in self.touched.drain(..) {
+            if let Some(count) = self.counts.get_mut(i) {
+                report(i, std::mem::take(count));
+            }
+        }
     }
 }
 
@@ -82,7 +214,56 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 13);
+        assert_eq!(Counter::ALL.len(), 14);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
+    }
+
+    #[test]
+    fn rule_stats_are_numbered_in_the_order_of_their_names() {
+        let config = crate::config::Config::parse(
+            br#"{"rules": [
+              {"name": "api", "limits": [{"name": "second", "limit": 5, "window": "1s"},
+                                         {"name": "day", "limit": 50, "window": "1d"}]},
+              {"name": "login", "limits": [{"name": "minute", "limit": 5, "window": "1m"}]}]}"#,
+        )
+        .unwrap();
+        let stats = RuleStats::new(&config);
+        let names = RuleStats::names(&config);
+        assert_eq!(stats.len(), names.len());
+        assert_eq!(names.len(), 3 * RuleEvent::ALL.len() + 2);
+        let name = |i: Option<usize>| names[i.unwrap()].as_str();
+        assert_eq!(
+            name(stats.event(0, 1, RuleEvent::Denied)),
+            "ratelimit_rule.api.day.denied"
+        );
+        assert_eq!(
+            name(stats.event(1, 0, RuleEvent::FailedLocal)),
+            "ratelimit_rule.login.minute.failed_local"
+        );
+        assert_eq!(
+            name(stats.budget_exceeded(1)),
+            "ratelimit_rule.login.key_budget_exceeded"
+        );
+        assert_eq!(stats.event(2, 0, RuleEvent::Allowed), None);
+        assert_eq!(stats.budget_exceeded(2), None);
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+    }
+
+    #[test]
+    fn pending_counts_are_handed_over_once() {
+        let mut pending = PendingCounts::new(4);
+        pending.add(Some(2));
+        pending.add(Some(0));
+        pending.add(Some(2));
+        pending.add(Some(9)); // out of range: ignored
+        pending.add(None);
+        let mut seen = Vec::new();
+        pending.drain(|i, n| seen.push((i, n)));
+        assert_eq!(seen, [(2, 2), (0, 1)]);
+        pending.drain(|i, n| seen.push((i, n)));
+        assert_eq!(seen.len(), 2, "nothing twice");
     }
 }

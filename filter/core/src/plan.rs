@@ -2,8 +2,10 @@
 
 use std::time::Duration;
 
-use crate::config::{Algorithm, Config, Cost, FailureMode, Match, PathMatch};
-use crate::identity::{decisive_header, path_only, redis_key, resolve, RequestView};
+use crate::config::{Algorithm, Config, Cost, FailureMode, Match, OverBudget, PathMatch};
+use crate::identity::{
+    budget_counter_key, decisive_header, overflow_key, path_only, redis_key, resolve, RequestView,
+};
 
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +23,20 @@ pub struct LimitCheck {
     pub burst: u64,
     pub cost: u64,
     pub shadow: bool,
+    /// The rule's key budget, if it has one.
+    pub budget: Option<BudgetCheck>,
+}
+
+/// What the script needs to apply a rule's key budget to one of its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetCheck {
+    /// Counts the rule's new identities (one key per rule).
+    pub counter_key: String,
+    /// This limit's state for every new identity over the budget (mode `shared`).
+    pub overflow_key: String,
+    pub new_keys: u64,
+    pub window_ms: u64,
+    pub over_budget: OverBudget,
 }
 
 impl LimitCheck {
@@ -87,6 +103,13 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
                 burst: limit.burst,
                 cost,
                 shadow: rule.shadow,
+                budget: rule.key_budget.as_ref().map(|b| BudgetCheck {
+                    counter_key: budget_counter_key(config, rule),
+                    overflow_key: overflow_key(config, rule, limit),
+                    new_keys: b.new_keys,
+                    window_ms: u64::try_from(b.window.as_millis()).unwrap_or(u64::MAX),
+                    over_budget: b.over_budget,
+                }),
             });
         }
     }

@@ -233,6 +233,7 @@ mod tests {
             burst: 20,
             cost: 1,
             shadow: false,
+            budget: None,
         };
         vec![
             base.clone(),
@@ -255,6 +256,7 @@ mod tests {
             remaining,
             reset_ms,
             retry_ms,
+            over_budget: false,
         }
     }
 

@@ -215,6 +215,38 @@ pub struct Rule {
     pub failure_mode: FailureMode,
     pub timeout: Duration,
     pub shadow: bool,
+    /// At most this many new identities may create state per window.
+    pub key_budget: Option<KeyBudget>,
+}
+
+/// A bound on how fast a rule's key space grows: new identities (none of the rule's keys
+/// exist in Redis) may create state at most `new_keys` times per `window`, counted in Redis
+/// by the decision script. Identities that already have state are never affected.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyBudget {
+    pub new_keys: u64,
+    pub window: Duration,
+    pub over_budget: OverBudget,
+}
+
+/// What happens to a new identity while its rule's key budget is used up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverBudget {
+    /// Limited under the rule's one shared `overflow` identity: a flood shares one bucket.
+    #[default]
+    Shared,
+    /// Refused (429) until the budget's window ends.
+    Deny,
+}
+
+impl OverBudget {
+    pub fn name(self) -> &'static str {
+        match self {
+            OverBudget::Shared => "shared",
+            OverBudget::Deny => "deny",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -6,7 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    invalid, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, WhenMissing,
+    invalid, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, OverBudget,
+    WhenMissing,
 };
 
 #[derive(Debug, Deserialize)]
@@ -91,6 +92,16 @@ pub(super) struct RawRule {
     pub(super) timeout: Option<String>,
     #[serde(default)]
     pub(super) shadow: bool,
+    pub(super) key_budget: Option<RawKeyBudget>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKeyBudget {
+    pub(super) new_keys: u64,
+    pub(super) window: String,
+    #[serde(default)]
+    pub(super) over_budget: OverBudget,
 }
 
 #[derive(Debug, Default, Deserialize)]

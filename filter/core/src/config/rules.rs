@@ -34,6 +34,10 @@ impl RawRule {
             &format!("{field}.timeout"),
             defaults.timeout,
         )?;
+        let key_budget = match self.key_budget {
+            None => None,
+            Some(raw) => Some(raw.validate(&format!("{field}.key_budget"))?),
+        };
         Ok(Rule {
             name: self.name,
             matcher,
@@ -43,6 +47,7 @@ impl RawRule {
             failure_mode: self.failure_mode.unwrap_or(defaults.failure_mode),
             timeout,
             shadow: self.shadow || defaults.shadow,
+            key_budget,
         })
     }
 }
@@ -147,6 +152,37 @@ impl RawKey {
         Ok(KeySpec {
             alternatives,
             when_missing: self.when_missing,
+        })
+    }
+}
+
+impl RawKeyBudget {
+    fn validate(self, field: &str) -> Result<KeyBudget, ConfigError> {
+        let new_keys_field = format!("{field}.new_keys");
+        if self.new_keys < 1 {
+            return Err(invalid(&new_keys_field, "must be >= 1"));
+        }
+        if self.new_keys > MAX_LIMIT {
+            return Err(invalid(
+                &new_keys_field,
+                format!("must be at most {MAX_LIMIT}"),
+            ));
+        }
+        let window_field = format!("{field}.window");
+        let window = duration_field(Some(&self.window), &window_field, Duration::ZERO)?;
+        if window < Duration::from_millis(1) {
+            return Err(invalid(&window_field, "must be at least 1ms"));
+        }
+        if window > MAX_WINDOW {
+            return Err(invalid(
+                &window_field,
+                format!("must be at most {}", show_duration(MAX_WINDOW)),
+            ));
+        }
+        Ok(KeyBudget {
+            new_keys: self.new_keys,
+            window,
+            over_budget: self.over_budget,
         })
     }
 }

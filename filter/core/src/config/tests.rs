@@ -194,6 +194,14 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
         (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `rules`"),
         (top(r#", "local_share": 0"#), "local_share: must be a number above 0, at most 1"),
+        (rule(r#", "key_budget": {"new_keys": 0, "window": "1m"}"#), "rules[0].key_budget.new_keys: must be >= 1"),
+        (rule(r#", "key_budget": {"new_keys": 1000000000001, "window": "1m"}"#), "rules[0].key_budget.new_keys: must be at most 1000000000000"),
+        (rule(r#", "key_budget": {"new_keys": -5, "window": "1m"}"#), "rules[0].key_budget.new_keys: invalid value: integer `-5`, expected u64"),
+        (rule(r#", "key_budget": {"new_keys": 10, "window": "0s"}"#), "rules[0].key_budget.window: must be at least 1ms"),
+        (rule(r#", "key_budget": {"new_keys": 10, "window": "367d"}"#), "rules[0].key_budget.window: must be at most 366d"),
+        (rule(r#", "key_budget": {"new_keys": 10}"#), "rules[0].key_budget.window: is required"),
+        (rule(r#", "key_budget": {"new_keys": 10, "window": "1m", "over_budget": "drop"}"#), "rules[0].key_budget.over_budget: unknown variant `drop`, expected `shared` or `deny`"),
+        (rule(r#", "key_budget": {"new_keys": 10, "window": "1m", "overflow": "x"}"#), "rules[0].key_budget.overflow: unknown field `overflow`, expected one of `new_keys`, `window`, `over_budget`"),
         (top(r#", "local_share": 1.5"#), "local_share: must be a number above 0, at most 1"),
         (top(r#", "local_share": "1/8""#), "local_share: invalid type: string \"1/8\", expected f64"),
         (top(r#", "breaker": {"failures": 0}"#), "breaker.failures: must be between 1 and 1000"),
@@ -235,7 +243,7 @@ fn bad_configs_name_the_field() {
         (format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}, {{"name": "r", "limits": [{LIMIT}]}}]}}"#), "rules[1].name: duplicate rule name \"r\""),
         (with_rule(r#"{"name": "r", "limits": []}"#), "rules[0].limits: must hold at least one limit"),
         (with_rule(r#"{"name": "r"}"#), "rules[0].limits: is required"),
-        (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `cost`, `failure_mode`, `timeout`, `shadow`"),
+        (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `cost`, `failure_mode`, `timeout`, `shadow`, `key_budget`"),
         (rule(r#", "timeout": "0s""#), "rules[0].timeout: must be between 1ms and 60s"),
         (rule(r#", "failure_mode": "half""#), "rules[0].failure_mode: unknown variant `half`, expected one of `open`, `closed`, `local`"),
         (limit(r#""window": "1s""#), "rules[0].limits[0].limit: is required"),
@@ -273,4 +281,29 @@ fn bad_configs_name_the_field() {
         let got = Config::parse(json.as_bytes()).unwrap_err().to_string();
         assert_eq!(got, want, "config {json}");
     }
+}
+
+#[test]
+fn a_key_budget_is_read_with_its_default_mode() {
+    let c = Config::parse(
+        br#"{"rules": [{"name": "ip", "key_budget": {"new_keys": 10000, "window": "1m"},
+            "limits": [{"name": "s", "limit": 5, "window": "1s"}]},
+          {"name": "strict", "key_budget": {"new_keys": 5, "window": "10s", "over_budget": "deny"},
+            "limits": [{"name": "s", "limit": 5, "window": "1s"}]},
+          {"name": "none", "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.rules[0].key_budget,
+        Some(KeyBudget {
+            new_keys: 10_000,
+            window: Duration::from_secs(60),
+            over_budget: OverBudget::Shared,
+        })
+    );
+    assert_eq!(
+        c.rules[1].key_budget.as_ref().map(|b| b.over_budget),
+        Some(OverBudget::Deny)
+    );
+    assert_eq!(c.rules[2].key_budget, None);
 }
