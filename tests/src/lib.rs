@@ -2,6 +2,7 @@
 //! project's shipped configs, polls them until ready, and stops them by PID when dropped.
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates.
 
+pub mod flood;
 pub mod http;
 pub mod procs;
 pub mod resp;

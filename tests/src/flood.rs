@@ -1,0 +1,199 @@
+//! A flood of requests from distinct client addresses, as a spoofing attacker sends it: every
+//! request carries an address of its own in `X-Forwarded-For` (10.0.0.0/8, numbered), sent
+//! over pipelined keep-alive connections so that a test can send 200,000 in seconds.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Requests written before their responses are read, per connection.
+const PIPELINE: u32 = 16;
+
+/// What a flood got back.
+#[derive(Debug, Default, Clone)]
+pub struct Flood {
+    /// Responses by status code.
+    pub statuses: BTreeMap<u16, u64>,
+    /// Requests that got no response (connection closed or timed out).
+    pub lost: u64,
+    pub elapsed: Duration,
+}
+
+impl Flood {
+    pub fn answered(&self) -> u64 {
+        self.statuses.values().sum()
+    }
+
+    pub fn status(&self, code: u16) -> u64 {
+        self.statuses.get(&code).copied().unwrap_or(0)
+    }
+}
+
+/// The client address of flood request `n` (n < 2^24): 10.x.y.z.
+pub fn flood_address(n: u32) -> String {
+    format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255)
+}
+
+/// Sends `GET /` once from each address `flood_address(first .. first + count)` to Envoy on
+/// `port`, over `connections` connections. Gives up (counting the rest as lost) after
+/// `time_limit`, so a broken limiter fails a test instead of hanging it.
+pub fn flood(port: u16, first: u32, count: u32, connections: u32, time_limit: Duration) -> Flood {
+    let started = Instant::now();
+    let deadline = started + time_limit;
+    let per = count.div_ceil(connections.max(1));
+    let workers: Vec<_> = (0..connections.max(1))
+        .map(|c| {
+            let from = first + c * per;
+            let to = (from + per).min(first + count);
+            std::thread::spawn(move || flood_one(port, from, to, deadline))
+        })
+        .collect();
+    let mut total = Flood::default();
+    for worker in workers {
+        let part = worker.join().unwrap_or_else(|_| Flood {
+            lost: u64::from(per),
+            ..Flood::default()
+        });
+        for (status, n) in part.statuses {
+            *total.statuses.entry(status).or_default() += n;
+        }
+        total.lost += part.lost;
+    }
+    total.elapsed = started.elapsed();
+    total
+}
+
+fn flood_one(port: u16, from: u32, to: u32, deadline: Instant) -> Flood {
+    let mut out = Flood::default();
+    let mut next = from;
+    let mut conn: Option<BufReader<TcpStream>> = None;
+    while next < to {
+        if Instant::now() > deadline {
+            out.lost += u64::from(to - next);
+            break;
+        }
+        let stream = match conn.take() {
+            Some(stream) => stream,
+            None => match connect(port) {
+                Ok(stream) => stream,
+                Err(_) => {
+                    out.lost += u64::from(to - next);
+                    break;
+                }
+            },
+        };
+        let batch = PIPELINE.min(to - next);
+        match exchange(stream, next, batch) {
+            Ok((stream, statuses)) => {
+                for status in statuses {
+                    *out.statuses.entry(status).or_default() += 1;
+                }
+                conn = Some(stream);
+            }
+            // A request whose response never came may have been decided: it is not resent.
+            Err(answered) => {
+                for status in &answered {
+                    *out.statuses.entry(*status).or_default() += 1;
+                }
+                out.lost += u64::from(batch) - answered.len() as u64;
+            }
+        }
+        next += batch;
+    }
+    out
+}
+
+fn connect(port: u16) -> std::io::Result<BufReader<TcpStream>> {
+    let stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(BufReader::new(stream))
+}
+
+/// Writes `batch` requests from addresses `first..`, reads their responses in order. On a
+/// broken connection returns the statuses read so far.
+#[allow(clippy::result_large_err)]
+fn exchange(
+    mut conn: BufReader<TcpStream>,
+    first: u32,
+    batch: u32,
+) -> Result<(BufReader<TcpStream>, Vec<u16>), Vec<u16>> {
+    let mut requests = Vec::new();
+    for n in first..first + batch {
+        requests.extend_from_slice(
+            format!(
+                "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Forwarded-For: {}\r\n\r\n",
+                flood_address(n)
+            )
+            .as_bytes(),
+        );
+    }
+    let mut statuses = Vec::with_capacity(batch as usize);
+    if conn.get_mut().write_all(&requests).is_err() {
+        return Err(statuses);
+    }
+    for _ in 0..batch {
+        match read_status(&mut conn) {
+            Ok((status, keep)) => {
+                statuses.push(status);
+                if !keep && statuses.len() < batch as usize {
+                    return Err(statuses);
+                }
+            }
+            Err(_) => return Err(statuses),
+        }
+    }
+    Ok((conn, statuses))
+}
+
+/// Reads one response with a `Content-Length` body; returns its status and whether the
+/// connection stays open.
+fn read_status(conn: &mut BufReader<TcpStream>) -> std::io::Result<(u16, bool)> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    if conn.read_line(&mut line)? == 0 {
+        return Err(bad("closed before the status line"));
+    }
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let mut length = 0usize;
+    let mut keep = true;
+    loop {
+        line.clear();
+        if conn.read_line(&mut line)? == 0 {
+            return Err(bad("closed in the headers"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let lower = header.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            length = v.trim().parse().map_err(|_| bad("bad content-length"))?;
+        }
+        if lower.starts_with("connection:") && lower.contains("close") {
+            keep = false;
+        }
+    }
+    let mut body = vec![0u8; length];
+    conn.read_exact(&mut body)?;
+    Ok((status, keep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flood_addresses_are_distinct_and_well_formed() {
+        assert_eq!(flood_address(0), "10.0.0.0");
+        assert_eq!(flood_address(199_999), "10.3.13.63");
+        let all: std::collections::HashSet<String> = (0..70_000).map(flood_address).collect();
+        assert_eq!(all.len(), 70_000);
+        assert!(all.iter().all(|a| a.parse::<std::net::Ipv4Addr>().is_ok()));
+    }
+}
