@@ -177,6 +177,26 @@ pub struct Outage {
     pub allowed_per_s_while_out: Vec<u64>,
 }
 
+/// A flood of distinct spoofed client addresses against a per-IP rule, with or without a key
+/// budget: what it leaves in Redis and what it costs in memory.
+#[derive(Clone, Debug, Default)]
+pub struct KeyFlood {
+    /// The rule's `key_budget` as written, or None.
+    pub budget: Option<String>,
+    pub addresses: u64,
+    pub seconds: f64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub lost: u64,
+    pub budget_exceeded: u64,
+    pub keys_before: u64,
+    pub keys_after: u64,
+    /// Redis `used_memory`, Envoy's and Webdis's resident memory, in bytes, before and after.
+    pub redis_memory: (u64, u64),
+    pub envoy_rss: (u64, u64),
+    pub webdis_rss: (u64, u64),
+}
+
 pub struct Report {
     pub quick: bool,
     pub started_utc: String,
@@ -190,6 +210,7 @@ pub struct Report {
     pub timeline: Timeline,
     pub chart_file: String,
     pub outages: Vec<Outage>,
+    pub floods: Vec<KeyFlood>,
 }
 
 pub fn thousands(n: f64) -> String {
@@ -565,6 +586,8 @@ impl Report {
         for o in &self.outages {
             r.push_str(&Report::outage_text(o));
         }
+        let _ = writeln!(r, "\n## A flood of new client addresses\n");
+        r.push_str(&self.flood_table());
         let _ = writeln!(r, "\n## Raw outputs\n");
         let _ = writeln!(
             r,
@@ -751,7 +774,56 @@ impl Report {
             "scenarios": scenarios,
             "accuracy": accuracy,
             "overload_per_second": self.timeline.per_second,
+            "key_floods": self.floods.iter().map(|f| json!({
+                "budget": f.budget, "addresses": f.addresses, "seconds": f.seconds,
+                "allowed": f.allowed, "denied": f.denied, "lost": f.lost,
+                "budget_exceeded": f.budget_exceeded, "keys_before": f.keys_before,
+                "keys_after": f.keys_after, "redis_used_memory": [f.redis_memory.0, f.redis_memory.1],
+                "envoy_rss": [f.envoy_rss.0, f.envoy_rss.1], "webdis_rss": [f.webdis_rss.0, f.webdis_rss.1],
+            })).collect::<Vec<_>>(),
         })
+    }
+
+    /// Key floods, with and without a key budget, side by side.
+    pub fn flood_table(&self) -> String {
+        let mut r = String::new();
+        let mib = |b: u64| format!("{:.1}", b as f64 / 1_048_576.0);
+        let _ = writeln!(
+            r,
+            "One Envoy (1 worker), a per-IP rule (`xff_trusted_hops: 1`, token bucket 10 per minute), each request from a new address in `X-Forwarded-For`, 8 pipelined connections.\n"
+        );
+        let _ = writeln!(
+            r,
+            "| key budget | addresses | seconds | req/s | allowed | refused | over budget | Redis keys after | Redis used_memory MiB before → after | Envoy RSS MiB before → after | Webdis RSS MiB before → after |"
+        );
+        let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+        for f in &self.floods {
+            let _ = writeln!(
+                r,
+                "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} → {} | {} → {} | {} → {} |",
+                f.budget
+                    .as_deref()
+                    .map_or("none".to_string(), |b| format!("`{b}`")),
+                thousands(f.addresses as f64),
+                f.seconds,
+                thousands(f.addresses as f64 / f.seconds.max(1e-9)),
+                thousands(f.allowed as f64),
+                thousands(f.denied as f64),
+                thousands(f.budget_exceeded as f64),
+                thousands(f.keys_after as f64),
+                mib(f.redis_memory.0),
+                mib(f.redis_memory.1),
+                mib(f.envoy_rss.0),
+                mib(f.envoy_rss.1),
+                mib(f.webdis_rss.0),
+                mib(f.webdis_rss.1),
+            );
+        }
+        if self.floods.iter().any(|f| f.lost > 0) {
+            let lost: u64 = self.floods.iter().map(|f| f.lost).sum();
+            let _ = writeln!(r, "\n{lost} flood requests got no answer.");
+        }
+        r
     }
 
     /// Names of scenarios or parts missing from the markdown: empty when complete.
@@ -779,6 +851,22 @@ impl Report {
                 .any(|a| a.algorithm == *algorithm && a.workers > 1 && a.sent > 0);
             if !found {
                 missing.push(format!("accuracy {algorithm} with several workers"));
+            }
+        }
+        for budget in [false, true] {
+            if !self
+                .floods
+                .iter()
+                .any(|f| f.budget.is_some() == budget && f.addresses > 0 && f.lost == 0)
+            {
+                missing.push(format!(
+                    "key flood {}",
+                    if budget {
+                        "with a budget"
+                    } else {
+                        "without a budget"
+                    }
+                ));
             }
         }
         for mode in ["open", "local"] {
