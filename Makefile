@@ -14,7 +14,7 @@ WASM := target/wasm32-wasip1/release/ratelimit_filter.wasm
 WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
 export ENVOY_BIN
 
-.PHONY: help setup setup-test build run test lint unit-test wasm-test lua-test e2e-test validate clean bench bench-quick fuzz
+.PHONY: help setup setup-test setup-prom build run test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,17 @@ setup-test: setup ## also install Node and wasm-bindgen-test-runner (for the was
 	  cargo install -q wasm-bindgen-cli --version "$$want"; \
 	fi
 
+# Only the binaries are wanted (without the recommended node exporter): after installing,
+# stop (and under systemd, disable) the daemon the package's post-install may have started on
+# :9090. Only done right after installing, so it is never a Prometheus that ran before.
+setup-prom: ## install Prometheus and promtool (Debian package; the daemon it would start is stopped)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+	  echo "installing Debian package: prometheus"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  if [ -d /run/systemd/system ]; then systemctl disable --now prometheus >/dev/null 2>&1 || true; \
+	  elif [ -x /etc/init.d/prometheus ]; then /etc/init.d/prometheus stop >/dev/null 2>&1 || true; fi; \
+	fi
+
 build: ## build the filter: target/wasm32-wasip1/release/ratelimit_filter.wasm
 	cargo build --release --target wasm32-wasip1 -p ratelimit-filter
 	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes"
@@ -55,7 +66,7 @@ build: ## build the filter: target/wasm32-wasip1/release/ratelimit_filter.wasm
 run: setup build ## run Redis, Webdis and Envoy (127.0.0.1:10000, admin :9901) in the foreground
 	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-demo.sh
 
-test: setup-test build lint unit-test wasm-test lua-test e2e-test bench-quick ## run every test (what CI runs)
+test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick ## run every test (what CI runs)
 	@echo "all test layers passed"
 
 lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors
@@ -76,6 +87,9 @@ wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-u
 lua-test: setup ## the Lua scripts against a real Redis, and against their Rust twins (property tests)
 	cargo test -p e2e --test lua_scripts
 	cargo test -p e2e --test properties -- --nocapture
+
+prom-test: setup-prom ## the Prometheus rules: promtool checks and rule unit tests (envoy/prometheus/)
+	envoy/prometheus/check.sh
 
 fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,000 inputs per parser
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture

@@ -1,15 +1,18 @@
-//! Test harness: starts real Redis, Webdis and Envoy processes on free loopback ports from the
-//! project's shipped configs, polls them until ready, and stops them by PID when dropped.
+//! Test harness: starts real Redis, Webdis, Envoy and Prometheus processes on free loopback
+//! ports from the project's shipped configs, polls them until ready, and stops them by PID when
+//! dropped.
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates.
 
 pub mod flood;
 pub mod http;
 pub mod procs;
+pub mod prometheus;
 pub mod resp;
 pub mod sf;
 
 pub use http::{get, Response};
 pub use procs::{Envoy, Redis, Stack, Webdis, WorkDir};
+pub use prometheus::Prometheus;
 pub use resp::{RedisConn, Resp};
 
 use std::path::PathBuf;
