@@ -46,6 +46,10 @@ echo "webdis   127.0.0.1:$WEBDIS_PORT  (log $LOGS/webdis.log)"
 
 echo "envoy    127.0.0.1:$LISTEN_PORT, admin 127.0.0.1:$ADMIN_PORT"
 echo "try:     curl -i -H 'x-api-key: demo' http://127.0.0.1:$LISTEN_PORT/   (10 pass, then 429)"
+echo "metrics: curl -s http://127.0.0.1:$ADMIN_PORT/stats/prometheus | grep ^ratelimit   (Prometheus format)"
+echo "         curl -s 'http://127.0.0.1:$ADMIN_PORT/stats?filter=ratelimit'              (Envoy's own format)"
+echo "alerts:  prometheus --config.file=envoy/prometheus/prometheus.yml --storage.tsdb.path=$LOGS/prometheus"
+echo "         scrapes it every 5 s with the shipped alert rules (envoy/prometheus/rules.yml); see README, Operating it"
 echo "Ctrl-C stops everything."
 if command -v func-e >/dev/null; then
   ENVOY_PATH="$ENVOY_BIN" func-e run -c envoy/envoy.yaml &
