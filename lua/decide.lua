@@ -13,6 +13,10 @@
 -- then, per request: its number of limits n, then nine per limit:
 --            key index (into KEYS), algorithm, limit, window (ms), burst, cost,
 --            "enforce" | "shadow", budget index (0: none), overflow key index (0: none)
+--            or, to give back what an earlier call charged (Redis Cluster: another slot
+--            refused the request), mode "refund", then the charge's clock (Unix ns) and the
+--            remaining it replied. A refund request takes nothing and replies 1 for each
+--            limit; its clock (ARGV[1]) must be no earlier than any decision on its keys.
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
@@ -97,7 +101,8 @@ local function read_request(a)
   local limits, problem = {}, nil
   for i = 1, n do
     local b = a + (i - 1) * 9
-    local budget = tonumber(ARGV[b + 8])
+    local refund = ARGV[b + 7] == 'refund'
+    local budget = not refund and tonumber(ARGV[b + 8]) or 0
     local p = {
       key = KEYS[tonumber(ARGV[b + 1]) or 0],
       algorithm = ALGORITHMS[ARGV[b + 2]],
@@ -108,10 +113,15 @@ local function read_request(a)
       shadow = ARGV[b + 7] == 'shadow',
       budget = budget ~= 0 and budget or nil,
       overflow = KEYS[tonumber(ARGV[b + 9]) or 0],
+      refund = refund and REFUNDS[ARGV[b + 2]],
+      charged_at = refund and ARGV[b + 8],
+      left = refund and tonumber(ARGV[b + 9]),
     }
     if not p.key or not p.algorithm or not p.limit or p.limit < 1 or not p.window
         or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
-        or (p.budget and (not BUDGETS[p.budget] or not p.overflow)) then
+        or (p.budget and (not BUDGETS[p.budget] or not p.overflow))
+        or (refund and (not p.refund or not string.match(p.charged_at, '^%d+$')
+          or not p.left or p.left < 0)) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
@@ -178,7 +188,25 @@ local function charge_budgets(order, limits, charged)
   end
 end
 
+-- Gives back what an earlier charge took, limit by limit.
+local function refund_request(limits)
+  local reply = {1, #limits}
+  for _, p in ipairs(limits) do
+    if not p.refund then
+      error('ERR decide: a refund request holds only refunds')
+    end
+    p.refund(p.key, p, now)
+    for _, v in ipairs({1, '0', '0', '0'}) do
+      reply[#reply + 1] = v
+    end
+  end
+  return reply
+end
+
 local function decide_request(limits)
+  if limits[1].refund then
+    return refund_request(limits)
+  end
   local budgets = apply_budgets(limits)
   local decisions = {}
   local committed = true

@@ -36,3 +36,12 @@ ALGORITHMS.fixed_window = function(key, p, now)
   end
   return d
 end
+
+-- Counts are additive: the charge's window, if it is still the current one, counts cost less.
+REFUNDS.fixed_window = function(key, p, now)
+  local state = redis.call('HMGET', key, 'w', 'n')
+  local w, n = tonumber(state[1]), tonumber(state[2])
+  if w ~= nil and n ~= nil and w == math.floor(elapsed_ms('0', p.charged_at) / p.window) then
+    redis.call('HSET', key, 'n', math.max(0, n - p.cost))
+  end
+end

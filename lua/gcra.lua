@@ -31,3 +31,21 @@ ALGORITHMS.gcra = function(key, p, now)
   end
   return d
 end
+
+-- Moves TAT back by at most cost intervals, less the time the clock may have passed the TAT
+-- this limit would have had without the charge (there the charge stopped holding anything
+-- back). now is the refund's clock plus the allowed clock skew: no replica decided later.
+REFUNDS.gcra = function(key, p, now)
+  local stored = tonumber(redis.call('HGET', key, 'tat'))
+  if stored == nil then
+    return
+  end
+  local interval = p.window / p.limit
+  local charged_ms = elapsed_ms('0', p.charged_at)
+  -- The TAT the charge wrote, from what it replied: left = (charge - (tat - burst × T)) / T.
+  local without = charged_ms + (p.burst - p.left) * interval - p.cost * interval
+  local back = p.cost * interval - math.max(0, now.ms - without)
+  if back > 0 then
+    redis.call('HSET', key, 'tat', string.format('%.17g', stored - back))
+  end
+end

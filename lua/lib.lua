@@ -14,6 +14,15 @@
 -- to every limit or to none.
 local ALGORITHMS = {}
 
+-- Each algorithm file may also add REFUNDS.name = function(key, p, now): gives back what an
+-- earlier charge took, for a request that another Redis Cluster slot refused (all or nothing
+-- across slots). p has p.cost, p.charged_at (the charge's clock, Unix ns string), p.left (the
+-- `remaining` that charge replied); now is the refund's clock, no earlier than any decision
+-- on the key. A refund never gives back more than the charge still holds back: where other
+-- decisions since make that uncertain it gives back less (a later false refusal, never an
+-- overshoot).
+local REFUNDS = {}
+
 -- Is Unix-ns string a later than b? Equal-length digit strings compare like numbers.
 local function later(a, b)
   if #a ~= #b then

@@ -53,3 +53,16 @@ ALGORITHMS.sliding_window_counter = function(key, p, now)
   end
   return d
 end
+
+-- Counts are additive: the charge's window counts cost less, whether it is still the current
+-- window or has become the previous one.
+REFUNDS.sliding_window_counter = function(key, p, now)
+  local state = redis.call('HMGET', key, 'w', 'cur', 'prev')
+  local w, cur, prev = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  local charged = math.floor(elapsed_ms('0', p.charged_at) / p.window)
+  if w == charged then
+    redis.call('HSET', key, 'cur', math.max(0, cur - p.cost))
+  elseif w == charged + 1 then
+    redis.call('HSET', key, 'prev', math.max(0, prev - p.cost))
+  end
+end

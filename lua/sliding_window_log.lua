@@ -43,3 +43,13 @@ ALGORITHMS.sliding_window_log = function(key, p, now)
   end
   return d
 end
+
+-- Removes cost entries of the charge's instant: entries with one score are interchangeable
+-- units (requests of one batch share the clock), so which of them go does not matter.
+REFUNDS.sliding_window_log = function(key, p, now)
+  local score = string.format('%.17g', elapsed_ms('0', p.charged_at))
+  local entries = redis.call('ZRANGE', key, score, score, 'BYSCORE', 'LIMIT', 0, p.cost)
+  if #entries > 0 then
+    redis.call('ZREM', key, unpack(entries))
+  end
+end

@@ -43,3 +43,22 @@ ALGORITHMS.token_bucket = function(key, p, now)
   end
   return d
 end
+
+-- Gives back at most the cost, less what the bucket may have refilled past its capacity since
+-- the charge (then the charge no longer holds anything back): at the charge the bucket held
+-- `left`; by the latest decision t it holds at most left + rate × (t - charge), so the charge
+-- holds back at least min(cost, capacity - that).
+REFUNDS.token_bucket = function(key, p, now)
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(state[1])
+  if tokens == nil or not state[2] then
+    return -- expired: the bucket is full anyway
+  end
+  local rate = p.limit / p.window
+  local latest = later(state[2], now.str) and state[2] or now.str
+  local most = p.left + math.max(0, elapsed_ms(p.charged_at, latest)) * rate
+  local back = math.min(p.cost, p.burst - most)
+  if back > 0 then
+    redis.call('HSET', key, 'tokens', string.format('%.17g', math.min(p.burst, tokens + back)))
+  end
+end

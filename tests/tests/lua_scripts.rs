@@ -3,7 +3,7 @@
 //! algorithm do its work), with the clock injected: exhaust, advance, check. No sleeps.
 
 use e2e::{Redis, RedisConn, Resp, WorkDir};
-use ratelimit_core::bridge::DecideCall;
+use ratelimit_core::bridge::{DecideCall, Refund};
 use ratelimit_core::config::{Algorithm, OverBudget};
 use ratelimit_core::plan::{BudgetCheck, LimitCheck};
 
@@ -982,4 +982,167 @@ fn only_a_new_identity_that_is_charged_uses_the_budget() {
             .text(),
         "1"
     );
+}
+
+impl Script {
+    /// Gives back a charge made at `charged_at` that replied `left`, with the refund's clock.
+    fn refund(&mut self, clock: u128, l: &L, charged_at: u128, left: f64) {
+        let refund = Refund {
+            check: l.check(),
+            charged_at_ns: charged_at,
+            left,
+        };
+        let command = DecideCall::refund(clock, &[refund]).command(&self.sha);
+        let items = self.conn.cmd(&command).unwrap().items();
+        assert_eq!(
+            (items[0].int(), items[1].int(), items[2].int()),
+            (1, 1, 1),
+            "{items:?}"
+        );
+    }
+}
+
+const ALL: [Algorithm; 5] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+];
+
+#[test]
+fn a_refund_gives_back_what_an_untouched_charge_took() {
+    let (_dir, redis) = start("lua-refund");
+    let mut s = Script::new(&redis);
+    let keys = [
+        "rl:t:r-tb",
+        "rl:t:r-gcra",
+        "rl:t:r-fw",
+        "rl:t:r-swc",
+        "rl:t:r-swl",
+    ];
+    for (algorithm, key) in ALL.into_iter().zip(keys) {
+        let l = limit(key, algorithm, 10, 1000);
+        let charge = L {
+            cost: 3,
+            ..l.clone()
+        };
+        let (allowed, left, _, _) = s.one(T0, &charge);
+        assert_eq!((allowed, left.as_str()), (1, "7"), "{algorithm:?}");
+        s.refund(T0 + MS, &charge, T0, left.parse().unwrap());
+        // The whole limit is there again: as if the charge had never been made.
+        let whole = L {
+            cost: 10,
+            ..l.clone()
+        };
+        assert_eq!(s.one(T0 + MS, &whole).0, 1, "{algorithm:?}: all 10 back");
+        assert_eq!(s.one(T0 + MS, &l).0, 0, "{algorithm:?}: not one more");
+    }
+}
+
+#[test]
+fn a_refund_never_gives_back_what_the_limit_has_since_refilled() {
+    let (_dir, redis) = start("lua-refund-absorbed");
+    let mut s = Script::new(&redis);
+    // 10 per second, bucket of 10. A charge of 5, then 2 s: the bucket is full again anyway,
+    // so the charge holds nothing back any more. A refund must not add to the full bucket.
+    for (algorithm, key) in [
+        (Algorithm::TokenBucket, "rl:t:a-tb"),
+        (Algorithm::Gcra, "rl:t:a-gcra"),
+    ] {
+        let l = limit(key, algorithm, 10, 1000);
+        let charge = L {
+            cost: 5,
+            ..l.clone()
+        };
+        let (_, left, _, _) = s.one(T0, &charge);
+        let later = T0 + 2 * S;
+        assert_eq!(s.one(later, &l).1, "9", "{algorithm:?}");
+        s.refund(later + MS, &charge, T0, left.parse().unwrap());
+        let whole = L {
+            cost: 10,
+            ..l.clone()
+        };
+        assert_eq!(
+            s.one(later + MS, &whole).0,
+            0,
+            "{algorithm:?}: still 9, not 10"
+        );
+        let nine = L {
+            cost: 9,
+            ..l.clone()
+        };
+        assert_eq!(s.one(later + MS, &nine).0, 1, "{algorithm:?}");
+    }
+    // A window that has moved on no longer counts the charge: nothing to give back.
+    let fw = limit("rl:t:a-fw", Algorithm::FixedWindow, 10, 1000);
+    let charge = L {
+        cost: 5,
+        ..fw.clone()
+    };
+    s.one(T0, &charge);
+    let next = T0 + S + MS;
+    assert_eq!(
+        s.one(
+            next,
+            &L {
+                cost: 8,
+                ..fw.clone()
+            }
+        )
+        .0,
+        1
+    );
+    s.refund(next + MS, &charge, T0, 5.0);
+    assert_eq!(
+        s.one(
+            next + MS,
+            &L {
+                cost: 3,
+                ..fw.clone()
+            }
+        )
+        .0,
+        0,
+        "2 left, not 7"
+    );
+    // Partly refilled: a bucket of 10 at 10/s charged 8 at T0 (2 left) holds 5 at T0 + 300 ms,
+    // and would have been full without the charge: it holds back 5, not 8.
+    let tb = limit("rl:t:a-tb2", Algorithm::TokenBucket, 10, 1000);
+    let charge = L {
+        cost: 8,
+        ..tb.clone()
+    };
+    s.one(T0, &charge);
+    s.refund(T0 + 300 * MS, &charge, T0, 2.0);
+    // Without the charge: 10. With it, at T0 + 300 ms: 5. Back: min(8, 10 - 5) = 5.
+    assert_eq!(
+        s.one(
+            T0 + 300 * MS,
+            &L {
+                cost: 10,
+                ..tb.clone()
+            }
+        )
+        .0,
+        1
+    );
+}
+
+#[test]
+fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
+    let (_dir, redis) = start("lua-refund-bad");
+    let mut s = Script::new(&redis);
+    let l = limit("rl:t:rb", Algorithm::TokenBucket, 10, 1000);
+    let refund = Refund {
+        check: l.check(),
+        charged_at_ns: T0,
+        left: 1.0,
+    };
+    let mut command = DecideCall::refund(T0, &[refund]).command(&s.sha);
+    let at = command.iter().position(|a| a == "refund").unwrap();
+    command[at + 1] = "soon".into();
+    let items = s.conn.cmd(&command).unwrap().items();
+    assert_eq!((items[0].int(), items[1].int()), (1, -1));
+    assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
 }

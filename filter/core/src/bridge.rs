@@ -30,6 +30,15 @@ pub struct DecideCall {
     pub args: Vec<String>,
 }
 
+/// A charge to give back: the limit, the clock the charge was decided with, and the
+/// `remaining` it replied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refund {
+    pub check: LimitCheck,
+    pub charged_at_ns: u128,
+    pub left: f64,
+}
+
 /// Numbers the distinct keys of a call from 1, as `KEYS` does.
 #[derive(Default)]
 struct KeyTable<'a> {
@@ -98,6 +107,36 @@ impl DecideCall {
         args.push(budget_index.len().to_string());
         args.extend(budgets);
         args.extend(body);
+        DecideCall {
+            keys: keys.keys,
+            args,
+        }
+    }
+
+    /// One request giving back what earlier calls charged (see `lua/decide.lua`). `clock`
+    /// (Unix ns) must be no earlier than any decision on these keys: the refund's own time
+    /// plus the clock skew allowed between replicas.
+    pub fn refund(clock: u128, refunds: &[Refund]) -> Self {
+        let mut keys = KeyTable::default();
+        let mut args = vec![
+            clock.to_string(),
+            "0".to_string(),
+            "1".to_string(),
+            "0".to_string(),
+            refunds.len().to_string(),
+        ];
+        for r in refunds {
+            let c = &r.check;
+            args.push(keys.index_of(&c.key).to_string());
+            args.push(c.algorithm.name().to_string());
+            args.push(c.per_window.to_string());
+            args.push(c.window_ms.to_string());
+            args.push(c.burst.to_string());
+            args.push(c.cost.to_string());
+            args.push("refund".to_string());
+            args.push(r.charged_at_ns.to_string());
+            args.push(format!("{}", r.left));
+        }
         DecideCall {
             keys: keys.keys,
             args,

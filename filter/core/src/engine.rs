@@ -22,6 +22,8 @@ use crate::local::{scaled, LocalLimits};
 use crate::metrics::{Counter, Gauge, Histogram, PendingCounts, RuleEvent, RuleStats};
 use crate::plan::{plan, LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
+use crate::slot::key_slot;
+use crate::split::{by_slot, Split};
 
 /// A call's path stays within this many bytes (Webdis's shipped `http_max_request_size` is
 /// 64 KiB); a batch stops growing before it would pass it. The configuration is refused if a
@@ -83,6 +85,11 @@ struct Waiting {
     ctx: u32,
     plan: Plan,
     arrived_ns: u128,
+    /// Redis Cluster: the hash slot of every key of `plan`; a call takes one slot's requests.
+    slot: Option<u16>,
+    /// Redis Cluster: this is part `.1` of the request split `.0` (its other parts live on
+    /// other slots); its outcome goes to the split, not to the stream.
+    part: Option<(u64, usize)>,
 }
 
 impl Waiting {
@@ -173,6 +180,9 @@ pub struct Engine {
     rule_stats: RuleStats,
     /// Per-rule counts not yet added to the stats (handed over with the deny-cache hits).
     pending: PendingCounts,
+    /// Redis Cluster: requests decided in parts, one per slot, by number.
+    splits: HashMap<u64, Split>,
+    next_split: u64,
 }
 
 impl Engine {
@@ -246,10 +256,23 @@ impl Engine {
             self.deliver(host, ctx, conclusion, (0, 0));
             return;
         }
+        if config.redis_cluster {
+            let groups = by_slot(&plan.checks);
+            if groups.len() > 1 {
+                self.admit_split(config, host, ctx, plan, now, groups);
+                return;
+            }
+        }
+        let slot = config
+            .redis_cluster
+            .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
+            .flatten();
         self.waiting.push_back(Waiting {
             ctx,
             plan,
             arrived_ns: now,
+            slot,
+            part: None,
         });
         if self.in_flight.is_empty() && self.waiting.len() == 1 {
             // An idle worker: this request alone goes at once, from its own context (no hop
@@ -257,6 +280,89 @@ impl Engine {
             self.dispatch_ready(config, host, Some(ctx));
         } else {
             self.dispatch_later(config, host, ctx);
+        }
+    }
+
+    /// Redis Cluster: a request whose keys live on several slots waits as one part per slot.
+    fn admit_split(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        ctx: u32,
+        plan: Plan,
+        now: u128,
+        groups: Vec<(u16, Vec<usize>)>,
+    ) {
+        let id = self.next_split;
+        self.next_split = self.next_split.wrapping_add(1);
+        let (slots, parts): (Vec<u16>, Vec<Vec<usize>>) = groups.into_iter().unzip();
+        let split = Split::new(ctx, plan, now, parts);
+        for (part, slot) in slots.into_iter().enumerate() {
+            self.waiting.push_back(Waiting {
+                ctx,
+                plan: split.part_plan(part),
+                arrived_ns: now,
+                slot: Some(slot),
+                part: Some((id, part)),
+            });
+        }
+        self.splits.insert(id, split);
+        self.dispatch_later(config, host, ctx);
+    }
+
+    /// Where a waiting request's outcome goes: its stream, or (one part of a split request)
+    /// the split, which concludes once every part is in.
+    fn settle(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        member: Waiting,
+        outcome: Outcome,
+        sent_ns: u128,
+        now: u128,
+    ) {
+        let Some((id, part)) = member.part else {
+            let conclusion = self.conclude(config, host, &member.plan, outcome, sent_ns);
+            self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
+            return;
+        };
+        let Some(split) = self.splits.get_mut(&id) else {
+            return; // its stream is gone
+        };
+        let result = match outcome {
+            Outcome::Decided(decision) => Ok(decision),
+            Outcome::Failed(failure) => Err(failure),
+        };
+        if !split.record(part, result, sent_ns) {
+            return;
+        }
+        let Some(split) = self.splits.remove(&id) else {
+            return;
+        };
+        let (plan, result, at) = split.outcome();
+        let outcome = match result {
+            Ok(decision) => Outcome::Decided(decision),
+            Err(failure) => Outcome::Failed(failure),
+        };
+        let conclusion = self.conclude(config, host, &plan, outcome, at);
+        if matches!(conclusion, Conclusion::Answer(_)) {
+            self.refund(config, host, &split, now);
+        }
+        self.deliver(host, split.ctx, conclusion, (split.arrived_ns, now));
+    }
+
+    /// Gives back what the parts of a request that is not let through charged: one call per
+    /// slot, whose reply is not waited for (a lost refund leaves units spent, never extra).
+    fn refund(&mut self, config: &Config, host: &mut impl Host, split: &Split, now: u128) {
+        // No decision on these keys is later than this (replicas' clocks differ by the skew).
+        let clock = now.saturating_add(config.clock_skew.as_nanos());
+        for refunds in split.refunds() {
+            let call = DecideCall::refund(clock, &refunds);
+            let request = BridgeRequest::evalsha(&config.script_sha, &call);
+            host.count(Counter::Refunds);
+            if let Err(why) = host.dispatch(&config.bridge, &request, split.plan.timeout) {
+                host.report_failure(&BridgeFailure::Dispatch(why));
+            }
         }
     }
 
@@ -316,9 +422,7 @@ impl Engine {
                                 Ok(decision) => Outcome::Decided(decision),
                                 Err(failure) => Outcome::Failed(failure),
                             };
-                            let conclusion =
-                                self.conclude(config, host, &member.plan, outcome, call.sent_ns);
-                            self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
+                            self.settle(config, host, member, outcome, call.sent_ns, now);
                         }
                     }
                     Ok(EvalOutcome::NoScript) if !reloaded => {
@@ -412,6 +516,7 @@ impl Engine {
     /// freed at once and any other request on it fails by policy.
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         self.waiting.retain(|w| w.ctx != ctx);
+        self.splits.retain(|_, s| s.ctx != ctx);
         self.headers.remove(&ctx);
         while let Some(i) = self.in_flight.iter().position(|c| c.owner == Some(ctx)) {
             let call = self.in_flight.swap_remove(i);
@@ -480,29 +585,35 @@ impl Engine {
     /// Takes the next batch from the queue, in arrival order: at most `batch.max_requests`,
     /// within [`MAX_CALL_BYTES`]. Requests past their deadline fail by policy, and requests
     /// the deny cache now refuses (a reply that came while they waited) are answered.
+    /// Redis Cluster: the batch takes only requests of the first waiting request's slot (the
+    /// others keep their place in the queue).
     fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
         let mut members = Vec::new();
         let mut bytes = 0;
+        let slot = self.waiting.front().and_then(|w| w.slot);
+        let mut at = 0;
         while members.len() < config.batch.max_requests {
-            let Some(next) = self.waiting.front() else {
+            let Some(next) = self.waiting.get(at) else {
                 break;
             };
+            if next.slot != slot {
+                at += 1;
+                continue;
+            }
             let size = call_bytes(&next.plan.checks);
             if !members.is_empty() && bytes + size > MAX_CALL_BYTES {
                 break;
             }
-            let Some(w) = self.waiting.pop_front() else {
+            let Some(w) = self.waiting.remove(at) else {
                 break;
             };
             if now >= w.deadline_ns() {
-                let conclusion = self.conclude(
-                    config,
-                    host,
-                    &w.plan,
-                    Outcome::Failed(BridgeFailure::Expired),
-                    0,
-                );
-                self.deliver(host, w.ctx, conclusion, (w.arrived_ns, now));
+                let outcome = Outcome::Failed(BridgeFailure::Expired);
+                self.settle(config, host, w, outcome, 0, now);
+            } else if w.part.is_some() {
+                // A part: its request was checked against the deny cache when it came.
+                bytes += size;
+                members.push(w);
             } else if let Some(refusal) = self.cached_refusal(config, &w.plan, now) {
                 self.deliver(
                     host,
@@ -693,8 +804,7 @@ impl Engine {
     ) {
         for member in members {
             let outcome = Outcome::Failed(failure.clone());
-            let conclusion = self.conclude(config, host, &member.plan, outcome, 0);
-            self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
+            self.settle(config, host, member, outcome, 0, now);
         }
     }
 
@@ -1310,6 +1420,146 @@ mod tests {
                 ("ratelimit_rule.ip.second.denied".to_string(), 1),
             ]
         );
+    }
+
+    /// The keys of a decision call (its `KEYS`), decoded.
+    fn call_keys(request: &BridgeRequest) -> Vec<String> {
+        let segments: Vec<&str> = request.path.split('/').collect();
+        let n: usize = segments[3].parse().unwrap();
+        let decode = |s: &str| {
+            let bytes = s.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < bytes.len() {
+                if bytes[i] == b'%' {
+                    out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                    i += 3;
+                } else {
+                    out.push(bytes[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8(out).unwrap()
+        };
+        segments[4..4 + n].iter().map(|s| decode(s)).collect()
+    }
+
+    fn cluster_config() -> Config {
+        Config::parse(
+            br#"{"bridge": {"redis_cluster": true}, "rules": [
+                {"name": "per_key", "key": {"from": ["header:x-api-key"], "when_missing": "skip"},
+                 "limits": [{"name": "minute", "limit": 10, "window": "1m"}]},
+                {"name": "per_ip", "match": {"path_prefix": "/both"}, "key": {"from": ["client_ip"]},
+                 "limits": [{"name": "minute", "limit": 10, "window": "1m"}]}
+            ]}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn in_cluster_mode_a_call_holds_one_slots_requests() {
+        let c = cluster_config();
+        assert_eq!(
+            c.batch.max_in_flight, 8,
+            "several slots in flight by default"
+        );
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        // Busy worker: 20 keys wait, on many slots.
+        arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
+        for ctx in 2..22 {
+            e.on_request(&c, &mut h, ctx, &req("/", &format!("k{}", ctx % 5)));
+        }
+        e.on_wakeup(&c, &mut h);
+        assert!(h.dispatched.len() > 2);
+        let mut requests = 0;
+        for (_, call, _) in &h.dispatched {
+            let slots: HashSet<u16> = call_keys(call)
+                .iter()
+                .map(|k| key_slot(k.as_bytes()))
+                .collect();
+            assert_eq!(slots.len(), 1, "{:?}", call_keys(call));
+        }
+        for i in 0..h.dispatched.len() {
+            requests += h.batch_size(i);
+        }
+        assert!(requests <= 21);
+    }
+
+    #[test]
+    fn in_cluster_mode_a_request_on_two_slots_is_all_or_nothing_through_a_refund() {
+        let c = cluster_config();
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        // The API key and the client IP live on different slots: two parts, two calls.
+        arrive(&mut e, &c, &mut h, 1, &req("/both", "k"));
+        assert_eq!(h.dispatched.len(), 2);
+        let (first, second) = (h.dispatched[0].0, h.dispatched[1].0);
+        e.on_reply(&c, &mut h, None, first, ok(&reply(&[R::Allow(9)])));
+        assert!(
+            h.resumed.is_empty() && h.answered.is_empty(),
+            "waits for both"
+        );
+        e.on_reply(&c, &mut h, None, second, ok(&reply(&[R::Refuse(500)])));
+        assert_eq!(h.statuses(), vec![(1, 429)]);
+        // The part that charged is given back, in a call of its own slot.
+        assert_eq!(h.dispatched.len(), 3);
+        let refund = &h.dispatched[2].1;
+        assert!(
+            refund.path.contains("/refund/1000000000000/9"),
+            "{}",
+            refund.path
+        );
+        assert_eq!(call_keys(refund), call_keys(&h.dispatched[0].1));
+        assert_eq!(h.count_of(Counter::Refunds), 1);
+
+        // Both parts allow: allowed, with the headers of both limits, nothing given back. (From
+        // another address: the deny cache now refuses the first one without a call.)
+        let mut other = req("/both", "k");
+        other.source = Some("10.9.9.9:1234".into());
+        arrive(&mut e, &c, &mut h, 2, &other);
+        let tokens: Vec<u32> = h.dispatched[3..].iter().map(|d| d.0).collect();
+        assert_eq!(tokens.len(), 2);
+        e.on_reply(&c, &mut h, None, tokens[1], ok(&reply(&[R::Allow(8)])));
+        e.on_reply(&c, &mut h, None, tokens[0], ok(&reply(&[R::Allow(8)])));
+        assert_eq!(h.resumed, vec![2]);
+        assert_eq!(e.take_headers(2).map(|h| h.len()), Some(3));
+        assert_eq!(h.dispatched.len(), 5);
+        assert_eq!(h.count_of(Counter::Refunds), 1);
+        assert!(e.splits.is_empty());
+    }
+
+    #[test]
+    fn in_cluster_mode_a_failed_part_follows_the_policy_and_a_gone_client_leaves_nothing() {
+        let c = cluster_config();
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/both", "k"));
+        let (first, second) = (h.dispatched[0].0, h.dispatched[1].0);
+        e.on_reply(&c, &mut h, None, first, ok(&reply(&[R::Allow(9)])));
+        e.on_reply(
+            &c,
+            &mut h,
+            None,
+            second,
+            BridgeReply {
+                status: None,
+                body: b"",
+            },
+        );
+        assert_eq!(
+            h.resumed,
+            vec![1],
+            "fails open: what was charged stays charged"
+        );
+        assert_eq!(h.count_of(Counter::Refunds), 0);
+
+        arrive(&mut e, &c, &mut h, 2, &req("/both", "k"));
+        e.forget(&c, &mut h, 2);
+        assert!(e.splits.is_empty());
+        let token = h.dispatched[2].0;
+        e.on_reply(&c, &mut h, None, token, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.resumed, vec![1]);
     }
 
     #[test]

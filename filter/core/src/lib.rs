@@ -17,6 +17,8 @@ pub mod metrics;
 pub mod plan;
 pub mod response;
 pub mod sha1;
+pub mod slot;
+pub mod split;
 pub mod throttle;
 
 /// The decision script Redis runs: the shared part, one part per algorithm, then the driver

@@ -47,6 +47,9 @@ stats! {
         BreakerTrips => "ratelimit_breaker_trips",
         /// A new identity arrived while its rule's key budget was used up.
         KeyBudgetExceeded => "ratelimit_key_budget_exceeded",
+        /// Redis Cluster: calls giving back what one slot charged for a request another slot
+        /// refused.
+        Refunds => "ratelimit_refunds",
     }
 }
 
@@ -214,7 +217,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 14);
+        assert_eq!(Counter::ALL.len(), 15);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 

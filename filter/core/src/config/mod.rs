@@ -137,6 +137,10 @@ pub struct Config {
     pub deny_cache_entries: usize,
     /// The part of each limit one worker enforces on its own in the `local` failure mode.
     pub local_share: f64,
+    /// The bridge reaches a Redis Cluster (through Envoy's `redis_proxy`): every call's keys
+    /// share one hash slot, and a request whose limits live on several slots is decided per
+    /// slot, all or nothing through refunds.
+    pub redis_cluster: bool,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
 }

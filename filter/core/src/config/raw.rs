@@ -76,6 +76,8 @@ pub(super) struct RawBridge {
     pub(super) password: Option<String>,
     pub(super) timeout: Option<String>,
     pub(super) clock_skew: Option<String>,
+    #[serde(default)]
+    pub(super) redis_cluster: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -228,7 +228,9 @@ fn bad_configs_name_the_field() {
         (top(r#", "xff_trusted_hops": -1"#), "xff_trusted_hops: invalid value: integer `-1`, expected u8"),
         (top(r#", "ipv6_prefix": 0"#), "ipv6_prefix: must be between 1 and 128"),
         (top(r#", "ipv4_prefix": 33"#), "ipv4_prefix: must be between 1 and 32"),
-        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`"),
+        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`, `redis_cluster`"),
+        (top(r#", "bridge": {"redis_cluster": true}, "clock": "redis""#), "clock: must be \"proxy\" with bridge.redis_cluster: each node of a Redis Cluster has its own clock"),
+        (top(r#", "bridge": {"redis_cluster": "yes"}"#), "bridge.redis_cluster: invalid type: string \"yes\", expected a boolean"),
         (top(r#", "bridge": {"cluster": ""}"#), "bridge.cluster: must not be empty"),
         (top(r#", "bridge": {"timeout": "0ms"}"#), "bridge.timeout: must be between 1ms and 60s"),
         (top(r#", "bridge": {"timeout": "2m"}"#), "bridge.timeout: must be between 1ms and 60s"),
@@ -306,4 +308,25 @@ fn a_key_budget_is_read_with_its_default_mode() {
         Some(OverBudget::Deny)
     );
     assert_eq!(c.rules[2].key_budget, None);
+}
+
+#[test]
+fn cluster_mode_batches_more_calls_at_once_and_has_no_key_budgets_yet() {
+    let c = Config::parse(
+        br#"{"bridge": {"redis_cluster": true}, "batch": {"max_in_flight": 2},
+            "rules": [{"name": "ip", "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,
+    )
+    .unwrap();
+    assert!(c.redis_cluster);
+    assert_eq!(c.batch.max_in_flight, 2, "as configured");
+    let err = Config::parse(
+        br#"{"bridge": {"redis_cluster": true}, "rules": [{"name": "ip",
+            "key_budget": {"new_keys": 10, "window": "1m"},
+            "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rules[0].key_budget: is not available with bridge.redis_cluster yet: a budget's counter and an identity's keys would live on different slots"
+    );
 }

@@ -42,7 +42,15 @@ impl Config {
 
 impl RawConfig {
     pub(super) fn validate(self) -> Result<Config, ConfigError> {
+        let redis_cluster = self.bridge.redis_cluster;
+        let in_flight_given = self.batch.max_in_flight.is_some();
         let (bridge, default_timeout, clock_skew) = self.bridge.validate()?;
+        if redis_cluster && self.clock == Clock::Redis {
+            return Err(invalid(
+                "clock",
+                "must be \"proxy\" with bridge.redis_cluster: each node of a Redis Cluster has its own clock",
+            ));
+        }
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64
             || !self
@@ -105,10 +113,28 @@ impl RawConfig {
             },
             clock_skew,
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
+            redis_cluster: false,
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
         };
         check_request_bounds(&config)?;
-        Ok(config)
+        if redis_cluster {
+            if let Some(i) = config.rules.iter().position(|r| r.key_budget.is_some()) {
+                return Err(invalid(
+                    &format!("rules[{i}].key_budget"),
+                    "is not available with bridge.redis_cluster yet: a budget's counter and an identity's keys would live on different slots",
+                ));
+            }
+        }
+        let mut batch = config.batch;
+        if redis_cluster && !in_flight_given {
+            // A call holds one slot's requests: several in flight keep every node busy.
+            batch.max_in_flight = MAX_IN_FLIGHT as usize;
+        }
+        Ok(Config {
+            redis_cluster,
+            batch,
+            ..config
+        })
     }
 }
 

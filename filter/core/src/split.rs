@@ -1,0 +1,303 @@
+//! Redis Cluster: a script may only touch keys of one hash slot, so a request whose limits
+//! live on several slots (say a per-IP rule and a per-API-key rule) is decided in parts, one
+//! per slot, each in a call of its own slot. All or nothing still holds: when a part is
+//! refused, what the other parts charged is given back (refunded) in a call per slot.
+//!
+//! Until a refund lands (one round trip after the last part's reply), the refunded units are
+//! still spent: another request on those keys can be refused in that window although the
+//! limit would have had room (a false refusal), never allowed beyond the limit. A refund that
+//! is lost (the bridge fails) leaves the units spent until they refill.
+
+use crate::bridge::{BridgeFailure, Decision, LimitResult, Refund};
+use crate::plan::{LimitCheck, Plan};
+use crate::slot::key_slot;
+
+/// A plan's checks grouped by hash slot, in order of first appearance: (slot, indexes).
+pub fn by_slot(checks: &[LimitCheck]) -> Vec<(u16, Vec<usize>)> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, check) in checks.iter().enumerate() {
+        let slot = key_slot(check.key.as_bytes());
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, indexes)) => indexes.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups
+}
+
+/// A request decided in parts.
+#[derive(Debug)]
+pub struct Split {
+    pub ctx: u32,
+    pub plan: Plan,
+    pub arrived_ns: u128,
+    /// Each part's checks, as indexes into `plan.checks`.
+    parts: Vec<Vec<usize>>,
+    pending: usize,
+    results: Vec<Option<LimitResult>>,
+    /// Parts that committed (charged), with the clock they were decided with.
+    charged: Vec<(usize, u128)>,
+    /// The clock of the first part refused.
+    refused_at: Option<u128>,
+    failure: Option<BridgeFailure>,
+}
+
+impl Split {
+    pub fn new(ctx: u32, plan: Plan, arrived_ns: u128, parts: Vec<Vec<usize>>) -> Self {
+        Split {
+            ctx,
+            arrived_ns,
+            pending: parts.len(),
+            results: vec![None; plan.checks.len()],
+            plan,
+            parts,
+            charged: Vec::new(),
+            refused_at: None,
+            failure: None,
+        }
+    }
+
+    pub fn parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The plan of part `part`: its checks, the request's timeout and failure policy.
+    pub fn part_plan(&self, part: usize) -> Plan {
+        let checks = self.parts.get(part).map_or_else(Vec::new, |indexes| {
+            indexes
+                .iter()
+                .filter_map(|&i| self.plan.checks.get(i).cloned())
+                .collect()
+        });
+        Plan {
+            checks,
+            ..self.plan.clone()
+        }
+    }
+
+    /// Records what part `part` got (decided with clock `sent_ns`); true once every part is in.
+    pub fn record(
+        &mut self,
+        part: usize,
+        outcome: Result<Decision, BridgeFailure>,
+        sent_ns: u128,
+    ) -> bool {
+        let Some(indexes) = self.parts.get(part) else {
+            return self.pending == 0;
+        };
+        match outcome {
+            Ok(decision) => {
+                for (&i, result) in indexes.iter().zip(decision.limits) {
+                    if let Some(slot) = self.results.get_mut(i) {
+                        *slot = Some(result);
+                    }
+                }
+                if decision.allowed {
+                    self.charged.push((part, sent_ns));
+                } else if self.refused_at.is_none() {
+                    self.refused_at = Some(sent_ns);
+                }
+            }
+            Err(failure) => {
+                if self.failure.is_none() {
+                    self.failure = Some(failure);
+                }
+            }
+        }
+        self.pending = self.pending.saturating_sub(1);
+        self.pending == 0
+    }
+
+    /// What the request as a whole got, once every part is in, with the plan to conclude it
+    /// with and the clock of the decision: refused if any part was refused (over the checks
+    /// that were decided), else failed if any part failed, else allowed.
+    pub fn outcome(&self) -> (Plan, Result<Decision, BridgeFailure>, u128) {
+        if let Some(at) = self.refused_at {
+            let (checks, limits): (Vec<LimitCheck>, Vec<LimitResult>) = self
+                .plan
+                .checks
+                .iter()
+                .zip(&self.results)
+                .filter_map(|(c, r)| r.map(|r| (c.clone(), r)))
+                .unzip();
+            let plan = Plan {
+                checks,
+                ..self.plan.clone()
+            };
+            let decision = Decision {
+                allowed: false,
+                limits,
+            };
+            return (plan, Ok(decision), at);
+        }
+        if let Some(failure) = &self.failure {
+            return (self.plan.clone(), Err(failure.clone()), 0);
+        }
+        let limits: Vec<LimitResult> = self.results.iter().flatten().copied().collect();
+        let at = self.charged.iter().map(|(_, at)| *at).max().unwrap_or(0);
+        let decision = Decision {
+            allowed: limits.len() == self.plan.checks.len(),
+            limits,
+        };
+        (self.plan.clone(), Ok(decision), at)
+    }
+
+    /// What to give back when the request is not let through: per part that charged, the
+    /// limits it charged (those that allowed), each with its charge's clock and remaining.
+    pub fn refunds(&self) -> Vec<Vec<Refund>> {
+        self.charged
+            .iter()
+            .filter_map(|&(part, at)| {
+                let refunds: Vec<Refund> = self
+                    .parts
+                    .get(part)?
+                    .iter()
+                    .filter_map(|&i| {
+                        let result = self.results.get(i)?.as_ref()?;
+                        let check = self.plan.checks.get(i)?;
+                        result.allowed.then(|| Refund {
+                            check: check.clone(),
+                            charged_at_ns: at,
+                            left: result.remaining,
+                        })
+                    })
+                    .collect();
+                (!refunds.is_empty()).then_some(refunds)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Algorithm, FailureMode};
+    use std::time::Duration;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn check(key: &str) -> LimitCheck {
+        LimitCheck {
+            rule: 0,
+            limit: 0,
+            key: key.into(),
+            algorithm: Algorithm::TokenBucket,
+            per_window: 10,
+            quota: 10,
+            window_ms: 1000,
+            burst: 10,
+            cost: 1,
+            shadow: false,
+            budget: None,
+        }
+    }
+
+    fn plan(keys: &[&str]) -> Plan {
+        Plan {
+            checks: keys.iter().map(|k| check(k)).collect(),
+            timeout: Duration::from_millis(150),
+            failure_mode: FailureMode::Open,
+        }
+    }
+
+    fn result(allowed: bool, remaining: f64) -> LimitResult {
+        LimitResult {
+            allowed,
+            remaining,
+            reset_ms: 100.0,
+            retry_ms: if allowed { 0.0 } else { 100.0 },
+            over_budget: false,
+        }
+    }
+
+    fn decided(allowed: bool, limits: Vec<LimitResult>) -> Result<Decision, BridgeFailure> {
+        Ok(Decision { allowed, limits })
+    }
+
+    #[test]
+    fn checks_are_grouped_by_slot_in_order() {
+        let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:r:m"]);
+        let groups = by_slot(&p.checks);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].1, vec![0, 2]);
+        assert_eq!(groups[1].1, vec![1]);
+        assert_eq!(groups[0].0, key_slot(b"ip:a"));
+    }
+
+    #[test]
+    fn a_refused_part_refuses_the_request_and_the_charged_parts_are_given_back() {
+        let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:r:m"]);
+        let mut s = Split::new(7, p, 1, vec![vec![0, 2], vec![1]]);
+        assert_eq!(s.part_plan(0).checks.len(), 2);
+        assert!(!s.record(
+            0,
+            decided(true, vec![result(true, 4.0), result(true, 9.0)]),
+            100
+        ));
+        assert!(s.record(1, decided(false, vec![result(false, 0.0)]), 200));
+        let (plan, outcome, at) = s.outcome();
+        assert_eq!(at, 200);
+        assert_eq!(plan.checks.len(), 3);
+        assert!(!outcome.unwrap().allowed);
+        let refunds = s.refunds();
+        assert_eq!(refunds.len(), 1, "one call for the part that charged");
+        let lefts: Vec<(String, u128, f64)> = refunds[0]
+            .iter()
+            .map(|r| (r.check.key.clone(), r.charged_at_ns, r.left))
+            .collect();
+        assert_eq!(
+            lefts,
+            vec![
+                ("rl:{ip:a}:r:s".to_string(), 100, 4.0),
+                ("rl:{ip:a}:r:m".to_string(), 100, 9.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn every_part_allowed_allows_the_request_with_every_limit() {
+        let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s"]);
+        let mut s = Split::new(7, p, 1, vec![vec![0], vec![1]]);
+        s.record(1, decided(true, vec![result(true, 3.0)]), 200);
+        assert!(s.record(0, decided(true, vec![result(true, 4.0)]), 100));
+        let (plan, outcome, _) = s.outcome();
+        let decision = outcome.unwrap();
+        assert!(decision.allowed);
+        assert_eq!(plan.checks.len(), 2);
+        assert_eq!(decision.limits[0].remaining, 4.0, "in the plan's order");
+    }
+
+    #[test]
+    fn a_failed_part_fails_the_request_unless_another_was_refused() {
+        let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s"]);
+        let mut s = Split::new(7, p.clone(), 1, vec![vec![0], vec![1]]);
+        s.record(0, decided(true, vec![result(true, 3.0)]), 100);
+        s.record(1, Err(BridgeFailure::NoResponse), 0);
+        assert_eq!(s.outcome().1, Err(BridgeFailure::NoResponse));
+        assert_eq!(s.refunds().len(), 1, "given back if the policy refuses");
+
+        let mut s = Split::new(7, p, 1, vec![vec![0], vec![1]]);
+        s.record(0, Err(BridgeFailure::NoResponse), 0);
+        s.record(1, decided(false, vec![result(false, 0.0)]), 100);
+        let (plan, outcome, _) = s.outcome();
+        assert!(!outcome.unwrap().allowed, "a refusal from Redis is certain");
+        assert_eq!(plan.checks.len(), 1, "over the checks decided");
+        assert!(s.refunds().is_empty());
+    }
+
+    #[test]
+    fn a_shadow_limit_that_refused_was_not_charged_and_is_not_given_back() {
+        let mut p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:w:s"]);
+        p.checks[2].shadow = true;
+        let mut s = Split::new(7, p, 1, vec![vec![0, 2], vec![1]]);
+        s.record(
+            0,
+            decided(true, vec![result(true, 3.0), result(false, 0.0)]),
+            100,
+        );
+        s.record(1, decided(false, vec![result(false, 0.0)]), 100);
+        let refunds = s.refunds();
+        assert_eq!(refunds[0].len(), 1);
+        assert_eq!(refunds[0][0].check.key, "rl:{ip:a}:r:s");
+    }
+}
