@@ -144,10 +144,17 @@ fn limit_call_bytes(config: &Config, rule: &Rule, limit: &Limit) -> usize {
         (3 * MAX_READABLE_IDENTITY).max(40)
     };
     // `{`, `:` or `=`, `}`, and the two `:` before the names are 3 bytes each once encoded.
+    // A sharded limit's key has `#<shard>` in its tag (`#` encoded).
+    let shard = if limit.shards > 1 {
+        3 + digits(limit.shards - 1)
+    } else {
+        0
+    };
     let key = encoded(&config.key_prefix)
         + 5 * 3
         + label
         + identity
+        + shard
         + encoded(&rule.name)
         + encoded(&limit.name);
     let max_cost = match &rule.cost {

@@ -20,7 +20,7 @@ use crate::deny_cache::{DenyCache, Refusal};
 use crate::identity::RequestView;
 use crate::local::{scaled, LocalLimits};
 use crate::metrics::{Counter, Gauge, Histogram, PendingCounts, RuleEvent, RuleStats};
-use crate::plan::{plan, LimitCheck, Plan};
+use crate::plan::{plan_turn, LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
 use crate::slot::key_slot;
 use crate::split::{by_slot, Split};
@@ -183,6 +183,8 @@ pub struct Engine {
     /// Redis Cluster: requests decided in parts, one per slot, by number.
     splits: HashMap<u64, Split>,
     next_split: u64,
+    /// Counts requests, so that sharded limits are spent from each shard in turn.
+    turn: u64,
 }
 
 impl Engine {
@@ -217,7 +219,8 @@ impl Engine {
     }
 
     fn admit(&mut self, config: &Config, host: &mut impl Host, ctx: u32, view: &dyn RequestView) {
-        let plan = match plan(config, view) {
+        self.turn = self.turn.wrapping_add(1);
+        let plan = match plan_turn(config, view, self.turn) {
             Ok(plan) => plan,
             Err(bad) => {
                 host.count(Counter::BadRequests);

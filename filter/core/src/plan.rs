@@ -66,6 +66,11 @@ pub struct BadRequest(pub String);
 
 /// The plan for a request: every matching rule's limits, keyed and costed.
 pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest> {
+    plan_turn(config, view, 0)
+}
+
+/// [`plan`], spending sharded limits from shard `turn % shards` (the worker counts turns).
+pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<Plan, BadRequest> {
     let method = view.header(":method").unwrap_or_default();
     let path = view.header(":path").unwrap_or_default();
     let path = path_only(&path);
@@ -92,15 +97,19 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
             };
         }
         for (l, limit) in rule.limits.iter().enumerate() {
+            let mut key = redis_key(config, rule, limit, &label, &identity);
+            if limit.shards > 1 {
+                key = shard_key(&key, turn % limit.shards);
+            }
             plan.checks.push(LimitCheck {
                 rule: r,
                 limit: l,
-                key: redis_key(config, rule, limit, &label, &identity),
+                key,
                 algorithm: limit.algorithm,
-                per_window: limit.limit,
+                per_window: limit.shard_limit(),
                 quota: limit.quota(),
                 window_ms: u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX),
-                burst: limit.burst,
+                burst: limit.shard_burst(),
                 cost,
                 shadow: rule.shadow,
                 budget: rule.key_budget.as_ref().map(|b| BudgetCheck {
@@ -114,6 +123,16 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
         }
     }
     Ok(plan)
+}
+
+/// The key of shard `shard`: `#shard` at the end of the hash tag, so each shard hashes to a
+/// slot of its own (most often another node). The shard's number is the tag's last part after
+/// `#`, so no two (identity, shard) pairs share a key, whatever the identity holds.
+pub fn shard_key(key: &str, shard: u64) -> String {
+    match key.find('}') {
+        Some(close) => format!("{}#{shard}{}", &key[..close], &key[close..]),
+        None => format!("{key}#{shard}"),
+    }
 }
 
 /// Whether a rule's matcher fits the request. The header is read last, only when path and
@@ -357,5 +376,46 @@ mod tests {
         assert_eq!(twice("/api/a", "accept").map(|p| p.checks.len()), Ok(1));
         assert!(twice("/api/a", "x-tier").is_err());
         assert!(twice("/api/a", "x-cost").is_err());
+    }
+
+    #[test]
+    fn a_sharded_limit_is_spent_from_each_shard_in_turn() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "hot", "limits": [
+                {"name": "s", "limit": 100, "burst": 50, "window": "1s", "shards": 3},
+                {"name": "day", "limit": 1000, "window": "1d"}]}]}"#,
+        )
+        .unwrap();
+        let r = FakeRequest::new("GET", "/").with("x-api-key", b"k");
+        let keys: Vec<String> = (0..4)
+            .map(|turn| plan_turn(&c, &r, turn).unwrap().checks[0].key.clone())
+            .collect();
+        let base = plan(&c, &r).unwrap().checks[1].key.replace(":day", ":s");
+        for (turn, key) in keys.iter().enumerate() {
+            assert_eq!(key, &shard_key(&base, turn as u64 % 3));
+        }
+        assert!(keys[1].contains("#1}:hot:s"), "{}", keys[1]);
+        let slots: std::collections::HashSet<u16> = keys[..3]
+            .iter()
+            .map(|k| crate::slot::key_slot(k.as_bytes()))
+            .collect();
+        assert_eq!(slots.len(), 3, "three slots");
+        let p = plan_turn(&c, &r, 1).unwrap();
+        assert_eq!(
+            (p.checks[0].per_window, p.checks[0].burst, p.checks[0].quota),
+            (33, 16, 16)
+        );
+        assert_eq!(p.checks[1].per_window, 1000, "not sharded");
+    }
+
+    #[test]
+    fn shard_keys_never_meet_other_identities() {
+        assert_eq!(shard_key("rl:{h:ab}:r:l", 2), "rl:{h:ab#2}:r:l");
+        // The shard is the part after the last '#': identities holding '#' cannot reach it.
+        assert_ne!(shard_key("rl:{h=a#1}:r:l", 2), shard_key("rl:{h=a}:r:l", 1));
+        assert_ne!(
+            shard_key("rl:{h=a#1}:r:l", 2),
+            shard_key("rl:{h=a#1#2}:r:l", 0)
+        );
     }
 }

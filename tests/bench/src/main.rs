@@ -1066,7 +1066,7 @@ fn key_flood(s: &Settings, dir: &WorkDir, started: Instant, budget: Option<&str>
     let redis_before = redis_used_memory(&mut conn);
     let envoy_before = rss_bytes(envoy.process.pid());
     let webdis_before = rss_bytes(webdis.process.pid());
-    let flood = e2e::flood::flood(port, 0, addresses, 8, Duration::from_secs(300));
+    let flood = e2e::flood::flood(port, 0, addresses, 32, Duration::from_secs(300));
     let envoy_after = rss_bytes(envoy.process.pid());
     let webdis_after = rss_bytes(webdis.process.pid());
     let result = KeyFlood {

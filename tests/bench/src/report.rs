@@ -790,7 +790,7 @@ impl Report {
         let mib = |b: u64| format!("{:.1}", b as f64 / 1_048_576.0);
         let _ = writeln!(
             r,
-            "One Envoy (1 worker), a per-IP rule (`xff_trusted_hops: 1`, token bucket 10 per minute), each request from a new address in `X-Forwarded-For`, 8 pipelined connections.\n"
+            "One Envoy (1 worker), a per-IP rule (`xff_trusted_hops: 1`, token bucket 10 per minute), each request from a new address in `X-Forwarded-For`, 32 keep-alive connections.\n"
         );
         let _ = writeln!(
             r,

@@ -308,16 +308,31 @@ pub struct Limit {
     pub window: Duration,
     /// Token bucket and GCRA: the most that can be spent at once (default: `limit`).
     pub burst: u64,
+    /// Each identity's state split over this many keys (1: not split), each holding
+    /// limit / shards and burst / shards (rounded down): one hot identity spreads over several
+    /// Redis Cluster nodes. A request spends from one shard, taken in turn.
+    pub shards: u64,
 }
 
 impl Limit {
-    /// The quota a client sees in headers: the burst for buckets, the limit for windows.
+    /// The quota a client sees in headers: the burst for buckets, the limit for windows (of
+    /// one shard, which is what a request spends from).
     pub fn quota(&self) -> u64 {
         if self.algorithm.has_burst() {
-            self.burst
+            self.shard_burst()
         } else {
-            self.limit
+            self.shard_limit()
         }
+    }
+
+    /// What one shard holds per window.
+    pub fn shard_limit(&self) -> u64 {
+        self.limit / self.shards.max(1)
+    }
+
+    /// What one shard can spend at once.
+    pub fn shard_burst(&self) -> u64 {
+        self.burst / self.shards.max(1)
     }
 }
 

@@ -149,6 +149,7 @@ pub(super) struct RawLimit {
     pub(super) limit: u64,
     pub(super) window: String,
     pub(super) burst: Option<u64>,
+    pub(super) shards: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

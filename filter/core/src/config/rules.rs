@@ -251,15 +251,32 @@ impl RawLimit {
                 ),
             ));
         }
+        let shards = self.shards.unwrap_or(1);
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            return Err(invalid(
+                &format!("{field}.shards"),
+                format!("must be between 1 and {MAX_SHARDS}"),
+            ));
+        }
+        if self.limit < shards || burst < shards {
+            return Err(invalid(
+                &format!("{field}.shards"),
+                "every shard holds limit / shards and burst / shards: both must be at least shards",
+            ));
+        }
         Ok(Limit {
             name: self.name,
             algorithm: self.algorithm,
             limit: self.limit,
             window,
             burst,
+            shards,
         })
     }
 }
+
+/// Most shards of one limit: enough to spread a hot identity over a large cluster.
+pub const MAX_SHARDS: u64 = 64;
 
 /// Largest cost of one request (fixed, or a cost header's `max`).
 pub const MAX_COST: u64 = 1_000_000;

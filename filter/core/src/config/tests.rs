@@ -60,7 +60,8 @@ fn minimal_config_takes_documented_defaults() {
             algorithm: Algorithm::TokenBucket,
             limit: 10,
             window: Duration::from_secs(60),
-            burst: 10
+            burst: 10,
+            shards: 1,
         }]
     );
     assert_eq!(c.script_sha.len(), 40);
@@ -195,6 +196,10 @@ fn bad_configs_name_the_field() {
         (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `rules`"),
         (top(r#", "local_share": 0"#), "local_share: must be a number above 0, at most 1"),
         (rule(r#", "key_budget": {"new_keys": 0, "window": "1m"}"#), "rules[0].key_budget.new_keys: must be >= 1"),
+        (limit(r#""limit": 100, "window": "1s", "shards": 65"#), "rules[0].limits[0].shards: must be between 1 and 64"),
+        (limit(r#""limit": 100, "window": "1s", "shards": 0"#), "rules[0].limits[0].shards: must be between 1 and 64"),
+        (limit(r#""limit": 3, "window": "1s", "shards": 4"#), "rules[0].limits[0].shards: every shard holds limit / shards and burst / shards: both must be at least shards"),
+        (limit(r#""limit": 30, "burst": 3, "window": "1s", "shards": 4"#), "rules[0].limits[0].shards: every shard holds limit / shards and burst / shards: both must be at least shards"),
         (rule(r#", "key_budget": {"new_keys": 1000000000001, "window": "1m"}"#), "rules[0].key_budget.new_keys: must be at most 1000000000000"),
         (rule(r#", "key_budget": {"new_keys": -5, "window": "1m"}"#), "rules[0].key_budget.new_keys: invalid value: integer `-5`, expected u64"),
         (rule(r#", "key_budget": {"new_keys": 10, "window": "0s"}"#), "rules[0].key_budget.window: must be at least 1ms"),
@@ -258,7 +263,7 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
         (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
-        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`"),
+        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`"),
         (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
         (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
         (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
