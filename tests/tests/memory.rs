@@ -12,7 +12,7 @@
 //!
 //! The filler is written with the decision script itself (EVALSHA, one script for all calls):
 //! filling with EVAL of a different script text per key would grow Redis's script cache,
-//! which is never evicted, until no eviction can get under the bound (see the README).
+//! which Redis 7.0 never evicts, until no eviction can get under the bound.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
