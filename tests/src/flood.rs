@@ -122,14 +122,12 @@ fn connect(port: u16) -> std::io::Result<BufReader<TcpStream>> {
     Ok(BufReader::new(stream))
 }
 
+/// Statuses read, and the connection to go on with, or why it broke.
+type Exchanged = Result<(BufReader<TcpStream>, Vec<u16>), (Vec<u16>, String)>;
+
 /// Writes `batch` requests from addresses `first..`, reads their responses in order. On a
 /// broken connection returns the statuses read so far and why it broke.
-#[allow(clippy::result_large_err)]
-fn exchange(
-    mut conn: BufReader<TcpStream>,
-    first: u32,
-    batch: u32,
-) -> Result<(BufReader<TcpStream>, Vec<u16>), (Vec<u16>, String)> {
+fn exchange(mut conn: BufReader<TcpStream>, first: u32, batch: u32) -> Exchanged {
     let mut requests = Vec::new();
     for n in first..first + batch {
         requests.extend_from_slice(
