@@ -285,8 +285,36 @@ impl RedisCluster {
                     return None;
                 }
             }
+            for master in self.masters() {
+                self.replicated(master).then_some(())?;
+            }
             Some(())
         });
+    }
+
+    /// Whether every replica of `master` acknowledges a write made on it now, waiting up to
+    /// 100 ms (a SET and DEL of a key of its own, then `WAIT`). A replica whose link is up can
+    /// still not be copying: after its first sync (diskless, as configured) its master holds
+    /// the writes back until the replica's first `REPLCONF ACK`, up to a second later, and a
+    /// master killed meanwhile takes them with it.
+    pub fn replicated(&self, master: u16) -> bool {
+        let check = || -> std::io::Result<bool> {
+            let mut conn = admin_login(master)?;
+            let role = conn.cmd(&["ROLE"])?.items();
+            let replicas = match role.get(2) {
+                Some(Resp::Array(Some(list))) => list.len(),
+                _ => 0,
+            };
+            let key = (0..)
+                .map(|i| format!("harness:replicated:{{{i}}}"))
+                .find(|key| self.master_of_key(key) == master)
+                .expect("some key is on this master");
+            conn.cmd(&["SET", &key, "1"])?;
+            conn.cmd(&["DEL", &key])?;
+            let acked = conn.cmd(&["WAIT", &replicas.to_string(), "100"])?;
+            Ok(acked == Resp::Int(replicas as i64))
+        };
+        check().unwrap_or(false)
     }
 }
 
