@@ -14,7 +14,7 @@ WASM := target/wasm32-wasip1/release/ratelimit_filter.wasm
 WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
 export ENVOY_BIN
 
-.PHONY: help setup setup-test setup-prom build run test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz
+.PHONY: help setup setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -66,6 +66,9 @@ build: ## build the filter: target/wasm32-wasip1/release/ratelimit_filter.wasm
 run: setup build ## run Redis, Webdis and Envoy (127.0.0.1:10000, admin :9901) in the foreground
 	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-demo.sh
 
+run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) behind Envoy's redis_proxy
+	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-cluster.sh
+
 test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick ## run every test (what CI runs)
 	@echo "all test layers passed"
 
@@ -95,11 +98,11 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
 	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
-e2e-test: setup setup-prom build ## real Envoy + Webdis + Redis (+ Prometheus) on free loopback ports
-	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape -- --test-threads 2
+e2e-test: setup setup-prom build ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
+	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster -- --test-threads 2
 
 validate: build ## envoy --mode validate on every shipped Envoy config
-	@for f in envoy/*.yaml envoy/examples/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
+	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean

@@ -1,8 +1,9 @@
 //! Test harness: starts real Redis, Webdis, Envoy and Prometheus processes on free loopback
 //! ports from the project's shipped configs, polls them until ready, and stops them by PID when
-//! dropped.
+//! dropped. `cluster` does the same for a Redis Cluster behind Envoy's redis_proxy.
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates.
 
+pub mod cluster;
 pub mod flood;
 pub mod http;
 pub mod procs;

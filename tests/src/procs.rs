@@ -172,12 +172,7 @@ impl Redis {
     /// How many times Redis ran `command` (lower case, e.g. `evalsha`), from `INFO commandstats`.
     pub fn command_calls(&self, command: &str) -> u64 {
         let stats = self.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
+        command_calls_in(&stats, command)
     }
 
     /// The `tokens` field of a token bucket's state, NaN if it has none.
@@ -198,32 +193,58 @@ impl Redis {
     }
 }
 
+/// How many times `command` (lower case, e.g. `evalsha`) ran, from the text of
+/// `INFO commandstats`; 0 if it never did.
+pub fn command_calls_in(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 pub struct Webdis {
     pub port: u16,
     pub process: Process,
     /// `user:password` that the shipped ACL accepts.
     pub basic_auth: String,
+    /// The shipped config it was made from (a restart uses it again).
+    config_file: PathBuf,
 }
 
 impl Webdis {
     /// Webdis with the shipped envoy/webdis.json, pointed at `redis_port`, on a free port.
     pub fn start(dir: &WorkDir, redis_port: u16) -> Webdis {
-        Webdis::start_on(dir, redis_port, free_port())
+        Webdis::start_with_config(
+            dir,
+            &root().join("envoy/webdis.json"),
+            redis_port,
+            free_port(),
+        )
     }
 
-    /// Kills Webdis and starts a new one on the same port.
+    /// Webdis from another shipped config (e.g. envoy/cluster/webdis.json), pointed at
+    /// `redis_port` (a Redis, or anything speaking its protocol such as Envoy's redis_proxy),
+    /// listening on `port`.
+    pub fn start_with_config(dir: &WorkDir, file: &Path, redis_port: u16, port: u16) -> Webdis {
+        Webdis::start_on(dir, file, redis_port, port)
+    }
+
+    /// Kills Webdis and starts a new one on the same port, from the same config.
     pub fn restart(&mut self, dir: &WorkDir, redis_port: u16) {
         self.process.stop();
         let port = self.port;
         wait_for("the old webdis port to be free", START_TIMEOUT, || {
             std::net::TcpListener::bind(("127.0.0.1", port)).ok()
         });
-        *self = Webdis::start_on(dir, redis_port, port);
+        let file = self.config_file.clone();
+        *self = Webdis::start_on(dir, &file, redis_port, port);
     }
 
-    fn start_on(dir: &WorkDir, redis_port: u16, port: u16) -> Webdis {
+    fn start_on(dir: &WorkDir, file: &Path, redis_port: u16, port: u16) -> Webdis {
         let shipped =
-            fs::read_to_string(root().join("envoy/webdis.json")).expect("read webdis.json");
+            fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
         let mut config: serde_json::Value =
             serde_json::from_str(&shipped).expect("webdis.json is JSON");
         config["redis_port"] = redis_port.into();
@@ -253,6 +274,7 @@ impl Webdis {
             port,
             process,
             basic_auth,
+            config_file: file.to_path_buf(),
         }
     }
 
@@ -305,8 +327,18 @@ impl Envoy {
     /// Like [`Envoy::start`], from another config written for the same ports and files
     /// (the examples in envoy/examples/).
     pub fn start_file(dir: &WorkDir, file: &Path, webdis_port: u16) -> Envoy {
-        let envoy = Envoy::launch_file(dir, file, webdis_port, &[]);
-        envoy.wait_live()
+        Envoy::start_file_with(dir, file, webdis_port, &[])
+    }
+
+    /// Like [`Envoy::start_file`], with `edits` (each `from` must occur exactly once), e.g. to
+    /// move the other ports of envoy/cluster/envoy.yaml.
+    pub fn start_file_with(
+        dir: &WorkDir,
+        file: &Path,
+        webdis_port: u16,
+        edits: &[(&str, &str)],
+    ) -> Envoy {
+        Envoy::launch_file(dir, file, webdis_port, edits).wait_live()
     }
 
     fn launch_file(dir: &WorkDir, file: &Path, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
@@ -500,7 +532,14 @@ pub fn validate_config(cwd: &Path, config: &Path) -> (bool, String) {
 /// An edit for `Envoy::start` that swaps the whole filter JSON of the shipped envoy.yaml for
 /// `json` (the block under `value: |`).
 pub fn filter_config_edit(json: &str) -> (String, String) {
-    let shipped = fs::read_to_string(root().join("envoy/envoy.yaml")).expect("read envoy.yaml");
+    filter_config_edit_in(&root().join("envoy/envoy.yaml"), json)
+}
+
+/// Like [`filter_config_edit`], for another Envoy config that loads the filter (e.g.
+/// envoy/cluster/envoy.yaml).
+pub fn filter_config_edit_in(file: &Path, json: &str) -> (String, String) {
+    let shipped =
+        fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
     let (old, indent) = filter_json_block(&shipped);
     let new: String = json
         .lines()

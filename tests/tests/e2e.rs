@@ -456,14 +456,16 @@ fn over_bound_configs_fail_validation_naming_the_field() {
 fn shipped_envoy_configs_validate() {
     e2e::wasm_path();
     let mut checked = Vec::new();
-    for dir in [root().join("envoy"), root().join("envoy/examples")] {
+    let envoy = root().join("envoy");
+    for dir in [envoy.clone(), envoy.join("examples"), envoy.join("cluster")] {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "yaml") {
                 let (ok, output) = validate_config(&root(), &path);
                 assert!(ok, "{} does not validate:\n{output}", path.display());
                 assert!(output.contains("OK"), "{output}");
-                checked.push(path.file_name().unwrap().to_string_lossy().into_owned());
+                let name = path.strip_prefix(&envoy).unwrap();
+                checked.push(name.to_string_lossy().into_owned());
             }
         }
     }
@@ -471,10 +473,11 @@ fn shipped_envoy_configs_validate() {
     assert_eq!(
         checked,
         [
+            "cluster/envoy.yaml",
             "envoy.yaml",
-            "internal_shadow.yaml",
-            "login_per_ip.yaml",
-            "public_api_tiers.yaml"
+            "examples/internal_shadow.yaml",
+            "examples/login_per_ip.yaml",
+            "examples/public_api_tiers.yaml"
         ]
     );
 }

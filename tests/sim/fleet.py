@@ -1,0 +1,986 @@
+#!/usr/bin/env python3
+"""Fleet model of the rate limiter: P proxies x W workers -> Webdis -> a Redis Cluster of M masters.
+
+Python 3 standard library only. `python3 tests/sim/fleet.py --help` for the options;
+docs/scaling.md explains the formulas and shows worked examples.
+
+What it predicts
+================
+Redis calls/s per node (mean and the hottest node), the mean batch, decisions/s per node, the
+utilisation of every node, p50/p99 decision latency, deny-cache answers, the keys and memory
+held, and how many nodes keep the hottest node under a utilisation target. Every scenario is
+run once per `--shards` value (default `1,8`) so sharding the hot identities can be compared.
+
+How (hybrid: one worker simulated event by event, the nodes solved as queues, iterated)
+======================================================================================
+All workers see the same traffic mix at the same rate (R / (P x W) requests/s each, Poisson
+arrivals), so one worker is simulated in detail and its per-request figures scaled to the
+fleet; the nodes see the sum of 1000s of independent workers, so their arrivals are taken as
+Poisson and each node is an M/G/1 queue (a single-threaded server):
+
+1. Worker (discrete-event): the engine as in filter/core/src/engine.rs. A request that finds a
+   free call slot is sent at once; otherwise it waits, and a call takes the waiting requests in
+   arrival order, at most `max_requests` (64). In cluster mode a call takes only requests of the
+   oldest waiting request's hash slot, and a worker has at most `max_in_flight` (8) calls out
+   (one Redis: 1 call, any keys). Sharded identities use shard `turn % shards`, `turn` counting
+   the worker's requests. A deny cache answers a request locally while its key is refused.
+   A call's round trip = base RTT (+- jitter) + the node's queueing delay + its service time
+   `call_us + per_request_us x limits x batch`.
+2. Fleet: the per-request figures of each traffic class (calls, decisions, batch^2) times the
+   class's fleet rate, placed on the slots its keys hash to, summed per node (slots 0..16383
+   split into M equal ranges, as `redis-cli --cluster create` does).
+3. Nodes: utilisation rho = calls/s x call_us + decisions/s x per_request_us x limits, and the
+   Pollaczek-Khinchine mean wait Wq = sum over calls of S^2 / (2 (1 - rho)). The worker's next
+   simulation samples each call's queueing delay from that node (0 with probability 1 - rho,
+   else exponential with mean Wq / rho: the M/M/1 shape with the M/G/1 mean). Busy node ->
+   longer round trips -> bigger batches -> fewer calls: steps 1-3 are iterated (damped) until
+   they agree. A node with rho >= 1 is reported SATURATED: no batch size there balances it.
+4. Hot identities refused by Redis (`--hot-limit`): a fraction q = 1 - limit / decisions of
+   the decisions reaching Redis is refused; a refusal caches the key until the instant sent +
+   U(0, shards / limit) (the next token of that shard); q is iterated with the rest.
+
+Traffic and sampling
+--------------------
+* `--hot H --hot-share F`: H explicit hot identities share F of all requests evenly.
+* The other 1 - F follow Zipf(s) over `--identities` I ranks (s = 0: uniform). Sampling is a
+  precomputed cumulative table over the top K = min(I, 131072) ranks (exact, bisect), plus
+  for ranks > K inversion of the continuous approximation of the tail: rank r covers
+  [r - 1/2, r + 1/2), tail mass = integral of x^-s over [K + 1/2, I + 1/2] (midpoint rule;
+  error < 1e-3 of the tail for s <= 2), a uniform u above the head's mass is mapped through the
+  inverse of that integral and rounded. Exact for I <= K; O(log K) per sample otherwise.
+* The top `--top-ranks` (64) Zipf identities are separate classes with their own slot; the rest
+  is one class whose share of each slot is computed from the ranks' hashes (head) and spread
+  evenly over the 16384 slots (tail).
+* An identity's slot is a 64-bit mix of its number, its shard and `--seed`, mod 16384: a
+  uniform hash standing in for CRC16 of the hash tag. All of one identity's limits share a slot
+  (the `{...}` tag); one request = one identity (requests on several slots, split and refunded
+  by the engine, are not modelled: they multiply calls by the slots they touch).
+* `--shard-scope`: `hot` (default) shards the explicit hot keys and every Zipf identity with at
+  least `--hot-min-share` (0.5%) of the traffic; `explicit` only the --hot keys; `all` every
+  identity (as a `shards` on the rule's limit does).
+
+Calibration (`--calibration FILE.json`; flags given on the command line win over it)
+-----------------------------------------------------------------------------------
+    {
+      "rtt_ms": 0.5,          # base round trip filter -> Webdis (-> redis_proxy) -> node and
+                              # back, without the node's queueing and service
+      "call_us": 3.0,         # node CPU per EVALSHA call, whatever its size (c0)
+      "per_request_us": 15.0, # node CPU per request decided in a call, per limit (c1)
+      "rtt_jitter": 0.2,      # optional: base RTT uniform in rtt x (1 +- jitter)
+      "source": "free text"   # optional: where the figures come from
+    }
+Defaults (one Redis 7.0.15 on a 2-core VM, no cluster measurement yet): a saturated node ran
+55,294 EVALSHA/s of the bucket script at batch 1 (FACTS.md, redis-benchmark, 50 clients), so
+call_us + per_request_us = 18 us; the latest `make bench` (target/bench/results.json) spent
+2.98 s of Redis CPU on 12,125 calls deciding 193,170 requests (mean batch 15.9): 15.4 us per
+decision, so per_request_us ~ 15 and call_us ~ 3. (The 10,000-key row gives 19 us per
+decision; the serial row 45.6 us per call at batch 1, an idle server woken per call.) The
+README's "about 50k decisions/s" per Redis agrees. The other reading, call_us 14 +
+per_request_us 4 (a cheap script body), predicts ~3x more decisions per node at big batches:
+measure the cluster and pass the figures. RTT: 0.5 ms (0.3 ms on one host's loopback,
+0.5-1 ms across a network with the redis_proxy hop).
+
+Outputs (`--json` prints the same as one JSON object)
+----------------------------------------------------
+Per node: calls/s and their fraction of all calls, decisions/s, mean batch, utilisation, mean
+queueing delay. Overall: calls per request, mean batch, deny-cache answers, p50/p99 latency of
+requests decided by Redis (from arrival at the engine to the reply, a request past its timeout
+counted at the timeout), calls slower than `breaker.stall` (25 ms), Webdis calls/s per proxy,
+live keys and memory, and nodes needed for `--target` utilisation with the simulated hash
+placement and with slots rebalanced by hand. `--small` is 1 proxy x 2 workers, 3 nodes, 10,000
+identities used uniformly, no hot keys, RTT 0.3 ms: the shape of the 3-node `make bench` run
+(its per-node call fractions, batch and calls per request are what `INFO commandstats` per
+node measures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import itertools
+import json
+import math
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+
+SLOTS = 16384
+MASK64 = (1 << 64) - 1
+HEAD_RANKS = 1 << 17
+# Bytes per key, README "Key budgets and Redis memory" (Redis 7.0.15, growth of used_memory).
+BYTES_PER_KEY = {
+    "token_bucket": 256,
+    "gcra": 228,
+    "fixed_window": 228,
+    "sliding_window_counter": 228,
+    "sliding_window_log": 388,  # with 3 entries; about 63 more per entry up to 128
+}
+BREAKER_STALL_S = 0.025
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class Calibration:
+    rtt_ms: float = 0.5
+    call_us: float = 3.0
+    per_request_us: float = 15.0
+    rtt_jitter: float = 0.2
+    source: str = (
+        "defaults: one Redis 7.0.15 on a 2-core VM (55k EVALSHA/s at batch 1; make bench "
+        "Redis CPU 15.4 us per decision at batch 15.9); RTT assumed"
+    )
+
+    @classmethod
+    def load(cls, path: str) -> "Calibration":
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        known = {k: raw[k] for k in ("rtt_ms", "call_us", "per_request_us", "rtt_jitter", "source") if k in raw}
+        unknown = set(raw) - set(known)
+        if unknown:
+            raise ValueError(f"{path}: unknown calibration keys {sorted(unknown)}")
+        cal = cls(**known)
+        if "source" not in raw:
+            cal.source = path
+        return cal
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-mixed 64-bit hash of an integer."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def key_slot(identity: int, shard: int, seed: int) -> int:
+    """The hash slot of an identity's shard (a uniform hash standing in for CRC16 of the tag)."""
+    return mix64(mix64(seed) ^ (identity * 64 + shard)) % SLOTS
+
+
+def node_of(slot: int, nodes: int) -> int:
+    """Slots split into `nodes` equal contiguous ranges, as redis-cli --cluster create does."""
+    return slot * nodes // SLOTS
+
+
+# --------------------------------------------------------------------------- Zipf
+
+
+class Zipf:
+    """Zipf(s) over ranks 1..n: exact table for the top `head` ranks, continuous tail beyond.
+
+    P(r) = r^-s / Z. Ranks <= K are drawn from their cumulative weights by bisection; a draw
+    landing in the tail's mass is mapped through the inverse of the integral of x^-s from
+    K + 1/2 (rank r stands for [r - 1/2, r + 1/2)) and rounded to a rank.
+    """
+
+    def __init__(self, n: int, s: float, head: int = HEAD_RANKS):
+        if n < 1:
+            raise ValueError("Zipf needs at least one rank")
+        if s < 0:
+            raise ValueError("Zipf exponent must be >= 0")
+        self.n, self.s = n, s
+        self.k = min(n, head)
+        self.cum = list(itertools.accumulate(r ** -s for r in range(1, self.k + 1)))
+        self.head_w = self.cum[-1]
+        self.tail_w = self._big_f(n + 0.5) - self._big_f(self.k + 0.5) if n > self.k else 0.0
+        self.total = self.head_w + self.tail_w
+
+    def _big_f(self, x: float) -> float:
+        """An antiderivative of x^-s."""
+        if abs(self.s - 1.0) < 1e-12:
+            return math.log(x)
+        return x ** (1.0 - self.s) / (1.0 - self.s)
+
+    def _big_f_inv(self, y: float) -> float:
+        if abs(self.s - 1.0) < 1e-12:
+            return math.exp(y)
+        return (y * (1.0 - self.s)) ** (1.0 / (1.0 - self.s))
+
+    def weight(self, r: int) -> float:
+        """Unnormalised weight of rank r (the tail's continuous density for r > K)."""
+        if r <= self.k:
+            return r ** -self.s
+        return self._big_f(r + 0.5) - self._big_f(r - 0.5)
+
+    def pmf(self, r: int) -> float:
+        return self.weight(r) / self.total
+
+    def mass(self, a: int, b: int) -> float:
+        """P(a <= rank <= b)."""
+        a, b = max(1, a), min(self.n, b)
+        if a > b:
+            return 0.0
+        w = 0.0
+        if a <= self.k:
+            hi = min(b, self.k)
+            w += self.cum[hi - 1] - (self.cum[a - 2] if a >= 2 else 0.0)
+        if b > self.k:
+            lo = max(a, self.k + 1)
+            w += self._big_f(b + 0.5) - self._big_f(lo - 0.5)
+        return w / self.total
+
+    def sample(self, rng: random.Random) -> int:
+        u = rng.random() * self.total
+        if u < self.head_w:
+            return min(bisect.bisect_right(self.cum, u) + 1, self.k)
+        x = self._big_f_inv(self._big_f(self.k + 0.5) + (u - self.head_w))
+        return min(self.n, max(self.k + 1, int(x + 0.5)))
+
+    def expected_distinct(self, draws: float, first: int = 1, shards: int = 1) -> float:
+        """Expected distinct (rank, shard) pairs among `draws` Poisson draws, ranks >= first.
+
+        Each rank r is drawn Poisson(draws x P(r)) times, each draw on one of `shards` shards
+        (uniformly): sum over r of shards x (1 - exp(-draws P(r) / shards)).
+        """
+        c = draws / self.total / shards
+        total = 0.0
+        for r in range(max(1, first), self.k + 1):
+            total += -math.expm1(-c * r ** -self.s)
+        if self.n > self.k:
+            lo, hi = math.log(max(first, self.k + 1) - 0.5), math.log(self.n + 0.5)
+            if hi > lo:
+                steps = 400
+                h = (hi - lo) / steps
+                acc = 0.0
+                for i in range(steps + 1):
+                    x = math.exp(lo + i * h)
+                    f = -math.expm1(-c * x ** -self.s) * x
+                    acc += f * (0.5 if i in (0, steps) else 1.0)
+                total += acc * h
+        return total * shards
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+@dataclass
+class Params:
+    proxies: int = 1000
+    workers: int = 2
+    nodes: int = 3
+    identities: int = 10_000_000
+    zipf: float = 1.1
+    hot: int = 3
+    hot_share: float = 0.05
+    rate: float = 1_000_000.0
+    shards: int = 1
+    shard_scope: str = "hot"
+    hot_min_share: float = 0.005
+    hot_limit: float = 0.0
+    limits: int = 1
+    algorithm: str = "token_bucket"
+    ttl_s: float = 120.0
+    redis_mode: str = "auto"
+    max_in_flight: int = 0  # 0: 1 with one Redis, 8 in cluster mode
+    max_requests: int = 64
+    timeout_ms: float = 150.0
+    deny_cache: bool = True
+    target: float = 0.7
+    requests: int = 40_000
+    iterations: int = 5
+    top_ranks: int = 64
+    seed: int = 1
+    cal: Calibration = field(default_factory=Calibration)
+
+    @property
+    def cluster(self) -> bool:
+        if self.redis_mode == "auto":
+            return self.nodes > 1
+        return self.redis_mode == "cluster"
+
+    @property
+    def in_flight(self) -> int:
+        if self.max_in_flight > 0:
+            return self.max_in_flight
+        return 8 if self.cluster else 1
+
+    @property
+    def worker_rate(self) -> float:
+        return self.rate / (self.proxies * self.workers)
+
+
+# --------------------------------------------------------------------------- traffic
+
+
+@dataclass
+class TrafficClass:
+    name: str
+    share: float  # of all requests
+    identity: int  # hashing number; -1 for the rest class (many identities)
+    shards: int
+    slots: list  # one per shard (explicit classes only)
+    limited: bool  # refused by Redis above --hot-limit
+
+
+class Traffic:
+    """The classes of requests and where their keys live."""
+
+    def __init__(self, p: Params):
+        self.p = p
+        self.zipf = Zipf(p.identities, p.zipf)
+        z = self.zipf
+        hot = p.hot if p.hot_share > 0 else 0
+        hot_share = p.hot_share if hot else 0.0
+        self.hot_share = hot_share
+        self.zipf_share = 1.0 - hot_share
+        self.classes: list[TrafficClass] = []
+
+        def shards_for(share: float, explicit: bool) -> int:
+            if p.shards <= 1:
+                return 1
+            if p.shard_scope == "all":
+                return p.shards
+            if p.shard_scope == "explicit":
+                return p.shards if explicit else 1
+            return p.shards if (explicit or share >= p.hot_min_share) else 1
+
+        for k in range(hot):
+            ident = p.identities + 1 + k
+            n = shards_for(hot_share / hot, True)
+            self.classes.append(TrafficClass(
+                f"hot{k}", hot_share / hot, ident, n,
+                [key_slot(ident, j, p.seed) for j in range(n)], p.hot_limit > 0))
+        self.first_top = len(self.classes)
+        self.top = min(p.top_ranks, p.identities)
+        for r in range(1, self.top + 1):
+            share = self.zipf_share * z.pmf(r)
+            n = shards_for(share, False)
+            self.classes.append(TrafficClass(
+                f"zipf#{r}", share, r, n, [key_slot(r, j, p.seed) for j in range(n)], False))
+        self.rest = len(self.classes)
+        rest_share = self.zipf_share * z.mass(self.top + 1, p.identities)
+        self.rest_shards = shards_for(0.0, False)
+        self.classes.append(TrafficClass("rest", rest_share, -1, self.rest_shards, [], False))
+        self.rest_slot_mass = self._rest_slot_mass()
+
+    def _rest_slot_mass(self) -> list:
+        """Fraction of the rest class's requests on each slot: head ranks by their hash, the
+        tail (and ranks past the hashed ones) spread evenly."""
+        p, z = self.p, self.zipf
+        mass = [0.0] * SLOTS
+        if self.top >= p.identities:
+            return mass
+        n = self.rest_shards
+        last = min(z.k, max(self.top, HEAD_RANKS // n))
+        total = z.mass(self.top + 1, p.identities)
+        if total <= 0:
+            return mass
+        placed = 0.0
+        for r in range(self.top + 1, last + 1):
+            w = z.pmf(r) / total / n
+            for j in range(n):
+                mass[key_slot(r, j, p.seed)] += w
+            placed += w * n
+        even = max(0.0, 1.0 - placed) / SLOTS
+        return [m + even for m in mass]
+
+    def draw(self, rng: random.Random, turn: int):
+        """(class index, identity number, shard, slot) of the next request."""
+        u = rng.random()
+        if u < self.hot_share:
+            c = min(int(u / self.hot_share * (self.first_top)), self.first_top - 1)
+        else:
+            r = self.zipf.sample(rng)
+            if r <= self.top:
+                c = self.first_top + r - 1
+            else:
+                shard = turn % self.rest_shards
+                return self.rest, r, shard, key_slot(r, shard, self.p.seed)
+        cls = self.classes[c]
+        shard = turn % cls.shards
+        return c, cls.identity, shard, cls.slots[shard]
+
+
+# --------------------------------------------------------------------------- one worker
+
+
+@dataclass
+class ClassStats:
+    n: int = 0  # requests (recorded)
+    hits: int = 0  # answered by the deny cache
+    calls: float = 0.0  # sum over its requests of 1 / batch
+    decisions: int = 0  # requests decided by Redis
+    batch_sum: float = 0.0  # sum over its requests of batch (-> sum of batch^2 over calls)
+    expired: int = 0
+
+
+@dataclass
+class WorkerRun:
+    stats: list
+    latencies: list
+    calls: int
+    slow_calls: int
+    batches: int
+    batch_members: int
+
+
+def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
+                    n_requests: int, rng: random.Random) -> WorkerRun:
+    """One worker's engine, event by event, for n_requests Poisson arrivals (first 10% warm-up).
+
+    node_wait[n] = (rho, mean queueing delay s) of node n; refuse[c] = (probability a decision
+    of class c is refused, longest retry s).
+    """
+    cal = p.cal
+    lam = p.worker_rate
+    cluster = p.cluster
+    nodes = p.nodes
+    max_if, max_b = p.in_flight, p.max_requests
+    timeout = p.timeout_ms / 1000.0
+    c0 = cal.call_us * 1e-6
+    c1 = cal.per_request_us * 1e-6 * p.limits
+    rtt, jit = cal.rtt_ms / 1000.0, cal.rtt_jitter
+    stats = [ClassStats() for _ in traffic.classes]
+    latencies: list[float] = []
+    cache: dict[int, float] = {}
+    heap: list = []
+    seq = itertools.count()
+    order: deque = deque()  # waiting requests, arrival order (lazy: taken ones skipped)
+    by_slot: dict[int, deque] = {}
+    waiting = 0
+    in_flight = 0
+    calls = slow_calls = batches = batch_members = 0
+    warm = n_requests // 10
+    arrivals = 0
+    turn = 0
+    t = 0.0
+    next_arrival = rng.expovariate(lam)
+    expo, rand = rng.expovariate, rng.random
+    use_cache = p.deny_cache
+
+    def next_batch(now: float) -> list:
+        nonlocal waiting
+        members = []
+        if cluster:
+            while order and order[0][5]:
+                order.popleft()
+            if not order:
+                return members
+            slot = order[0][3]
+            q = by_slot[slot]
+        else:
+            q = order
+        while q and len(members) < max_b:
+            req = q.popleft()
+            req[5] = True
+            waiting -= 1
+            st = stats[req[1]] if req[6] else None
+            if now - req[0] >= timeout:
+                if st:
+                    st.expired += 1
+                    latencies.append(timeout)
+                continue
+            if use_cache:
+                e = cache.get(req[2])
+                if e is not None and e > now:
+                    if st:
+                        st.hits += 1
+                    continue
+            members.append(req)
+        if cluster and not q:
+            del by_slot[slot]
+        return members
+
+    def dispatch(now: float) -> None:
+        nonlocal in_flight, calls, slow_calls, batches, batch_members
+        while in_flight < max_if and waiting > 0:
+            members = next_batch(now)
+            if not members:
+                continue
+            b = len(members)
+            node = members[0][4]
+            rho, wq = node_wait[node]
+            delay = expo(rho / wq) if (rho > 0 and wq > 0 and rand() < rho) else 0.0
+            latency = rtt * (1.0 + jit * (2.0 * rand() - 1.0)) + delay + c0 + c1 * b
+            heapq.heappush(heap, (now + latency, next(seq), now, members))
+            in_flight += 1
+            recorded = False
+            inv = 1.0 / b
+            for req in members:
+                if req[6]:
+                    recorded = True
+                    st = stats[req[1]]
+                    st.calls += inv
+                    st.decisions += 1
+                    st.batch_sum += b
+            if recorded:
+                calls += 1
+                batches += 1
+                batch_members += b
+                if latency > BREAKER_STALL_S:
+                    slow_calls += 1
+
+    while True:
+        if heap and (heap[0][0] <= next_arrival or arrivals >= n_requests):
+            t, _, sent, members = heapq.heappop(heap)
+            in_flight -= 1
+            for req in members:
+                lat = t - req[0]
+                if req[6]:
+                    if lat >= timeout:
+                        stats[req[1]].expired += 1
+                        latencies.append(timeout)
+                    else:
+                        latencies.append(lat)
+                q, retry = refuse[req[1]]
+                if q > 0 and rand() < q and use_cache:
+                    until = sent + rand() * retry
+                    if until > cache.get(req[2], 0.0):
+                        cache[req[2]] = until
+            dispatch(t)
+        elif arrivals < n_requests:
+            t = next_arrival
+            next_arrival = t + expo(lam)
+            arrivals += 1
+            turn += 1
+            c, ident, shard, slot = traffic.draw(rng, turn)
+            key = ident * 64 + shard
+            rec = arrivals > warm
+            if rec:
+                stats[c].n += 1
+            if use_cache:
+                e = cache.get(key)
+                if e is not None and e > t:
+                    if rec:
+                        stats[c].hits += 1
+                    continue
+            node = node_of(slot, nodes) if cluster else 0
+            req = [t, c, key, slot, node, False, rec]
+            order.append(req)
+            if cluster:
+                q = by_slot.get(slot)
+                if q is None:
+                    by_slot[slot] = q = deque()
+                q.append(req)
+            waiting += 1
+            dispatch(t)
+        else:
+            break
+    return WorkerRun(stats, latencies, calls, slow_calls, batches, batch_members)
+
+
+# --------------------------------------------------------------------------- fleet
+
+
+def slot_loads(p: Params, traffic: Traffic, stats: list):
+    """Fleet-wide calls/s, decisions/s and sum of batch^2 per call per slot (lists of 16384).
+
+    One Redis (not cluster): everything is put on slot 0.
+    """
+    calls = [0.0] * SLOTS
+    dec = [0.0] * SLOTS
+    b2 = [0.0] * SLOTS
+    for c, cls in enumerate(traffic.classes):
+        st = stats[c]
+        if st.n > 0:
+            cpr, dpr, bpr = st.calls / st.n, st.decisions / st.n, st.batch_sum / st.n
+        else:
+            cpr = dpr = bpr = 1.0  # never drawn: batch of one
+        rate = p.rate * cls.share
+        if rate <= 0:
+            continue
+        if not p.cluster:
+            calls[0] += rate * cpr
+            dec[0] += rate * dpr
+            b2[0] += rate * bpr
+        elif c == traffic.rest:
+            for s, m in enumerate(traffic.rest_slot_mass):
+                if m:
+                    calls[s] += rate * m * cpr
+                    dec[s] += rate * m * dpr
+                    b2[s] += rate * m * bpr
+        else:
+            part = rate / len(cls.slots)
+            for s in cls.slots:
+                calls[s] += part * cpr
+                dec[s] += part * dpr
+                b2[s] += part * bpr
+    return calls, dec, b2
+
+
+def node_figures(p: Params, calls: list, dec: list, b2: list, nodes: int):
+    """Per node: calls/s, decisions/s, utilisation, mean queueing delay (s), saturated."""
+    c0 = p.cal.call_us * 1e-6
+    c1 = p.cal.per_request_us * 1e-6 * p.limits
+    out = []
+    bounds = [n * SLOTS // nodes for n in range(nodes + 1)] if p.cluster else [0, SLOTS]
+    if not p.cluster:
+        nodes = 1
+    for n in range(nodes):
+        lo, hi = bounds[n], bounds[n + 1]
+        lam = sum(calls[lo:hi])
+        d = sum(dec[lo:hi])
+        bb = sum(b2[lo:hi])
+        rho = lam * c0 + d * c1
+        second = c0 * c0 * lam + 2 * c0 * c1 * d + c1 * c1 * bb  # sum over calls/s of S^2
+        wq = second / (2 * (1 - rho)) if rho < 1 else math.inf
+        out.append({"calls": lam, "decisions": d, "rho": rho, "wq": wq, "second": second,
+                    "saturated": rho >= 1})
+    return out
+
+
+def slot_utilisation(p: Params, calls: list, dec: list) -> list:
+    c0 = p.cal.call_us * 1e-6
+    c1 = p.cal.per_request_us * 1e-6 * p.limits
+    return [a * c0 + d * c1 for a, d in zip(calls, dec)]
+
+
+def nodes_needed(util: list, target: float, max_nodes: int = 4096) -> dict:
+    """Smallest node count keeping every node at or under `target` utilisation.
+
+    `hash`: slots in equal contiguous ranges (what the simulation assumes); `rebalanced`:
+    slots moved by hand, the heavy ones packed largest first onto the least loaded node and
+    the many light ones filling the rest evenly. Neither exists when one slot alone is above
+    the target: then only `shards` (or a higher target) helps.
+    """
+    total = sum(util)
+    hottest = max(util) if util else 0.0
+    result = {"total_node_equivalents": total, "hottest_slot": hottest,
+              "hash": None, "rebalanced": None, "shards_needed_for_hottest": None}
+    if hottest > target:
+        result["shards_needed_for_hottest"] = math.ceil(hottest / target)
+        return result
+    prefix = [0.0]
+    for u in util:
+        prefix.append(prefix[-1] + u)
+    start = max(1, math.ceil(total / target - 1e-9))
+    for m in range(start, max_nodes + 1):
+        worst = max(prefix[(n + 1) * SLOTS // m] - prefix[n * SLOTS // m] for n in range(m))
+        if worst <= target:
+            result["hash"] = m
+            break
+    heavy = sorted((u for u in util if u > total / SLOTS * 20), reverse=True)[:256]
+    light = total - sum(heavy)
+    for m in range(start, max_nodes + 1):
+        loads = [0.0] * m
+        for u in heavy:
+            i = loads.index(min(loads))
+            loads[i] += u
+        # Water-filling the light slots: the level h with sum(max(0, h - load)) = light.
+        srt = sorted(loads)
+        rest, level = light, srt[0]
+        for i in range(m):
+            nxt = srt[i + 1] if i + 1 < m else math.inf
+            room = (nxt - srt[i]) * (i + 1)
+            if room >= rest:
+                level = srt[i] + rest / (i + 1)
+                break
+            rest -= room
+        if max(max(loads), level) <= target:
+            result["rebalanced"] = m
+            break
+    return result
+
+
+def percentile(sorted_values: list, q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, int(math.ceil(q * len(sorted_values))) - 1))
+    return sorted_values[i]
+
+
+def memory(p: Params, traffic: Traffic) -> dict:
+    """Live keys (identities active within the state TTL x limits x shards touched) and bytes."""
+    z = traffic.zipf
+    draws = p.rate * traffic.zipf_share * p.ttl_s
+    keys = 0.0
+    for cls in traffic.classes:
+        if cls.identity < 0:
+            continue
+        n = cls.shards
+        lam = p.rate * cls.share * p.ttl_s
+        keys += n * -math.expm1(-lam / n)
+    keys += z.expected_distinct(draws, first=traffic.top + 1, shards=traffic.rest_shards)
+    keys *= p.limits
+    per_key = BYTES_PER_KEY[p.algorithm]
+    nodes = p.nodes if p.cluster else 1
+    return {"live_keys": keys, "bytes": keys * per_key, "bytes_per_node": keys * per_key / nodes,
+            "bytes_per_key": per_key}
+
+
+def run(p: Params, quiet: bool = True) -> dict:
+    """Model one scenario to the fixed point; returns a JSON-ready dict."""
+    t0 = time.time()
+    traffic = Traffic(p)
+    rng = random.Random(p.seed)
+    node_count = p.nodes if p.cluster else 1
+    node_wait = [(0.0, 0.0)] * node_count
+    refuse = [(0.0, 0.0)] * len(traffic.classes)
+    timeout = p.timeout_ms / 1000.0
+    cap = 4 * timeout
+    history = []
+    w = None
+    figs = None
+    calls = dec = b2 = None
+    for it in range(max(1, p.iterations)):
+        w = simulate_worker(p, traffic, node_wait, refuse, p.requests, rng)
+        calls, dec, b2 = slot_loads(p, traffic, w.stats)
+        figs = node_figures(p, calls, dec, b2, node_count)
+        new_wait = []
+        for (rho_old, wq_old), f in zip(node_wait, figs):
+            if f["saturated"]:
+                # Offered load, not the collapse: no finite queue balances this node, so its
+                # calls are given the delay of the same node run at the target utilisation
+                # (requests would otherwise time out and breakers open, see the report).
+                rho = p.target
+                wq = f["second"] * (p.target / f["rho"]) / (2 * (1 - p.target))
+            else:
+                rho, wq = f["rho"], min(f["wq"], cap)
+            if it > 0 and wq_old > 0 and wq > 0:
+                wq = math.sqrt(wq * wq_old)  # damped: geometric mean with the last guess
+            new_wait.append((rho, wq))
+        node_wait = new_wait
+        new_refuse = []
+        for c, cls in enumerate(traffic.classes):
+            st = w.stats[c]
+            if cls.limited and st.n > 0:
+                decided = p.rate * cls.share * st.decisions / st.n
+                q = max(0.0, 1.0 - p.hot_limit / decided) if decided > 0 else 0.0
+                q = 0.5 * (q + refuse[c][0]) if it > 0 else q
+                new_refuse.append((q, cls.shards / p.hot_limit))
+            else:
+                new_refuse.append((0.0, 0.0))
+        refuse = new_refuse
+        total_calls = sum(f["calls"] for f in figs)
+        history.append({"iteration": it, "max_rho": max(f["rho"] for f in figs),
+                        "calls_per_s": total_calls})
+        if it >= 2:
+            a, b = history[-2], history[-1]
+            if (abs(a["max_rho"] - b["max_rho"]) <= 0.01 * max(b["max_rho"], 1e-9)
+                    and abs(a["calls_per_s"] - b["calls_per_s"]) <= 0.01 * max(b["calls_per_s"], 1e-9)):
+                break
+    stats = w.stats
+    n = sum(s.n for s in stats)
+    hits = sum(s.hits for s in stats)
+    expired = sum(s.expired for s in stats)
+    req_calls = sum(s.calls for s in stats)
+    decisions = sum(s.decisions for s in stats)
+    lat = sorted(w.latencies)
+    total_calls = sum(f["calls"] for f in figs)
+    util = slot_utilisation(p, calls, dec)
+    cap_nodes = nodes_needed(util, p.target) if p.cluster else None
+    hot = max(range(node_count), key=lambda i: figs[i]["rho"])
+    placement = []
+    for cls in traffic.classes:
+        if cls.identity < 0 or (cls.share < p.hot_min_share and not cls.name.startswith("hot")):
+            continue
+        placement.append({"class": cls.name, "share": cls.share, "shards": cls.shards,
+                          "nodes": sorted({node_of(s, node_count) for s in cls.slots})
+                          if p.cluster else [0]})
+    per_node = []
+    for i, f in enumerate(figs):
+        per_node.append({
+            "node": i,
+            "calls_per_s": f["calls"],
+            "call_fraction": f["calls"] / total_calls if total_calls else 0.0,
+            "decisions_per_s": f["decisions"],
+            "mean_batch": f["decisions"] / f["calls"] if f["calls"] else 0.0,
+            "utilisation": f["rho"],
+            "queue_ms": (f["wq"] * 1000.0) if f["wq"] != math.inf else None,
+            "saturated": f["saturated"],
+        })
+    calls_list = [f["calls"] for f in figs]
+    return {
+        "params": {k: v for k, v in asdict(p).items() if k != "cal"},
+        "calibration": asdict(p.cal),
+        "mode": "cluster" if p.cluster else "single",
+        "max_in_flight": p.in_flight,
+        "worker_rate": p.worker_rate,
+        "requests_simulated": n,
+        "iterations": len(history),
+        "convergence": history,
+        "nodes": per_node,
+        "calls_per_s_total": total_calls,
+        "calls_per_s_node_mean": sum(calls_list) / len(calls_list),
+        "calls_per_s_node_max": max(calls_list),
+        "decisions_per_s_total": sum(f["decisions"] for f in figs),
+        "hot_node": hot,
+        "hot_node_utilisation": figs[hot]["rho"],
+        "saturated_nodes": [i for i, f in enumerate(figs) if f["saturated"]],
+        "calls_per_request": req_calls / n if n else 0.0,
+        "mean_batch": decisions / req_calls if req_calls else 0.0,
+        "deny_cache_fraction": hits / n if n else 0.0,
+        "expired_fraction": expired / n if n else 0.0,
+        "slow_call_fraction": w.slow_calls / w.calls if w.calls else 0.0,
+        "latency_ms": {"p50": percentile(lat, 0.50) * 1000, "p99": percentile(lat, 0.99) * 1000,
+                       "mean": (sum(lat) / len(lat) * 1000) if lat else float("nan")},
+        "webdis_calls_per_s_per_proxy": total_calls / p.proxies,
+        "hot_identities": placement,
+        "capacity": cap_nodes,
+        "memory": memory(p, traffic),
+        "seconds": time.time() - t0,
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+
+def fmt_rate(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def report(r: dict) -> str:
+    p = r["params"]
+    cal = r["calibration"]
+    lines = []
+    w = lines.append
+    w(f"== shards {p['shards']} ({p['shard_scope']}): {p['proxies']} proxies x {p['workers']} workers, "
+      f"{p['nodes']} node(s) [{r['mode']}, max_in_flight {r['max_in_flight']}], "
+      f"{p['identities']:,} identities zipf {p['zipf']}, {p['hot']} hot x "
+      f"{p['hot_share'] / max(p['hot'], 1):.2%}, {fmt_rate(p['rate'])} req/s")
+    w(f"   calibration: rtt {cal['rtt_ms']} ms, call {cal['call_us']} us + "
+      f"{cal['per_request_us']} us/request x {p['limits']} limit(s); "
+      f"{r['worker_rate']:,.0f} req/s per worker; {r['requests_simulated']:,} requests simulated, "
+      f"{r['iterations']} iteration(s)")
+    w("   node  calls/s  share   decisions/s  batch  util    queue ms")
+    for nd in r["nodes"]:
+        q = "inf" if nd["queue_ms"] is None else f"{nd['queue_ms']:.3f}"
+        flag = "  SATURATED" if nd["saturated"] else ""
+        w(f"   {nd['node']:>4}  {fmt_rate(nd['calls_per_s']):>7}  {nd['call_fraction']:>5.1%}  "
+          f"{fmt_rate(nd['decisions_per_s']):>11}  {nd['mean_batch']:>5.2f}  {nd['utilisation']:>6.1%}  "
+          f"{q:>8}{flag}")
+    w(f"   calls/s per node: mean {fmt_rate(r['calls_per_s_node_mean'])}, max {fmt_rate(r['calls_per_s_node_max'])} "
+      f"(node {r['hot_node']}, utilisation {r['hot_node_utilisation']:.1%})")
+    w(f"   calls per request {r['calls_per_request']:.3f}, mean batch {r['mean_batch']:.2f}, "
+      f"deny-cache answers {r['deny_cache_fraction']:.1%}, past timeout {r['expired_fraction']:.2%}, "
+      f"calls over 25 ms {r['slow_call_fraction']:.2%}")
+    lm = r["latency_ms"]
+    if r["saturated_nodes"]:
+        w(f"   decision latency: UNBOUNDED on node(s) {','.join(map(str, r['saturated_nodes']))} "
+          f"(offered load above 100%: requests time out, breakers open); with those nodes held at "
+          f"{p['target']:.0%}: p50 {lm['p50']:.3f} ms, p99 {lm['p99']:.3f} ms")
+    else:
+        w(f"   decision latency (Redis-decided): p50 {lm['p50']:.3f} ms, p99 {lm['p99']:.3f} ms")
+    w(f"   Webdis calls/s per proxy {fmt_rate(r['webdis_calls_per_s_per_proxy'])}; "
+      f"per worker {r['worker_rate']:,.0f} req/s -> {r['worker_rate'] * r['calls_per_request']:,.0f} calls/s")
+    if r["hot_identities"]:
+        parts = [f"{h['class']} {h['share']:.2%} -> node(s) {','.join(map(str, h['nodes']))}"
+                 for h in r["hot_identities"][:8]]
+        more = len(r["hot_identities"]) - 8
+        w("   hot identities: " + "; ".join(parts) + (f"; +{more} more" if more > 0 else ""))
+    c = r["capacity"]
+    if c is not None:
+        if c["hash"] is None and c["rebalanced"] is None:
+            w(f"   capacity at {p['target']:.0%}: NO node count suffices: the hottest slot alone needs "
+              f"{c['hottest_slot']:.0%} of a node -> shards >= {c['shards_needed_for_hottest']} on it "
+              f"(total work {c['total_node_equivalents']:.2f} node-equivalents)")
+        else:
+            w(f"   capacity at {p['target']:.0%}: {c['hash']} nodes (hash placement), "
+              f"{c['rebalanced']} with slots rebalanced; total work {c['total_node_equivalents']:.2f} "
+              f"node-equivalents, hottest slot {c['hottest_slot']:.1%}")
+    m = r["memory"]
+    w(f"   memory ({p['algorithm']}, TTL {p['ttl_s']:.0f} s): {m['live_keys']:,.0f} live keys, "
+      f"{m['bytes'] / 2**20:,.1f} MiB ({m['bytes_per_node'] / 2**20:,.1f} MiB per node)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CLI
+
+PRESETS = {
+    "small": {"proxies": 1, "workers": 2, "nodes": 3, "identities": 10_000, "zipf": 0.0,
+              "hot": 0, "hot_share": 0.0, "rate": 15_000.0, "shards": "1", "rtt_ms": 0.3},
+}
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true",
+                    help="preset: 1 proxy x 2 workers, 3 nodes, 10,000 uniform identities, no hot "
+                         "keys, rtt 0.3 ms (the 3-node make bench run); other flags override")
+    ap.add_argument("--proxies", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=2, help="Envoy workers per proxy")
+    ap.add_argument("--nodes", type=int, default=3, help="Redis masters (1: one Redis, not a cluster)")
+    ap.add_argument("--identities", type=int, default=10_000_000)
+    ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent s (0: uniform)")
+    ap.add_argument("--hot", type=int, default=3, help="explicit hot identities")
+    ap.add_argument("--hot-share", type=float, default=0.05, help="share of all traffic on the hot identities")
+    ap.add_argument("--rate", type=float, default=1_000_000.0, help="requests/s, whole fleet")
+    ap.add_argument("--shards", default="1,8", help="shards on hot identities; a list compares scenarios")
+    ap.add_argument("--shard-scope", choices=["hot", "explicit", "all"], default="hot")
+    ap.add_argument("--hot-min-share", type=float, default=0.005,
+                    help="with --shard-scope hot: Zipf identities with at least this share are sharded too")
+    ap.add_argument("--hot-limit", type=float, default=0.0,
+                    help="allowed req/s of each explicit hot identity (0: never refused)")
+    ap.add_argument("--limits", type=int, default=1, help="limits (keys) per identity")
+    ap.add_argument("--algorithm", choices=sorted(BYTES_PER_KEY), default="token_bucket")
+    ap.add_argument("--ttl-s", type=float, default=120.0, help="state TTL (refill time + 60 s)")
+    ap.add_argument("--redis-mode", choices=["auto", "single", "cluster"], default="auto")
+    ap.add_argument("--max-in-flight", type=int, default=0, help="0: 1 (one Redis) or 8 (cluster)")
+    ap.add_argument("--max-requests", type=int, default=64)
+    ap.add_argument("--timeout-ms", type=float, default=150.0)
+    ap.add_argument("--no-deny-cache", action="store_true")
+    ap.add_argument("--target", type=float, default=0.7, help="utilisation target of the hottest node")
+    ap.add_argument("--requests", type=int, default=40_000, help="requests simulated per iteration")
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--top-ranks", type=int, default=64, help="Zipf ranks modelled one by one")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--calibration", help="JSON file: rtt_ms, call_us, per_request_us[, rtt_jitter, source]")
+    ap.add_argument("--rtt-ms", type=float)
+    ap.add_argument("--call-us", type=float)
+    ap.add_argument("--per-request-us", type=float)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    pre = ap.parse_known_args(argv)[0]
+    if pre.small:
+        ap.set_defaults(**PRESETS["small"])
+    return ap.parse_args(argv)
+
+
+def params_from_args(a) -> list:
+    cal = Calibration.load(a.calibration) if a.calibration else Calibration()
+    if a.rtt_ms is not None:
+        cal.rtt_ms = a.rtt_ms
+    if a.call_us is not None:
+        cal.call_us = a.call_us
+    if a.per_request_us is not None:
+        cal.per_request_us = a.per_request_us
+    base = Params(proxies=a.proxies, workers=a.workers, nodes=a.nodes, identities=a.identities,
+                  zipf=a.zipf, hot=a.hot, hot_share=a.hot_share, rate=a.rate,
+                  shard_scope=a.shard_scope, hot_min_share=a.hot_min_share, hot_limit=a.hot_limit,
+                  limits=a.limits, algorithm=a.algorithm, ttl_s=a.ttl_s, redis_mode=a.redis_mode,
+                  max_in_flight=a.max_in_flight, max_requests=a.max_requests,
+                  timeout_ms=a.timeout_ms, deny_cache=not a.no_deny_cache, target=a.target,
+                  requests=a.requests, iterations=a.iterations, top_ranks=a.top_ranks,
+                  seed=a.seed, cal=cal)
+    shards = [int(x) for x in str(a.shards).split(",") if x.strip()]
+    for s in shards:
+        if not 1 <= s <= 64:
+            raise SystemExit("--shards: each value must be 1..64")
+    return [replace(base, shards=s) for s in shards]
+
+
+def _clean(x):
+    """JSON has no NaN or infinity: null instead."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def main(argv=None) -> int:
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    results = [run(p) for p in params_from_args(a)]
+    if a.json:
+        print(json.dumps({"scenarios": _clean(results)}, indent=1, allow_nan=False))
+    else:
+        print("\n\n".join(report(r) for r in results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

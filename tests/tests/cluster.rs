@@ -1,0 +1,344 @@
+//! Redis Cluster mode end to end: real Envoy (the filter, and a redis_proxy listener), Webdis
+//! pointed at that proxy, and a Redis Cluster of 3 masters + 3 replicas, all from the shipped
+//! configs in envoy/cluster/ on free loopback ports.
+//!
+//! The shipped cluster config sends one request per EVALSHA (`"batch": {"max_requests": 1}`):
+//! a script whose keys are on different slots is refused by Redis Cluster (CROSSSLOT).
+
+use std::time::{Duration, Instant};
+
+use e2e::cluster::{ClusterStack, RedisCluster, NODE_USER, SLOTS};
+use e2e::procs::WorkDir;
+use e2e::{get, script_sha, Envoy, Resp, Response};
+
+/// The Redis key of the shipped rule's bucket for API key `api_key` (hashed identity).
+fn bucket_key(api_key: &str) -> String {
+    let digest = ratelimit_core::sha1::sha1_hex(api_key.as_bytes());
+    format!("rl:{{header:x-api-key:{digest}}}:per_client:per_minute")
+}
+
+fn hit(envoy: &Envoy, api_key: &str) -> Response {
+    get(envoy.port, "/", &[("x-api-key", api_key.as_bytes())]).expect("request through envoy")
+}
+
+/// The shipped limit (10 per minute) made `limit` per minute.
+fn limit_edit(limit: u32) -> (String, String) {
+    (
+        r#""limit": 10, "window": "1m""#.to_string(),
+        format!(r#""limit": {limit}, "window": "1m""#),
+    )
+}
+
+/// The filter's counters and warnings, for assertion messages.
+fn diagnose(stack: &ClusterStack) -> String {
+    let counters: Vec<String> = [
+        "ratelimit_allowed",
+        "ratelimit_denied",
+        "ratelimit_bridge_errors",
+        "ratelimit_failure_mode_open",
+        "ratelimit_script_loads",
+    ]
+    .iter()
+    .map(|c| format!("{c}={}", stack.envoy.counter(c)))
+    .collect();
+    let log = stack.envoy.process.log_text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[wasm]") && (l.contains("warn") || l.contains("error")))
+        .collect();
+    format!("{}\n{}", counters.join(" "), warnings.join("\n"))
+}
+
+fn edits(list: &[(String, String)]) -> Vec<(&str, &str)> {
+    list.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect()
+}
+
+#[test]
+fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
+    let stack = ClusterStack::start("cluster-spread", &[]);
+    let cluster = &stack.cluster;
+    println!(
+        "cluster of {} nodes ready in {} ms",
+        cluster.nodes.len(),
+        cluster.startup.as_millis()
+    );
+    let masters = cluster.masters();
+    let replicas = cluster.replicas();
+    assert_eq!((masters.len(), replicas.len()), (3, 3));
+
+    // SCRIPT LOAD through Webdis and the proxy loads the script on every master. Replicas do
+    // not get it (Redis 7 does not replicate the script cache): a promoted replica answers
+    // NOSCRIPT, and the filter loads the script again.
+    let sha = script_sha();
+    let reply = stack.load_script(ratelimit_core::DECISION_LUA);
+    assert_eq!(reply.text(), format!(r#"{{"SCRIPT":"{sha}"}}"#));
+    for &m in &masters {
+        assert!(cluster.script_exists(m, &sha), "script on master {m}");
+    }
+    for &r in &replicas {
+        assert!(!cluster.script_exists(r, &sha), "script on replica {r}");
+    }
+
+    let identities = 60;
+    for i in 0..identities {
+        let r = hit(&stack.envoy, &format!("user-{i}"));
+        assert_eq!(r.status, 200, "user-{i}: {}", r.text());
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("9"), "user-{i}");
+    }
+    assert_eq!(stack.envoy.counter("ratelimit_allowed"), identities);
+    assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
+    assert_eq!(stack.envoy.counter("ratelimit_script_loads"), 0);
+
+    // One EVALSHA per request, each on the master of its key's slot; none on replicas.
+    let calls = cluster.command_calls_per_node("evalsha");
+    println!("evalsha calls per node: {calls:?}");
+    for &(node, n) in &calls {
+        if masters.contains(&node) {
+            assert!(n > 0, "master {node} decided nothing: {calls:?}");
+        } else {
+            assert_eq!(n, 0, "replica {node} ran EVALSHA: {calls:?}");
+        }
+    }
+    let total: u64 = calls.iter().map(|&(_, n)| n).sum();
+    assert_eq!(total, identities, "{calls:?}");
+    // Each bucket is on the master of its slot (another master would answer MOVED), and
+    // there is no other key.
+    for i in 0..identities {
+        let key = bucket_key(&format!("user-{i}"));
+        let owner = cluster.master_of_key(&key);
+        let exists = cluster.admin(owner).cmd(&["EXISTS", &key]).unwrap();
+        assert_eq!(exists, Resp::Int(1), "{key} on {owner}");
+    }
+    let keys: i64 = masters
+        .iter()
+        .map(|&m| cluster.admin(m).cmd(&["DBSIZE"]).unwrap().int())
+        .sum();
+    assert_eq!(keys, identities as i64);
+}
+
+#[test]
+fn one_key_gets_exactly_its_limit() {
+    let list = [limit_edit(5)];
+    let stack = ClusterStack::start("cluster-exact", &edits(&list));
+    let statuses: Vec<u16> = (0..20).map(|_| hit(&stack.envoy, "alice").status).collect();
+    println!("{statuses:?}");
+    assert_eq!(statuses[..5], [200; 5], "{}", diagnose(&stack));
+    assert_eq!(statuses[5..], [429; 15], "{}", diagnose(&stack));
+    // The script was not loaded: the first call got NOSCRIPT and the filter loaded it.
+    assert!(stack.envoy.counter("ratelimit_script_loads") >= 1);
+    assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
+    let key = bucket_key("alice");
+    let owner = stack.cluster.master_of_key(&key);
+    let tokens = stack.cluster.admin(owner).cmd(&["HGET", &key, "tokens"]);
+    let tokens: f64 = tokens.unwrap().text().parse().expect("a token count");
+    assert!(tokens < 1.0, "tokens left: {tokens}");
+}
+
+/// What a client of the proxy (Webdis, or anyone with its password) gets to run: the proxy
+/// forwards FLUSHALL, KEYS, EVAL and the like, so the nodes' ACL is what refuses them.
+#[test]
+fn the_proxy_user_is_locked_down_on_every_node() {
+    let stack = ClusterStack::start("cluster-lockdown", &[]);
+    let cluster = &stack.cluster;
+    let mut proxy = e2e::RedisConn::connect(stack.proxy_port).unwrap();
+    let reply = proxy.cmd(&["CONFIG", "GET", "*"]).unwrap();
+    assert!(
+        matches!(&reply, Resp::Error(e) if e.starts_with("NOAUTH")),
+        "{reply:?}"
+    );
+    let reply = proxy.cmd(&["AUTH", "wrong"]).unwrap();
+    assert!(matches!(&reply, Resp::Error(_)), "{reply:?}");
+    assert_eq!(
+        proxy.cmd(&["AUTH", "webdis-demo-secret"]).unwrap(),
+        Resp::Simple("OK".into())
+    );
+    for command in [
+        &["FLUSHALL"][..],
+        &["KEYS", "*"],
+        &["EVAL", "return 1", "1", "rl:{a}"],
+        &["HGET", "other:x", "tokens"],
+    ] {
+        let reply = proxy.cmd(command).unwrap();
+        assert!(
+            matches!(&reply, Resp::Error(e) if e.starts_with("NOPERM")),
+            "{} through the proxy: {reply:?}",
+            command.join(" ")
+        );
+    }
+    let time = proxy.cmd(&["TIME"]).unwrap();
+    assert!(matches!(time, Resp::Array(Some(_))), "{time:?}");
+
+    let refused: &[&[&str]] = &[
+        &["FLUSHALL"],
+        &["KEYS", "*"],
+        &["CONFIG", "GET", "*"],
+        &["EVAL", "return 1", "0"],
+        &["CLUSTER", "NODES"],
+        &["CLUSTER", "RESET"],
+        &["SCRIPT", "FLUSH"],
+        &["GET", "rl:x"],
+        &["HGET", "other:x", "tokens"],
+        &["ACL", "LIST"],
+    ];
+    for node in cluster.ports() {
+        let mut conn = cluster.restricted(node);
+        for command in refused {
+            let reply = conn.cmd(command).unwrap();
+            assert!(
+                matches!(&reply, Resp::Error(e) if e.starts_with("NOPERM")),
+                "{} on {node}: {reply:?}",
+                command.join(" ")
+            );
+        }
+        // What the proxy needs: the script, on the limiter's keys, and the slot map.
+        let reply = conn
+            .cmd(&["EVALSHA", &"0".repeat(40), "1", "rl:x"])
+            .unwrap();
+        let allowed = matches!(&reply, Resp::Error(e) if e.starts_with("NOSCRIPT"))
+            || matches!(&reply, Resp::Error(e) if e.starts_with("MOVED"));
+        assert!(allowed, "EVALSHA on {node}: {reply:?}");
+        let slots = conn.cmd(&["CLUSTER", "SLOTS"]).unwrap();
+        assert!(matches!(slots, Resp::Array(Some(_))), "{slots:?}");
+        assert!(matches!(conn.cmd(&["TIME"]).unwrap(), Resp::Array(Some(_))));
+        // A wrong password, or none, gets nothing.
+        let wrong = e2e::RedisConn::login(node, NODE_USER.0, "wrong");
+        assert!(wrong.is_err());
+        let mut anonymous = e2e::RedisConn::connect(node).unwrap();
+        let reply = anonymous.cmd(&["CLUSTER", "SLOTS"]).unwrap();
+        assert!(
+            matches!(&reply, Resp::Error(e) if e.starts_with("NOAUTH")),
+            "{reply:?}"
+        );
+        // The replication user may only copy its master.
+        let mut replica = e2e::RedisConn::login(node, "replica", "replica-demo-secret").unwrap();
+        for command in [&["GET", "rl:x"][..], &["CLUSTER", "SLOTS"], &["FLUSHALL"]] {
+            let reply = replica.cmd(command).unwrap();
+            assert!(
+                matches!(&reply, Resp::Error(e) if e.starts_with("NOPERM")),
+                "{reply:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn keyslot_follows_hash_tags() {
+    let dir = WorkDir::new("cluster-keyslot");
+    let cluster = RedisCluster::start(&dir, 3, 0);
+    // Known values (CRC16/XMODEM of the key, or of its {hash tag}, modulo 16384).
+    assert_eq!(cluster.keyslot("foo"), 12182);
+    assert_eq!(cluster.keyslot("{user1000}.following"), 3443);
+    // Every limit of one identity lives on the slot of its hash tag.
+    let key = bucket_key("alice");
+    let tag = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
+    let slot = cluster.keyslot(tag);
+    assert_eq!(cluster.keyslot(&key), slot);
+    assert_eq!(cluster.keyslot(&key.replace("per_minute", "per_day")), slot);
+    // The three masters share the slots, and each slot has one.
+    let slots = cluster.slots();
+    let covered: u32 = slots
+        .iter()
+        .map(|&(a, b, _)| u32::from(b) - u32::from(a) + 1)
+        .sum();
+    assert_eq!(covered, SLOTS);
+    let mut owners: Vec<u16> = slots.iter().map(|&(_, _, m)| m).collect();
+    owners.sort_unstable();
+    owners.dedup();
+    assert_eq!(owners, {
+        let mut m = cluster.masters();
+        m.sort_unstable();
+        m
+    });
+    assert!(owners.contains(&cluster.master_of_slot(slot)));
+    assert_eq!(
+        cluster.master_of_key("{user1000}.followers"),
+        cluster.master_of_slot(3443)
+    );
+}
+
+/// A master dies: its replica takes over with the buckets it had copied, the filter loads the
+/// script on it (the replica never had it) and the limits hold again. Meanwhile requests on
+/// its slots are decided by the failure policy (open here).
+#[test]
+fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
+    let list = [
+        limit_edit(5),
+        (
+            r#""failure_mode": "open","#.to_string(),
+            r#""failure_mode": "open", "deny_cache": false,"#.to_string(),
+        ),
+    ];
+    let mut stack = ClusterStack::start("cluster-failover", &edits(&list));
+    let statuses: Vec<u16> = (0..6).map(|_| hit(&stack.envoy, "alice").status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429],
+        "{}",
+        diagnose(&stack)
+    );
+    let key = bucket_key("alice");
+    let old = stack.cluster.master_of_key(&key);
+    // Another identity on the same master, to see when decisions come back.
+    let probe = (0..)
+        .map(|i| format!("probe-{i}"))
+        .find(|p| stack.cluster.master_of_key(&bucket_key(p)) == old)
+        .unwrap();
+    let replica = stack.cluster.replicas_of(old);
+    assert_eq!(replica.len(), 1);
+    let sha = script_sha();
+    assert!(!stack.cluster.script_exists(replica[0], &sha));
+    // Replication is asynchronous: make sure the replica has alice's bucket before the crash.
+    let acked = stack
+        .cluster
+        .admin(old)
+        .cmd(&["WAIT", "1", "5000"])
+        .unwrap();
+    assert_eq!(acked, Resp::Int(1));
+    let loads_before = stack.envoy.counter("ratelimit_script_loads");
+
+    let killed = Instant::now();
+    stack.cluster.kill_master(old);
+    let new = stack.cluster.wait_failover(old, Duration::from_secs(30));
+    let promoted = killed.elapsed();
+    assert_eq!(new, replica[0]);
+    // Requests on the dead master's slots fail open meanwhile; poll until one is decided.
+    let decided = e2e::wait_for(
+        "decisions on the new master",
+        Duration::from_secs(30),
+        || {
+            let r = hit(&stack.envoy, &probe);
+            r.header("x-ratelimit-limit").is_some().then_some(r)
+        },
+    );
+    let back = killed.elapsed();
+    println!(
+        "failover: replica {new} promoted {} ms after master {old} was killed; decisions back after {} ms; \
+         fail-open meanwhile: {}",
+        promoted.as_millis(),
+        back.as_millis(),
+        stack.envoy.counter("ratelimit_failure_mode_open")
+    );
+    assert_eq!(decided.status, 200, "{}", diagnose(&stack));
+    // 4, unless a call that failed at the filter still reached Redis and charged.
+    let remaining: u32 = decided
+        .header("x-ratelimit-remaining")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining <= 4, "{remaining}: {}", diagnose(&stack));
+    assert!(stack.envoy.counter("ratelimit_script_loads") > loads_before);
+    assert!(stack.cluster.script_exists(new, &sha));
+    // alice's bucket was copied to the replica before the kill: still empty, still refused
+    // (by Redis: the deny cache is off here).
+    assert_eq!(
+        stack.cluster.admin(new).cmd(&["EXISTS", &key]).unwrap(),
+        Resp::Int(1)
+    );
+    // Each worker has its own circuit breaker, and the other one may still be open (the
+    // request then fails open, without rate-limit headers): wait for a decision.
+    let decided = e2e::wait_for("a decision for alice", Duration::from_secs(10), || {
+        let r = hit(&stack.envoy, "alice");
+        r.header("x-ratelimit-limit").is_some().then_some(r)
+    });
+    assert_eq!(decided.status, 429, "{}", diagnose(&stack));
+}
