@@ -282,6 +282,7 @@ class Params:
     max_in_flight: int = 0  # 0: 1 with one Redis, 8 in cluster mode
     max_requests: int = 64
     timeout_ms: float = 150.0
+    connections: int = 0  # per proxy; 0: open loop (Poisson arrivals)
     deny_cache: bool = True
     target: float = 0.7
     requests: int = 40_000
@@ -305,6 +306,18 @@ class Params:
     @property
     def worker_rate(self) -> float:
         return self.rate / (self.proxies * self.workers)
+
+    @property
+    def worker_connections(self) -> int:
+        return max(1, round(self.connections / self.workers)) if self.connections > 0 else 0
+
+    def worker_bound(self, batch: float) -> float:
+        """Decisions/s one worker can keep in flight with calls of `batch` requests and no
+        node queueing: max_in_flight x batch / (rtt + call + batch x per request)."""
+        c = self.cal
+        batch = max(1.0, min(batch, self.max_requests))
+        call_s = c.rtt_ms / 1000 + (c.call_us + c.per_request_us * self.limits * batch) * 1e-6
+        return self.in_flight * batch / call_s
 
 
 # --------------------------------------------------------------------------- traffic
@@ -415,19 +428,22 @@ class ClassStats:
 @dataclass
 class WorkerRun:
     stats: list
-    latencies: list
+    latencies: list  # of requests decided by Redis or past their timeout (s)
     calls: int
     slow_calls: int
-    batches: int
-    batch_members: int
+    completion_sum: float  # sum of every recorded request's time to its answer (s)
+    duration: float  # simulated seconds
+    arrivals: int
 
 
 def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
-                    n_requests: int, rng: random.Random) -> WorkerRun:
-    """One worker's engine, event by event, for n_requests Poisson arrivals (first 10% warm-up).
+                    n_requests: int, rng: random.Random, think_s: float = 0.0) -> WorkerRun:
+    """One worker's engine, event by event, for n_requests arrivals (first 10% warm-up).
 
     node_wait[n] = (rho, mean queueing delay s) of node n; refuse[c] = (probability a decision
-    of class c is refused, longest retry s).
+    of class c is refused, longest retry s). Arrivals are Poisson at the worker's rate, or with
+    `p.connections` a closed loop: each of the worker's connections sends its next request an
+    exponential think time (mean think_s) after its last answer.
     """
     cal = p.cal
     lam = p.worker_rate
@@ -441,23 +457,36 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
     stats = [ClassStats() for _ in traffic.classes]
     latencies: list[float] = []
     cache: dict[int, float] = {}
-    heap: list = []
+    heap: list = []  # calls in flight: (reply time, seq, sent, members)
     seq = itertools.count()
     order: deque = deque()  # waiting requests, arrival order (lazy: taken ones skipped)
     by_slot: dict[int, deque] = {}
     waiting = 0
     in_flight = 0
-    calls = slow_calls = batches = batch_members = 0
+    calls = slow_calls = 0
+    completion_sum = 0.0
     warm = n_requests // 10
     arrivals = 0
     turn = 0
     t = 0.0
-    next_arrival = rng.expovariate(lam)
     expo, rand = rng.expovariate, rng.random
     use_cache = p.deny_cache
+    closed = p.worker_connections > 0
+    clients: list = []  # closed loop: next send time of each connection
+    if closed:
+        mean = max(think_s, 1e-9)
+        clients = sorted(rand() * mean for _ in range(p.worker_connections))
+        next_arrival = clients[0]
+    else:
+        next_arrival = expo(lam)
+
+    def done(at: float) -> None:
+        """A closed-loop connection got its answer at `at`: it sends again after thinking."""
+        if closed:
+            heapq.heappush(clients, at + (expo(1.0 / think_s) if think_s > 0 else 0.0))
 
     def next_batch(now: float) -> list:
-        nonlocal waiting
+        nonlocal waiting, completion_sum
         members = []
         if cluster:
             while order and order[0][5]:
@@ -477,12 +506,16 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
                 if st:
                     st.expired += 1
                     latencies.append(timeout)
+                    completion_sum += timeout
+                done(req[0] + timeout)
                 continue
             if use_cache:
                 e = cache.get(req[2])
                 if e is not None and e > now:
                     if st:
                         st.hits += 1
+                        completion_sum += now - req[0]
+                    done(now)
                     continue
             members.append(req)
         if cluster and not q:
@@ -490,7 +523,7 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
         return members
 
     def dispatch(now: float) -> None:
-        nonlocal in_flight, calls, slow_calls, batches, batch_members
+        nonlocal in_flight, calls, slow_calls
         while in_flight < max_if and waiting > 0:
             members = next_batch(now)
             if not members:
@@ -513,12 +546,12 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
                     st.batch_sum += b
             if recorded:
                 calls += 1
-                batches += 1
-                batch_members += b
                 if latency > BREAKER_STALL_S:
                     slow_calls += 1
 
     while True:
+        if closed:
+            next_arrival = clients[0] if clients else math.inf
         if heap and (heap[0][0] <= next_arrival or arrivals >= n_requests):
             t, _, sent, members = heapq.heappop(heap)
             in_flight -= 1
@@ -528,17 +561,23 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
                     if lat >= timeout:
                         stats[req[1]].expired += 1
                         latencies.append(timeout)
+                        completion_sum += timeout
                     else:
                         latencies.append(lat)
+                        completion_sum += lat
+                done(min(t, req[0] + timeout))
                 q, retry = refuse[req[1]]
-                if q > 0 and rand() < q and use_cache:
+                if q > 0 and use_cache and rand() < q:
                     until = sent + rand() * retry
                     if until > cache.get(req[2], 0.0):
                         cache[req[2]] = until
             dispatch(t)
-        elif arrivals < n_requests:
+        elif arrivals < n_requests and next_arrival < math.inf:
             t = next_arrival
-            next_arrival = t + expo(lam)
+            if closed:
+                heapq.heappop(clients)
+            else:
+                next_arrival = t + expo(lam)
             arrivals += 1
             turn += 1
             c, ident, shard, slot = traffic.draw(rng, turn)
@@ -551,6 +590,7 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
                 if e is not None and e > t:
                     if rec:
                         stats[c].hits += 1
+                    done(t)
                     continue
             node = node_of(slot, nodes) if cluster else 0
             req = [t, c, key, slot, node, False, rec]
@@ -564,7 +604,7 @@ def simulate_worker(p: Params, traffic: Traffic, node_wait: list, refuse: list,
             dispatch(t)
         else:
             break
-    return WorkerRun(stats, latencies, calls, slow_calls, batches, batch_members)
+    return WorkerRun(stats, latencies, calls, slow_calls, completion_sum, t, arrivals)
 
 
 # --------------------------------------------------------------------------- fleet
@@ -720,9 +760,18 @@ def run(p: Params, quiet: bool = True) -> dict:
     w = None
     figs = None
     calls = dec = b2 = None
+    cycle = p.worker_connections / p.worker_rate if p.worker_connections else 0.0
+    think = max(0.0, cycle - p.cal.rtt_ms / 1000)
+    rate = p.rate
     for it in range(max(1, p.iterations)):
-        w = simulate_worker(p, traffic, node_wait, refuse, p.requests, rng)
-        calls, dec, b2 = slot_loads(p, traffic, w.stats)
+        w = simulate_worker(p, traffic, node_wait, refuse, p.requests, rng, think)
+        if p.worker_connections:
+            # Closed loop: think so that a connection's cycle (answer + think) gives the rate.
+            answered = sum(s.n for s in w.stats)
+            mean_answer = w.completion_sum / answered if answered else 0.0
+            think = max(0.0, cycle - mean_answer)
+            rate = min(p.rate, w.arrivals / w.duration * p.proxies * p.workers) if w.duration else p.rate
+        calls, dec, b2 = slot_loads(replace(p, rate=rate), traffic, w.stats)
         figs = node_figures(p, calls, dec, b2, node_count)
         new_wait = []
         for (rho_old, wq_old), f in zip(node_wait, figs):
@@ -742,7 +791,7 @@ def run(p: Params, quiet: bool = True) -> dict:
         for c, cls in enumerate(traffic.classes):
             st = w.stats[c]
             if cls.limited and st.n > 0:
-                decided = p.rate * cls.share * st.decisions / st.n
+                decided = rate * cls.share * st.decisions / st.n
                 q = max(0.0, 1.0 - p.hot_limit / decided) if decided > 0 else 0.0
                 q = 0.5 * (q + refuse[c][0]) if it > 0 else q
                 new_refuse.append((q, cls.shards / p.hot_limit))
@@ -794,6 +843,10 @@ def run(p: Params, quiet: bool = True) -> dict:
         "mode": "cluster" if p.cluster else "single",
         "max_in_flight": p.in_flight,
         "worker_rate": p.worker_rate,
+        "worker_bound": p.worker_bound(decisions / req_calls if req_calls else 1.0),
+        "worker_bound_full_batches": p.worker_bound(p.max_requests),
+        "achieved_rate": rate,
+        "think_ms": think * 1000 if p.worker_connections else None,
         "requests_simulated": n,
         "iterations": len(history),
         "convergence": history,
@@ -813,6 +866,7 @@ def run(p: Params, quiet: bool = True) -> dict:
         "latency_ms": {"p50": percentile(lat, 0.50) * 1000, "p99": percentile(lat, 0.99) * 1000,
                        "mean": (sum(lat) / len(lat) * 1000) if lat else float("nan")},
         "webdis_calls_per_s_per_proxy": total_calls / p.proxies,
+        "worker_saturated": expired / n > 0.01 if n else False,
         "hot_identities": placement,
         "capacity": cap_nodes,
         "memory": memory(p, traffic),
@@ -844,8 +898,17 @@ def report(r: dict) -> str:
       f"{cal['per_request_us']} us/request x {p['limits']} limit(s); "
       f"{r['worker_rate']:,.0f} req/s per worker; {r['requests_simulated']:,} requests simulated, "
       f"{r['iterations']} iteration(s)")
+    if r["think_ms"] is not None:
+        w(f"   closed loop: {p['connections']} connections per proxy, think {r['think_ms']:.3f} ms, "
+          f"achieved {fmt_rate(r['achieved_rate'])} req/s")
     w("   node  calls/s  share   decisions/s  batch  util    queue ms")
-    for nd in r["nodes"]:
+    shown = r["nodes"]
+    if len(shown) > 12:
+        shown = sorted(shown, key=lambda nd: -nd["utilisation"])[:8]
+        utils = sorted(nd["utilisation"] for nd in r["nodes"])
+        w(f"   ({len(r['nodes'])} nodes: the 8 busiest; utilisation min {utils[0]:.1%}, "
+          f"median {utils[len(utils) // 2]:.1%}; --json lists all)")
+    for nd in shown:
         q = "inf" if nd["queue_ms"] is None else f"{nd['queue_ms']:.3f}"
         flag = "  SATURATED" if nd["saturated"] else ""
         w(f"   {nd['node']:>4}  {fmt_rate(nd['calls_per_s']):>7}  {nd['call_fraction']:>5.1%}  "
@@ -864,7 +927,12 @@ def report(r: dict) -> str:
     else:
         w(f"   decision latency (Redis-decided): p50 {lm['p50']:.3f} ms, p99 {lm['p99']:.3f} ms")
     w(f"   Webdis calls/s per proxy {fmt_rate(r['webdis_calls_per_s_per_proxy'])}; "
-      f"per worker {r['worker_rate']:,.0f} req/s -> {r['worker_rate'] * r['calls_per_request']:,.0f} calls/s")
+      f"per worker {r['worker_rate']:,.0f} req/s -> {r['worker_rate'] * r['calls_per_request']:,.0f} calls/s "
+      f"(a worker decides at most ~{fmt_rate(r['worker_bound'])}/s at this batch, "
+      f"{fmt_rate(r['worker_bound_full_batches'])}/s with full ones)")
+    if r["worker_saturated"]:
+        w("   WORKER SATURATED: requests wait past their timeout for a call slot "
+          "(raise batch.max_in_flight, add workers, or cut the round trip)")
     if r["hot_identities"]:
         parts = [f"{h['class']} {h['share']:.2%} -> node(s) {','.join(map(str, h['nodes']))}"
                  for h in r["hot_identities"][:8]]
@@ -888,9 +956,10 @@ def report(r: dict) -> str:
 
 # --------------------------------------------------------------------------- CLI
 
+SMALL_RTT_MS = 0.3  # --small: one host's loopback (a calibration file or --rtt-ms wins)
 PRESETS = {
     "small": {"proxies": 1, "workers": 2, "nodes": 3, "identities": 10_000, "zipf": 0.0,
-              "hot": 0, "hot_share": 0.0, "rate": 15_000.0, "shards": "1", "rtt_ms": 0.3},
+              "hot": 0, "hot_share": 0.0, "rate": 15_000.0, "shards": "1", "connections": 32},
 }
 
 
@@ -921,6 +990,9 @@ def parse_args(argv):
     ap.add_argument("--max-in-flight", type=int, default=0, help="0: 1 (one Redis) or 8 (cluster)")
     ap.add_argument("--max-requests", type=int, default=64)
     ap.add_argument("--timeout-ms", type=float, default=150.0)
+    ap.add_argument("--connections", type=int, default=0,
+                    help="closed loop: connections per proxy (like wrk -c), think time set to give --rate; "
+                         "0: open loop, Poisson arrivals")
     ap.add_argument("--no-deny-cache", action="store_true")
     ap.add_argument("--target", type=float, default=0.7, help="utilisation target of the hottest node")
     ap.add_argument("--requests", type=int, default=40_000, help="requests simulated per iteration")
@@ -940,6 +1012,8 @@ def parse_args(argv):
 
 def params_from_args(a) -> list:
     cal = Calibration.load(a.calibration) if a.calibration else Calibration()
+    if a.small and not a.calibration:
+        cal.rtt_ms = SMALL_RTT_MS
     if a.rtt_ms is not None:
         cal.rtt_ms = a.rtt_ms
     if a.call_us is not None:
@@ -951,7 +1025,7 @@ def params_from_args(a) -> list:
                   shard_scope=a.shard_scope, hot_min_share=a.hot_min_share, hot_limit=a.hot_limit,
                   limits=a.limits, algorithm=a.algorithm, ttl_s=a.ttl_s, redis_mode=a.redis_mode,
                   max_in_flight=a.max_in_flight, max_requests=a.max_requests,
-                  timeout_ms=a.timeout_ms, deny_cache=not a.no_deny_cache, target=a.target,
+                  timeout_ms=a.timeout_ms, connections=a.connections, deny_cache=not a.no_deny_cache, target=a.target,
                   requests=a.requests, iterations=a.iterations, top_ranks=a.top_ranks,
                   seed=a.seed, cal=cal)
     shards = [int(x) for x in str(a.shards).split(",") if x.strip()]

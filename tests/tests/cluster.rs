@@ -2,8 +2,9 @@
 //! pointed at that proxy, and a Redis Cluster of 3 masters + 3 replicas, all from the shipped
 //! configs in envoy/cluster/ on free loopback ports.
 //!
-//! The shipped cluster config sends one request per EVALSHA (`"batch": {"max_requests": 1}`):
-//! a script whose keys are on different slots is refused by Redis Cluster (CROSSSLOT).
+//! The shipped cluster config sets `bridge.redis_cluster`: a script whose keys are on
+//! different slots is refused by Redis Cluster (CROSSSLOT), so every call holds one slot's
+//! requests, and a request on several slots is decided per slot.
 
 use std::time::{Duration, Instant};
 
@@ -296,6 +297,28 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
     assert_eq!(acked, Resp::Int(1));
     let loads_before = stack.envoy.counter("ratelimit_script_loads");
 
+    // Load all through the failover: 4 clients over 40 identities on every master.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = stack.envoy.port;
+    let load: Vec<_> = (0..4)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+                let mut i = t;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let key = format!("load-{}", i % 40);
+                    let status = get(port, "/", &[("x-api-key", key.as_bytes())])
+                        .map(|r| r.status)
+                        .unwrap_or(0);
+                    *statuses.entry(status).or_default() += 1;
+                    i += 4;
+                }
+                statuses
+            })
+        })
+        .collect();
+
     let killed = Instant::now();
     stack.cluster.kill_master(old);
     let new = stack.cluster.wait_failover(old, Duration::from_secs(30));
@@ -311,6 +334,19 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
         },
     );
     let back = killed.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut under_load = std::collections::BTreeMap::<u16, u64>::new();
+    for worker in load {
+        for (status, n) in worker.join().expect("load thread") {
+            *under_load.entry(status).or_default() += n;
+        }
+    }
+    println!("under load through the failover: {under_load:?}");
+    assert!(
+        under_load.keys().all(|s| *s == 200 || *s == 429),
+        "every request answered, allowed or refused: {under_load:?}"
+    );
+    assert!(under_load.values().sum::<u64>() > 100, "{under_load:?}");
     println!(
         "failover: replica {new} promoted {} ms after master {old} was killed; decisions back after {} ms; \
          fail-open meanwhile: {}",
@@ -341,4 +377,207 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
         r.header("x-ratelimit-limit").is_some().then_some(r)
     });
     assert_eq!(decided.status, 429, "{}", diagnose(&stack));
+}
+
+/// A 2 s bridge timeout and breaker stall: on a busy test machine a call can take longer than
+/// the shipped 150 ms / 25 ms, and the request would then be let through by policy; these
+/// tests are about decisions, not outages.
+fn patient() -> [(String, String); 2] {
+    [
+        (
+            r#""timeout": "150ms","#.to_string(),
+            r#""timeout": "2s","#.to_string(),
+        ),
+        (
+            r#""failure_mode": "open","#.to_string(),
+            r#""failure_mode": "open", "breaker": {"stall": "2s"},"#.to_string(),
+        ),
+    ]
+}
+
+/// Requests for `keys`, each sent `rounds` times, over `threads` concurrent connections (each
+/// thread walks the keys from its own offset); statuses per key.
+fn concurrent(
+    envoy: &Envoy,
+    keys: &[String],
+    rounds: usize,
+    threads: usize,
+) -> std::collections::BTreeMap<String, Vec<u16>> {
+    let port = envoy.port;
+    let results = std::sync::Mutex::new(std::collections::BTreeMap::<String, Vec<u16>>::new());
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let results = &results;
+            scope.spawn(move || {
+                for round in 0..rounds {
+                    for i in 0..keys.len() {
+                        let key = &keys[(i + t * 7 + round) % keys.len()];
+                        let status = get(port, "/", &[("x-api-key", key.as_bytes())])
+                            .map(|r| r.status)
+                            .unwrap_or(0);
+                        if let Ok(mut all) = results.lock() {
+                            all.entry(key.clone()).or_default().push(status);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap_or_default()
+}
+
+/// Many clients on many slots at once: calls hold one slot each (no CROSSSLOT), requests
+/// share calls, and every identity gets exactly its limit.
+#[test]
+fn concurrent_clients_on_many_slots_get_exactly_their_limits() {
+    let [a, b] = patient();
+    let list = [limit_edit(5), a, b];
+    let stack = ClusterStack::start("cluster-concurrent", &edits(&list));
+    assert_eq!(hit(&stack.envoy, "warm-up").status, 200);
+    let keys: Vec<String> = (0..24).map(|i| format!("client-{i}")).collect();
+    let by_key = concurrent(&stack.envoy, &keys, 2, 8);
+    for (key, statuses) in &by_key {
+        assert_eq!(statuses.len(), 16, "{key}");
+        let allowed = statuses.iter().filter(|s| **s == 200).count();
+        let refused = statuses.iter().filter(|s| **s == 429).count();
+        assert_eq!(
+            (allowed, refused),
+            (5, 11),
+            "{key}: {statuses:?} {}",
+            diagnose(&stack)
+        );
+    }
+    assert_eq!(
+        stack.envoy.counter("ratelimit_bridge_errors"),
+        0,
+        "{}",
+        diagnose(&stack)
+    );
+    let masters = stack.cluster.masters();
+    let calls = stack.cluster.command_calls_per_node("evalsha");
+    let on_masters: Vec<u64> = calls
+        .iter()
+        .filter(|(node, _)| masters.contains(node))
+        .map(|(_, n)| *n)
+        .collect();
+    println!(
+        "evalsha per master: {on_masters:?}, bridge calls {}",
+        stack.envoy.counter("ratelimit_bridge_calls")
+    );
+    assert!(on_masters.iter().all(|n| *n > 0), "{calls:?}");
+
+    // One hot key, 16 connections at once: exactly its capacity.
+    let hot = vec!["hot".to_string()];
+    let statuses = &concurrent(&stack.envoy, &hot, 10, 16)["hot"];
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.len(), 160);
+}
+
+/// The bucket of a per-IP rule on 127.0.0.1 (hashed identity), as the filter names it.
+fn ip_bucket_key() -> String {
+    let digest = ratelimit_core::sha1::sha1_hex(b"127.0.0.1");
+    format!("rl:{{client_ip:{digest}}}:per_ip:per_minute")
+}
+
+fn tokens(stack: &ClusterStack, key: &str) -> f64 {
+    let owner = stack.cluster.master_of_key(key);
+    let reply = stack
+        .cluster
+        .admin(owner)
+        .cmd(&["HGET", key, "tokens"])
+        .unwrap();
+    reply.text().parse().unwrap_or(f64::NAN)
+}
+
+/// A request limited per API key and per client IP has its limits on two slots: decided in two
+/// calls, all or nothing. Refused by the per-key limit, what the per-IP limit charged for it is
+/// given back.
+#[test]
+fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
+    let rules = (
+        r#""key": { "from": ["header:x-api-key", "client_ip"] },
+                          "limits": [
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m" }
+                          ]"#
+            .to_string(),
+        r#""key": { "from": ["header:x-api-key"] },
+                          "limits": [
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 3, "window": "1m" }
+                          ]
+                        },
+                        {
+                          "name": "per_ip",
+                          "key": { "from": ["client_ip"] },
+                          "limits": [
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 100, "window": "1m" }
+                          ]"#
+            .to_string(),
+    );
+    let [a, b] = patient();
+    let stack = ClusterStack::start("cluster-two-slots", &edits(&[rules, a, b]));
+    let key = bucket_key("k");
+    let ip = ip_bucket_key();
+    assert_ne!(stack.cluster.keyslot(&key), stack.cluster.keyslot(&ip));
+    let statuses: Vec<u16> = (0..5).map(|_| hit(&stack.envoy, "k").status).collect();
+    // The 4th is refused by Redis (per key) and its per-IP charge given back; the 5th is
+    // refused by the deny cache and charges nothing.
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "{}", diagnose(&stack));
+    e2e::wait_for("the refund", Duration::from_secs(5), || {
+        (stack.envoy.counter("ratelimit_refunds") == 1).then_some(())
+    });
+    let left = e2e::wait_for("the refund to land", Duration::from_secs(5), || {
+        let left = tokens(&stack, &ip);
+        (left > 96.5).then_some(left)
+    });
+    // 100 - 3 charged (plus a few ms of refill), not 96: the refused request's charge is back.
+    assert!(left < 97.5, "{left}");
+    assert!(tokens(&stack, &key) < 1.0);
+    println!("per-IP bucket after 3 allowed and 1 refused: {left}");
+}
+
+/// An identity whose shard keys land on three different masters.
+fn spread_identity(cluster: &RedisCluster) -> String {
+    (0..)
+        .map(|i| format!("hot-{i}"))
+        .find(|id| {
+            let masters: std::collections::HashSet<u16> = (0..3)
+                .map(|s| cluster.master_of_key(&shard_key(id, s)))
+                .collect();
+            masters.len() == 3
+        })
+        .unwrap_or_default()
+}
+
+fn shard_key(api_key: &str, shard: u64) -> String {
+    ratelimit_core::plan::shard_key(&bucket_key(api_key), shard)
+}
+
+/// A hot key split in 3 shards is decided on 3 masters, each holding a third of its limit:
+/// never more than the limit in all.
+#[test]
+fn a_hot_key_in_shards_spreads_over_the_masters_and_never_overshoots() {
+    let [a, b] = patient();
+    let list = [
+        (
+            r#""limit": 10, "window": "1m" }"#.to_string(),
+            r#""limit": 30, "window": "1m", "shards": 3 }"#.to_string(),
+        ),
+        a,
+        b,
+    ];
+    let stack = ClusterStack::start("cluster-shards", &edits(&list));
+    let id = spread_identity(&stack.cluster);
+    let statuses: Vec<u16> = (0..90).map(|_| hit(&stack.envoy, &id).status).collect();
+    let allowed = statuses.iter().filter(|s| **s == 200).count();
+    println!("{id}: {allowed} of 90 allowed");
+    assert_eq!(allowed, 30, "{statuses:?} {}", diagnose(&stack));
+    for shard in 0..3 {
+        let key = shard_key(&id, shard);
+        let left = tokens(&stack, &key);
+        assert!(left < 1.0, "{key}: {left}");
+    }
 }
