@@ -285,7 +285,7 @@ class Params:
     connections: int = 0  # per proxy; 0: open loop (Poisson arrivals)
     deny_cache: bool = True
     target: float = 0.7
-    requests: int = 40_000
+    requests: int = 100_000
     iterations: int = 5
     top_ranks: int = 64
     seed: int = 1
@@ -995,7 +995,7 @@ def parse_args(argv):
                          "0: open loop, Poisson arrivals")
     ap.add_argument("--no-deny-cache", action="store_true")
     ap.add_argument("--target", type=float, default=0.7, help="utilisation target of the hottest node")
-    ap.add_argument("--requests", type=int, default=40_000, help="requests simulated per iteration")
+    ap.add_argument("--requests", type=int, default=100_000, help="requests simulated per iteration")
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--top-ranks", type=int, default=64, help="Zipf ranks modelled one by one")
     ap.add_argument("--seed", type=int, default=1)
