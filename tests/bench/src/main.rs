@@ -3,10 +3,11 @@
 //! outputs beside it. `--quick` (or BENCH_QUICK=1): the same scenarios, short, for a smoke run
 //! (written to `target/bench-quick/`). `--out DIR` writes elsewhere.
 //!
-//! The parts are in `tests/src/bench/`; the filter's config schema is known only to
-//! `config::filter_json`.
+//! The parts are in `tests/bench/src/`; the filter's config schema is known only to
+//! `config::filter_json` (and, for the Redis Cluster section, `cluster::filter_json`).
 
 mod client;
+mod cluster;
 mod config;
 mod measure;
 mod report;
@@ -144,8 +145,14 @@ fn main() {
 
     let mut scenarios = throughput(&s, &dir, started);
     scenarios.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
-    let (accuracy, timeline, outages, floods) = if s.only.is_some() {
-        (Vec::new(), Timeline::default(), Vec::new(), Vec::new())
+    let (accuracy, timeline, outages, floods, cluster) = if s.only.is_some() {
+        (
+            Vec::new(),
+            Timeline::default(),
+            Vec::new(),
+            Vec::new(),
+            cluster::ClusterSection::default(),
+        )
     } else {
         let (accuracy, timeline) = accuracy(&s, &dir, started);
         let outages = vec![
@@ -161,7 +168,8 @@ fn main() {
                 Some(r#"{"new_keys": 1000, "window": "10s"}"#),
             ),
         ];
-        (accuracy, timeline, outages, floods)
+        let cluster = cluster::run(s.wrk_s, s.accuracy_s, &s.out, &|text| say(started, text));
+        (accuracy, timeline, outages, floods, cluster)
     };
 
     let versions = vec![
@@ -255,6 +263,7 @@ fn main() {
         chart_file: chart_file.clone(),
         outages,
         floods,
+        cluster,
     };
     let t = &report.timeline;
     let svg = svg::chart(

@@ -211,6 +211,7 @@ pub struct Report {
     pub chart_file: String,
     pub outages: Vec<Outage>,
     pub floods: Vec<KeyFlood>,
+    pub cluster: super::cluster::ClusterSection,
 }
 
 pub fn thousands(n: f64) -> String {
@@ -588,6 +589,8 @@ impl Report {
         }
         let _ = writeln!(r, "\n## A flood of new client addresses\n");
         r.push_str(&self.flood_table());
+        let _ = writeln!(r, "\n## Redis Cluster\n");
+        r.push_str(&self.cluster_text());
         let _ = writeln!(r, "\n## Raw outputs\n");
         let _ = writeln!(
             r,
@@ -774,6 +777,19 @@ impl Report {
             "scenarios": scenarios,
             "accuracy": accuracy,
             "overload_per_second": self.timeline.per_second,
+            "cluster": {
+                "throughput": self.cluster.throughput.iter().map(|t| json!({
+                    "setup": t.setup, "rps": t.run.rps, "p99_ms": t.run.p99_ms, "requests": t.run.requests,
+                    "bridge_calls": t.bridge_calls, "decided": t.decided, "evalsha_per_node": t.per_node,
+                })).collect::<Vec<_>>(),
+                "accuracy": self.cluster.accuracy.iter().map(|a| json!({
+                    "rule": a.run.algorithm, "shards": a.shards, "sent": a.run.sent,
+                    "allowed": a.run.let_through(), "allowance": a.run.allowance,
+                    "overshoot": a.run.overshoot(), "fail_open": a.run.fail_open,
+                    "evalsha_per_node": a.per_node,
+                })).collect::<Vec<_>>(),
+                "prediction": self.cluster.prediction,
+            },
             "key_floods": self.floods.iter().map(|f| json!({
                 "budget": f.budget, "addresses": f.addresses, "seconds": f.seconds,
                 "allowed": f.allowed, "denied": f.denied, "lost": f.lost,
@@ -782,6 +798,126 @@ impl Report {
                 "envoy_rss": [f.envoy_rss.0, f.envoy_rss.1], "webdis_rss": [f.webdis_rss.0, f.webdis_rss.1],
             })).collect::<Vec<_>>(),
         })
+    }
+
+    /// One Redis and a 3-master cluster under the same load; accuracy and shards on the
+    /// cluster; the simulation's prediction for the cluster run.
+    pub fn cluster_text(&self) -> String {
+        use super::cluster::shares;
+        let c = &self.cluster;
+        let mut r = String::new();
+        let _ = writeln!(
+            r,
+            "The same Envoy config (2 workers, one rule that allows everything, `wrk -t2 -c32`, 10,000 API keys in turn) against one Redis (envoy/envoy.yaml) and against a Redis Cluster of 3 masters + 3 replicas behind Envoy's `redis_proxy` (envoy/cluster/, `bridge.redis_cluster`), one after the other in this run.\n"
+        );
+        let _ = writeln!(
+            r,
+            "| setup | req/s | p99 ms | requests | bridge calls per request | `EVALSHA` per node | node shares |"
+        );
+        let _ = writeln!(r, "|---|---:|---:|---:|---:|---|---|");
+        for t in &c.throughput {
+            let _ = writeln!(
+                r,
+                "| {} | {} | {:.2} | {} | {:.3} | {} | {} |",
+                t.setup,
+                thousands(t.run.rps),
+                t.run.p99_ms,
+                thousands(t.run.requests as f64),
+                t.bridge_calls as f64 / t.decided.max(1) as f64,
+                t.per_node
+                    .iter()
+                    .map(|(_, n)| thousands(*n as f64))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                shares(&t.per_node),
+            );
+        }
+        let _ = writeln!(
+            r,
+            "\nAccuracy on the cluster: one key, 16 connections on one Envoy with 2 workers, C = R = 99 per second; the sharded rule splits the key over 3 slots of 33 each. Overshoot must be 0; allowed / allowance below 1 is what sharding costs (a shard refusing while another still has tokens).\n"
+        );
+        let _ = writeln!(
+            r,
+            "| rule | shards | window s | requests | allowed | allowance | overshoot | allowed / allowance | fail-open | `EVALSHA` per master | shares |"
+        );
+        let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+        for a in &c.accuracy {
+            let x = &a.run;
+            let _ = writeln!(
+                r,
+                "| {} | {} | {:.3} | {} | {} | {:.1} | **{}** | {:.4} | {} | {} | {} |",
+                x.algorithm,
+                a.shards,
+                x.window_s,
+                thousands(x.sent as f64),
+                thousands(x.let_through() as f64),
+                x.allowance,
+                x.overshoot(),
+                x.let_through() as f64 / x.allowance.max(1e-9),
+                x.fail_open,
+                a.per_node
+                    .iter()
+                    .map(|(_, n)| thousands(*n as f64))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                shares(&a.per_node),
+            );
+        }
+        match c.prediction.as_ref().and_then(|p| p["scenarios"].get(0)) {
+            Some(p) => {
+                let measured = c.throughput.iter().find(|t| t.per_node.len() > 1);
+                let node_shares: Vec<String> = p["nodes"]
+                    .as_array()
+                    .map(|nodes| {
+                        nodes
+                            .iter()
+                            .map(|n| {
+                                format!(
+                                    "{:.0}%",
+                                    100.0 * n["call_fraction"].as_f64().unwrap_or(0.0)
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    r,
+                    "\nThe fleet simulation at this scale (`python3 tests/sim/fleet.py --small --json --rate {:.0}`, the measured rate), next to what was measured:\n",
+                    measured.map_or(0.0, |m| m.run.rps)
+                );
+                let _ = writeln!(
+                    r,
+                    "| | calls per request | mean batch | node shares | p99 ms |"
+                );
+                let _ = writeln!(r, "|---|---:|---:|---|---:|");
+                let _ = writeln!(
+                    r,
+                    "| predicted | {:.3} | {:.2} | {} | {:.2} (the decision alone) |",
+                    p["calls_per_request"].as_f64().unwrap_or(0.0),
+                    p["mean_batch"].as_f64().unwrap_or(0.0),
+                    node_shares.join(" / "),
+                    p["latency_ms"]["p99"].as_f64().unwrap_or(0.0),
+                );
+                if let Some(m) = measured {
+                    let calls = m.bridge_calls as f64 / m.decided.max(1) as f64;
+                    let _ = writeln!(
+                        r,
+                        "| measured | {:.3} | {:.2} | {} | {:.2} (wrk, the whole request) |",
+                        calls,
+                        1.0 / calls.max(1e-9),
+                        shares(&m.per_node),
+                        m.run.p99_ms,
+                    );
+                }
+            }
+            None => {
+                let _ = writeln!(
+                    r,
+                    "\n(The fleet simulation did not run: no python3 or no tests/sim/fleet.py.)"
+                );
+            }
+        }
+        r
     }
 
     /// Key floods, with and without a key budget, side by side.
@@ -851,6 +987,21 @@ impl Report {
                 .any(|a| a.algorithm == *algorithm && a.workers > 1 && a.sent > 0);
             if !found {
                 missing.push(format!("accuracy {algorithm} with several workers"));
+            }
+        }
+        if self.cluster.throughput.len() < 2
+            || self.cluster.throughput.iter().any(|t| t.run.requests == 0)
+        {
+            missing.push("cluster throughput".to_string());
+        }
+        for shards in [1, 3] {
+            if !self
+                .cluster
+                .accuracy
+                .iter()
+                .any(|a| a.shards == shards && a.run.sent > 0)
+            {
+                missing.push(format!("cluster accuracy with {shards} shard(s)"));
             }
         }
         for budget in [false, true] {

@@ -1,0 +1,314 @@
+//! The Redis Cluster part of the bench: the same load against one Redis and against a
+//! 3-master cluster (through Envoy's redis_proxy, envoy/cluster/), side by side in one run;
+//! accuracy on the cluster; and a hot key with and without `shards`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use e2e::cluster::{envoy_config_file, ClusterStack};
+use e2e::procs::{filter_config_edit_in, filter_json_block, Stack};
+use e2e::root;
+
+use crate::client::{self, Load};
+use crate::config::{Policy, ALGORITHMS, POLICY_HEADER};
+use crate::measure;
+use crate::report::Accuracy;
+use crate::wrk::{self, Requests, WrkLoad};
+
+/// One setup under the same throughput load.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterThroughput {
+    pub setup: String,
+    pub run: wrk::WrkRun,
+    pub bridge_calls: u64,
+    pub decided: u64,
+    /// `EVALSHA` calls per Redis node (masters only), over the run.
+    pub per_node: Vec<(u16, u64)>,
+}
+
+/// A closed-loop accuracy run on the cluster, and how its calls spread over the masters.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterAccuracy {
+    pub shards: u64,
+    pub run: Accuracy,
+    pub per_node: Vec<(u16, u64)>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ClusterSection {
+    pub throughput: Vec<ClusterThroughput>,
+    pub accuracy: Vec<ClusterAccuracy>,
+    /// What `tests/sim/fleet.py --small` predicts for the measured cluster run (its JSON), if
+    /// Python and the simulation ran.
+    pub prediction: Option<Value>,
+}
+
+/// The filter JSON of `file` (a shipped Envoy config) with `rules` and a bridge `timeout`,
+/// keeping everything else (credentials, `redis_cluster`) as shipped; a breaker that opens
+/// only on a 2 s stall, so a busy machine does not turn a slow call into a fail-open pass.
+fn filter_json(file: &std::path::Path, rules: Value, timeout: &str) -> String {
+    let shipped = std::fs::read_to_string(file).expect("read the Envoy config");
+    let (block, _) = filter_json_block(&shipped);
+    let mut config: Value = serde_json::from_str(&block).expect("the filter JSON");
+    config["bridge"]["timeout"] = json!(timeout);
+    config["breaker"] = json!({"stall": "2s"});
+    config["rules"] = rules;
+    serde_json::to_string_pretty(&config).expect("JSON")
+}
+
+fn allow_rules() -> Value {
+    json!([{"name": "bench", "key": {"from": ["header:x-api-key"]},
+            "limits": [{"name": "bench", "limit": 1_000_000, "burst": 1_000_000_000u64, "window": "1s"}]}])
+}
+
+fn per_node_delta(before: &[(u16, u64)], after: &[(u16, u64)], masters: &[u16]) -> Vec<(u16, u64)> {
+    after
+        .iter()
+        .filter(|(node, _)| masters.contains(node))
+        .map(|&(node, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| *b == node)
+                .map_or(0, |(_, n)| *n);
+            (node, n.saturating_sub(was))
+        })
+        .collect()
+}
+
+fn throughput_run(
+    setup: &str,
+    envoy: &e2e::Envoy,
+    load: &WrkLoad,
+    raw: &std::path::Path,
+    calls: &mut dyn FnMut() -> Vec<(u16, u64)>,
+    masters: &[u16],
+) -> ClusterThroughput {
+    let before_stats = measure::envoy_stats(envoy.admin_port);
+    let before_calls = calls();
+    let run = wrk::run(envoy.port, load, raw);
+    let after = measure::envoy_stats(envoy.admin_port);
+    let delta = measure::delta(&before_stats, &after);
+    let get = |name: &str| delta.get(name).copied().unwrap_or(0);
+    ClusterThroughput {
+        setup: setup.to_string(),
+        bridge_calls: get("wasmcustom.ratelimit_bridge_calls"),
+        decided: get("wasmcustom.ratelimit_allowed") + get("wasmcustom.ratelimit_denied"),
+        per_node: per_node_delta(&before_calls, &calls(), masters),
+        run,
+    }
+}
+
+/// The section: `wrk_s` seconds of the 10,000-key allow load on each setup (2 workers each),
+/// then `accuracy_s` closed-loop runs on one key of the cluster.
+pub fn run(
+    wrk_s: u64,
+    accuracy_s: f64,
+    out: &std::path::Path,
+    say: &dyn Fn(&str),
+) -> ClusterSection {
+    let mut section = ClusterSection::default();
+    let load = WrkLoad {
+        threads: 2,
+        connections: 32,
+        duration_s: wrk_s,
+        requests: Requests::ManyKeys(10_000),
+    };
+    {
+        let single_file = root().join("envoy/envoy.yaml");
+        let json = filter_json(&single_file, allow_rules(), "150ms");
+        let (from, to) = filter_config_edit_in(&single_file, &json);
+        let stack = Stack::start("bench-cluster-single", &[(&from, &to)]);
+        say("cluster section: single Redis, 2 workers, 10,000 keys");
+        let mut calls = || {
+            let mut conn = stack.redis.admin();
+            let n = measure::redis_commandstats(&mut conn)
+                .get("evalsha")
+                .copied()
+                .unwrap_or(0);
+            vec![(stack.redis.port, n)]
+        };
+        let row = throughput_run(
+            "one Redis",
+            &stack.envoy,
+            &load,
+            &out.join("raw/cluster-single.txt"),
+            &mut calls,
+            &[stack.redis.port],
+        );
+        section.throughput.push(row);
+    }
+    let cluster_file = envoy_config_file();
+    {
+        let json = filter_json(&cluster_file, allow_rules(), "150ms");
+        let (from, to) = filter_config_edit_in(&cluster_file, &json);
+        let stack = ClusterStack::start("bench-cluster", &[(&from, &to)]);
+        say("cluster section: Redis Cluster of 3 masters, 2 workers, 10,000 keys");
+        let masters = stack.cluster.masters();
+        let mut calls = || stack.cluster.command_calls_per_node("evalsha");
+        let row = throughput_run(
+            "Redis Cluster, 3 masters",
+            &stack.envoy,
+            &load,
+            &out.join("raw/cluster-3-masters.txt"),
+            &mut calls,
+            &masters,
+        );
+        section.prediction = predict(row.run.rps);
+        section.throughput.push(row);
+    }
+    // Accuracy: C = R = 99 (a multiple of 3, for the sharded rule), one key, 16 connections
+    // on an Envoy with 2 workers.
+    let policy = Policy {
+        failure_mode: "open",
+        algorithm: "token_bucket",
+        capacity: 99,
+        rate_per_sec: 99.0,
+        timeout_ms: 5000,
+    };
+    let runs: [(&str, &str, u64); 3] = [
+        ("token_bucket", "token_bucket", 1),
+        ("gcra", "gcra", 1),
+        ("token_bucket-sharded", "token_bucket", 3),
+    ];
+    let rules: Vec<Value> = runs
+        .iter()
+        .map(|(name, algorithm, shards)| {
+            json!({"name": name, "key": {"from": ["header:x-api-key"]},
+                   "match": {"header": {"name": POLICY_HEADER, "value": name}},
+                   "limits": [{"name": "bench", "algorithm": algorithm, "limit": 99,
+                               "burst": 99, "window": "1s", "shards": shards}]})
+        })
+        .collect();
+    let json = filter_json(&cluster_file, json!(rules), "5000ms");
+    let (from, to) = filter_config_edit_in(&cluster_file, &json);
+    let stack = ClusterStack::start("bench-cluster-accuracy", &[(&from, &to)]);
+    let masters = stack.cluster.masters();
+    // The sharded run's key: one whose 3 shards hash to slots of 3 different masters (which
+    // masters a key's shards reach is a matter of hashing; this shows the spread, not luck).
+    let sharded_key = (0..)
+        .map(|i| format!("cluster-accuracy-sharded-{i}"))
+        .find(|id| {
+            let digest = ratelimit_core::sha1::sha1_hex(id.as_bytes());
+            let base = format!("rl:{{header:x-api-key:{digest}}}:token_bucket-sharded:bench");
+            let owners: std::collections::HashSet<u16> = (0..3)
+                .map(|s| {
+                    let key = ratelimit_core::plan::shard_key(&base, s);
+                    stack
+                        .cluster
+                        .master_of_slot(ratelimit_core::slot::key_slot(key.as_bytes()))
+                })
+                .collect();
+            owners.len() == 3
+        })
+        .unwrap_or_default();
+    for (name, algorithm, shards) in runs {
+        let Some(spec) = ALGORITHMS.iter().find(|a| a.name == algorithm) else {
+            continue;
+        };
+        let load = Load {
+            ports: vec![stack.envoy.port],
+            conns_per_port: 16,
+            duration: Duration::from_secs_f64(accuracy_s),
+            headers: vec![
+                (
+                    "x-api-key".to_string(),
+                    if shards > 1 {
+                        sharded_key.clone()
+                    } else {
+                        format!("cluster-accuracy-{name}")
+                    },
+                ),
+                (POLICY_HEADER.to_string(), name.to_string()),
+            ],
+            paced_total_per_sec: None,
+        };
+        let before = stack.cluster.command_calls_per_node("evalsha");
+        let stats_before = measure::envoy_stats(stack.envoy.admin_port);
+        let result = client::run(&load);
+        let delta = measure::delta(&stats_before, &measure::envoy_stats(stack.envoy.admin_port));
+        let get = |n: &str| delta.get(n).copied().unwrap_or(0);
+        let b = result.bounds();
+        let p = Policy {
+            algorithm: spec.name,
+            ..policy
+        };
+        let run = Accuracy {
+            algorithm: name.to_string(),
+            allowance: (spec.allowance)(&p, b.first_sent, b.last_read),
+            allowance_inner: (spec.allowance)(&p, b.first_read, b.last_sent.max(b.first_read)),
+            formula: spec.formula.to_string(),
+            replicas: 1,
+            workers: 2,
+            conns_per_replica: 16,
+            capacity: p.capacity,
+            rate_per_sec: p.rate_per_sec,
+            offered_per_sec: None,
+            duration_s: accuracy_s,
+            window_s: b.last_read - b.first_sent,
+            sent: result.events.len() as u64,
+            allowed: result.count(200),
+            denied: result.count(429),
+            failed: result
+                .events
+                .iter()
+                .filter(|e| e.status != 200 && e.status != 429)
+                .count() as u64,
+            filter_allowed: get("wasmcustom.ratelimit_allowed"),
+            filter_denied: get("wasmcustom.ratelimit_denied"),
+            fail_open: get("wasmcustom.ratelimit_failure_mode_open"),
+            allowed_per_replica: vec![result.count(200)],
+        };
+        let per_node = per_node_delta(
+            &before,
+            &stack.cluster.command_calls_per_node("evalsha"),
+            &masters,
+        );
+        say(&format!(
+            "cluster accuracy {name}: {} requests, {} allowed, allowance {:.1}, overshoot {}, calls per master {:?}",
+            run.sent,
+            run.let_through(),
+            run.allowance,
+            run.overshoot(),
+            per_node.iter().map(|(_, n)| n).collect::<Vec<_>>()
+        ));
+        section.accuracy.push(ClusterAccuracy {
+            shards,
+            run,
+            per_node,
+        });
+    }
+    section
+}
+
+/// The fleet simulation's prediction for the measured small run (1 proxy, 2 workers, 3
+/// masters, 10,000 keys at the measured rate), if python3 and the script are there.
+fn predict(rps: f64) -> Option<Value> {
+    let script = root().join("tests/sim/fleet.py");
+    if !script.exists() {
+        return None;
+    }
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--small", "--json", "--rate"])
+        .arg(format!("{}", rps.round() as u64))
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Shares of a per-node list, for the report.
+pub fn shares(per_node: &[(u16, u64)]) -> String {
+    let total: u64 = per_node.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return "-".to_string();
+    }
+    per_node
+        .iter()
+        .map(|(_, n)| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
