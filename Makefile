@@ -14,7 +14,7 @@ WASM := target/wasm32-wasip1/release/ratelimit_filter.wasm
 WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
 export ENVOY_BIN
 
-.PHONY: help setup setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz
+.PHONY: help setup setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,11 +77,12 @@ lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are error
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
 
-unit-test: ## core and adapter unit tests, native (and the test harness's own), parsers under random input
+unit-test: ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the fleet simulation's tests
 	cargo test -p ratelimit-core -p ratelimit-filter
 	cargo test -p e2e --lib
 	cargo test -p bench
 	cargo test -p e2e --test parsers -- --nocapture
+	python3 -m unittest tests/sim/test_fleet.py
 
 wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
@@ -112,3 +113,6 @@ bench: setup build ## throughput, latency, cost, accuracy, outages (about 5 min)
 
 bench-quick: setup build ## every bench scenario, short (~50 s; part of make test): target/bench-quick/
 	cargo run -q -p bench -- --quick
+
+sim: ## the fleet simulation (docs/scaling.md): 1,000 proxies, 10 million identities, with and without shards
+	python3 tests/sim/fleet.py --proxies 1000 --workers 2 --nodes 48 --identities 10000000 --zipf 1.1 --hot 3 --hot-share 0.05 --rate 1000000 --shards 1,8

@@ -119,8 +119,20 @@ class Placement(unittest.TestCase):
             self.assertAlmostEqual(c / 40_000, 0.25, delta=0.02)
         self.assertEqual(fleet.node_of(0, 3), 0)
         self.assertEqual(fleet.node_of(fleet.SLOTS - 1, 3), 2)
-        self.assertEqual(fleet.node_of(5461, 3), 0)  # redis-cli gives node 0 slots 0..5460
-        self.assertEqual(fleet.node_of(5462, 3), 1)
+        # As redis-cli --cluster create: 0-5460, 5461-10922, 10923-16383.
+        self.assertEqual(fleet.slot_ranges(3), [(0, 5460), (5461, 10922), (10923, 16383)])
+        self.assertEqual(fleet.node_of(5460, 3), 0)
+        self.assertEqual(fleet.node_of(5461, 3), 1)
+        self.assertEqual(fleet.slot_ranges(1), [(0, 16383)])
+
+    def test_real_key_slots(self):
+        self.assertEqual(fleet.crc16(b"123456789"), 0x31C3)
+        self.assertEqual(fleet.crc16(b"foo") % fleet.SLOTS, 12182)  # CLUSTER KEYSLOT foo
+        # The README's example key: rl:{header:x-api-key:a9993e36...}:api:per_second for "abc".
+        tag = b"header:x-api-key:a9993e364706816aba3e25717850c26c9cd0d89d"
+        self.assertEqual(fleet.api_key_slot("{}", "abc", 0, 1), fleet.crc16(tag) % fleet.SLOTS)
+        self.assertEqual(fleet.api_key_slot("{}", "abc", 2, 3),
+                         fleet.crc16(tag + b"#2") % fleet.SLOTS)
 
 
 class Batching(unittest.TestCase):
@@ -171,7 +183,7 @@ class Batching(unittest.TestCase):
 
 class Capacity(unittest.TestCase):
     def test_more_rate_needs_more_nodes(self):
-        p = small(nodes=4, zipf=0.8, hot=2, hot_share=0.02)
+        p = small(proxies=200, nodes=4, zipf=0.8, hot=2, hot_share=0.02)
         low = fleet.run(replace(p, rate=200_000.0))["capacity"]
         high = fleet.run(replace(p, rate=800_000.0))["capacity"]
         self.assertIsNotNone(low["hash"])
