@@ -229,6 +229,31 @@ fn keyslot_follows_hash_tags() {
     // Known values (CRC16/XMODEM of the key, or of its {hash tag}, modulo 16384).
     assert_eq!(cluster.keyslot("foo"), 12182);
     assert_eq!(cluster.keyslot("{user1000}.following"), 3443);
+    // The filter's own computation (ratelimit_core::slot) agrees with Redis on every kind of
+    // key it writes, hash-tag edge cases, shard keys and arbitrary bytes.
+    let mut keys: Vec<String> = vec![
+        "foo{}{bar}".into(),
+        "foo{{bar}}zap".into(),
+        "foo{bar}{zap}".into(),
+        "{}".into(),
+        "{".into(),
+        "}{x}".into(),
+        "rl:{key_budget}:ip".into(),
+        "rl:{overflow}:ip:s".into(),
+    ];
+    for i in 0..300u64 {
+        keys.push(bucket_key(&format!("user-{i}")));
+        keys.push(ratelimit_core::plan::shard_key(&bucket_key(&format!("hot-{i}")), i % 7));
+        keys.push(format!("rl:{{client_ip=10.0.{}.{}}}:r:l", i / 256, i % 256));
+        keys.push(format!("k{i}-\u{e9}-{}", "x".repeat((i % 40) as usize)));
+    }
+    for key in &keys {
+        assert_eq!(
+            ratelimit_core::slot::key_slot(key.as_bytes()),
+            cluster.keyslot(key),
+            "{key}"
+        );
+    }
     // Every limit of one identity lives on the slot of its hash tag.
     let key = bucket_key("alice");
     let tag = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
