@@ -243,7 +243,10 @@ fn keyslot_follows_hash_tags() {
     ];
     for i in 0..300u64 {
         keys.push(bucket_key(&format!("user-{i}")));
-        keys.push(ratelimit_core::plan::shard_key(&bucket_key(&format!("hot-{i}")), i % 7));
+        keys.push(ratelimit_core::plan::shard_key(
+            &bucket_key(&format!("hot-{i}")),
+            i % 7,
+        ));
         keys.push(format!("rl:{{client_ip=10.0.{}.{}}}:r:l", i / 256, i % 256));
         keys.push(format!("k{i}-\u{e9}-{}", "x".repeat((i % 40) as usize)));
     }
@@ -605,4 +608,62 @@ fn a_hot_key_in_shards_spreads_over_the_masters_and_never_overshoots() {
         let left = tokens(&stack, &key);
         assert!(left < 1.0, "{key}: {left}");
     }
+}
+
+/// With a Redis Cluster a key budget is counted per slot (a script sees one slot): 16,384 new
+/// identities per hour over all slots is one per slot per hour. A second new identity on a
+/// slot is refused (deny mode), an identity that exists is not, and another slot has its own.
+#[test]
+fn in_cluster_mode_a_key_budget_counts_per_slot() {
+    let [a, b] = patient();
+    let budget = (
+        r#""name": "per_client","#.to_string(),
+        r#""name": "per_client", "key_budget": {"new_keys": 16384, "window": "1h", "over_budget": "deny"},"#
+            .to_string(),
+    );
+    let stack = ClusterStack::start("cluster-budget", &edits(&[budget, a, b]));
+    let slot_of = |k: &str| ratelimit_core::slot::key_slot(bucket_key(k).as_bytes());
+    let first = "budget-0".to_string();
+    let same = (1..)
+        .map(|i| format!("budget-{i}"))
+        .find(|k| slot_of(k) == slot_of(&first))
+        .unwrap_or_default();
+    let other = (1..)
+        .map(|i| format!("other-{i}"))
+        .find(|k| slot_of(k) != slot_of(&first))
+        .unwrap_or_default();
+    assert_eq!(
+        hit(&stack.envoy, &first).status,
+        200,
+        "{}",
+        diagnose(&stack)
+    );
+    let refused = hit(&stack.envoy, &same);
+    assert_eq!(refused.status, 429, "{}", diagnose(&stack));
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "{retry}");
+    assert_eq!(
+        hit(&stack.envoy, &first).status,
+        200,
+        "an existing identity"
+    );
+    assert_eq!(
+        hit(&stack.envoy, &other).status,
+        200,
+        "another slot, its own budget"
+    );
+    let slot = slot_of(&first);
+    let tag = ratelimit_core::slot::slot_tags()[usize::from(slot)];
+    let counter = format!("rl:{{b{tag}}}:key_budget:per_client");
+    assert_eq!(stack.cluster.keyslot(&counter), slot);
+    let owner = stack.cluster.master_of_slot(slot);
+    let n = stack
+        .cluster
+        .admin(owner)
+        .cmd(&["HGET", &counter, "n"])
+        .unwrap();
+    assert_eq!(n.text(), "1");
+    e2e::wait_for("the over-budget count", Duration::from_secs(5), || {
+        (stack.envoy.counter("ratelimit_key_budget_exceeded") == 1).then_some(())
+    });
 }

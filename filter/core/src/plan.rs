@@ -2,10 +2,14 @@
 
 use std::time::Duration;
 
-use crate::config::{Algorithm, Config, Cost, FailureMode, Match, OverBudget, PathMatch};
+use crate::config::{
+    cluster_budget, Algorithm, Config, Cost, FailureMode, KeyBudget, Limit, Match, OverBudget,
+    PathMatch, Rule,
+};
 use crate::identity::{
     budget_counter_key, decisive_header, overflow_key, path_only, redis_key, resolve, RequestView,
 };
+use crate::slot::key_slot;
 
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +105,10 @@ pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<P
             if limit.shards > 1 {
                 key = shard_key(&key, turn % limit.shards);
             }
+            let budget = rule
+                .key_budget
+                .as_ref()
+                .map(|b| budget_check(config, rule, limit, b, &key));
             plan.checks.push(LimitCheck {
                 rule: r,
                 limit: l,
@@ -112,17 +120,50 @@ pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<P
                 burst: limit.shard_burst(),
                 cost,
                 shadow: rule.shadow,
-                budget: rule.key_budget.as_ref().map(|b| BudgetCheck {
-                    counter_key: budget_counter_key(config, rule),
-                    overflow_key: overflow_key(config, rule, limit),
-                    new_keys: b.new_keys,
-                    window_ms: u64::try_from(b.window.as_millis()).unwrap_or(u64::MAX),
-                    over_budget: b.over_budget,
-                }),
+                budget,
             });
         }
     }
     Ok(plan)
+}
+
+/// The budget of `rule` for a limit whose state is at `key`. With a Redis Cluster the counter
+/// and the overflow state are those of `key`'s slot (a script sees one slot), each slot
+/// counting its share of the budget ([`cluster_budget`]).
+fn budget_check(
+    config: &Config,
+    rule: &Rule,
+    limit: &Limit,
+    budget: &KeyBudget,
+    key: &str,
+) -> BudgetCheck {
+    let slot_tag = config
+        .budget_slot_tags
+        .0
+        .get(usize::from(key_slot(key.as_bytes())))
+        .filter(|_| config.redis_cluster);
+    match slot_tag {
+        Some(n) => {
+            let (new_keys, window) = cluster_budget(budget);
+            BudgetCheck {
+                counter_key: format!("{}{{b{n}}}:key_budget:{}", config.key_prefix, rule.name),
+                overflow_key: format!(
+                    "{}{{b{n}}}:overflow:{}:{}",
+                    config.key_prefix, rule.name, limit.name
+                ),
+                new_keys,
+                window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+                over_budget: budget.over_budget,
+            }
+        }
+        None => BudgetCheck {
+            counter_key: budget_counter_key(config, rule),
+            overflow_key: overflow_key(config, rule, limit),
+            new_keys: budget.new_keys,
+            window_ms: u64::try_from(budget.window.as_millis()).unwrap_or(u64::MAX),
+            over_budget: budget.over_budget,
+        },
+    }
 }
 
 /// The key of shard `shard`: `#shard` at the end of the hash tag, so each shard hashes to a

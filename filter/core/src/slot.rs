@@ -38,11 +38,60 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc16(hash_tag(key)) % SLOTS
 }
 
+/// For every slot, a number n such that the text `b<n>` hashes to it (`{b<n>}` is then a hash
+/// tag on that slot), by slot. Empty when not needed.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct SlotTags(pub Vec<u32>);
+
+impl std::fmt::Debug for SlotTags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlotTags({} slots)", self.0.len())
+    }
+}
+
+/// For every slot, a number n such that the text `b<n>` hashes to it: `{b<n>}` is a hash tag
+/// on that slot. Key budgets in cluster mode keep one counter per slot this way (a script may
+/// only touch the slot of the identity it decides). About 160,000 CRCs, once per worker.
+pub fn slot_tags() -> Vec<u32> {
+    let mut tags = vec![u32::MAX; usize::from(SLOTS)];
+    let mut missing = usize::from(SLOTS);
+    let mut text = [0u8; 12];
+    let mut n: u32 = 0;
+    while missing > 0 && n < u32::MAX {
+        let len = tag_text(n, &mut text);
+        let slot = usize::from(crc16(&text[..len]) % SLOTS);
+        if tags[slot] == u32::MAX {
+            tags[slot] = n;
+            missing -= 1;
+        }
+        n += 1;
+    }
+    tags
+}
+
+/// Writes `b<n>` into `out`; returns its length.
+fn tag_text(n: u32, out: &mut [u8; 12]) -> usize {
+    let digits = n.to_string();
+    out[0] = b'b';
+    out[1..1 + digits.len()].copy_from_slice(digits.as_bytes());
+    1 + digits.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn every_slot_has_a_tag_that_hashes_to_it() {
+        let tags = slot_tags();
+        assert_eq!(tags.len(), usize::from(SLOTS));
+        for (slot, n) in tags.iter().enumerate() {
+            let key = format!("rl:{{b{n}}}:key_budget:r");
+            assert_eq!(usize::from(key_slot(key.as_bytes())), slot);
+        }
+    }
 
     #[test]
     fn crc16_is_xmodem() {

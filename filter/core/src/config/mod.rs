@@ -141,6 +141,9 @@ pub struct Config {
     /// share one hash slot, and a request whose limits live on several slots is decided per
     /// slot, all or nothing through refunds.
     pub redis_cluster: bool,
+    /// Redis Cluster with key budgets: per slot, the number n of a hash tag `{b<n>}` on that
+    /// slot ([`crate::slot::slot_tags`]), for the slot's budget counter and overflow state.
+    pub budget_slot_tags: crate::slot::SlotTags,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
 }
@@ -242,6 +245,20 @@ pub enum OverBudget {
     Shared,
     /// Refused (429) until the budget's window ends.
     Deny,
+}
+
+/// A key budget as each slot of a Redis Cluster counts it: a script sees only its own slot,
+/// so each of the 16,384 slots admits ⌈new_keys / 16384⌉ new identities per window stretched
+/// so that all slots together admit new_keys per `window` at most.
+pub fn cluster_budget(budget: &KeyBudget) -> (u64, Duration) {
+    let slots = u64::from(crate::slot::SLOTS);
+    let per_slot = budget.new_keys.div_ceil(slots);
+    let ms = budget.window.as_millis() * u128::from(per_slot) * u128::from(slots)
+        / u128::from(budget.new_keys.max(1));
+    (
+        per_slot,
+        Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)),
+    )
 }
 
 impl OverBudget {

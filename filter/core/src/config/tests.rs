@@ -316,7 +316,7 @@ fn a_key_budget_is_read_with_its_default_mode() {
 }
 
 #[test]
-fn cluster_mode_batches_more_calls_at_once_and_has_no_key_budgets_yet() {
+fn cluster_mode_batches_more_calls_at_once_and_counts_key_budgets_per_slot() {
     let c = Config::parse(
         br#"{"bridge": {"redis_cluster": true}, "batch": {"max_in_flight": 2},
             "rules": [{"name": "ip", "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,
@@ -324,14 +324,29 @@ fn cluster_mode_batches_more_calls_at_once_and_has_no_key_budgets_yet() {
     .unwrap();
     assert!(c.redis_cluster);
     assert_eq!(c.batch.max_in_flight, 2, "as configured");
-    let err = Config::parse(
-        br#"{"bridge": {"redis_cluster": true}, "rules": [{"name": "ip",
-            "key_budget": {"new_keys": 10, "window": "1m"},
-            "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,
-    )
-    .unwrap_err();
+    assert!(c.budget_slot_tags.0.is_empty(), "no budget, no table");
+    let budget = |new_keys: u64, window: &str| {
+        Config::parse(
+            format!(
+                r#"{{"bridge": {{"redis_cluster": true}}, "rules": [{{"name": "ip",
+                "key_budget": {{"new_keys": {new_keys}, "window": "{window}"}},
+                "limits": [{{"name": "s", "limit": 5, "window": "1s"}}]}}]}}"#
+            )
+            .as_bytes(),
+        )
+    };
+    let c = budget(10_000, "1m").unwrap();
+    assert_eq!(c.budget_slot_tags.0.len(), 16_384);
+    let b = c.rules[0].key_budget.as_ref().unwrap();
+    // One per slot per 1m × 16384 / 10000: 10,000 per minute over all slots.
+    assert_eq!(cluster_budget(b), (1, Duration::from_millis(98_304)));
+    let b = budget(100_000, "1s").unwrap().rules[0]
+        .key_budget
+        .clone()
+        .unwrap();
+    assert_eq!(cluster_budget(&b), (7, Duration::from_millis(1_146)));
     assert_eq!(
-        err.to_string(),
-        "rules[0].key_budget: is not available with bridge.redis_cluster yet: a budget's counter and an identity's keys would live on different slots"
+        budget(1, "1d").unwrap_err().to_string(),
+        "rules[0].key_budget.window: with bridge.redis_cluster each of the 16384 slots counts its own share: window × 16384 / new_keys must be at most 366d (raise new_keys or shorten window)"
     );
 }

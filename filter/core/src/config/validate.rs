@@ -114,15 +114,25 @@ impl RawConfig {
             clock_skew,
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             redis_cluster: false,
+            budget_slot_tags: crate::slot::SlotTags::default(),
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
         };
         check_request_bounds(&config)?;
+        let mut budget_slot_tags = crate::slot::SlotTags::default();
         if redis_cluster {
-            if let Some(i) = config.rules.iter().position(|r| r.key_budget.is_some()) {
-                return Err(invalid(
-                    &format!("rules[{i}].key_budget"),
-                    "is not available with bridge.redis_cluster yet: a budget's counter and an identity's keys would live on different slots",
-                ));
+            for (i, rule) in config.rules.iter().enumerate() {
+                let Some(budget) = &rule.key_budget else {
+                    continue;
+                };
+                if cluster_budget(budget).1 > crate::bounds::MAX_WINDOW {
+                    return Err(invalid(
+                        &format!("rules[{i}].key_budget.window"),
+                        "with bridge.redis_cluster each of the 16384 slots counts its own share: window × 16384 / new_keys must be at most 366d (raise new_keys or shorten window)",
+                    ));
+                }
+                if budget_slot_tags.0.is_empty() {
+                    budget_slot_tags = crate::slot::SlotTags(crate::slot::slot_tags());
+                }
             }
         }
         let mut batch = config.batch;
@@ -133,6 +143,7 @@ impl RawConfig {
         Ok(Config {
             redis_cluster,
             batch,
+            budget_slot_tags,
             ..config
         })
     }
