@@ -21,32 +21,11 @@ LOGS=target/run-cluster
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+source envoy/run-lib.sh
 bus_ports=()  # a node's cluster bus listens on its port + 10000
 for port in "${NODES[@]}"; do bus_ports+=($((port + 10000))); done
-for port in "${NODES[@]}" "${bus_ports[@]}" $PROXY_PORT $WEBDIS_PORT $LISTEN_PORT $ADMIN_PORT; do
-  if port_busy "$port"; then
-    echo "port 127.0.0.1:$port is already in use: stop what runs there (a previous 'make run-cluster' or 'make run'?)" >&2
-    exit 1
-  fi
-done
-
-pids=()
-stop_all() {
-  trap - INT TERM EXIT
-  echo "stopping: ${pids[*]}"
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap stop_all INT TERM EXIT
-
-# Polls until $2... (a command) succeeds, for up to $1 seconds.
-wait_until() {
-  local what=$1 seconds=$2; shift 2
-  for _ in $(seq $((seconds * 20))); do "$@" && return 0; sleep 0.05; done
-  echo "gave up waiting for $what (logs in $LOGS)" >&2
-  exit 1
-}
+require_free_ports "a previous 'make run-cluster' or 'make run'" \
+  "${NODES[@]}" "${bus_ports[@]}" $PROXY_PORT $WEBDIS_PORT $LISTEN_PORT $ADMIN_PORT
 
 cluster_ok() { admin_cli -p "$1" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok'; }
 all_ok() {

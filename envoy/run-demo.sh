@@ -9,39 +9,18 @@ REDIS_PORT=6379 WEBDIS_PORT=7379 LISTEN_PORT=10000 ADMIN_PORT=9901
 LOGS=target/run
 mkdir -p "$LOGS"
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for port in $REDIS_PORT $WEBDIS_PORT $LISTEN_PORT $ADMIN_PORT; do
-  if port_busy "$port"; then
-    echo "port 127.0.0.1:$port is already in use: stop what runs there (another redis-server or a previous 'make run'?)" >&2
-    exit 1
-  fi
-done
-
-pids=()
-stop_all() {
-  trap - INT TERM EXIT
-  echo "stopping: ${pids[*]}"
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap stop_all INT TERM EXIT
-
-# Polls until $1 (a command) succeeds, for up to 10 s.
-wait_until() {
-  local what=$1; shift
-  for _ in $(seq 200); do "$@" && return 0; sleep 0.05; done
-  echo "gave up waiting for $what" >&2
-  exit 1
-}
+source envoy/run-lib.sh
+require_free_ports "another redis-server or a previous 'make run'" \
+  $REDIS_PORT $WEBDIS_PORT $LISTEN_PORT $ADMIN_PORT
 
 redis-server envoy/redis.conf --dir "$LOGS" >"$LOGS/redis.log" 2>&1 &
 pids+=($!)
-wait_until "redis on :$REDIS_PORT" port_busy $REDIS_PORT
+wait_until "redis on :$REDIS_PORT" 10 port_busy $REDIS_PORT
 echo "redis    127.0.0.1:$REDIS_PORT  (log $LOGS/redis.log)"
 
 webdis envoy/webdis.json 2>"$LOGS/webdis.log" &
 pids+=($!)
-wait_until "webdis on :$WEBDIS_PORT" port_busy $WEBDIS_PORT
+wait_until "webdis on :$WEBDIS_PORT" 10 port_busy $WEBDIS_PORT
 echo "webdis   127.0.0.1:$WEBDIS_PORT  (log $LOGS/webdis.log)"
 
 echo "envoy    127.0.0.1:$LISTEN_PORT, admin 127.0.0.1:$ADMIN_PORT"

@@ -3,7 +3,7 @@
 //! over many keep-alive connections so that a test can send 200,000 in seconds.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -143,8 +143,8 @@ fn exchange(mut conn: BufReader<TcpStream>, first: u32, batch: u32) -> Exchanged
         return Err((statuses, format!("write: {e}")));
     }
     for _ in 0..batch {
-        match read_status(&mut conn) {
-            Ok((status, keep)) => {
+        match crate::http::read_kept(&mut conn) {
+            Ok(crate::http::Kept { status, keep, .. }) => {
                 statuses.push(status);
                 if !keep && statuses.len() < batch as usize {
                     return Err((statuses, format!("connection: close after a {status}")));
@@ -154,43 +154,6 @@ fn exchange(mut conn: BufReader<TcpStream>, first: u32, batch: u32) -> Exchanged
         }
     }
     Ok((conn, statuses))
-}
-
-/// Reads one response with a `Content-Length` body; returns its status and whether the
-/// connection stays open.
-fn read_status(conn: &mut BufReader<TcpStream>) -> std::io::Result<(u16, bool)> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let mut line = String::new();
-    if conn.read_line(&mut line)? == 0 {
-        return Err(bad("closed before the status line"));
-    }
-    let status: u16 = line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("bad status line"))?;
-    let mut length = 0usize;
-    let mut keep = true;
-    loop {
-        line.clear();
-        if conn.read_line(&mut line)? == 0 {
-            return Err(bad("closed in the headers"));
-        }
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        let lower = header.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            length = v.trim().parse().map_err(|_| bad("bad content-length"))?;
-        }
-        if lower.starts_with("connection:") && lower.contains("close") {
-            keep = false;
-        }
-    }
-    let mut body = vec![0u8; length];
-    conn.read_exact(&mut body)?;
-    Ok((status, keep))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! A minimal HTTP/1.1 client: one request per connection (`Connection: close`), raw header
-//! bytes allowed, chunked bodies decoded.
+//! bytes allowed, chunked bodies decoded; and reading responses off a keep-alive connection
+//! (the flood and the bench's load).
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -138,4 +139,62 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(data.get(..size)?);
         data = data.get(size + 2..)?;
     }
+}
+
+/// A response read from a keep-alive connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    pub status: u16,
+    /// The connection stays open for the next request.
+    pub keep: bool,
+    /// It carried rate-limit headers: the limiter decided it (rather than its failure policy).
+    pub decided: bool,
+}
+
+/// Reads one response (with a `Content-Length` body, as Envoy's direct and local replies have)
+/// from a keep-alive connection, leaving the connection at the next response.
+pub fn read_kept(conn: &mut BufReader<TcpStream>) -> std::io::Result<Kept> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    if conn.read_line(&mut line)? == 0 {
+        return Err(bad("connection closed before the status line"));
+    }
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let mut length = 0usize;
+    let mut keep = true;
+    let mut decided = false;
+    loop {
+        line.clear();
+        if conn.read_line(&mut line)? == 0 {
+            return Err(bad("connection closed in the headers"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            let value = value.trim();
+            let lower = name.to_ascii_lowercase();
+            decided |= lower.starts_with("x-ratelimit-") || lower.starts_with("ratelimit");
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.parse().map_err(|_| bad("bad content-length"))?;
+            } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
+            {
+                keep = false;
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                return Err(bad("chunked response"));
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    conn.read_exact(&mut body)?;
+    Ok(Kept {
+        status,
+        keep,
+        decided,
+    })
 }

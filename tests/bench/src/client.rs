@@ -2,7 +2,7 @@
 //! each, every response counted by status, and the instants of the first request sent and the
 //! last response read, which bound every decision the limiter took.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -68,46 +68,8 @@ impl KeepAlive {
 /// headers present).
 fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<(u16, bool, bool)> {
     conn.get_mut().write_all(request)?;
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let mut line = String::new();
-    if conn.read_line(&mut line)? == 0 {
-        return Err(bad("connection closed before the status line"));
-    }
-    let status: u16 = line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("bad status line"))?;
-    let mut length = 0usize;
-    let mut keep = true;
-    let mut decided = false;
-    loop {
-        line.clear();
-        if conn.read_line(&mut line)? == 0 {
-            return Err(bad("connection closed in the headers"));
-        }
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            let value = value.trim();
-            let lower = name.to_ascii_lowercase();
-            decided |= lower.starts_with("x-ratelimit-") || lower.starts_with("ratelimit");
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.parse().map_err(|_| bad("bad content-length"))?;
-            } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
-            {
-                keep = false;
-            } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                // Envoy's direct and local replies carry a length; anything else is not ours.
-                return Err(bad("chunked response"));
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    conn.read_exact(&mut body)?;
-    Ok((status, keep, decided))
+    let head = e2e::http::read_kept(conn)?;
+    Ok((head.status, head.keep, head.decided))
 }
 
 /// A load on one key through several Envoys.

@@ -10,7 +10,7 @@ use e2e::cluster::{envoy_config_file, ClusterStack};
 use e2e::procs::{filter_config_edit_in, filter_json_block, Stack};
 use e2e::root;
 
-use crate::client::{self, Load};
+use crate::client::Load;
 use crate::config::{Policy, ALGORITHMS, POLICY_HEADER};
 use crate::measure;
 use crate::report::Accuracy;
@@ -224,41 +224,19 @@ pub fn run(
             paced_total_per_sec: None,
         };
         let before = stack.cluster.command_calls_per_node("evalsha");
-        let stats_before = measure::envoy_stats(stack.envoy.admin_port);
-        let result = client::run(&load);
-        let delta = measure::delta(&stats_before, &measure::envoy_stats(stack.envoy.admin_port));
-        let get = |n: &str| delta.get(n).copied().unwrap_or(0);
-        let b = result.bounds();
         let p = Policy {
             algorithm: spec.name,
             ..policy
         };
-        let run = Accuracy {
-            algorithm: name.to_string(),
-            allowance: (spec.allowance)(&p, b.first_sent, b.last_read),
-            allowance_inner: (spec.allowance)(&p, b.first_read, b.last_sent.max(b.first_read)),
-            formula: spec.formula.to_string(),
-            replicas: 1,
-            workers: 2,
-            conns_per_replica: 16,
-            capacity: p.capacity,
-            rate_per_sec: p.rate_per_sec,
-            offered_per_sec: None,
-            duration_s: accuracy_s,
-            window_s: b.last_read - b.first_sent,
-            sent: result.events.len() as u64,
-            allowed: result.count(200),
-            denied: result.count(429),
-            failed: result
-                .events
-                .iter()
-                .filter(|e| e.status != 200 && e.status != 429)
-                .count() as u64,
-            filter_allowed: get("wasmcustom.ratelimit_allowed"),
-            filter_denied: get("wasmcustom.ratelimit_denied"),
-            fail_open: get("wasmcustom.ratelimit_failure_mode_open"),
-            allowed_per_replica: vec![result.count(200)],
-        };
+        let (mut run, _) = crate::accuracy_run(
+            std::slice::from_ref(&stack.envoy),
+            2,
+            spec,
+            &p,
+            &load,
+            accuracy_s,
+        );
+        run.algorithm = name.to_string();
         let per_node = per_node_delta(
             &before,
             &stack.cluster.command_calls_per_node("evalsha"),
