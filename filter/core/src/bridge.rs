@@ -30,6 +30,17 @@ pub struct DecideCall {
     pub args: Vec<String>,
 }
 
+/// The first six arguments of a limit, the same for a decision and a refund: its key's index,
+/// algorithm, limit, window (ms), burst and cost.
+fn push_limit(args: &mut Vec<String>, key_index: usize, c: &LimitCheck) {
+    args.push(key_index.to_string());
+    args.push(c.algorithm.name().to_string());
+    args.push(c.per_window.to_string());
+    args.push(c.window_ms.to_string());
+    args.push(c.burst.to_string());
+    args.push(c.cost.to_string());
+}
+
 /// A charge to give back: the limit, the clock the charge was decided with, and the
 /// `remaining` it replied.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,12 +84,7 @@ impl DecideCall {
             count += 1;
             body.push(checks.len().to_string());
             for c in checks {
-                body.push(keys.index_of(&c.key).to_string());
-                body.push(c.algorithm.name().to_string());
-                body.push(c.per_window.to_string());
-                body.push(c.window_ms.to_string());
-                body.push(c.burst.to_string());
-                body.push(c.cost.to_string());
+                push_limit(&mut body, keys.index_of(&c.key), c);
                 body.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
                 match &c.budget {
                     None => {
@@ -126,13 +132,7 @@ impl DecideCall {
             refunds.len().to_string(),
         ];
         for r in refunds {
-            let c = &r.check;
-            args.push(keys.index_of(&c.key).to_string());
-            args.push(c.algorithm.name().to_string());
-            args.push(c.per_window.to_string());
-            args.push(c.window_ms.to_string());
-            args.push(c.burst.to_string());
-            args.push(c.cost.to_string());
+            push_limit(&mut args, keys.index_of(&r.check.key), &r.check);
             args.push("refund".to_string());
             args.push(r.charged_at_ns.to_string());
             args.push(format!("{}", r.left));

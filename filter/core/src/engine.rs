@@ -1360,8 +1360,9 @@ mod tests {
         assert_eq!(e.load(), (1, 2));
     }
 
-    #[test]
-    fn per_rule_counts_say_what_each_limit_did_and_reach_the_stats_on_the_tick() {
+    /// Failing closed: request 1 alone, refused; then a batch of three: allowed, allowed with
+    /// a shadow limit refusing (`/watch`), and a Redis error.
+    fn mixed_batch() -> (Config, Engine, FakeHost) {
         let (c, mut e, mut h) = setup(r#""failure_mode": "closed","#);
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         for (ctx, path) in [(2, "/"), (3, "/watch"), (4, "/")] {
@@ -1375,6 +1376,12 @@ mod tests {
             2,
             ok(&reply(&[R::Allow(3), R::AllowShadowRefused, R::Error])),
         );
+        (c, e, h)
+    }
+
+    #[test]
+    fn per_rule_counts_say_what_each_limit_did_and_reach_the_stats_on_the_tick() {
+        let (c, mut e, mut h) = mixed_batch();
         // Key "a" again: refused by the deny cache, without a call.
         arrive(&mut e, &c, &mut h, 5, &req("/", "a"));
         assert_eq!(h.statuses().last(), Some(&(5, 429)));
@@ -1567,19 +1574,7 @@ mod tests {
 
     #[test]
     fn each_request_of_a_batch_gets_its_own_verdict_and_errors_stay_its_own() {
-        let (c, mut e, mut h) = setup(r#""failure_mode": "closed","#);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
-        for (ctx, path) in [(2, "/"), (3, "/watch"), (4, "/")] {
-            e.on_request(&c, &mut h, ctx, &req(path, &format!("k{ctx}")));
-        }
-        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(500)])));
-        e.on_reply(
-            &c,
-            &mut h,
-            None,
-            2,
-            ok(&reply(&[R::Allow(3), R::AllowShadowRefused, R::Error])),
-        );
+        let (_c, _e, h) = mixed_batch();
         assert_eq!(h.resumed, vec![2, 3]);
         assert_eq!(h.statuses(), vec![(1, 429), (4, 503)]);
         assert_eq!(h.count_of(Counter::ShadowDenied), 1);
