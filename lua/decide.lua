@@ -207,7 +207,8 @@ local function decide_request(limits)
   if limits[1].refund then
     return refund_request(limits)
   end
-  local budgets = apply_budgets(limits)
+  -- Most calls carry no key budget: nothing to look up or count for them.
+  local budgets = budget_count > 0 and apply_budgets(limits) or nil
   local decisions = {}
   local committed = true
   for i, p in ipairs(limits) do
@@ -235,7 +236,9 @@ local function decide_request(limits)
     reply[#reply + 1] = tostring(math.ceil(charged[i] and d.taken_reset or d.kept_reset))
     reply[#reply + 1] = tostring(d.retry)
   end
-  charge_budgets(budgets, limits, charged)
+  if budgets then
+    charge_budgets(budgets, limits, charged)
+  end
   return reply
 end
 

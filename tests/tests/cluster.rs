@@ -662,7 +662,7 @@ fn in_cluster_mode_a_key_budget_counts_per_slot() {
     );
     let slot = slot_of(&first);
     let tag = ratelimit_core::slot::slot_tags()[usize::from(slot)];
-    let counter = format!("rl:{{b{tag}}}:key_budget:per_client");
+    let counter = format!("rl:{{b{tag}}}:key_budget:per_client"); // identity::budget_counter_key
     assert_eq!(stack.cluster.keyslot(&counter), slot);
     let owner = stack.cluster.master_of_slot(slot);
     let n = stack

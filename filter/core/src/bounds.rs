@@ -170,9 +170,17 @@ fn limit_call_bytes(config: &Config, rule: &Rule, limit: &Limit) -> usize {
     let budget = match &rule.key_budget {
         None => 2 * 2,
         Some(b) => {
-            let overflow = encoded(&crate::identity::overflow_key(config, rule, limit));
-            let counter = encoded(&crate::identity::budget_counter_key(config, rule));
-            let budget_window = u64::try_from(b.window.as_millis()).unwrap_or(u64::MAX);
+            // With a Redis Cluster the keys carry a slot's tag: count the longest.
+            let slot_tag = config.budget_slot_tags.0.iter().copied().max();
+            let overflow = encoded(&crate::identity::overflow_key(
+                config, rule, limit, slot_tag,
+            ));
+            let counter = encoded(&crate::identity::budget_counter_key(config, rule, slot_tag));
+            let window = match slot_tag {
+                Some(_) => crate::config::cluster_budget(b).1,
+                None => b.window,
+            };
+            let budget_window = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
             2 * (1 + key_index)
                 + 1
                 + overflow
@@ -689,6 +697,54 @@ mod tests {
             refused.starts_with("rules[0]: a request it matches can need a bridge call of"),
             "{refused}"
         );
+    }
+
+    /// In cluster mode the budget's keys carry a slot's tag (`{b<n>}`): the bound counts the
+    /// longest, so it still covers the real call.
+    #[test]
+    fn the_call_size_bound_covers_key_budgets_per_slot() {
+        let limits: Vec<String> = (0..16)
+            .map(|j| {
+                limit_json(
+                    &format!("{j:02}{}", "l".repeat(62)),
+                    r#""limit": 1000, "window": "1s""#,
+                )
+            })
+            .collect();
+        let rule = format!(
+            r#"{{"name": "{}", "key": {{"from": ["header:x-k"]}}, "key_budget": {{"new_keys": 1000000, "window": "1h"}}, "limits": [{}]}}"#,
+            "r".repeat(64),
+            limits.join(", ")
+        );
+        let c = parse(&config_json(
+            r#""bridge": {"redis_cluster": true},"#,
+            &[rule],
+        ))
+        .unwrap();
+        let bound: usize = c.rules[0]
+            .limits
+            .iter()
+            .map(|l| limit_call_bytes(&c, &c.rules[0], l))
+            .sum();
+        for id in ["a", "client-7", "some-longer-api-key"] {
+            let request = FakeRequest::new("GET", "/").with("x-k", id.as_bytes());
+            let p = plan(&c, &request).unwrap();
+            assert!(p.checks[0]
+                .budget
+                .as_ref()
+                .unwrap()
+                .counter_key
+                .contains("}:key_budget:"));
+            let call = BridgeRequest::evalsha(
+                &c.script_sha,
+                &DecideCall::new(
+                    &"9".repeat(MAX_CLOCK_DIGITS),
+                    u128::from(u64::MAX),
+                    [&p.checks[..]],
+                ),
+            );
+            assert!(call.path.len() <= call_path_bytes(16, bound), "{id}");
+        }
     }
 
     #[test]

@@ -1547,16 +1547,7 @@ mod tests {
         arrive(&mut e, &c, &mut h, 1, &req("/both", "k"));
         let (first, second) = (h.dispatched[0].0, h.dispatched[1].0);
         e.on_reply(&c, &mut h, None, first, ok(&reply(&[R::Allow(9)])));
-        e.on_reply(
-            &c,
-            &mut h,
-            None,
-            second,
-            BridgeReply {
-                status: None,
-                body: b"",
-            },
-        );
+        e.on_reply(&c, &mut h, None, second, none());
         assert_eq!(
             h.resumed,
             vec![1],
@@ -1591,16 +1582,7 @@ mod tests {
     fn a_whole_call_failing_follows_each_request_policy() {
         let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
-        e.on_reply(
-            &c,
-            &mut h,
-            None,
-            1,
-            BridgeReply {
-                status: None,
-                body: b"",
-            },
-        );
+        e.on_reply(&c, &mut h, None, 1, none());
         assert_eq!(h.resumed, vec![1]);
         assert_eq!(h.failures, vec![BridgeFailure::NoResponse]);
         assert_eq!(
@@ -1832,16 +1814,7 @@ mod tests {
         e.on_request(&c, &mut h, 3, &req("/", "c"));
         // The first call times out at 150 ms; request 2 (150 ms from 100) is still in time.
         h.now = Some(T0 + 150 * MS);
-        e.on_reply(
-            &c,
-            &mut h,
-            None,
-            1,
-            BridgeReply {
-                status: None,
-                body: b"",
-            },
-        );
+        e.on_reply(&c, &mut h, None, 1, none());
         assert_eq!(h.dispatched[1].2, Duration::from_millis(100));
         assert_eq!(h.batch_size(1), 2);
         h.now = Some(T0 + 260 * MS);
@@ -1851,16 +1824,7 @@ mod tests {
         assert_eq!(h.dispatched.len(), 3);
         h.now = Some(T0 + 500 * MS);
         e.on_request(&c, &mut h, 5, &req("/", "e"));
-        e.on_reply(
-            &c,
-            &mut h,
-            None,
-            3,
-            BridgeReply {
-                status: None,
-                body: b"",
-            },
-        );
+        e.on_reply(&c, &mut h, None, 3, none());
         // 5 arrived at 500 and waited for nothing: sent. None waited past its timeout.
         assert_eq!(h.resumed, vec![1, 2, 3, 4]);
         assert!(h.failures.iter().all(|f| *f == BridgeFailure::NoResponse));
@@ -1968,6 +1932,7 @@ mod tests {
         assert_eq!(h.resumed, vec![1]);
     }
 
+    /// A call that timed out or could not connect: no status at all.
     fn none() -> BridgeReply<'static> {
         BridgeReply {
             status: None,

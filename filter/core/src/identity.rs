@@ -222,19 +222,30 @@ pub fn redis_key(
     )
 }
 
-/// The key counting a rule's new identities (its key budget). The tag `{key_budget}` has
-/// neither `=` nor `:`, and every identity's tag has one of them: no identity can reach it.
-pub fn budget_counter_key(config: &Config, rule: &Rule) -> String {
-    format!("{}{{key_budget}}:{}", config.key_prefix, rule.name)
+/// The key counting a rule's new identities (its key budget): `prefix{key_budget}:rule`, or
+/// with a Redis Cluster one per slot, `prefix{b<n>}:key_budget:rule` where `{b<n>}` is a tag
+/// on that slot (`slot_tag` = n, see `slot::slot_tags`). Neither tag has `=` or `:`, and every
+/// identity's tag has one of them: no identity can reach these keys.
+pub fn budget_counter_key(config: &Config, rule: &Rule, slot_tag: Option<u32>) -> String {
+    match slot_tag {
+        None => format!("{}{{key_budget}}:{}", config.key_prefix, rule.name),
+        Some(n) => format!("{}{{b{n}}}:key_budget:{}", config.key_prefix, rule.name),
+    }
 }
 
 /// The state key of a limit's shared `overflow` identity (a new identity over the key budget,
-/// in mode `shared`); like [`budget_counter_key`], out of every identity's reach.
-pub fn overflow_key(config: &Config, rule: &Rule, limit: &Limit) -> String {
-    format!(
-        "{}{{overflow}}:{}:{}",
-        config.key_prefix, rule.name, limit.name
-    )
+/// in mode `shared`), per slot like [`budget_counter_key`], and out of every identity's reach.
+pub fn overflow_key(config: &Config, rule: &Rule, limit: &Limit, slot_tag: Option<u32>) -> String {
+    match slot_tag {
+        None => format!(
+            "{}{{overflow}}:{}:{}",
+            config.key_prefix, rule.name, limit.name
+        ),
+        Some(n) => format!(
+            "{}{{b{n}}}:overflow:{}:{}",
+            config.key_prefix, rule.name, limit.name
+        ),
+    }
 }
 
 #[cfg(test)]

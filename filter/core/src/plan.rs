@@ -141,28 +141,18 @@ fn budget_check(
         .budget_slot_tags
         .0
         .get(usize::from(key_slot(key.as_bytes())))
+        .copied()
         .filter(|_| config.redis_cluster);
-    match slot_tag {
-        Some(n) => {
-            let (new_keys, window) = cluster_budget(budget);
-            BudgetCheck {
-                counter_key: format!("{}{{b{n}}}:key_budget:{}", config.key_prefix, rule.name),
-                overflow_key: format!(
-                    "{}{{b{n}}}:overflow:{}:{}",
-                    config.key_prefix, rule.name, limit.name
-                ),
-                new_keys,
-                window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
-                over_budget: budget.over_budget,
-            }
-        }
-        None => BudgetCheck {
-            counter_key: budget_counter_key(config, rule),
-            overflow_key: overflow_key(config, rule, limit),
-            new_keys: budget.new_keys,
-            window_ms: u64::try_from(budget.window.as_millis()).unwrap_or(u64::MAX),
-            over_budget: budget.over_budget,
-        },
+    let (new_keys, window) = match slot_tag {
+        Some(_) => cluster_budget(budget),
+        None => (budget.new_keys, budget.window),
+    };
+    BudgetCheck {
+        counter_key: budget_counter_key(config, rule, slot_tag),
+        overflow_key: overflow_key(config, rule, limit, slot_tag),
+        new_keys,
+        window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+        over_budget: budget.over_budget,
     }
 }
 

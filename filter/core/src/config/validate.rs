@@ -117,7 +117,6 @@ impl RawConfig {
             budget_slot_tags: crate::slot::SlotTags::default(),
             script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
         };
-        check_request_bounds(&config)?;
         let mut budget_slot_tags = crate::slot::SlotTags::default();
         if redis_cluster {
             for (i, rule) in config.rules.iter().enumerate() {
@@ -140,12 +139,15 @@ impl RawConfig {
             // A call holds one slot's requests: several in flight keep every node busy.
             batch.max_in_flight = MAX_IN_FLIGHT as usize;
         }
-        Ok(Config {
+        let config = Config {
             redis_cluster,
             batch,
             budget_slot_tags,
             ..config
-        })
+        };
+        // Last: the call-size bound counts the keys as cluster mode names them.
+        check_request_bounds(&config)?;
+        Ok(config)
     }
 }
 
