@@ -243,7 +243,7 @@ fn main() {
         (
             "accuracy".into(),
             format!(
-                "capacity {}, rate {}/s, bridge timeout 5 s; {} s closed-loop runs, {} connections per replica; overload run {} s, {} connections per replica",
+                "capacity {}, rate {}/s, bridge timeout 5 s and breaker stall 5 s; {} s closed-loop runs, {} connections per replica; overload run {} s, {} connections per replica",
                 s.capacity, s.rate, s.accuracy_s, s.accuracy_conns, s.overload_s, s.overload_conns
             ),
         ),
