@@ -486,6 +486,7 @@ mod tests {
             cost: 1,
             shadow,
             budget: None,
+            lease: None,
         }
     }
 

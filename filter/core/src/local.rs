@@ -115,6 +115,7 @@ mod tests {
             cost: 1,
             shadow,
             budget: None,
+            lease: None,
         }
     }
 

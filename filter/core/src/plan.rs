@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::config::{
-    cluster_budget, Algorithm, Config, Cost, FailureMode, KeyBudget, Limit, Match, OverBudget,
-    PathMatch, Rule,
+    cluster_budget, Algorithm, Config, Cost, FailureMode, KeyBudget, Lease, Limit, Match,
+    OverBudget, PathMatch, Rule,
 };
 use crate::identity::{
     budget_counter_key, decisive_header, overflow_key, path_only, redis_key, resolve, RequestView,
@@ -12,7 +12,7 @@ use crate::identity::{
 use crate::slot::key_slot;
 
 /// One limit to decide for one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LimitCheck {
     /// Index of the rule in the config, and of the limit in the rule.
     pub rule: usize,
@@ -29,6 +29,8 @@ pub struct LimitCheck {
     pub shadow: bool,
     /// The rule's key budget, if it has one.
     pub budget: Option<BudgetCheck>,
+    /// How this limit's units may be leased (None: decided per request).
+    pub lease: Option<Lease>,
 }
 
 /// What the script needs to apply a rule's key budget to one of its limits.
@@ -62,6 +64,13 @@ pub struct Plan {
     pub timeout: Duration,
     /// Closed if any matching enforcing rule fails closed, else local if any fails locally.
     pub failure_mode: FailureMode,
+}
+
+impl Plan {
+    /// Every limit of the plan takes a lease: its requests may be served from leased units.
+    pub fn leasable(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.lease.is_some())
+    }
 }
 
 /// A request the limiter refuses before deciding anything (answered with 400).
@@ -121,6 +130,7 @@ pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<P
                 cost,
                 shadow: rule.shadow,
                 budget,
+                lease: limit.lease,
             });
         }
     }

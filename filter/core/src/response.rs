@@ -234,6 +234,7 @@ mod tests {
             cost: 1,
             shadow: false,
             budget: None,
+            lease: None,
         };
         vec![
             base.clone(),

@@ -189,6 +189,7 @@ mod tests {
             cost: 1,
             shadow: false,
             budget: None,
+            lease: None,
         }
     }
 

@@ -329,6 +329,33 @@ pub struct Limit {
     /// limit / shards and burst / shards (rounded down): one hot identity spreads over several
     /// Redis Cluster nodes. A request spends from one shard, taken in turn.
     pub shards: u64,
+    /// Units a worker may take ahead and spend without a call (token bucket and GCRA only).
+    pub lease: Option<Lease>,
+}
+
+/// How a worker leases units of a limit: one call charges the request and up to this many
+/// more units at once, which later requests of that identity spend locally (no call, no
+/// wait). Units are spent in Redis before any request uses them, so no limit is exceeded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lease {
+    /// Units one lease holds at most (the request's own cost included).
+    pub max_units: u64,
+    /// A lease takes at most this part of what is left of the limit: near the limit a lease
+    /// is the request alone, and decisions are exact per request again.
+    pub fraction: f64,
+    /// A lease's unused units are given back after this long (sooner when the bucket would be
+    /// full again by then, see the README).
+    pub max_ms: u64,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Lease {
+            max_units: 100,
+            fraction: 0.1,
+            max_ms: 1000,
+        }
+    }
 }
 
 impl Limit {

@@ -43,6 +43,9 @@ pub(super) struct RawConfig {
     pub(super) breaker: Option<Value>,
     #[serde(default = "default_local_share")]
     pub(super) local_share: f64,
+    /// `false`, `true`, or `{"max_units": N, "fraction": F, "max_ms": N}`: the lease of every
+    /// token_bucket and GCRA limit that sets none itself. Off by default.
+    pub(super) lease: Option<Value>,
     pub(super) rules: Vec<RawRule>,
 }
 
@@ -150,6 +153,16 @@ pub(super) struct RawLimit {
     pub(super) window: String,
     pub(super) burst: Option<u64>,
     pub(super) shards: Option<u64>,
+    /// As the top-level `lease`, for this limit only (`false`: none for it).
+    pub(super) lease: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLease {
+    pub(super) max_units: Option<u64>,
+    pub(super) fraction: Option<f64>,
+    pub(super) max_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,7 +5,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::raw::*;
-use super::validate::{check_header_name, check_name, NamedList, RuleDefaults};
+use super::validate::{
+    check_header_name, check_name, validate_lease, NamedList, RuleDefaults, LEASE_NEEDS_PROXY_CLOCK,
+};
 use super::*;
 use crate::bounds::{
     show_duration, state_lifetime_ms, MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE,
@@ -27,7 +29,18 @@ impl RawRule {
             max: MAX_LIMITS_PER_RULE,
             duplicate_suffix: " in this rule",
         };
-        let limits = list.validate(self.limits, |l| &l.name, |raw, field| raw.validate(field))?;
+        let shadow = self.shadow || defaults.shadow;
+        let leasing = LeaseContext {
+            inherited: defaults.lease,
+            shadow,
+            key_budget: self.key_budget.is_some(),
+            clock: defaults.clock,
+        };
+        let limits = list.validate(
+            self.limits,
+            |l| &l.name,
+            |raw, field| raw.validate(field, &leasing),
+        )?;
         let cost = validate_cost(self.cost, &format!("{field}.cost"))?;
         let timeout = timeout_field(
             self.timeout.as_deref(),
@@ -46,7 +59,7 @@ impl RawRule {
             cost,
             failure_mode: self.failure_mode.unwrap_or(defaults.failure_mode),
             timeout,
-            shadow: self.shadow || defaults.shadow,
+            shadow,
             key_budget,
         })
     }
@@ -187,8 +200,53 @@ impl RawKeyBudget {
     }
 }
 
+/// What decides whether a rule's limits take a lease.
+pub(super) struct LeaseContext {
+    /// The top-level `lease`.
+    inherited: Option<Lease>,
+    shadow: bool,
+    key_budget: bool,
+    clock: Clock,
+}
+
+impl LeaseContext {
+    /// The lease of a limit: its own setting (an error where a lease cannot work), else the
+    /// top-level one where it can.
+    fn resolve(
+        &self,
+        own: Option<Value>,
+        algorithm: Algorithm,
+        field: &str,
+    ) -> Result<Option<Lease>, ConfigError> {
+        let field = format!("{field}.lease");
+        let why_not = if !algorithm.has_burst() {
+            Some("only token_bucket and gcra limits take a lease: a window's units do not come back one by one")
+        } else if self.shadow {
+            Some("a shadow rule's limits are decided per request: they only report what they would refuse")
+        } else if self.key_budget {
+            Some("a rule with a key_budget is decided per request: its new identities are counted in Redis")
+        } else if self.clock == Clock::Redis {
+            Some(LEASE_NEEDS_PROXY_CLOCK)
+        } else {
+            None
+        };
+        match own {
+            None => Ok(self.inherited.filter(|_| why_not.is_none())),
+            Some(value) => match (validate_lease(Some(value), &field)?, why_not) {
+                (Some(_), Some(why)) => Err(invalid(&field, why)),
+                (lease, _) => Ok(lease),
+            },
+        }
+    }
+}
+
 impl RawLimit {
-    pub(super) fn validate(self, field: &str) -> Result<Limit, ConfigError> {
+    pub(super) fn validate(
+        self,
+        field: &str,
+        leasing: &LeaseContext,
+    ) -> Result<Limit, ConfigError> {
+        let lease = leasing.resolve(self.lease, self.algorithm, field)?;
         check_name(&self.name, &format!("{field}.name"))?;
         let limit_field = format!("{field}.limit");
         if self.limit < 1 {
@@ -271,6 +329,7 @@ impl RawLimit {
             window,
             burst,
             shards,
+            lease,
         })
     }
 }

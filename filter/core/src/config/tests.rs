@@ -62,6 +62,7 @@ fn minimal_config_takes_documented_defaults() {
             window: Duration::from_secs(60),
             burst: 10,
             shards: 1,
+            lease: None,
         }]
     );
     assert_eq!(c.script_sha.len(), 40);

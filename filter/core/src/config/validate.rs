@@ -72,10 +72,18 @@ impl RawConfig {
         if !(1..=128).contains(&self.ipv6_prefix) {
             return Err(invalid("ipv6_prefix", "must be between 1 and 128"));
         }
+        let lease = match validate_lease(self.lease, "lease")? {
+            Some(_) if self.clock == Clock::Redis => {
+                return Err(invalid("lease", LEASE_NEEDS_PROXY_CLOCK));
+            }
+            lease => lease,
+        };
         let defaults = RuleDefaults {
             failure_mode: self.failure_mode,
             timeout: default_timeout,
             shadow: self.shadow,
+            lease,
+            clock: self.clock,
         };
         let list = NamedList {
             field: "rules",
@@ -352,6 +360,62 @@ pub(super) struct RuleDefaults {
     pub(super) failure_mode: FailureMode,
     pub(super) timeout: Duration,
     pub(super) shadow: bool,
+    /// The top-level `lease`, for the limits that can take one and set none.
+    pub(super) lease: Option<Lease>,
+    pub(super) clock: Clock,
+}
+
+pub(super) const LEASE_NEEDS_PROXY_CLOCK: &str =
+    "needs clock \"proxy\": a lease expires on the proxy's clock, which the script must decide with";
+
+/// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
+const MAX_LEASE_MS: u64 = 60_000;
+
+/// `lease` (top level or on a limit): None when absent or `false`, defaults for `true`.
+pub(super) fn validate_lease(
+    value: Option<Value>,
+    field: &str,
+) -> Result<Option<Lease>, ConfigError> {
+    let raw = match value {
+        None | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => return Ok(Some(Lease::default())),
+        Some(value @ Value::Object(_)) => {
+            serde_json::from_value::<RawLease>(value).map_err(|e| invalid(field, e.to_string()))?
+        }
+        Some(_) => {
+            return Err(invalid(
+                field,
+                "must be true, false or {\"max_units\": N, \"fraction\": F, \"max_ms\": N}",
+            ))
+        }
+    };
+    let default = Lease::default();
+    let max_units = raw.max_units.unwrap_or(default.max_units);
+    if !(1..=crate::bounds::MAX_LIMIT).contains(&max_units) {
+        return Err(invalid(
+            &format!("{field}.max_units"),
+            format!("must be between 1 and {}", crate::bounds::MAX_LIMIT),
+        ));
+    }
+    let fraction = raw.fraction.unwrap_or(default.fraction);
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(invalid(
+            &format!("{field}.fraction"),
+            "must be a number above 0, at most 1",
+        ));
+    }
+    let max_ms = raw.max_ms.unwrap_or(default.max_ms);
+    if !(1..=MAX_LEASE_MS).contains(&max_ms) {
+        return Err(invalid(
+            &format!("{field}.max_ms"),
+            format!("must be between 1 and {MAX_LEASE_MS}"),
+        ));
+    }
+    Ok(Some(Lease {
+        max_units,
+        fraction,
+        max_ms,
+    }))
 }
 
 /// Rule and limit names end up in Redis keys and header values: keep them plain.
