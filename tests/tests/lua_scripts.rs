@@ -35,6 +35,7 @@ fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64) ->
         cost: 1,
         shadow: false,
         budget: None,
+        lease: None,
     }
 }
 

@@ -130,6 +130,7 @@ fn demo_check(key: String) -> LimitCheck {
         cost: 1,
         shadow: false,
         budget: None,
+        lease: None,
     }
 }
 

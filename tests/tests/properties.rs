@@ -76,6 +76,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         cost,
         shadow: false,
         budget: None,
+        lease: None,
     };
     let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();
