@@ -4,7 +4,7 @@
 
 use e2e::{Redis, RedisConn, Resp, WorkDir};
 use ratelimit_core::bridge::{DecideCall, Refund};
-use ratelimit_core::config::{Algorithm, OverBudget};
+use ratelimit_core::config::{Algorithm, Lease, OverBudget};
 use ratelimit_core::plan::{BudgetCheck, LimitCheck};
 
 const T0: u128 = 1_764_489_600_000_000_000; // a whole second (and minute) in Unix ns
@@ -23,6 +23,8 @@ struct L {
     shadow: bool,
     /// The rule's key budget: (rule name, new keys per window, window ms, mode).
     budget: Option<(&'static str, u64, u64, OverBudget)>,
+    /// Asks for a lease of the limit's units.
+    lease: Option<Lease>,
 }
 
 fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64) -> L {
@@ -61,6 +63,7 @@ impl L {
                     window_ms,
                     over_budget,
                 }),
+            lease: self.lease,
         }
     }
 }
