@@ -17,6 +17,8 @@
 --            refused the request), mode "refund", then the charge's clock (Unix ns) and the
 --            remaining it replied. A refund request takes nothing and replies 1 for each
 --            limit; its clock (ARGV[1]) must be no earlier than any decision on its keys.
+--            or, to ask for a lease (token_bucket and gcra), mode "lease", then the lease's
+--            max units and fraction: see "Leases" below.
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
@@ -29,6 +31,13 @@
 -- outcome is 1 (allowed) or 0 (refused), plus 2 when the limit's identity was new while its
 -- rule's key budget was used up: then the limit was decided on the rule's overflow state
 -- ("shared") or refused until the budget's window ends ("deny").
+--
+-- Leases: when every limit of a committed request is in mode "lease", the request also takes
+-- k - 1 further requests' worth of units at once (all or nothing over its limits), which the
+-- caller spends locally: k is the largest whole number with k x cost <= max units and
+-- k x cost <= fraction x the units left before the request, on every limit (at least 1: the
+-- request alone, which is how decisions near the limit stay exact). The committed flag is then
+-- k instead of 1, and remaining / reset_ms describe the state after the whole lease.
 --
 -- Key budget: an identity is new when none of its keys under that budget exist. A new
 -- identity charged by a committed request counts one against the budget's current window
@@ -102,7 +111,8 @@ local function read_request(a)
   for i = 1, n do
     local b = a + (i - 1) * 9
     local refund = ARGV[b + 7] == 'refund'
-    local budget = not refund and tonumber(ARGV[b + 8]) or 0
+    local lease = ARGV[b + 7] == 'lease'
+    local budget = not (refund or lease) and tonumber(ARGV[b + 8]) or 0
     local p = {
       key = KEYS[tonumber(ARGV[b + 1]) or 0],
       algorithm = ALGORITHMS[ARGV[b + 2]],
@@ -116,12 +126,16 @@ local function read_request(a)
       refund = refund and REFUNDS[ARGV[b + 2]],
       charged_at = refund and ARGV[b + 8],
       left = refund and tonumber(ARGV[b + 9]),
+      lease = lease and {max_units = tonumber(ARGV[b + 8]), fraction = tonumber(ARGV[b + 9])},
     }
     if not p.key or not p.algorithm or not p.limit or p.limit < 1 or not p.window
         or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
         or (p.budget and (not BUDGETS[p.budget] or not p.overflow))
         or (refund and (not p.refund or not string.match(p.charged_at, '^%d+$')
-          or not p.left or p.left < 0)) then
+          or not p.left or p.left < 0))
+        or (lease and (not LEASABLE[ARGV[b + 2]] or not whole(p.lease.max_units)
+          or p.lease.max_units < 1 or not p.lease.fraction or p.lease.fraction <= 0
+          or p.lease.fraction > 1)) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
@@ -203,6 +217,33 @@ local function refund_request(limits)
   return reply
 end
 
+-- How many requests' worth of units a committed request takes (1: itself alone), and the
+-- decisions that charge them; see "Leases" above.
+local function lease_of(limits, decisions)
+  local k = math.huge
+  for i, p in ipairs(limits) do
+    if not p.lease then
+      return 1, decisions
+    end
+    if p.cost > 0 then
+      local room = math.min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
+      k = math.min(k, math.floor(room / p.cost))
+    end
+  end
+  if k == math.huge or k < 2 then
+    return 1, decisions
+  end
+  local leased = {}
+  for i, p in ipairs(limits) do
+    local whole_lease = setmetatable({cost = k * p.cost}, {__index = p})
+    leased[i] = p.algorithm(p.key, whole_lease, now)
+    if not leased[i].allowed then
+      return 1, decisions
+    end
+  end
+  return k, leased
+end
+
 local function decide_request(limits)
   if limits[1].refund then
     return refund_request(limits)
@@ -223,7 +264,11 @@ local function decide_request(limits)
       committed = false
     end
   end
-  local reply = {committed and 1 or 0, #limits}
+  local k = 1
+  if committed then
+    k, decisions = lease_of(limits, decisions)
+  end
+  local reply = {committed and k or 0, #limits}
   local charged = {}
   for i, d in ipairs(decisions) do
     charged[i] = committed and d.allowed

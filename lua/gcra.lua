@@ -49,3 +49,5 @@ REFUNDS.gcra = function(key, p, now)
     redis.call('HSET', key, 'tat', string.format('%.17g', stored - back))
   end
 end
+
+LEASABLE.gcra = true

@@ -23,6 +23,11 @@ local ALGORITHMS = {}
 -- overshoot).
 local REFUNDS = {}
 
+-- Algorithms whose units may be leased (mode "lease" in decide.lua): those whose reply's
+-- reset_ms is the time until the state is whole again, after which the caller stops spending
+-- the lease (a unit spent later could be one the refill would have brought anyway).
+local LEASABLE = {}
+
 -- Is Unix-ns string a later than b? Equal-length digit strings compare like numbers.
 local function later(a, b)
   if #a ~= #b then

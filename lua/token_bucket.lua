@@ -62,3 +62,5 @@ REFUNDS.token_bucket = function(key, p, now)
     redis.call('HSET', key, 'tokens', string.format('%.17g', math.min(p.burst, tokens + back)))
   end
 end
+
+LEASABLE.token_bucket = true

@@ -100,7 +100,11 @@ impl Script {
             .iter()
             .map(|r| r.iter().map(L::check).collect())
             .collect();
-        DecideCall::new(clock, 0, checks.iter().map(Vec::as_slice)).command(&self.sha)
+        // A request whose limits all carry a lease asks for one, as the engine does.
+        let asks = checks
+            .iter()
+            .map(|c| (c.as_slice(), c.iter().all(|l| l.lease.is_some())));
+        DecideCall::leasing(clock, 0, asks).command(&self.sha)
     }
 
     fn call_batch(&mut self, clock: &str, requests: &[&[L]]) -> Resp {
@@ -1149,4 +1153,155 @@ fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
     let items = s.conn.cmd(&command).unwrap().items();
     assert_eq!((items[0].int(), items[1].int()), (1, -1));
     assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
+}
+
+/// A limit that asks for leases of at most `max_units`, `fraction` of what is left.
+fn leasing(l: L, max_units: u64, fraction: f64) -> L {
+    L {
+        lease: Some(Lease {
+            max_units,
+            fraction,
+            max_ms: 1000,
+        }),
+        ..l
+    }
+}
+
+#[test]
+fn a_lease_takes_a_fraction_of_what_is_left_and_near_the_limit_only_the_request() {
+    let (_dir, redis) = start("lua-lease-sizes");
+    let mut s = Script::new(&redis);
+    // Buckets of 100 that refill 1 per 1000 s: nothing comes back during the test.
+    for (algorithm, key) in [
+        (Algorithm::TokenBucket, "rl:t:lease-tb"),
+        (Algorithm::Gcra, "rl:t:lease-gcra"),
+    ] {
+        let l = leasing(
+            L {
+                burst: 100,
+                ..limit(key, algorithm, 1, 1_000_000)
+            },
+            10,
+            0.25,
+        );
+        // k = min(10, floor(0.25 × left before)): 10 while 40 or more are left, then smaller,
+        // then the request alone (k = 1) for the last few, then refused.
+        let mut sizes = Vec::new();
+        let mut lefts = Vec::new();
+        loop {
+            let (k, answers) = s.decide(T0, std::slice::from_ref(&l));
+            if k == 0 {
+                assert_eq!(answers[0].0, 0, "{algorithm:?}: refused");
+                break;
+            }
+            sizes.push(k);
+            let left: f64 = answers[0].1.parse().unwrap();
+            lefts.push(left.round() as i64);
+        }
+        assert_eq!(
+            sizes,
+            [10, 10, 10, 10, 10, 10, 10, 7, 5, 4, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1],
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            sizes.iter().sum::<i64>(),
+            100,
+            "{algorithm:?}: every unit, once"
+        );
+        assert_eq!(
+            lefts[..8],
+            [90, 80, 70, 60, 50, 40, 30, 23],
+            "{algorithm:?}"
+        );
+        assert_eq!(*lefts.last().unwrap(), 0, "{algorithm:?}");
+    }
+}
+
+#[test]
+fn a_lease_is_sized_by_its_tightest_limit_and_the_cost_and_taken_on_all_or_none() {
+    let (_dir, redis) = start("lua-lease-limits");
+    let mut s = Script::new(&redis);
+    let wide = leasing(
+        L {
+            burst: 1000,
+            cost: 2,
+            ..limit("rl:t:lease-wide", Algorithm::TokenBucket, 1, 1_000_000)
+        },
+        100,
+        0.5,
+    );
+    let narrow = leasing(
+        L {
+            burst: 40,
+            cost: 2,
+            ..limit("rl:t:lease-narrow", Algorithm::Gcra, 1, 1_000_000)
+        },
+        100,
+        0.5,
+    );
+    // Narrow: floor(0.5 × 40 / 2) = 10 requests of cost 2, on both limits.
+    let (k, answers) = s.decide(T0, &[wide.clone(), narrow.clone()]);
+    assert_eq!(k, 10);
+    assert_eq!(answers[0].1, "980");
+    assert_eq!(answers[1].1, "20");
+    // A limit without a lease in the request: the request alone.
+    let plain = L {
+        lease: None,
+        ..narrow.clone()
+    };
+    let (k, answers) = s.decide(T0, &[wide.clone(), plain]);
+    assert_eq!(
+        (k, answers[0].1.as_str(), answers[1].1.as_str()),
+        (1, "978", "18")
+    );
+    // max_units counts units, not requests: 3 units hold one request of cost 2.
+    let capped = leasing(
+        L {
+            burst: 1000,
+            cost: 2,
+            ..limit("rl:t:lease-capped", Algorithm::TokenBucket, 1, 1_000_000)
+        },
+        3,
+        1.0,
+    );
+    assert_eq!(s.decide(T0, std::slice::from_ref(&capped)).0, 1);
+    // Refused requests take no lease and charge nothing.
+    let empty = leasing(
+        L {
+            burst: 1,
+            cost: 2,
+            ..limit("rl:t:lease-empty", Algorithm::TokenBucket, 1, 1_000_000)
+        },
+        100,
+        1.0,
+    );
+    let (k, answers) = s.decide(T0, &[wide, empty]);
+    assert_eq!((k, answers[0].1.as_str()), (0, "978"));
+}
+
+#[test]
+fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
+    let (_dir, redis) = start("lua-lease-bad");
+    let mut s = Script::new(&redis);
+    let good = limit("rl:t:lease-good", Algorithm::TokenBucket, 10, 1000);
+    let window = leasing(
+        limit("rl:t:lease-window", Algorithm::FixedWindow, 10, 1000),
+        5,
+        0.5,
+    );
+    let answers = s.decide_batch(T0, &[&[window], &[good.clone()]]);
+    assert!(
+        matches!(&answers[0], Err(e) if e.contains("bad arguments for limit 1")),
+        "{answers:?}"
+    );
+    assert!(matches!(&answers[1], Ok((1, _))), "{answers:?}");
+    for (max_units, fraction) in [(0, 0.5), (5, 0.0), (5, 1.5)] {
+        let bad = leasing(
+            limit("rl:t:lease-bad", Algorithm::TokenBucket, 10, 1000),
+            max_units,
+            fraction,
+        );
+        let answers = s.decide_batch(T0, &[&[bad]]);
+        assert!(answers[0].is_err(), "{max_units} {fraction}: {answers:?}");
+    }
 }

@@ -26,7 +26,8 @@ pub struct DecideCall {
     /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
     /// budget (counter key index, new keys, window ms, `shared` | `deny`), then per request its
     /// number of limits and nine values per limit (key index, algorithm, limit, window ms,
-    /// burst, cost, mode, budget index or 0, overflow key index or 0).
+    /// burst, cost, mode, budget index or 0, overflow key index or 0; in mode `lease` the
+    /// last two are the lease's max units and fraction).
     pub args: Vec<String>,
 }
 
@@ -75,16 +76,34 @@ impl DecideCall {
         deadline_ms: u128,
         requests: impl IntoIterator<Item = &'a [LimitCheck]>,
     ) -> Self {
+        Self::leasing(clock, deadline_ms, requests.into_iter().map(|c| (c, false)))
+    }
+
+    /// [`DecideCall::new`] where a request may also ask for a lease (`true`): every one of
+    /// its limits then goes in mode `lease` with its `max_units` and `fraction` (a limit
+    /// without a lease setting is sent as usual, and the script grants nothing).
+    pub fn leasing<'a>(
+        clock: &str,
+        deadline_ms: u128,
+        requests: impl IntoIterator<Item = (&'a [LimitCheck], bool)>,
+    ) -> Self {
         let mut keys = KeyTable::default();
         let mut budgets: Vec<String> = Vec::new();
         let mut budget_index: HashMap<&str, usize> = HashMap::new();
         let mut body: Vec<String> = Vec::new();
         let mut count = 0usize;
-        for checks in requests {
+        for (checks, ask_lease) in requests {
             count += 1;
             body.push(checks.len().to_string());
             for c in checks {
                 push_limit(&mut body, keys.index_of(&c.key), c);
+                if let (true, Some(lease), None, false) = (ask_lease, c.lease, &c.budget, c.shadow)
+                {
+                    body.push("lease".to_string());
+                    body.push(lease.max_units.to_string());
+                    body.push(lease.fraction.to_string());
+                    continue;
+                }
                 body.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
                 match &c.budget {
                     None => {
@@ -247,6 +266,9 @@ pub struct Decision {
     /// Every enforced limit allowed, and the request was charged.
     pub allowed: bool,
     pub limits: Vec<LimitResult>,
+    /// Further requests of the same costs charged with this one as a lease (0: none); each
+    /// limit's `remaining` and `reset_ms` then describe the state after the whole lease.
+    pub leased: u64,
 }
 
 /// Why the bridge gave no decision. Every one of these goes to the failure policy.
@@ -324,6 +346,32 @@ pub fn parse_eval_reply(
     reply: BridgeReply<'_>,
     shape: &[usize],
 ) -> Result<EvalOutcome, BridgeFailure> {
+    let shape: Vec<RequestShape> = shape
+        .iter()
+        .map(|&limits| RequestShape {
+            limits,
+            most_leased: 0,
+        })
+        .collect();
+    parse_batch_reply(reply, &shape)
+}
+
+/// What the reply for one request of a batch may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestShape {
+    /// Its limits.
+    pub limits: usize,
+    /// The most further requests a lease it asked for may hold (0: it asked for none). A
+    /// reply granting more is unreadable: a broken bridge must not hand out units.
+    pub most_leased: u64,
+}
+
+/// [`parse_eval_reply`] for a batch whose requests may have asked for leases: a committed
+/// request replies 1 + the further requests leased instead of 1.
+pub fn parse_batch_reply(
+    reply: BridgeReply<'_>,
+    shape: &[RequestShape],
+) -> Result<EvalOutcome, BridgeFailure> {
     let items = command_result(reply, "EVALSHA")?;
     let items = items
         .as_array()
@@ -360,8 +408,9 @@ pub fn parse_eval_reply(
 /// One request's part of a batch reply, and what follows it.
 fn parse_request(
     items: &[Value],
-    expected: usize,
+    shape: RequestShape,
 ) -> Result<(Result<Decision, BridgeFailure>, &[Value]), BridgeFailure> {
+    let expected = shape.limits;
     let too_short = BridgeFailure::BadReply("EVALSHA result is too short");
     let [status, second, rest @ ..] = items else {
         return Err(too_short);
@@ -372,7 +421,13 @@ fn parse_request(
             .ok_or(BridgeFailure::BadReply("request error is not a text"))?;
         return Ok((Err(BridgeFailure::Redis(shown_error(message))), rest));
     }
-    let allowed = flag(status).ok_or(BridgeFailure::BadReply("decision flag is not 0 or 1"))?;
+    // 0: refused; k >= 1: committed, with k - 1 further requests leased.
+    let committed = status
+        .as_u64()
+        .filter(|&k| k <= 1 + shape.most_leased)
+        .ok_or(BridgeFailure::BadReply(
+            "decision flag is not 0, 1 or 1 + a lease asked for",
+        ))?;
     if second.as_u64() != Some(expected as u64) {
         return Err(BridgeFailure::BadReply(
             "EVALSHA result has the wrong number of limits",
@@ -400,15 +455,12 @@ fn parse_request(
             over_budget: outcome & 2 == 2,
         });
     }
-    Ok((Ok(Decision { allowed, limits }), rest))
-}
-
-fn flag(value: &Value) -> Option<bool> {
-    match value.as_u64() {
-        Some(1) => Some(true),
-        Some(0) => Some(false),
-        _ => None,
-    }
+    let decision = Decision {
+        allowed: committed >= 1,
+        limits,
+        leased: committed.saturating_sub(1),
+    };
+    Ok((Ok(decision), rest))
 }
 
 /// Reads the reply to `SCRIPT LOAD`: `{"SCRIPT":"<sha>"}`, which must name our script.
@@ -683,7 +735,8 @@ mod tests {
                             retry_ms: 4500.0,
                             over_budget: false,
                         },
-                    ]
+                    ],
+                    leased: 0
                 }),
                 Err(BridgeFailure::Redis("ERR decide: bad".into()))
             ]))

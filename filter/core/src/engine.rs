@@ -843,6 +843,7 @@ impl Engine {
         let decision = Decision {
             allowed: false,
             limits,
+            leased: 0,
         };
         Some(response::denied(config, &checks, &decision))
     }

@@ -91,6 +91,7 @@ impl LocalLimits {
         Decision {
             allowed: committed,
             limits,
+            leased: 0,
         }
     }
 }

@@ -295,6 +295,7 @@ mod tests {
                 result(true, 19.0, 100.0, 0.0),
                 result(true, 3.9999999999, 50_000_000.0, 0.0),
             ],
+            leased: 0,
         };
         let h = rate_limit_headers(&c, &checks(false), &d);
         assert_eq!(get(&h, "x-ratelimit-limit"), Some("1000"));
@@ -312,6 +313,7 @@ mod tests {
                 result(true, 19.5, 50.0, 0.0),
                 result(true, 999.0, 3_600_000.0, 0.0),
             ],
+            leased: 0,
         };
         let h = rate_limit_headers(&c, &checks(false), &d);
         assert_eq!(
@@ -332,11 +334,13 @@ mod tests {
         let d = Decision {
             allowed: true,
             limits: vec![result(true, 1.0, 1.0, 0.0), result(true, 1.0, 1.0, 0.0)],
+            leased: 0,
         };
         assert!(rate_limit_headers(&c, &checks(false), &d).is_empty());
         let refused = Decision {
             allowed: false,
             limits: vec![result(false, 0.0, 1.0, 2500.0), result(true, 1.0, 1.0, 0.0)],
+            leased: 0,
         };
         let r = denied(&c, &checks(false), &refused);
         assert_eq!(
@@ -357,6 +361,7 @@ mod tests {
                 result(false, 0.5, 1500.0, 50.0),
                 result(false, 0.0, 7_200_000.0, 7_200_000.0),
             ],
+            leased: 0,
         };
         let r = denied(&c, &checks(false), &d);
         assert_eq!(r.status, 429);
@@ -379,6 +384,7 @@ mod tests {
                 result(false, 0.0, 1000.0, 100.0),
                 result(false, 0.0, 9_000_000.0, 9_000_000.0),
             ],
+            leased: 0,
         };
         let r = denied(&c, &checks(true), &d);
         assert_eq!(get(&r.headers, "retry-after"), Some("1"));
@@ -394,6 +400,7 @@ mod tests {
                 result(false, 0.0, 1000.0, 100.0),
                 result(true, 10.0, 1000.0, 0.0),
             ],
+            leased: 0,
         };
         let r = denied(&c, &checks(false), &d);
         assert_eq!(

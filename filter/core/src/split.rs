@@ -127,6 +127,7 @@ impl Split {
             let decision = Decision {
                 allowed: false,
                 limits,
+                leased: 0,
             };
             return (plan, Ok(decision), at);
         }
@@ -138,6 +139,7 @@ impl Split {
         let decision = Decision {
             allowed: limits.len() == self.plan.checks.len(),
             limits,
+            leased: 0,
         };
         (self.plan.clone(), Ok(decision), at)
     }
@@ -212,7 +214,11 @@ mod tests {
     }
 
     fn decided(allowed: bool, limits: Vec<LimitResult>) -> Result<Decision, BridgeFailure> {
-        Ok(Decision { allowed, limits })
+        Ok(Decision {
+            allowed,
+            limits,
+            leased: 0,
+        })
     }
 
     #[test]
