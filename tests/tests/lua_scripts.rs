@@ -1000,7 +1000,7 @@ impl Script {
             charged_at_ns: charged_at,
             left,
         };
-        let command = DecideCall::refund(clock, &[refund]).command(&self.sha);
+        let command = DecideCall::refund(clock, 0, &[refund]).command(&self.sha);
         let items = self.conn.cmd(&command).unwrap().items();
         assert_eq!(
             (items[0].int(), items[1].int(), items[2].int()),
@@ -1147,7 +1147,7 @@ fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
         charged_at_ns: T0,
         left: 1.0,
     };
-    let mut command = DecideCall::refund(T0, &[refund]).command(&s.sha);
+    let mut command = DecideCall::refund(T0, 0, &[refund]).command(&s.sha);
     let at = command.iter().position(|a| a == "refund").unwrap();
     command[at + 1] = "soon".into();
     let items = s.conn.cmd(&command).unwrap().items();

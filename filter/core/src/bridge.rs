@@ -140,12 +140,13 @@ impl DecideCall {
 
     /// One request giving back what earlier calls charged (see `lua/decide.lua`). `clock`
     /// (Unix ns) must be no earlier than any decision on these keys: the refund's own time
-    /// plus the clock skew allowed between replicas.
-    pub fn refund(clock: u128, refunds: &[Refund]) -> Self {
+    /// plus the clock skew allowed between replicas; `deadline_ms` (Unix ms, 0: none) should be `clock` itself: a refund that reaches Redis
+    /// later could meet decisions made after its clock, and then gives back nothing.
+    pub fn refund(clock: u128, deadline_ms: u128, refunds: &[Refund]) -> Self {
         let mut keys = KeyTable::default();
         let mut args = vec![
             clock.to_string(),
-            "0".to_string(),
+            deadline_ms.to_string(),
             "1".to_string(),
             "0".to_string(),
             refunds.len().to_string(),
@@ -831,7 +832,7 @@ mod tests {
             ),
             (
                 ok(r#"{"EVALSHA":[1,2,1,1,"4","0","0"]}"#),
-                BridgeFailure::BadReply("decision flag is not 0 or 1"),
+                BridgeFailure::BadReply("decision flag is not 0, 1 or 1 + a lease asked for"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,2,1,"4","0","0"]}"#),

@@ -12,12 +12,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::bridge::{
-    call_bytes, parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply,
-    BridgeRequest, DecideCall, Decision, EvalOutcome, LimitResult,
+    call_bytes, parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeFailure,
+    BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, LimitResult, Refund,
+    RequestShape,
 };
 use crate::config::{Bridge, Clock, Config, FailureMode};
 use crate::deny_cache::{DenyCache, Refusal};
 use crate::identity::RequestView;
+use crate::lease::Leases;
 use crate::local::{scaled, LocalLimits};
 use crate::metrics::{Counter, Gauge, Histogram, PendingCounts, RuleEvent, RuleStats};
 use crate::plan::{plan_turn, LimitCheck, Plan};
@@ -34,6 +36,9 @@ pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
 /// this long after `breaker.stall` when no request comes to see it first, while every worker
 /// pays only 40 callbacks a second.
 pub const TICK: Duration = Duration::from_millis(25);
+
+/// Give-back calls one worker sends per tick at most (see [`Engine::on_tick`]).
+const MAX_GIVE_BACK_CALLS: usize = 4;
 
 /// What the engine needs from its host (Envoy through proxy-wasm, or a fake in tests).
 pub trait Host {
@@ -90,12 +95,52 @@ struct Waiting {
     /// Redis Cluster: this is part `.1` of the request split `.0` (its other parts live on
     /// other slots); its outcome goes to the split, not to the stream.
     part: Option<(u64, usize)>,
+    lease: LeaseAsk,
+}
+
+/// Whether a waiting request asks for a lease of its limits' units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseAsk {
+    No,
+    /// The request, and further requests' worth of units for later ones.
+    Asks,
+    /// No request: units for the next requests of a lease that runs low (`ctx` is 0).
+    Prefetch,
 }
 
 impl Waiting {
     fn deadline_ns(&self) -> u128 {
         self.arrived_ns.saturating_add(self.plan.timeout.as_nanos())
     }
+
+    /// What its part of a reply may hold: a lease asked for is k requests' worth of each
+    /// limit's cost, k × cost within the limit's `max_units` (see `lua/decide.lua`).
+    fn shape(&self) -> RequestShape {
+        let most_leased = match self.lease {
+            LeaseAsk::No => 0,
+            LeaseAsk::Asks | LeaseAsk::Prefetch => self
+                .plan
+                .checks
+                .iter()
+                .filter(|c| c.cost > 0)
+                .filter_map(|c| c.lease.map(|l| l.max_units / c.cost))
+                .min()
+                .unwrap_or(1)
+                .saturating_sub(1),
+        };
+        RequestShape {
+            limits: self.plan.checks.len(),
+            most_leased,
+        }
+    }
+}
+
+/// Redis Cluster: the hash slot of a plan's keys (the first's: the caller knows they share it).
+fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
+    config
+        .redis_cluster
+        .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
+        .flatten()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +230,9 @@ pub struct Engine {
     next_split: u64,
     /// Counts requests, so that sharded limits are spent from each shard in turn.
     turn: u64,
+    leases: Leases,
+    /// Requests allowed from leases, not yet added to the stats.
+    uncounted_lease_hits: u64,
 }
 
 impl Engine {
@@ -248,6 +296,21 @@ impl Engine {
             self.deliver(host, ctx, conclusion, (0, 0));
             return;
         };
+        let leasable = plan.leasable();
+        if leasable {
+            if let Some(decision) = self.leases.spend(&plan, now) {
+                self.uncounted_lease_hits += 1;
+                for check in &plan.checks {
+                    self.count_rule(check, RuleEvent::Allowed);
+                }
+                let headers = response::rate_limit_headers(config, &plan.checks, &decision);
+                self.deliver(host, ctx, Conclusion::Resume(headers), (0, 0));
+                if self.leases.runs_low(&plan, now) {
+                    self.prefetch(config, host, ctx, plan, now);
+                }
+                return;
+            }
+        }
         if let Some(refusal) = self.cached_refusal(config, &plan, now) {
             self.deliver(host, ctx, Conclusion::Answer(refusal), (0, 0));
             return;
@@ -266,16 +329,20 @@ impl Engine {
                 return;
             }
         }
-        let slot = config
-            .redis_cluster
-            .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
-            .flatten();
+        let slot = slot_of(config, &plan);
+        let lease = if leasable && self.leases.may_ask(&plan) {
+            self.leases.asking(&plan, true);
+            LeaseAsk::Asks
+        } else {
+            LeaseAsk::No
+        };
         self.waiting.push_back(Waiting {
             ctx,
             plan,
             arrived_ns: now,
             slot,
             part: None,
+            lease,
         });
         if self.in_flight.is_empty() && self.waiting.len() == 1 {
             // An idle worker: this request alone goes at once, from its own context (no hop
@@ -307,6 +374,7 @@ impl Engine {
                 arrived_ns: now,
                 slot: Some(slot),
                 part: Some((id, part)),
+                lease: LeaseAsk::No,
             });
         }
         self.splits.insert(id, split);
@@ -320,10 +388,29 @@ impl Engine {
         config: &Config,
         host: &mut impl Host,
         member: Waiting,
-        outcome: Outcome,
+        mut outcome: Outcome,
         sent_ns: u128,
         now: u128,
     ) {
+        if member.lease != LeaseAsk::No {
+            self.leases.asking(&member.plan, false);
+            if let Outcome::Decided(decision) = &mut outcome {
+                let requests = decision.leased + u64::from(member.lease == LeaseAsk::Prefetch);
+                if decision.allowed && requests > 0 {
+                    host.count(Counter::LeaseGrants);
+                    let skew = config.clock_skew.as_nanos();
+                    self.leases
+                        .grant(&member.plan, decision, requests, sent_ns, skew);
+                    // The client's headers count the units held for it here.
+                    for (check, limit) in member.plan.checks.iter().zip(&mut decision.limits) {
+                        limit.remaining += decision.leased.saturating_mul(check.cost) as f64;
+                    }
+                }
+            }
+            if member.lease == LeaseAsk::Prefetch {
+                return;
+            }
+        }
         let Some((id, part)) = member.part else {
             let conclusion = self.conclude(config, host, &member.plan, outcome, sent_ns);
             self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
@@ -360,7 +447,7 @@ impl Engine {
         // No decision on these keys is later than this (replicas' clocks differ by the skew).
         let clock = now.saturating_add(config.clock_skew.as_nanos());
         for refunds in split.refunds() {
-            let call = DecideCall::refund(clock, &refunds);
+            let call = DecideCall::refund(clock, clock / 1_000_000, &refunds);
             let request = BridgeRequest::evalsha(&config.script_sha, &call);
             host.count(Counter::Refunds);
             if let Err(why) = host.dispatch(&config.bridge, &request, split.plan.timeout) {
@@ -416,8 +503,8 @@ impl Engine {
         let now = host.now_unix_ns().unwrap_or(call.sent_ns);
         match call.stage {
             Stage::Deciding { reloaded } => {
-                let shape: Vec<usize> = call.members.iter().map(|m| m.plan.checks.len()).collect();
-                match parse_eval_reply(reply, &shape) {
+                let shape: Vec<RequestShape> = call.members.iter().map(Waiting::shape).collect();
+                match parse_batch_reply(reply, &shape) {
                     Ok(EvalOutcome::Decided(results)) => {
                         self.note_success();
                         for (member, result) in call.members.into_iter().zip(results) {
@@ -431,11 +518,12 @@ impl Engine {
                     Ok(EvalOutcome::NoScript) if !reloaded => {
                         self.note_success();
                         // Redis restarted: what it refused before may fit again, here and
-                        // (at their next tick) in the other workers.
+                        // (at their next tick) in the other workers; leases were charged to
+                        // state it lost.
                         if let Some(n) = host.redis_restarts(true) {
                             self.restarts_seen = n;
                         }
-                        self.reset_deny_cache(host);
+                        self.forget_redis_state(host);
                         let load = Call {
                             stage: Stage::LoadingScript,
                             ..call
@@ -474,11 +562,12 @@ impl Engine {
         if let Some(now) = host.now_unix_ns() {
             self.check_stall(config, host, now);
             self.probe_if_due(config, host, now);
+            self.give_back(config, host, now);
         }
         if let Some(n) = host.redis_restarts(false) {
             if n != self.restarts_seen {
                 self.restarts_seen = n;
-                self.reset_deny_cache(host);
+                self.forget_redis_state(host);
             }
         }
     }
@@ -491,6 +580,11 @@ impl Engine {
             host.count_n(Counter::Denied, n);
             host.count_n(Counter::DenyCacheHits, n);
         }
+        let n = std::mem::take(&mut self.uncounted_lease_hits);
+        if n > 0 {
+            host.count_n(Counter::Allowed, n);
+            host.count_n(Counter::LeaseHits, n);
+        }
         self.pending.drain(|stat, n| host.count_rule(stat, n));
     }
 
@@ -500,8 +594,9 @@ impl Engine {
             .add(self.rule_stats.event(check.rule, check.limit, event));
     }
 
-    /// Forgets every refusal (Redis lost the state they came from).
-    fn reset_deny_cache(&mut self, host: &mut impl Host) {
+    /// Forgets every refusal and lease (Redis lost the state they came from).
+    fn forget_redis_state(&mut self, host: &mut impl Host) {
+        self.leases.clear();
         if !self.deny_cache.is_empty() {
             self.deny_cache.clear();
             host.count(Counter::DenyCacheResets);
@@ -518,7 +613,14 @@ impl Engine {
     /// was made from its context: that reply is lost with the stream, so the call's slot is
     /// freed at once and any other request on it fails by policy.
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        self.waiting.retain(|w| w.ctx != ctx);
+        let leases = &mut self.leases;
+        self.waiting.retain(|w| {
+            let gone = w.ctx == ctx && w.lease != LeaseAsk::Prefetch;
+            if gone && w.lease == LeaseAsk::Asks {
+                leases.asking(&w.plan, false);
+            }
+            !gone
+        });
         self.splits.retain(|_, s| s.ctx != ctx);
         self.headers.remove(&ctx);
         while let Some(i) = self.in_flight.iter().position(|c| c.owner == Some(ctx)) {
@@ -565,10 +667,12 @@ impl Engine {
                 .min()
                 .unwrap_or(now);
             let deadline_ms = deadline_ns.saturating_add(config.clock_skew.as_nanos()) / 1_000_000;
-            let call = DecideCall::new(
+            let call = DecideCall::leasing(
                 &clock,
                 deadline_ms,
-                members.iter().map(|m| m.plan.checks.as_slice()),
+                members
+                    .iter()
+                    .map(|m| (m.plan.checks.as_slice(), m.lease != LeaseAsk::No)),
             );
             let call = Call {
                 token: 0,
@@ -617,7 +721,18 @@ impl Engine {
                 // A part: its request was checked against the deny cache when it came.
                 bytes += size;
                 members.push(w);
+            } else if w.lease == LeaseAsk::Prefetch {
+                // Units for requests that may not come: not worth a call Redis would refuse.
+                if self.refused_by_cache(&w.plan, now) {
+                    self.leases.asking(&w.plan, false);
+                } else {
+                    bytes += size;
+                    members.push(w);
+                }
             } else if let Some(refusal) = self.cached_refusal(config, &w.plan, now) {
+                if w.lease == LeaseAsk::Asks {
+                    self.leases.asking(&w.plan, false);
+                }
                 self.deliver(
                     host,
                     w.ctx,
@@ -808,6 +923,87 @@ impl Engine {
         for member in members {
             let outcome = Outcome::Failed(failure.clone());
             self.settle(config, host, member, outcome, 0, now);
+        }
+    }
+
+    /// Whether the deny cache knows an enforced limit of `plan` to refuse it now (nothing
+    /// counted).
+    fn refused_by_cache(&self, plan: &Plan, now: u128) -> bool {
+        plan.checks
+            .iter()
+            .any(|c| !c.shadow && self.deny_cache.covering(&c.key, c.cost, now).is_some())
+    }
+
+    /// Asks for the next lease of `plan`'s limits before the current one runs out, so the
+    /// requests after it do not wait at the boundary. Sent like a request, from the root.
+    fn prefetch(&mut self, config: &Config, host: &mut impl Host, ctx: u32, plan: Plan, now: u128) {
+        if matches!(self.breaker, BreakerState::Open { .. }) {
+            return;
+        }
+        host.count(Counter::LeasePrefetches);
+        self.leases.asking(&plan, true);
+        self.waiting.push_back(Waiting {
+            ctx: 0,
+            slot: slot_of(config, &plan),
+            plan,
+            arrived_ns: now,
+            part: None,
+            lease: LeaseAsk::Prefetch,
+        });
+        self.dispatch_later(config, host, ctx);
+    }
+
+    /// Gives back what leases held past their end, in as few calls as fit (one per slot on a
+    /// Redis Cluster), without waiting for the replies: a lost give-back leaves units spent,
+    /// never extra. Not while the breaker is open (the calls would fail).
+    fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
+        self.leases.expire(now);
+        let returns = self.leases.take_returns();
+        if returns.is_empty() || matches!(self.breaker, BreakerState::Open { .. }) {
+            return;
+        }
+        // No decision on these keys is later than this (replicas' clocks differ by the skew).
+        let clock = now.saturating_add(config.clock_skew.as_nanos());
+        let mut returns: Vec<(Option<u16>, Refund)> = returns
+            .into_iter()
+            .map(|r| {
+                let slot = config
+                    .redis_cluster
+                    .then(|| key_slot(r.check.key.as_bytes()));
+                (slot, r)
+            })
+            .collect();
+        returns.sort_by_key(|(slot, _)| *slot);
+        // One call per slot and per MAX_CALL_BYTES, at most MAX_GIVE_BACK_CALLS a tick: the
+        // rest waits for the next tick (a Redis Cluster spreads keys over many slots).
+        let mut calls: Vec<(usize, Vec<Refund>)> = Vec::new();
+        let mut last_slot = None;
+        let mut left = Vec::new();
+        for (slot, refund) in returns {
+            let size = call_bytes(std::slice::from_ref(&refund.check));
+            let room = calls.len() < MAX_GIVE_BACK_CALLS;
+            match calls.last_mut() {
+                Some((bytes, group)) if last_slot == slot && *bytes + size <= MAX_CALL_BYTES => {
+                    *bytes += size;
+                    group.push(refund);
+                }
+                _ if room => {
+                    calls.push((size, vec![refund]));
+                    last_slot = slot;
+                }
+                _ => left.push(refund),
+            }
+        }
+        self.leases.keep_returns(left);
+        let timeout = config.clock_skew.max(Duration::from_millis(1));
+        for (_, refunds) in calls {
+            let units: u64 = refunds.iter().map(|r| r.check.cost).sum();
+            host.count_n(Counter::LeaseUnitsReturned, units);
+            let call = DecideCall::refund(clock, clock / 1_000_000, &refunds);
+            let request = BridgeRequest::evalsha(&config.script_sha, &call);
+            if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
+                host.report_failure(&BridgeFailure::Dispatch(why));
+            }
         }
     }
 

@@ -12,6 +12,7 @@ pub mod encode;
 pub mod engine;
 pub mod expiring;
 pub mod identity;
+pub mod lease;
 pub mod local;
 pub mod metrics;
 pub mod plan;

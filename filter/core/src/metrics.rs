@@ -50,6 +50,15 @@ stats! {
         /// Redis Cluster: calls giving back what one slot charged for a request another slot
         /// refused.
         Refunds => "ratelimit_refunds",
+        /// Allowed from units this worker had leased, without a call.
+        LeaseHits => "ratelimit_lease_hits",
+        /// Leases granted (a decision that also took units for later requests).
+        LeaseGrants => "ratelimit_lease_grants",
+        /// Calls asking for the next lease before the current one runs out.
+        LeasePrefetches => "ratelimit_lease_prefetches",
+        /// Leased units not spent in time, offered back to Redis (the script gives back
+        /// only what their charge still holds back).
+        LeaseUnitsReturned => "ratelimit_lease_units_returned",
     }
 }
 
@@ -217,7 +226,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 15);
+        assert_eq!(Counter::ALL.len(), 19);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 

@@ -159,6 +159,43 @@ fn with_rule(rule: &str) -> String {
 
 const LIMIT: &str = r#"{"name": "l", "limit": 1, "window": "1s"}"#;
 
+#[test]
+fn a_top_level_lease_covers_the_limits_that_can_take_one_and_a_limit_can_set_its_own() {
+    let c = Config::parse(
+        br#"{"lease": {"max_units": 50, "fraction": 0.2, "max_ms": 500}, "rules": [
+          {"name": "a", "limits": [
+            {"name": "tb", "limit": 10, "window": "1s"},
+            {"name": "gcra", "algorithm": "gcra", "limit": 10, "window": "1s", "lease": {"max_units": 5}},
+            {"name": "off", "limit": 10, "window": "1s", "lease": false},
+            {"name": "fw", "algorithm": "fixed_window", "limit": 10, "window": "1s"}]},
+          {"name": "s", "shadow": true, "limits": [{"name": "tb", "limit": 10, "window": "1s"}]},
+          {"name": "b", "key_budget": {"new_keys": 5, "window": "1m"},
+           "limits": [{"name": "tb", "limit": 10, "window": "1s"}]}]}"#,
+    )
+    .unwrap();
+    let global = Some(Lease {
+        max_units: 50,
+        fraction: 0.2,
+        max_ms: 500,
+    });
+    let own = Some(Lease {
+        max_units: 5,
+        ..Lease::default()
+    });
+    let leases: Vec<_> = c
+        .rules
+        .iter()
+        .flat_map(|r| r.limits.iter().map(|l| l.lease))
+        .collect();
+    assert_eq!(leases, [global, own, None, None, None, None]);
+    let off = Config::parse(
+        with_rule(r#"{"name": "r", "limits": [{"name": "l", "limit": 1, "window": "1s"}]}"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(off.rules[0].limits[0].lease, None, "off by default");
+}
+
 /// One bad config per case, with the exact message the operator sees.
 #[test]
 fn batch_and_deny_cache_settings() {
@@ -194,8 +231,21 @@ fn bad_configs_name_the_field() {
         ("[]".into(), "the configuration must be a JSON object"),
         ("{}".into(), "rules: is required"),
         (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
-        (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `rules`"),
+        (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `lease`, `rules`"),
         (top(r#", "local_share": 0"#), "local_share: must be a number above 0, at most 1"),
+        (top(r#", "lease": 5"#), r#"lease: must be true, false or {"max_units": N, "fraction": F, "max_ms": N}"#),
+        (top(r#", "lease": {"max_units": 0}"#), "lease.max_units: must be between 1 and 1000000000000"),
+        (top(r#", "lease": {"fraction": 0}"#), "lease.fraction: must be a number above 0, at most 1"),
+        (top(r#", "lease": {"fraction": 1.5}"#), "lease.fraction: must be a number above 0, at most 1"),
+        (top(r#", "lease": {"max_ms": 0}"#), "lease.max_ms: must be between 1 and 60000"),
+        (top(r#", "lease": {"max_ms": 60001}"#), "lease.max_ms: must be between 1 and 60000"),
+        (top(r#", "lease": {"units": 5}"#), "lease: unknown field `units`, expected one of `max_units`, `fraction`, `max_ms`"),
+        (top(r#", "lease": true, "clock": "redis""#), r#"lease: needs clock "proxy": a lease expires on the proxy's clock, which the script must decide with"#),
+        (limit(r#""limit": 5, "window": "1s", "lease": true, "algorithm": "fixed_window""#), "rules[0].limits[0].lease: only token_bucket and gcra limits take a lease: a window's units do not come back one by one"),
+        (limit(r#""limit": 5, "window": "1s", "lease": {"max_ms": 0}"#), "rules[0].limits[0].lease.max_ms: must be between 1 and 60000"),
+        (with_rule(r#"{"name": "r", "shadow": true, "limits": [{"name": "l", "limit": 5, "window": "1s", "lease": true}]}"#), "rules[0].limits[0].lease: a shadow rule's limits are decided per request: they only report what they would refuse"),
+        (with_rule(r#"{"name": "r", "key_budget": {"new_keys": 5, "window": "1m"}, "limits": [{"name": "l", "limit": 5, "window": "1s", "lease": true}]}"#), "rules[0].limits[0].lease: a rule with a key_budget is decided per request: its new identities are counted in Redis"),
+        (r#"{"clock": "redis", "rules": [{"name": "r", "limits": [{"name": "l", "limit": 5, "window": "1s", "lease": true}]}]}"#.into(), r#"rules[0].limits[0].lease: needs clock "proxy": a lease expires on the proxy's clock, which the script must decide with"#),
         (rule(r#", "key_budget": {"new_keys": 0, "window": "1m"}"#), "rules[0].key_budget.new_keys: must be >= 1"),
         (limit(r#""limit": 100, "window": "1s", "shards": 65"#), "rules[0].limits[0].shards: must be between 1 and 64"),
         (limit(r#""limit": 100, "window": "1s", "shards": 0"#), "rules[0].limits[0].shards: must be between 1 and 64"),
@@ -264,7 +314,7 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
         (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
-        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`"),
+        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`, `lease`"),
         (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
         (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
         (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),

@@ -1,0 +1,263 @@
+//! Leases: units of token-bucket and GCRA limits that one worker took from Redis ahead of use
+//! and spends locally, so allowed requests of a busy identity need no call and no wait.
+//!
+//! Why no limit is exceeded: the script charges a lease's units in Redis before any request
+//! uses them, all or nothing over the request's limits, so Redis never hands out more than
+//! the limit holds. A unit charged early and spent later is the same as one spent at its
+//! charge as long as the bucket in Redis has not been full since (then no refill was lost to
+//! the cap because of it): the reply's `reset_ms` is the earliest the bucket can be full again,
+//! so a grant is spent only until then (less the clock skew allowed between replicas, whose
+//! clocks also refill the bucket) and never longer than `lease.max_ms`. What is left after that
+//! is given back by the script's refund, which gives back only what the charge still holds
+//! back (see `lua/lib.lua`).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::bridge::{Decision, LimitResult, Refund};
+use crate::plan::{LimitCheck, Plan};
+
+/// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
+/// (beyond it, requests are decided one by one).
+pub const MAX_LEASED_KEYS: usize = 10_000;
+
+/// Units of one limit granted by one call.
+#[derive(Debug, Clone)]
+struct Grant {
+    units: u64,
+    /// After this (Unix ns) the units are not spent but given back.
+    expires_ns: u128,
+    /// The clock the grant was decided with, and the `remaining` it replied: what a refund of
+    /// its units needs.
+    charged_at_ns: u128,
+    left: f64,
+    /// When the limit is whole again, as the grant's reply said (for headers).
+    reset_at_ns: u128,
+}
+
+/// The leases of one key (one limit of one identity).
+#[derive(Debug)]
+struct KeyLease {
+    /// The limit as the grants charged it (for refunds).
+    check: LimitCheck,
+    /// Oldest first; spent in that order.
+    grants: VecDeque<Grant>,
+    /// A call asking for a lease of this key is in flight: no second one.
+    asking: bool,
+    /// Units of the last grant: the next is asked for when half of it is spent.
+    last_units: u64,
+}
+
+impl KeyLease {
+    fn units(&self, now: u128) -> u64 {
+        self.grants
+            .iter()
+            .filter(|g| g.expires_ns > now)
+            .map(|g| g.units)
+            .sum()
+    }
+}
+
+/// The leases of one worker, by key.
+#[derive(Debug, Default)]
+pub struct Leases {
+    keys: HashMap<String, KeyLease>,
+    /// Given-back units waiting for the next give-back call.
+    returns: Vec<Refund>,
+}
+
+impl Leases {
+    /// Serves a request from leased units if every limit of `plan` holds enough unexpired
+    /// units for its cost: spends them and returns what the headers say (the lease's view of
+    /// Redis: what its grant left, plus the units still held here).
+    pub fn spend(&mut self, plan: &Plan, now: u128) -> Option<Decision> {
+        for check in &plan.checks {
+            let lease = self.keys.get(&check.key)?;
+            if lease.units(now) < check.cost {
+                return None;
+            }
+        }
+        let mut limits = Vec::with_capacity(plan.checks.len());
+        for check in &plan.checks {
+            let lease = self.keys.get_mut(&check.key)?;
+            let mut owed = check.cost;
+            for grant in lease.grants.iter_mut().filter(|g| g.expires_ns > now) {
+                let take = owed.min(grant.units);
+                grant.units -= take;
+                owed -= take;
+                if owed == 0 {
+                    break;
+                }
+            }
+            let held = lease.units(now);
+            let newest = lease.grants.back();
+            limits.push(LimitResult {
+                allowed: true,
+                remaining: newest.map_or(0.0, |g| g.left) + held as f64,
+                reset_ms: newest.map_or(0.0, |g| g.reset_at_ns.saturating_sub(now) as f64 / 1e6),
+                retry_ms: 0.0,
+                over_budget: false,
+            });
+        }
+        Some(Decision {
+            allowed: true,
+            limits,
+            leased: 0,
+        })
+    }
+
+    /// Whether a request of `plan` may ask for a lease: no ask for its keys is in flight, and
+    /// the table has room for them.
+    pub fn may_ask(&self, plan: &Plan) -> bool {
+        let new = plan
+            .checks
+            .iter()
+            .filter(|c| !self.keys.contains_key(&c.key))
+            .count();
+        self.keys.len() + new <= MAX_LEASED_KEYS
+            && plan
+                .checks
+                .iter()
+                .all(|c| self.keys.get(&c.key).is_none_or(|l| !l.asking))
+    }
+
+    /// Whether `plan`'s leases run low (half of the last grant or less, on some limit) with
+    /// no ask in flight: time to ask for the next before they run out.
+    pub fn runs_low(&self, plan: &Plan, now: u128) -> bool {
+        plan.checks.iter().any(|c| {
+            self.keys
+                .get(&c.key)
+                .is_some_and(|l| l.units(now).saturating_mul(2) <= l.last_units)
+        }) && self.may_ask(plan)
+    }
+
+    /// A call asking for a lease of `plan`'s limits is on its way (`true`) or over.
+    pub fn asking(&mut self, plan: &Plan, asking: bool) {
+        for check in &plan.checks {
+            match self.keys.get_mut(&check.key) {
+                Some(lease) => lease.asking = asking,
+                None if asking => {
+                    self.keys.insert(
+                        check.key.clone(),
+                        KeyLease {
+                            check: check.clone(),
+                            grants: VecDeque::new(),
+                            asking: true,
+                            last_units: 0,
+                        },
+                    );
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Records what `decision` (decided with the clock `charged_at_ns`) granted: `requests`
+    /// requests' worth of each limit's cost. A grant that could not be spent before its
+    /// bucket may be full again is given back at once.
+    pub fn grant(
+        &mut self,
+        plan: &Plan,
+        decision: &Decision,
+        requests: u64,
+        charged_at_ns: u128,
+        skew_ns: u128,
+    ) {
+        for (check, result) in plan.checks.iter().zip(&decision.limits) {
+            let Some(lease_config) = check.lease else {
+                continue;
+            };
+            let units = requests.saturating_mul(check.cost);
+            if units == 0 {
+                continue;
+            }
+            let reset_ns = (result.reset_ms * 1e6) as u128;
+            let usable_ns = reset_ns
+                .saturating_sub(skew_ns)
+                .min(u128::from(lease_config.max_ms) * 1_000_000);
+            let grant = Grant {
+                units,
+                expires_ns: charged_at_ns.saturating_add(usable_ns),
+                charged_at_ns,
+                left: result.remaining,
+                reset_at_ns: charged_at_ns.saturating_add(reset_ns),
+            };
+            let lease = self
+                .keys
+                .entry(check.key.clone())
+                .or_insert_with(|| KeyLease {
+                    check: check.clone(),
+                    grants: VecDeque::new(),
+                    asking: false,
+                    last_units: 0,
+                });
+            lease.last_units = units;
+            if usable_ns == 0 {
+                self.returns.push(refund_of(&lease.check, &grant));
+            } else {
+                lease.grants.push_back(grant);
+            }
+        }
+    }
+
+    /// Moves the units of grants expired by `now` to the give-backs, and forgets keys that
+    /// hold nothing.
+    pub fn expire(&mut self, now: u128) {
+        let returns = &mut self.returns;
+        self.keys.retain(|_, lease| {
+            while let Some(grant) = lease.grants.front() {
+                if grant.expires_ns > now {
+                    break;
+                }
+                if grant.units > 0 {
+                    returns.push(refund_of(&lease.check, grant));
+                }
+                lease.grants.pop_front();
+            }
+            lease.asking || !lease.grants.is_empty()
+        });
+    }
+
+    /// The units to give back, taken.
+    pub fn take_returns(&mut self) -> Vec<Refund> {
+        std::mem::take(&mut self.returns)
+    }
+
+    /// Give-backs not sent yet, for the next time; beyond [`MAX_LEASED_KEYS`] the oldest are
+    /// dropped (a give-back not made leaves units spent, never extra).
+    pub fn keep_returns(&mut self, mut unsent: Vec<Refund>) {
+        unsent.append(&mut self.returns);
+        let excess = unsent.len().saturating_sub(MAX_LEASED_KEYS);
+        unsent.drain(..excess);
+        self.returns = unsent;
+    }
+
+    /// Forgets every lease (Redis lost the state they were charged to) and every give-back.
+    pub fn clear(&mut self) {
+        self.keys.retain(|_, lease| {
+            lease.grants.clear();
+            lease.asking
+        });
+        self.returns.clear();
+    }
+
+    /// Keys with a lease or an ask in flight.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// The refund of a grant's unspent units.
+fn refund_of(check: &LimitCheck, grant: &Grant) -> Refund {
+    Refund {
+        check: LimitCheck {
+            cost: grant.units,
+            ..check.clone()
+        },
+        charged_at_ns: grant.charged_at_ns,
+        left: grant.left,
+    }
+}
