@@ -1289,7 +1289,7 @@ fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
         5,
         0.5,
     );
-    let answers = s.decide_batch(T0, &[&[window], &[good.clone()]]);
+    let answers = s.decide_batch(T0, &[&[window], std::slice::from_ref(&good)]);
     assert!(
         matches!(&answers[0], Err(e) if e.contains("bad arguments for limit 1")),
         "{answers:?}"
