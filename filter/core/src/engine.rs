@@ -298,11 +298,7 @@ impl Engine {
         };
         let leasable = plan.leasable();
         if leasable {
-            if let Some(decision) = self.leases.spend(&plan, now) {
-                self.uncounted_lease_hits += 1;
-                for check in &plan.checks {
-                    self.count_rule(check, RuleEvent::Allowed);
-                }
+            if let Some(decision) = self.spend_lease(&plan, now) {
                 let headers = response::rate_limit_headers(config, &plan.checks, &decision);
                 self.deliver(host, ctx, Conclusion::Resume(headers), (0, 0));
                 if self.leases.runs_low(&plan, now) {
@@ -729,6 +725,14 @@ impl Engine {
                     bytes += size;
                     members.push(w);
                 }
+            } else if let Some(decision) = self.spend_lease(&w.plan, now) {
+                // A lease that came while it waited (a prefetch's) serves it.
+                if w.lease == LeaseAsk::Asks {
+                    self.leases.asking(&w.plan, false);
+                }
+                let headers = response::rate_limit_headers(config, &w.plan.checks, &decision);
+                let conclusion = Conclusion::Resume(headers);
+                self.deliver(host, w.ctx, conclusion, (w.arrived_ns, now));
             } else if let Some(refusal) = self.cached_refusal(config, &w.plan, now) {
                 if w.lease == LeaseAsk::Asks {
                     self.leases.asking(&w.plan, false);
@@ -924,6 +928,19 @@ impl Engine {
             let outcome = Outcome::Failed(failure.clone());
             self.settle(config, host, member, outcome, 0, now);
         }
+    }
+
+    /// Spends leased units on a request of `plan` if this worker holds enough (counted).
+    fn spend_lease(&mut self, plan: &Plan, now: u128) -> Option<Decision> {
+        if !plan.leasable() || self.leases.is_empty() {
+            return None;
+        }
+        let decision = self.leases.spend(plan, now)?;
+        self.uncounted_lease_hits += 1;
+        for check in &plan.checks {
+            self.count_rule(check, RuleEvent::Allowed);
+        }
+        Some(decision)
     }
 
     /// Whether the deny cache knows an enforced limit of `plan` to refuse it now (nothing
@@ -2360,5 +2377,223 @@ mod tests {
         assert_eq!(h.count_of(Counter::Denied), 1);
         // Another key has a share of its own.
         assert_eq!(e.on_request(&c, &mut h, 7, &req("/", "other")), Continue);
+    }
+
+    /// Leases of at most 10 units, half of what is left, for 1 s; replicas' clocks within 10 ms.
+    const LEASING: &str = r#""lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000}, "bridge": {"clock_skew": "10ms"},"#;
+
+    /// A committed request that took `k` requests' worth, `left` left, whole in `reset_ms`.
+    fn leased(k: u64, left: u32, reset_ms: u32) -> String {
+        format!(r#"{{"EVALSHA":[1,{k},1,1,"{left}","{reset_ms}","0"]}}"#)
+    }
+
+    fn remaining(e: &mut Engine, ctx: u32) -> String {
+        let headers = e.take_headers(ctx).unwrap_or_default();
+        headers
+            .iter()
+            .find(|(name, _)| *name == "x-ratelimit-remaining")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_runs_out() {
+        let (c, mut e, mut h) = setup(LEASING);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 1, &req("/", "k")),
+            Verdict::Pause
+        );
+        let (token, call, _) = h.dispatched[0].clone();
+        assert!(call.path.contains("/1/lease/10/0%2E5"), "{}", call.path);
+        // Redis charged 5 requests' worth: this one and 4 held here; 5 left in the bucket.
+        e.on_reply(&c, &mut h, Some(1), token, ok(&leased(5, 5, 30_000)));
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(
+            remaining(&mut e, 1),
+            "9",
+            "what Redis left plus what is held here"
+        );
+        assert_eq!(h.count_of(Counter::LeaseGrants), 1);
+        // The next two go through at once, with no call.
+        for ctx in [2, 3] {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
+                Verdict::Continue
+            );
+        }
+        assert_eq!(remaining(&mut e, 3), "7");
+        // Half of the lease is spent: the next is asked for (a prefetch from the root) while
+        // the requests go on from the 2 units still held.
+        assert_eq!(h.dispatched.len(), 2);
+        assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
+        let (prefetch, call, _) = h.dispatched[1].clone();
+        assert!(call.path.contains("/1/lease/10/0%2E5"), "{}", call.path);
+        for ctx in [4, 5] {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
+                Verdict::Continue
+            );
+        }
+        assert_eq!(h.dispatched.len(), 2, "one prefetch in flight at most");
+        // The prefetch's own request is units for this lease too: 3 requests' worth.
+        e.on_reply(&c, &mut h, None, prefetch, ok(&leased(3, 2, 30_000)));
+        assert!(
+            h.resumed.len() == 1 && h.answered.is_empty(),
+            "no stream of its own"
+        );
+        for ctx in 6..=8 {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
+                Verdict::Continue
+            );
+        }
+        // The next prefetch went out at 1 unit of 3 left.
+        assert_eq!(h.count_of(Counter::LeasePrefetches), 2);
+        let (prefetch, _, _) = h.dispatched[2].clone();
+        // Spent: the next one waits (the call slot is the prefetch's) ...
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 9, &req("/", "k")),
+            Verdict::Pause
+        );
+        assert_eq!(h.dispatched.len(), 3);
+        // ... and is served by the lease the prefetch brings, without a call of its own.
+        e.on_reply(&c, &mut h, None, prefetch, ok(&leased(2, 0, 30_000)));
+        assert_eq!(h.resumed, vec![1, 9]);
+        assert_eq!(h.dispatched.len(), 3);
+        assert_eq!(remaining(&mut e, 9), "1");
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.count_of(Counter::Allowed), 9);
+        assert_eq!(h.count_of(Counter::LeaseHits), 8);
+        assert_eq!(
+            h.rule_counts(&c),
+            vec![("ratelimit_rule.all.minute.allowed".to_string(), 9)]
+        );
+    }
+
+    #[test]
+    fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back() {
+        let (c, mut e, mut h) = setup(LEASING);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        // Whole again in 50 ms: usable for 40 (the clock skew of 10 ms off), not 1 s.
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 1, 50)));
+        h.now = Some(T0 + 39 * MS);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
+            Verdict::Continue
+        );
+        h.now = Some(T0 + 40 * MS);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
+            Verdict::Pause
+        );
+        let calls = h.dispatched.len();
+        // The next tick gives the 2 unspent units back, charged at T0 with 1 left, by a refund
+        // whose clock and deadline are the tick's time plus the skew.
+        h.now = Some(T0 + 45 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), calls + 1);
+        let (_, call, timeout) = h.dispatched[calls].clone();
+        let clock = T0 + 55 * MS;
+        assert!(
+            call.path
+                .contains(&format!("/{clock}/{}/1/0/1/", clock / MS)),
+            "{}",
+            call.path
+        );
+        assert!(
+            call.path
+                .ends_with(&format!("/token_bucket/10/60000/10/2/refund/{T0}/1")),
+            "{}",
+            call.path
+        );
+        assert_eq!(timeout, Duration::from_millis(10));
+        assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 2);
+        // Nothing is given back twice.
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), calls + 1);
+    }
+
+    #[test]
+    fn near_the_limit_a_decision_is_the_request_alone_and_a_refusal_leases_nothing() {
+        let (c, mut e, mut h) = setup(LEASING);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(1)])));
+        // No lease: the next request is decided in Redis, and asks again.
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
+            Verdict::Pause
+        );
+        assert!(h.dispatched[1].1.path.contains("/lease/"));
+        e.on_reply(&c, &mut h, Some(2), 2, ok(&reply(&[R::Refuse(6000)])));
+        assert_eq!(h.statuses(), vec![(2, 429)]);
+        assert_eq!(h.count_of(Counter::LeaseGrants), 0);
+        // The refusal is cached as usual; the next key still asks for a lease.
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
+            Verdict::Pause
+        );
+        assert_eq!(h.dispatched.len(), 2);
+        arrive(&mut e, &c, &mut h, 4, &req("/", "other"));
+        assert!(h.dispatched[2].1.path.contains("/lease/"));
+    }
+
+    #[test]
+    fn a_reply_granting_more_than_was_asked_is_a_bridge_failure_and_leases_nothing() {
+        let (c, mut e, mut h) = setup(LEASING);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        // 10 units at most: k = 10 is the most a reply may say.
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(11, 0, 30_000)));
+        assert!(
+            matches!(h.failures[0], BridgeFailure::BadReply(_)),
+            "{:?}",
+            h.failures
+        );
+        assert_eq!(h.count_of(Counter::FailureModeOpen), 1);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
+            Verdict::Pause
+        );
+        // A request that asked for none may not be granted one either.
+        let (c, mut e, mut h) = setup("");
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(2, 0, 30_000)));
+        assert!(
+            matches!(h.failures[0], BridgeFailure::BadReply(_)),
+            "{:?}",
+            h.failures
+        );
+    }
+
+    #[test]
+    fn while_the_breaker_is_open_leased_units_are_still_spent_and_a_restart_forgets_them() {
+        let (c, mut e, mut h) = setup(&format!(r#"{LEASING} "breaker": {{"failures": 1}},"#));
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(3, 5, 30_000)));
+        // Another key's call fails: the breaker opens.
+        arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
+        e.on_reply(&c, &mut h, Some(2), 2, none());
+        assert_eq!(h.breaker_open, 1);
+        // Units already charged in Redis are still this worker's to spend.
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
+            Verdict::Continue
+        );
+        assert_eq!(
+            h.count_of(Counter::LeasePrefetches),
+            0,
+            "no call while open"
+        );
+        // Redis lost its state (a restart another worker saw): the lease goes with it.
+        h.restarts += 1;
+        e.on_tick(&c, &mut h);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 4, &req("/", "k")),
+            Verdict::Continue
+        );
+        assert_eq!(
+            h.count_of(Counter::FailureModeOpen),
+            2,
+            "decided by the breaker's policy"
+        );
     }
 }
