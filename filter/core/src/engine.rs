@@ -514,8 +514,9 @@ impl Engine {
                     Ok(EvalOutcome::NoScript) if !reloaded => {
                         self.note_success();
                         // Redis restarted: what it refused before may fit again, here and
-                        // (at their next tick) in the other workers; leases were charged to
-                        // state it lost.
+                        // (at their next tick) in the other workers. (Leases stay: they were
+                        // charged, and the restart forgot far more than they hold; a fresh
+                        // Redis answers NOSCRIPT too, so dropping them would lose the first.)
                         if let Some(n) = host.redis_restarts(true) {
                             self.restarts_seen = n;
                         }
@@ -590,9 +591,8 @@ impl Engine {
             .add(self.rule_stats.event(check.rule, check.limit, event));
     }
 
-    /// Forgets every refusal and lease (Redis lost the state they came from).
+    /// Forgets every refusal (Redis lost the state they came from).
     fn forget_redis_state(&mut self, host: &mut impl Host) {
-        self.leases.clear();
         if !self.deny_cache.is_empty() {
             self.deny_cache.clear();
             host.count(Counter::DenyCacheResets);
@@ -2565,10 +2565,10 @@ mod tests {
     }
 
     #[test]
-    fn while_the_breaker_is_open_leased_units_are_still_spent_and_a_restart_forgets_them() {
+    fn while_the_breaker_is_open_or_after_a_restart_leased_units_are_still_spent() {
         let (c, mut e, mut h) = setup(&format!(r#"{LEASING} "breaker": {{"failures": 1}},"#));
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(3, 5, 30_000)));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 5, 30_000)));
         // Another key's call fails: the breaker opens.
         arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
         e.on_reply(&c, &mut h, Some(2), 2, none());
@@ -2583,17 +2583,21 @@ mod tests {
             0,
             "no call while open"
         );
-        // Redis lost its state (a restart another worker saw): the lease goes with it.
+        // A restart another worker saw (or a fresh Redis's first NOSCRIPT) leaves the lease.
         h.restarts += 1;
         e.on_tick(&c, &mut h);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 4, &req("/", "k")),
-            Verdict::Continue
-        );
+        for ctx in [4, 5] {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
+                Verdict::Continue
+            );
+        }
         assert_eq!(
             h.count_of(Counter::FailureModeOpen),
-            2,
-            "decided by the breaker's policy"
+            1,
+            "only the other key's failure"
         );
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.count_of(Counter::LeaseHits), 3);
     }
 }

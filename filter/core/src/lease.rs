@@ -231,15 +231,6 @@ impl Leases {
         self.returns = unsent;
     }
 
-    /// Forgets every lease (Redis lost the state they were charged to) and every give-back.
-    pub fn clear(&mut self) {
-        self.keys.retain(|_, lease| {
-            lease.grants.clear();
-            lease.asking
-        });
-        self.returns.clear();
-    }
-
     /// Keys with a lease or an ask in flight.
     pub fn len(&self) -> usize {
         self.keys.len()

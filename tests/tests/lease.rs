@@ -1,0 +1,205 @@
+//! Leases end to end: a worker serves requests from units it leased without a call, another
+//! replica is still admitted while the first holds a lease, and the limit is never exceeded,
+//! with leases given back when they end. Real Envoys, Webdis and Redis.
+
+use std::time::{Duration, Instant};
+
+use e2e::procs::{envoy_config, filter_config_edit};
+use e2e::{free_port, get, wait_for, Envoy, Redis, Webdis, WorkDir};
+
+/// A bucket of `burst` that refills 10 per hour (nothing comes back during a test), leases of
+/// at most 10 units, half of what is left, given back after 1 s. The replicas share one clock
+/// (one machine): 10 ms of skew. No deny cache, so that units given back are seen at once.
+fn config(burst: u64) -> String {
+    format!(
+        r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s", "clock_skew": "10ms"}},
+"breaker": {{"stall": "2s"}}, "deny_cache": false,
+"lease": {{"max_units": 10, "fraction": 0.5, "max_ms": 1000}},
+"rules": [{{"name": "api", "key": {{"from": ["header:x-api-key"]}},
+  "limits": [{{"name": "quota", "limit": 10, "window": "1h", "burst": {burst}}}]}}]}}"#
+    )
+}
+
+/// An Envoy with `workers` worker threads on the shipped config with [`config`].
+fn envoy(dir: &WorkDir, webdis: &Webdis, burst: u64, workers: u32) -> Envoy {
+    let (from, to) = filter_config_edit(&config(burst));
+    let port = free_port();
+    let mut admin = free_port();
+    while admin == port {
+        admin = free_port();
+    }
+    let yaml = envoy_config(port, admin, webdis.port, &[(&from, &to)]);
+    Envoy::start_config(dir, port, admin, &yaml, workers)
+}
+
+fn status(envoy: &Envoy, key: &str) -> u16 {
+    get(envoy.port, "/", &[("x-api-key", key.as_bytes())])
+        .expect("request")
+        .status
+}
+
+/// Asks on each replica in turn (paced, while leases end and give their units back) until
+/// `allowed` reaches `limit`, then three more times each: returns the allowed count.
+fn top_up(replicas: &[&Envoy], key: &str, mut allowed: u64, limit: u64) -> u64 {
+    let started = Instant::now();
+    while allowed < limit && started.elapsed() < Duration::from_secs(10) {
+        for e in replicas {
+            if status(e, key) == 200 {
+                allowed += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100)); // pacing while leases end
+    }
+    for e in replicas {
+        for _ in 0..3 {
+            if status(e, key) == 200 {
+                allowed += 1;
+            }
+        }
+    }
+    allowed
+}
+
+fn decisions(redis: &Redis) -> u64 {
+    redis.command_calls("evalsha")
+}
+
+#[test]
+fn a_lease_serves_requests_without_calls() {
+    let dir = WorkDir::new("lease-serves");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let e = envoy(&dir, &webdis, 1000, 1);
+    let statuses: Vec<u16> = (0..40).map(|_| status(&e, "served")).collect();
+    assert_eq!(statuses, vec![200; 40]);
+    let (hits, calls) = wait_for("the counts", Duration::from_secs(5), || {
+        let hits = e.counter("ratelimit_lease_hits");
+        let allowed = e.counter("ratelimit_allowed");
+        (allowed == 40).then_some((hits, e.counter("ratelimit_bridge_calls")))
+    });
+    println!(
+        "40 requests: {hits} from leases, {calls} decision calls, {} EVALSHA in Redis, {} grants, {} prefetches",
+        decisions(&redis),
+        e.counter("ratelimit_lease_grants"),
+        e.counter("ratelimit_lease_prefetches")
+    );
+    // Leases of 10: 4 requests in 40 decided in Redis at most, and the prefetches.
+    assert!(hits >= 30, "{hits} requests from leases");
+    assert!(calls <= 10, "{calls} calls");
+    assert!(decisions(&redis) <= 10);
+}
+
+/// The bucket of `api_key` under rule `api`, limit `quota`.
+fn tokens(redis: &Redis, api_key: &str) -> f64 {
+    let digest = ratelimit_core::sha1::sha1_hex(api_key.as_bytes());
+    redis.bucket_tokens(&format!("rl:{{header:x-api-key:{digest}}}:api:quota"))
+}
+
+#[test]
+fn units_a_lease_did_not_spend_go_back_to_redis_when_it_ends() {
+    let dir = WorkDir::new("lease-give-back");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let e = envoy(&dir, &webdis, 100, 1);
+    // 10 taken (the request and 9 for later), 2 of them spent.
+    for _ in 0..3 {
+        assert_eq!(status(&e, "idle"), 200);
+    }
+    let held = tokens(&redis, "idle");
+    assert!(
+        (89.0..91.0).contains(&held),
+        "{held} left while the lease is held"
+    );
+    // The lease ends after 1 s: its 7 unspent units come back (less nothing: the bucket
+    // cannot have been full since).
+    let back = wait_for("the unspent units back", Duration::from_secs(5), || {
+        let now = tokens(&redis, "idle");
+        (now >= 97.0).then_some(now)
+    });
+    assert!(back < 98.0, "{back}: only the unspent units");
+    assert_eq!(e.counter("ratelimit_lease_units_returned"), 7);
+}
+
+#[test]
+fn a_second_replica_is_admitted_while_the_first_holds_a_lease_and_the_limit_holds() {
+    const BURST: u64 = 20;
+    let dir = WorkDir::new("lease-replicas");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let a = envoy(&dir, &webdis, BURST, 1);
+    let b = envoy(&dir, &webdis, BURST, 1);
+    // A takes 10 of 20 (itself and 9 more); B is still admitted, from what is left.
+    assert_eq!(status(&a, "shared"), 200);
+    assert_eq!(status(&b, "shared"), 200);
+    assert_eq!(a.counter("ratelimit_lease_grants"), 1);
+    // Both keep asking: never more than the 20 in all.
+    let mut allowed = 2;
+    for _ in 0..30 {
+        for e in [&a, &b] {
+            if status(e, "shared") == 200 {
+                allowed += 1;
+            }
+        }
+    }
+    println!(
+        "A: {} from leases, B: {}; {allowed} allowed of {BURST}",
+        a.counter("ratelimit_lease_hits"),
+        b.counter("ratelimit_lease_hits")
+    );
+    assert!(allowed <= BURST, "{allowed} allowed: over the limit");
+    assert!(b.counter("ratelimit_lease_hits") > 0);
+    // Units still held when the requests stopped are given back when their lease ends
+    // (1 s): then every one of the 20 has been allowed, and not one more.
+    let allowed = top_up(&[&a, &b], "shared", allowed, BURST);
+    println!(
+        "units given back: A {}, B {}",
+        a.counter("ratelimit_lease_units_returned"),
+        b.counter("ratelimit_lease_units_returned")
+    );
+    assert_eq!(allowed, BURST, "exactly the limit, all of it");
+}
+
+#[test]
+fn concurrent_clients_on_two_replicas_with_two_workers_never_pass_the_limit() {
+    const BURST: u64 = 100;
+    let dir = WorkDir::new("lease-concurrent");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let replicas = [
+        envoy(&dir, &webdis, BURST, 2),
+        envoy(&dir, &webdis, BURST, 2),
+    ];
+    let ports: Vec<u16> = replicas.iter().map(|e| e.port).collect();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let port = ports[t % 2];
+            std::thread::spawn(move || {
+                (0..60)
+                    .filter(|_| {
+                        get(port, "/", &[("x-api-key", b"hot".as_slice())])
+                            .expect("request")
+                            .status
+                            == 200
+                    })
+                    .count() as u64
+            })
+        })
+        .collect();
+    let allowed: u64 = threads.into_iter().map(|t| t.join().expect("client")).sum();
+    let hits: u64 = replicas
+        .iter()
+        .map(|e| e.counter("ratelimit_lease_hits"))
+        .sum();
+    println!("480 requests: {allowed} allowed of {BURST}, {hits} from leases");
+    assert!(allowed <= BURST, "{allowed} allowed: over the limit");
+    assert!(hits > 0);
+    // What leases still held when the clients stopped comes back when they end.
+    let [x, y] = &replicas;
+    let allowed = top_up(&[x, y], "hot", allowed, BURST);
+    let returned: u64 = replicas
+        .iter()
+        .map(|e| e.counter("ratelimit_lease_units_returned"))
+        .sum();
+    println!("then {allowed} allowed; {returned} units given back");
+    assert_eq!(allowed, BURST, "exactly the limit, all of it");
+}
