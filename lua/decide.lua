@@ -17,7 +17,7 @@
 --            refused the request), mode "refund", then the charge's clock (Unix ns) and the
 --            remaining it replied. A refund request takes nothing and replies 1 for each
 --            limit; its clock (ARGV[1]) must be no earlier than any decision on its keys.
---            or, to ask for a lease (token_bucket and gcra), mode "lease", then the lease's
+--            or, to ask for a lease (token_bucket, gcra, fixed_window), mode "lease", then its
 --            max units and fraction: see "Leases" below.
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit

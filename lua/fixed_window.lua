@@ -45,3 +45,5 @@ REFUNDS.fixed_window = function(key, p, now)
     redis.call('HSET', key, 'n', math.max(0, n - p.cost))
   end
 end
+
+LEASABLE.fixed_window = true

@@ -24,8 +24,9 @@ local ALGORITHMS = {}
 local REFUNDS = {}
 
 -- Algorithms whose units may be leased (mode "lease" in decide.lua): those whose reply's
--- reset_ms is the time until the state is whole again, after which the caller stops spending
--- the lease (a unit spent later could be one the refill would have brought anyway).
+-- reset_ms is the earliest the state can be whole again (bucket full, window over); the caller
+-- spends a lease only until then (a unit spent later could be one the refill, or the next
+-- window, would have brought anyway).
 local LEASABLE = {}
 
 -- Is Unix-ns string a later than b? Equal-length digit strings compare like numbers.

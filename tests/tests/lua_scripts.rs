@@ -1172,18 +1172,20 @@ fn a_lease_takes_a_fraction_of_what_is_left_and_near_the_limit_only_the_request(
     let (_dir, redis) = start("lua-lease-sizes");
     let mut s = Script::new(&redis);
     // Buckets of 100 that refill 1 per 1000 s: nothing comes back during the test.
+    // A fixed window of 100 per 1000 s: the same units, which come back when the window ends.
     for (algorithm, key) in [
         (Algorithm::TokenBucket, "rl:t:lease-tb"),
         (Algorithm::Gcra, "rl:t:lease-gcra"),
+        (Algorithm::FixedWindow, "rl:t:lease-fw"),
     ] {
-        let l = leasing(
-            L {
+        let base = match algorithm {
+            Algorithm::FixedWindow => limit(key, algorithm, 100, 1_000_000),
+            _ => L {
                 burst: 100,
                 ..limit(key, algorithm, 1, 1_000_000)
             },
-            10,
-            0.25,
-        );
+        };
+        let l = leasing(base, 10, 0.25);
         // k = min(10, floor(0.25 × left before)): 10 while 40 or more are left, then smaller,
         // then the request alone (k = 1) for the last few, then refused.
         let mut sizes = Vec::new();
@@ -1285,7 +1287,7 @@ fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
     let mut s = Script::new(&redis);
     let good = limit("rl:t:lease-good", Algorithm::TokenBucket, 10, 1000);
     let window = leasing(
-        limit("rl:t:lease-window", Algorithm::FixedWindow, 10, 1000),
+        limit("rl:t:lease-window", Algorithm::SlidingWindowLog, 10, 1000),
         5,
         0.5,
     );

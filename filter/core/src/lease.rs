@@ -1,11 +1,13 @@
-//! Leases: units of token-bucket and GCRA limits that one worker took from Redis ahead of use
-//! and spends locally, so allowed requests of a busy identity need no call and no wait.
+//! Leases: units of token-bucket, GCRA and fixed-window limits that one worker took from Redis
+//! ahead of use and spends locally, so allowed requests of a busy identity need no call and no
+//! wait.
 //!
 //! Why no limit is exceeded: the script charges a lease's units in Redis before any request
 //! uses them, all or nothing over the request's limits, so Redis never hands out more than
 //! the limit holds. A unit charged early and spent later is the same as one spent at its
 //! charge as long as the bucket in Redis has not been full since (then no refill was lost to
-//! the cap because of it): the reply's `reset_ms` is the earliest the bucket can be full again,
+//! the cap because of it), or for a fixed window, as long as its window lasts: the reply's
+//! `reset_ms` is the earliest the bucket can be full again (the window end),
 //! so a grant is spent only until then (less the clock skew allowed between replicas, whose
 //! clocks also refill the bucket) and never longer than `lease.max_ms`. What is left after that
 //! is given back by the script's refund, which gives back only what the charge still holds

@@ -66,6 +66,17 @@ impl Algorithm {
     fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
+
+    /// Whether its units may be leased: its reply's reset is the earliest instant the state
+    /// can be whole again (bucket full, window over), before which a unit charged early is
+    /// the same as one charged when spent. A sliding window's units leave the window counted
+    /// from their charge, so one spent later could let another in too early.
+    pub fn leasable(self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow
+        )
+    }
 }
 
 /// Which rate-limit headers responses carry.
@@ -329,7 +340,8 @@ pub struct Limit {
     /// limit / shards and burst / shards (rounded down): one hot identity spreads over several
     /// Redis Cluster nodes. A request spends from one shard, taken in turn.
     pub shards: u64,
-    /// Units a worker may take ahead and spend without a call (token bucket and GCRA only).
+    /// Units a worker may take ahead and spend without a call (token bucket, GCRA and fixed
+    /// window only).
     pub lease: Option<Lease>,
 }
 

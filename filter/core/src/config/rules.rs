@@ -219,8 +219,8 @@ impl LeaseContext {
         field: &str,
     ) -> Result<Option<Lease>, ConfigError> {
         let field = format!("{field}.lease");
-        let why_not = if !algorithm.has_burst() {
-            Some("only token_bucket and gcra limits take a lease: a window's units do not come back one by one")
+        let why_not = if !algorithm.leasable() {
+            Some("only token_bucket, gcra and fixed_window limits take a lease: a sliding window's units would leave the window counted from their charge, not from their use")
         } else if self.shadow {
             Some("a shadow rule's limits are decided per request: they only report what they would refuse")
         } else if self.key_budget {

@@ -167,7 +167,8 @@ fn a_top_level_lease_covers_the_limits_that_can_take_one_and_a_limit_can_set_its
             {"name": "tb", "limit": 10, "window": "1s"},
             {"name": "gcra", "algorithm": "gcra", "limit": 10, "window": "1s", "lease": {"max_units": 5}},
             {"name": "off", "limit": 10, "window": "1s", "lease": false},
-            {"name": "fw", "algorithm": "fixed_window", "limit": 10, "window": "1s"}]},
+            {"name": "fw", "algorithm": "fixed_window", "limit": 10, "window": "1s"},
+            {"name": "log", "algorithm": "sliding_window_log", "limit": 10, "window": "1s"}]},
           {"name": "s", "shadow": true, "limits": [{"name": "tb", "limit": 10, "window": "1s"}]},
           {"name": "b", "key_budget": {"new_keys": 5, "window": "1m"},
            "limits": [{"name": "tb", "limit": 10, "window": "1s"}]}]}"#,
@@ -187,7 +188,7 @@ fn a_top_level_lease_covers_the_limits_that_can_take_one_and_a_limit_can_set_its
         .iter()
         .flat_map(|r| r.limits.iter().map(|l| l.lease))
         .collect();
-    assert_eq!(leases, [global, own, None, None, None, None]);
+    assert_eq!(leases, [global, own, None, global, None, None, None]);
     let off = Config::parse(
         with_rule(r#"{"name": "r", "limits": [{"name": "l", "limit": 1, "window": "1s"}]}"#)
             .as_bytes(),
@@ -241,7 +242,8 @@ fn bad_configs_name_the_field() {
         (top(r#", "lease": {"max_ms": 60001}"#), "lease.max_ms: must be between 1 and 60000"),
         (top(r#", "lease": {"units": 5}"#), "lease: unknown field `units`, expected one of `max_units`, `fraction`, `max_ms`"),
         (top(r#", "lease": true, "clock": "redis""#), r#"lease: needs clock "proxy": a lease expires on the proxy's clock, which the script must decide with"#),
-        (limit(r#""limit": 5, "window": "1s", "lease": true, "algorithm": "fixed_window""#), "rules[0].limits[0].lease: only token_bucket and gcra limits take a lease: a window's units do not come back one by one"),
+        (limit(r#""limit": 5, "window": "1s", "lease": true, "algorithm": "sliding_window_log""#), "rules[0].limits[0].lease: only token_bucket, gcra and fixed_window limits take a lease: a sliding window's units would leave the window counted from their charge, not from their use"),
+        (limit(r#""limit": 5, "window": "1s", "lease": true, "algorithm": "sliding_window_counter""#), "rules[0].limits[0].lease: only token_bucket, gcra and fixed_window limits take a lease: a sliding window's units would leave the window counted from their charge, not from their use"),
         (limit(r#""limit": 5, "window": "1s", "lease": {"max_ms": 0}"#), "rules[0].limits[0].lease.max_ms: must be between 1 and 60000"),
         (with_rule(r#"{"name": "r", "shadow": true, "limits": [{"name": "l", "limit": 5, "window": "1s", "lease": true}]}"#), "rules[0].limits[0].lease: a shadow rule's limits are decided per request: they only report what they would refuse"),
         (with_rule(r#"{"name": "r", "key_budget": {"new_keys": 5, "window": "1m"}, "limits": [{"name": "l", "limit": 5, "window": "1s", "lease": true}]}"#), "rules[0].limits[0].lease: a rule with a key_budget is decided per request: its new identities are counted in Redis"),
