@@ -2,10 +2,12 @@
 //! behind proxies, weighted cost, shadow mode, the headers, the clock, and the shipped
 //! examples. Real Envoy, Webdis and Redis, each test with its own processes.
 
+use std::time::Duration;
+
 use e2e::http::request;
 use e2e::procs::{filter_config_edit, validate_config, WorkDir};
 use e2e::sf::{parse_list, Item};
-use e2e::{get, root, Envoy, Redis, Response, Stack, Webdis};
+use e2e::{get, root, wait_for, Envoy, Redis, Response, Stack, Webdis};
 
 /// The filter JSON with the shipped bridge credentials and a generous timeout (so that a busy
 /// test machine never fails open), plus `body`.
@@ -679,6 +681,14 @@ fn example_public_api_tiers() {
         .filter_map(|i| i.name().map(str::to_string))
         .collect();
     assert_eq!(names, ["api.per_second", "api.per_day"]);
+    // Leases are on (and the clock skew allowed is 50 ms): a busy key is served partly from
+    // units its worker took ahead, within the same limits.
+    let got = statuses(12, || keyed(&envoy, "/api/orders", "customer-2"));
+    assert_eq!(got, [200; 12]);
+    let hits = wait_for("lease hits counted", Duration::from_secs(5), || {
+        Some(envoy.counter("ratelimit_lease_hits")).filter(|n| *n > 0)
+    });
+    println!("12 requests of customer-2: {hits} from leases");
     // Outside /api/ nothing is limited.
     assert_eq!(
         keyed(&envoy, "/health", "customer-1").header("ratelimit"),
