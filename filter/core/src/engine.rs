@@ -404,6 +404,12 @@ impl Engine {
                 }
             }
             if member.lease == LeaseAsk::Prefetch {
+                // No stream to answer; a refusal still tells the next prefetch not to go.
+                if let Outcome::Decided(decision) = &outcome {
+                    if !decision.allowed {
+                        self.remember_refusal(&member.plan, decision, sent_ns);
+                    }
+                }
                 return;
             }
         }
@@ -1087,17 +1093,7 @@ impl Engine {
             Outcome::Decided(decision) => {
                 host.count(Counter::Denied);
                 self.count_decision(host, plan, &decision);
-                for (check, result) in plan.checks.iter().zip(&decision.limits) {
-                    if !result.allowed && !check.shadow {
-                        let at = |ms: f64| sent_ns.saturating_add((ms * 1e6) as u128);
-                        let refusal = Refusal {
-                            until_ns: at(result.retry_ms),
-                            reset_at_ns: at(result.reset_ms),
-                            cost: check.cost,
-                        };
-                        self.deny_cache.insert(&check.key, refusal);
-                    }
-                }
+                self.remember_refusal(plan, &decision, sent_ns);
                 Conclusion::Answer(response::denied(config, &plan.checks, &decision))
             }
             Outcome::Failed(failure) => {
@@ -1130,6 +1126,22 @@ impl Engine {
                         Conclusion::Answer(response::unavailable())
                     }
                 }
+            }
+        }
+    }
+
+    /// Puts what Redis refused in the deny cache, until the instant it would fit (from the
+    /// clock `sent_ns` the decision was made with).
+    fn remember_refusal(&mut self, plan: &Plan, decision: &Decision, sent_ns: u128) {
+        for (check, result) in plan.checks.iter().zip(&decision.limits) {
+            if !result.allowed && !check.shadow {
+                let at = |ms: f64| sent_ns.saturating_add((ms * 1e6) as u128);
+                let refusal = Refusal {
+                    until_ns: at(result.retry_ms),
+                    reset_at_ns: at(result.reset_ms),
+                    cost: check.cost,
+                };
+                self.deny_cache.insert(&check.key, refusal);
             }
         }
     }
