@@ -392,6 +392,8 @@ fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
         capacity,
         rate_per_sec: rate,
         timeout_ms,
+        lease: None,
+        clock_skew_ms: None,
     }
 }
 
@@ -665,6 +667,8 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
             capacity: s.capacity,
             rate_per_sec: s.rate,
             timeout_ms: 5000,
+            lease: None,
+            clock_skew_ms: None,
         })
         .collect();
     let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(dir, redis.port)).collect();
