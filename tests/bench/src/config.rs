@@ -6,10 +6,12 @@
 //! - `baseline`: the wasm filter's entry removed from `http_filters`;
 //! - `local_ratelimit`: that entry replaced by `tests/bench/local_ratelimit.yaml`.
 
+use std::path::Path;
+
 use serde_json::{json, Value};
 
 use e2e::procs::{envoy_config, filter_json_block, indent_of};
-use e2e::root;
+use e2e::{root, wasm_path};
 
 /// An algorithm the accuracy runs measure, with the most an exact limiter of its kind may
 /// allow on one key under continuous overload between two instants.
@@ -116,6 +118,15 @@ impl Lease {
         fraction: 0.1,
         max_ms: 1000,
     };
+
+    /// The limit's `lease` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "max_units": self.max_units,
+            "fraction": self.fraction,
+            "max_ms": self.max_ms,
+        })
+    }
 }
 
 impl Policy {
@@ -167,11 +178,7 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
                 limit["burst"] = json!(p.capacity);
             }
             if let Some(lease) = p.lease {
-                limit["lease"] = json!({
-                    "max_units": lease.max_units,
-                    "fraction": lease.fraction,
-                    "max_ms": lease.max_ms,
-                });
+                limit["lease"] = lease.json();
             }
             let mut rule = json!({
                 "name": p.rule_name(),
@@ -204,13 +211,23 @@ pub enum Front<'a> {
     /// Our filter loaded with these policies, its rules matching no request: the floor any
     /// wasm filter pays in this Envoy.
     PassThrough(&'a [Policy]),
+    /// A measurement-only build of our filter (the wasm module at this path, see
+    /// `variant.rs`) with these policies.
+    Variant(&'a [Policy], &'a Path),
 }
 
 /// The Envoy config of `front` on the given ports.
 pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -> String {
     match front {
-        Front::Filter(policies) | Front::PassThrough(policies) => {
-            let edits = filter_edits(policies, matches!(front, Front::PassThrough(_)));
+        Front::Filter(policies) | Front::PassThrough(policies) | Front::Variant(policies, _) => {
+            let mut edits = filter_edits(policies, matches!(front, Front::PassThrough(_)));
+            if let Front::Variant(_, wasm) = front {
+                // envoy_config has made the module's path absolute; this edit comes after.
+                edits.push((
+                    format!("filename: {}", wasm_path().display()),
+                    format!("filename: {}", wasm.display()),
+                ));
+            }
             let edits: Vec<(&str, &str)> = edits
                 .iter()
                 .map(|(a, b)| (a.as_str(), b.as_str()))
