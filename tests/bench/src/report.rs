@@ -1622,6 +1622,9 @@ mod tests {
     #[test]
     fn leased_accuracy_runs_and_timeline_are_required() {
         let mut r = report(Vec::new());
+        r.timeline_leased.per_second = vec![(200, 100, 0), (100, 200, 0)];
+        assert!(r.timeline_leased_text().contains("too short"));
+        r.timeline_leased.per_second.clear();
         let missing = r.missing("");
         for part in [
             "accuracy token_bucket with leases",
