@@ -165,6 +165,8 @@ pub fn run(
         capacity: 99,
         rate_per_sec: 99.0,
         timeout_ms: 5000,
+        lease: None,
+        clock_skew_ms: None,
     };
     let runs: [(&str, &str, u64); 3] = [
         ("token_bucket", "token_bucket", 1),

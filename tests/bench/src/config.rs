@@ -6,10 +6,12 @@
 //! - `baseline`: the wasm filter's entry removed from `http_filters`;
 //! - `local_ratelimit`: that entry replaced by `tests/bench/local_ratelimit.yaml`.
 
+use std::path::Path;
+
 use serde_json::{json, Value};
 
 use e2e::procs::{envoy_config, filter_json_block, indent_of};
-use e2e::root;
+use e2e::{root, wasm_path};
 
 /// An algorithm the accuracy runs measure, with the most an exact limiter of its kind may
 /// allow on one key under continuous overload between two instants.
@@ -89,6 +91,53 @@ pub struct Policy {
     pub timeout_ms: u64,
     /// `"open"`, or `"local"` (each worker limits alone when the bridge fails).
     pub failure_mode: &'static str,
+    /// Units a worker may take ahead on this limit and spend without a call (token bucket and
+    /// GCRA only); None: no lease.
+    pub lease: Option<Lease>,
+    /// `bridge.clock_skew` in ms (the smallest over a config's policies); None: the filter's
+    /// default (1 s). A lease ends that long before the bucket would be full again, so with
+    /// the default a lease on a bucket that refills within a second never lasts.
+    pub clock_skew_ms: Option<u64>,
+}
+
+/// A lease on a limit, as the filter's `lease` object writes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lease {
+    /// Units one lease holds at most.
+    pub max_units: u64,
+    /// The most of what is left of the limit one lease takes.
+    pub fraction: f64,
+    /// Unused units go back after this long (sooner when the bucket would be full again).
+    pub max_ms: u64,
+}
+
+impl Lease {
+    /// The filter's defaults (`"lease": true`).
+    pub const DEFAULT: Lease = Lease {
+        max_units: 100,
+        fraction: 0.1,
+        max_ms: 1000,
+    };
+
+    /// The limit's `lease` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "max_units": self.max_units,
+            "fraction": self.fraction,
+            "max_ms": self.max_ms,
+        })
+    }
+}
+
+impl Policy {
+    /// The name of the policy's rule: leased and unleased policies of one algorithm keep
+    /// their state under different Redis keys.
+    pub fn rule_name(&self) -> String {
+        match self.lease {
+            Some(_) => format!("bench-{}-leased", self.algorithm),
+            None => format!("bench-{}", self.algorithm),
+        }
+    }
 }
 
 /// The filter's JSON config enforcing `policies` on the `x-api-key` header (fail open), from
@@ -105,6 +154,9 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
         // past the default 25 ms (4 Envoys, 4 Webdis and Redis on 2 cores) must not open the
         // breaker and let requests through by policy, which would measure the machine.
         config["breaker"] = json!({"stall": format!("{timeout}ms")});
+    }
+    if let Some(skew) = policies.iter().filter_map(|p| p.clock_skew_ms).min() {
+        config["bridge"]["clock_skew"] = json!(format!("{skew}ms"));
     }
     let local = policies.iter().any(|p| p.failure_mode == "local");
     config["failure_mode"] = json!(if local { "local" } else { "open" });
@@ -125,8 +177,11 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
             if matches!(p.algorithm, "token_bucket" | "gcra") {
                 limit["burst"] = json!(p.capacity);
             }
+            if let Some(lease) = p.lease {
+                limit["lease"] = lease.json();
+            }
             let mut rule = json!({
-                "name": format!("bench-{}", p.algorithm),
+                "name": p.rule_name(),
                 "key": { "from": ["header:x-api-key"] },
                 "limits": [limit],
             });
@@ -156,13 +211,23 @@ pub enum Front<'a> {
     /// Our filter loaded with these policies, its rules matching no request: the floor any
     /// wasm filter pays in this Envoy.
     PassThrough(&'a [Policy]),
+    /// A measurement-only build of our filter (the wasm module at this path, see
+    /// `variant.rs`) with these policies.
+    Variant(&'a [Policy], &'a Path),
 }
 
 /// The Envoy config of `front` on the given ports.
 pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -> String {
     match front {
-        Front::Filter(policies) | Front::PassThrough(policies) => {
-            let edits = filter_edits(policies, matches!(front, Front::PassThrough(_)));
+        Front::Filter(policies) | Front::PassThrough(policies) | Front::Variant(policies, _) => {
+            let mut edits = filter_edits(policies, matches!(front, Front::PassThrough(_)));
+            if let Front::Variant(_, wasm) = front {
+                // envoy_config has made the module's path absolute; this edit comes after.
+                edits.push((
+                    format!("filename: {}", wasm_path().display()),
+                    format!("filename: {}", wasm.display()),
+                ));
+            }
             let edits: Vec<(&str, &str)> = edits
                 .iter()
                 .map(|(a, b)| (a.as_str(), b.as_str()))
@@ -247,6 +312,8 @@ mod tests {
             capacity: 100,
             rate_per_sec: 100.0,
             timeout_ms: 5000,
+            lease: None,
+            clock_skew_ms: None,
         }
     }
 
@@ -279,6 +346,64 @@ mod tests {
         assert_eq!(two["rules"][1]["limits"][0]["limit"], 100);
         let never = filter_json(&shipped, &[policy("token_bucket")], true);
         assert_eq!(never["rules"][0]["match"]["path_exact"], NEVER_MATCHED_PATH);
+    }
+
+    #[test]
+    fn a_lease_and_the_clock_skew_are_written_where_the_filter_reads_them() {
+        let shipped = json!({"bridge": {"cluster": "webdis", "timeout": "150ms"}, "rules": []});
+        let leased = Policy {
+            lease: Some(Lease::DEFAULT),
+            clock_skew_ms: Some(10),
+            ..policy("token_bucket")
+        };
+        let config = filter_json(&shipped, &[leased, policy("fixed_window")], false);
+        assert_eq!(config["bridge"]["clock_skew"], "10ms");
+        assert_eq!(config["rules"][0]["name"], "bench-token_bucket-leased");
+        assert_eq!(
+            config["rules"][0]["limits"][0]["lease"],
+            json!({"max_units": 100, "fraction": 0.1, "max_ms": 1000})
+        );
+        assert!(config["rules"][1]["limits"][0].get("lease").is_none());
+        let plain = filter_json(&shipped, &[policy("token_bucket")], false);
+        assert!(plain["bridge"].get("clock_skew").is_none());
+        assert_eq!(plain["rules"][0]["name"], "bench-token_bucket");
+        assert!(plain["rules"][0]["limits"][0].get("lease").is_none());
+    }
+
+    /// The configs the bench writes are ones the filter accepts, a lease where it was asked
+    /// for: checked with the filter's own parser, on the shipped config.
+    #[test]
+    fn the_filter_accepts_the_configs_with_and_without_a_lease() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = filter_json_block(&shipped);
+        let shipped: Value = serde_json::from_str(&block).expect("JSON");
+        let leased = |algorithm| Policy {
+            lease: Some(Lease {
+                max_units: 50,
+                fraction: 0.2,
+                max_ms: 500,
+            }),
+            clock_skew_ms: Some(10),
+            ..policy(algorithm)
+        };
+        let policies = [
+            leased("token_bucket"),
+            leased("gcra"),
+            policy("sliding_window_log"),
+        ];
+        let json = filter_json(&shipped, &policies, false).to_string();
+        let config = ratelimit_core::Config::parse(json.as_bytes()).expect("a valid config");
+        assert_eq!(config.clock_skew, std::time::Duration::from_millis(10));
+        let leases: Vec<_> = config.rules.iter().map(|r| r.limits[0].lease).collect();
+        let want = ratelimit_core::config::Lease {
+            max_units: 50,
+            fraction: 0.2,
+            max_ms: 500,
+        };
+        assert_eq!(leases, vec![Some(want), Some(want), None]);
+        let plain = filter_json(&shipped, &[policy("token_bucket")], false).to_string();
+        let config = ratelimit_core::Config::parse(plain.as_bytes()).expect("a valid config");
+        assert_eq!(config.rules[0].limits[0].lease, None);
     }
 
     #[test]

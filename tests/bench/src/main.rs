@@ -12,6 +12,7 @@ mod config;
 mod measure;
 mod report;
 mod svg;
+mod variant;
 mod wrk;
 
 use std::path::PathBuf;
@@ -19,13 +20,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use client::Load;
-use config::{Algorithm, Front, Policy, ALGORITHMS};
+use config::{Algorithm, Front, Lease, Policy, ALGORITHMS};
 use e2e::procs::{Envoy, Redis, Webdis, WorkDir};
 use e2e::resp::RedisConn;
 use e2e::{envoy_bin, free_port, root, wasm_path};
 use measure::BENCH_OWN_COMMANDS;
 use report::{
-    Accuracy, Cost, KeyFlood, Outage, Report, Scenario, Timeline, CONCURRENT_ALGORITHMS, SCENARIOS,
+    Accuracy, Cost, KeyFlood, LeaseCounters, Outage, Report, Scenario, Timeline,
+    CONCURRENT_ALGORITHMS, LEASED_ALGORITHMS, SCENARIOS,
 };
 use wrk::{Requests, WrkLoad};
 
@@ -93,6 +95,15 @@ impl Settings {
             rate: 100.0,
             timeout_ms: 150,
         }
+    }
+}
+
+impl Settings {
+    /// Whether throughput scenario `name` runs (`--only` names the ones that do).
+    fn wants(&self, name: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| o == name))
     }
 }
 
@@ -171,6 +182,11 @@ fn main() {
         let cluster = cluster::run(s.wrk_s, s.accuracy_s, &s.out, &|text| say(started, text));
         (accuracy, timeline, outages, floods, cluster)
     };
+    let (accuracy_leased, timeline_leased) = if s.only.is_some() {
+        (Vec::new(), Timeline::default())
+    } else {
+        leased_accuracy(&s, &dir, started)
+    };
 
     let versions = vec![
         (
@@ -234,6 +250,25 @@ fn main() {
             ),
         ),
         (
+            "filter, leased scenarios".into(),
+            {
+                let p = leased_policy(s.timeout_ms);
+                format!(
+                    "{} limit {} per 1 s, burst {} (never reached, never full: see Leases), lease `{}`, bridge.clock_skew {} ms, bridge timeout {} ms, fail open",
+                    p.algorithm,
+                    p.rate_per_sec,
+                    report::thousands(p.capacity as f64),
+                    p.lease.map(|l| l.json().to_string()).unwrap_or_default(),
+                    p.clock_skew_ms.unwrap_or(1000),
+                    p.timeout_ms
+                )
+            },
+        ),
+        (
+            "filter-plan-only".into(),
+            "the filter built with the measurement-only feature `phase-plan-only` into target/phase-plan-only/ (plan, then continue undecided); the rule and load of filter-allow-1key".into(),
+        ),
+        (
             "filter-deny-hotkey".into(),
             format!(
                 "one key, capacity 10, rate 1/s, bridge timeout {} ms",
@@ -247,8 +282,18 @@ fn main() {
                 s.capacity, s.rate, s.accuracy_s, s.accuracy_conns, s.overload_s, s.overload_conns
             ),
         ),
+        (
+            "accuracy with leases".into(),
+            format!(
+                "token_bucket and gcra as above, lease `{}`, bridge.clock_skew {} ms, on 4 replicas × 2 workers × {} connections; the overload run on the same Envoys",
+                Lease::DEFAULT.json(),
+                LEASED_CLOCK_SKEW_MS,
+                s.accuracy_conns
+            ),
+        ),
     ];
     let chart_file = "overload.svg".to_string();
+    let chart_file_leased = "overload-leased.svg".to_string();
     let report = Report {
         quick: s.quick,
         started_utc,
@@ -261,25 +306,56 @@ fn main() {
         accuracy,
         timeline,
         chart_file: chart_file.clone(),
+        accuracy_leased,
+        timeline_leased,
+        chart_file_leased: chart_file_leased.clone(),
+        leased: leased_policy(s.timeout_ms),
         outages,
         floods,
         cluster,
     };
-    let t = &report.timeline;
-    let svg = svg::chart(
-        &format!(
-            "{}: one key, {} replicas, C = {}, R = {}/s, offered {:.0}/s = 3 × R",
-            t.run.algorithm,
-            t.run.replicas,
-            t.run.capacity,
-            t.run.rate_per_sec,
-            t.run.offered_per_sec.unwrap_or(0.0)
+    let timelines = [
+        (&report.timeline, &chart_file, "", "overload-per-second.csv"),
+        (
+            &report.timeline_leased,
+            &chart_file_leased,
+            ", leases on",
+            "overload-leased-per-second.csv",
         ),
-        &t.per_second,
-        t.run.rate_per_sec,
-        t.run.offered_per_sec.unwrap_or(0.0),
-    );
-    write(&s.out.join(&chart_file), &svg);
+    ];
+    for (t, file, note, csv_file) in timelines {
+        if t.per_second.is_empty() {
+            continue;
+        }
+        let workers = if t.run.workers > 1 {
+            format!(" × {} workers", t.run.workers)
+        } else {
+            String::new()
+        };
+        let svg = svg::chart(
+            &format!(
+                "{}: one key, {} replicas{workers}, C = {}, R = {}/s, offered {:.0}/s = 3 × R{note}",
+                t.run.algorithm,
+                t.run.replicas,
+                t.run.capacity,
+                t.run.rate_per_sec,
+                t.run.offered_per_sec.unwrap_or(0.0)
+            ),
+            &t.per_second,
+            t.run.rate_per_sec,
+            t.run.offered_per_sec.unwrap_or(0.0),
+        );
+        write(&s.out.join(file), &svg);
+        let csv: String = std::iter::once("second,allowed,denied,failed\n".to_string())
+            .chain(
+                t.per_second
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (a, d, f))| format!("{i},{a},{d},{f}\n")),
+            )
+            .collect();
+        write(&s.out.join("raw").join(csv_file), &csv);
+    }
     for o in report.outages.iter().filter(|o| !o.slices.is_empty()) {
         let mut marks = vec![
             (o.stop_s, "Webdis stopped".to_string(), "#000000"),
@@ -303,26 +379,20 @@ fn main() {
         let chart = svg::outage(&title, &o.slices, o.slice_s, &marks, bound);
         write(&s.out.join(&o.chart_file), &chart);
     }
-    let csv: String = std::iter::once("second,allowed,denied,failed\n".to_string())
-        .chain(
-            t.per_second
-                .iter()
-                .enumerate()
-                .map(|(i, (a, d, f))| format!("{i},{a},{d},{f}\n")),
-        )
-        .collect();
-    write(&s.out.join("raw/overload-per-second.csv"), &csv);
     let markdown = report.markdown();
     write(&s.out.join("report.md"), &markdown);
     let json = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
     write(&s.out.join("results.json"), &json);
 
     println!("{}", report.throughput_table());
-    println!("{}", report.accuracy_table());
+    println!("{}", report.phase_text());
+    println!("{}", report.lease_text());
     if s.only.is_some() {
         println!("{}", report.cost_table());
         return;
     }
+    println!("{}", report.accuracy_table());
+    println!("{}", report.accuracy_leased_table());
     let missing = report.missing(&markdown);
     if !missing.is_empty() {
         eprintln!(
@@ -385,6 +455,22 @@ fn start_envoy_workers(dir: &WorkDir, front: Front, webdis_port: u16, workers: u
     Envoy::start_config(dir, port, admin, &yaml, workers)
 }
 
+/// `bridge.clock_skew` of the leased runs: every replica here runs on one machine, one clock.
+const LEASED_CLOCK_SKEW_MS: u64 = 10;
+
+/// The leased throughput scenarios' limit: every request allowed (a burst of 10 million, far
+/// more than a run spends) and a bucket never full for long (a refill of 1 per second, far
+/// below what the load spends; a lease's 100 units take 100 s to come back), so a lease lasts
+/// its `max_ms`. (The filter refuses a burst whose state would live over 732 days: 10 million
+/// at 1 per second is 116.) See the report's Leases section.
+fn leased_policy(timeout_ms: u64) -> Policy {
+    Policy {
+        lease: Some(Lease::DEFAULT),
+        clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
+        ..filter_policy(10_000_000, 1.0, timeout_ms)
+    }
+}
+
 fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
     Policy {
         failure_mode: "open",
@@ -392,6 +478,8 @@ fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
         capacity,
         rate_per_sec: rate,
         timeout_ms,
+        lease: None,
+        clock_skew_ms: None,
     }
 }
 
@@ -416,6 +504,11 @@ impl<'a> Target<'a> {
 
 /// The throughput scenarios, on one Redis and one Webdis.
 fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
+    // Built before anything runs, so that the build's CPU is in no measurement.
+    let plan_only = s.wants("filter-plan-only").then(|| {
+        say(started, "building the filter with feature phase-plan-only");
+        variant::build("phase-plan-only")
+    });
     let redis = Redis::start(dir);
     let mut webdis = Webdis::start(dir, redis.port);
     let mut admin = redis.admin();
@@ -433,10 +526,7 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
     };
     let mut out = Vec::new();
     let mut run = |name: &str, what: &str, compare_to: &str, load: &WrkLoad, t: &Target| {
-        if s.only
-            .as_ref()
-            .is_some_and(|only| !only.iter().any(|o| o == name))
-        {
+        if !s.wants(name) {
             return;
         }
         let scenario = measure_scenario(s, &mut admin, name, what, compare_to, load, t);
@@ -479,13 +569,24 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
             &t,
         );
     }
-    let allow = filter_policy(1_000_000_000, 1_000_000.0, s.timeout_ms);
+    let allow = filter_policy(1_000_000_000, report::UNLEASED_ALLOW_RATE, s.timeout_ms);
     {
         let envoy = start_envoy(dir, Front::PassThrough(&[allow]), webdis.port);
         let t = Target::new(&envoy, Some(&webdis), &redis, true);
         run(
             "filter-pass-through",
             "the filter loaded, its rule matching no request: the floor of any wasm filter here",
+            "baseline",
+            &one_key,
+            &t,
+        );
+    }
+    if let Some(wasm) = &plan_only {
+        let envoy = start_envoy(dir, Front::Variant(&[allow], wasm), webdis.port);
+        let t = Target::new(&envoy, Some(&webdis), &redis, true);
+        run(
+            "filter-plan-only",
+            "the filter built with `phase-plan-only`: each request planned as in filter-allow-1key, then let through undecided",
             "baseline",
             &one_key,
             &t,
@@ -513,6 +614,28 @@ fn throughput(s: &Settings, dir: &WorkDir, started: Instant) -> Vec<Scenario> {
             "as filter-allow-1key, 1 connection, one request at a time",
             "baseline-serial",
             &serial,
+            &t,
+        );
+    }
+    if s.wants("filter-allow-1key-leased") || s.wants("filter-allow-10k-keys-leased") {
+        let leased = start_envoy(
+            dir,
+            Front::Filter(&[leased_policy(s.timeout_ms)]),
+            webdis.port,
+        );
+        let t = Target::new(&leased, Some(&webdis), &redis, true);
+        run(
+            "filter-allow-1key-leased",
+            "as filter-allow-1key with a lease on a limit spent faster than it refills (see Leases)",
+            "baseline",
+            &one_key,
+            &t,
+        );
+        run(
+            "filter-allow-10k-keys-leased",
+            "as filter-allow-10k-keys with a lease on the same limit",
+            "baseline",
+            &many(Requests::ManyKeys(10_000)),
             &t,
         );
     }
@@ -639,6 +762,7 @@ fn measure_scenario(
             bridge_calls: stat("wasmcustom.ratelimit_bridge_calls"),
             deny_cache_hits: stat("wasmcustom.ratelimit_deny_cache_hits"),
             webdis_connect_fails: stat("cluster.webdis.upstream_cx_connect_fail"),
+            lease: LeaseCounters::sum(std::slice::from_ref(&stats)),
             redis_commands,
             redis_keys: admin
                 .cmd(&["DBSIZE"])
@@ -665,6 +789,8 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
             capacity: s.capacity,
             rate_per_sec: s.rate,
             timeout_ms: 5000,
+            lease: None,
+            clock_skew_ms: None,
         })
         .collect();
     let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(dir, redis.port)).collect();
@@ -672,12 +798,7 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
         .iter()
         .map(|w| start_envoy(dir, Front::Filter(&policies), w.port))
         .collect();
-    let headers = |algorithm: &str, key: String| {
-        vec![
-            ("x-api-key".to_string(), key),
-            (config::POLICY_HEADER.to_string(), algorithm.to_string()),
-        ]
-    };
+    let headers = accuracy_headers;
     let mut runs = Vec::new();
     for (algorithm, policy) in ALGORITHMS.iter().zip(&policies) {
         for replicas in [2, 4] {
@@ -746,15 +867,38 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
             runs.push(run);
         }
     }
-    let (algorithm, policy) = (&ALGORITHMS[0], &policies[0]);
+    let timeline = overload(
+        s,
+        started,
+        &envoys,
+        1,
+        &policies[0],
+        format!("overload-{}", ALGORITHMS[0].name),
+    );
+    (runs, timeline)
+}
+
+/// The paced 3× overload run on one key of `policy`'s algorithm, through `envoys`: allowed,
+/// denied and failed per second.
+fn overload(
+    s: &Settings,
+    started: Instant,
+    envoys: &[Envoy],
+    workers: u32,
+    policy: &Policy,
+    key: String,
+) -> Timeline {
+    let Some(algorithm) = ALGORITHMS.iter().find(|a| a.name == policy.algorithm) else {
+        return Timeline::default();
+    };
     let load = Load {
         ports: envoys.iter().map(|e| e.port).collect(),
         conns_per_port: s.overload_conns,
         duration: Duration::from_secs_f64(s.overload_s),
-        headers: headers(algorithm.name, format!("overload-{}", algorithm.name)),
-        paced_total_per_sec: Some(3.0 * s.rate),
+        headers: accuracy_headers(algorithm.name, key),
+        paced_total_per_sec: Some(3.0 * policy.rate_per_sec),
     };
-    let (run, result) = accuracy_run(&envoys, 1, algorithm, policy, &load, s.overload_s);
+    let (run, result) = accuracy_run(envoys, workers, algorithm, policy, &load, s.overload_s);
     let seconds = s.overload_s.ceil() as usize;
     let mut per_second = vec![(0u64, 0u64, 0u64); seconds];
     for e in &result.events {
@@ -768,15 +912,93 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
     say(
         started,
         &format!(
-            "overload {}: {} requests, {} allowed, allowance {:.1}, overshoot {}",
+            "overload {}{}: {} requests, {} allowed, allowance {:.1}, overshoot {}",
             algorithm.name,
+            if policy.lease.is_some() {
+                ", leased"
+            } else {
+                ""
+            },
             run.sent,
             run.let_through(),
             run.allowance,
             run.overshoot()
         ),
     );
-    (runs, Timeline { run, per_second })
+    Timeline { run, per_second }
+}
+
+/// The request headers of an accuracy run: the key, and the header that picks the rule.
+fn accuracy_headers(algorithm: &str, key: String) -> Vec<(String, String)> {
+    vec![
+        ("x-api-key".to_string(), key),
+        (config::POLICY_HEADER.to_string(), algorithm.to_string()),
+    ]
+}
+
+/// The accuracy runs with leases on (token bucket and GCRA, 4 replicas × 2 workers), and the
+/// overload timeline with leases on, on processes of their own: a fresh Redis, 4 Webdis, 4
+/// Envoys with 2 workers whose rules take a lease.
+fn leased_accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Timeline) {
+    let redis = Redis::start(dir);
+    let policies: Vec<Policy> = LEASED_ALGORITHMS
+        .iter()
+        .map(|name| Policy {
+            failure_mode: "open",
+            algorithm: name,
+            capacity: s.capacity,
+            rate_per_sec: s.rate,
+            timeout_ms: 5000,
+            lease: Some(Lease::DEFAULT),
+            clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
+        })
+        .collect();
+    let workers = 2;
+    let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| start_envoy_workers(dir, Front::Filter(&policies), w.port, workers))
+        .collect();
+    let mut runs = Vec::new();
+    for policy in &policies {
+        let Some(algorithm) = ALGORITHMS.iter().find(|a| a.name == policy.algorithm) else {
+            continue;
+        };
+        let load = Load {
+            ports: envoys.iter().map(|e| e.port).collect(),
+            conns_per_port: s.accuracy_conns,
+            duration: Duration::from_secs_f64(s.accuracy_s),
+            headers: accuracy_headers(
+                algorithm.name,
+                format!("accuracy-{}-leased", algorithm.name),
+            ),
+            paced_total_per_sec: None,
+        };
+        let (run, _) = accuracy_run(&envoys, workers, algorithm, policy, &load, s.accuracy_s);
+        say(
+            started,
+            &format!(
+                "accuracy {} leased, {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}, lease hits {}",
+                algorithm.name,
+                envoys.len(),
+                run.sent,
+                run.let_through(),
+                run.allowance,
+                run.overshoot(),
+                LeaseCounters::cell(run.lease.hits)
+            ),
+        );
+        runs.push(run);
+    }
+    let timeline = overload(
+        s,
+        started,
+        &envoys,
+        workers,
+        &policies[0],
+        format!("overload-{}-leased", policies[0].algorithm),
+    );
+    (runs, timeline)
 }
 
 fn accuracy_run(
@@ -828,6 +1050,12 @@ fn accuracy_run(
         filter_allowed: sum(&deltas, "wasmcustom.ratelimit_allowed"),
         filter_denied: sum(&deltas, "wasmcustom.ratelimit_denied"),
         fail_open: sum(&deltas, "wasmcustom.ratelimit_failure_mode_open"),
+        lease: LeaseCounters::sum(&deltas),
+        lease_setting: policy
+            .lease
+            .map(|l| l.json().to_string())
+            .unwrap_or_default(),
+        clock_skew_ms: policy.clock_skew_ms,
         allowed_per_replica: (0..envoys.len())
             .map(|r| {
                 result
@@ -1100,4 +1328,31 @@ fn key_flood(s: &Settings, dir: &WorkDir, started: Instant, budget: Option<&str>
         ),
     );
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every throughput policy makes a config the filter accepts (checked with its own
+    /// parser on the shipped config), so no scenario dies at Envoy's start.
+    #[test]
+    fn the_throughput_policies_are_valid_filter_configs() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = e2e::procs::filter_json_block(&shipped);
+        let shipped: serde_json::Value = serde_json::from_str(&block).expect("JSON");
+        let policies = [
+            filter_policy(1_000_000_000, 1_000_000.0, 150),
+            filter_policy(10, 1.0, 150),
+            leased_policy(150),
+        ];
+        for p in policies {
+            let json = config::filter_json(&shipped, &[p], false).to_string();
+            let parsed = ratelimit_core::Config::parse(json.as_bytes());
+            assert!(parsed.is_ok(), "{p:?}: {:?}", parsed.err());
+        }
+        let leased = config::filter_json(&shipped, &[leased_policy(150)], false).to_string();
+        let parsed = ratelimit_core::Config::parse(leased.as_bytes()).expect("valid");
+        assert!(parsed.rules[0].limits[0].lease.is_some());
+    }
 }

@@ -13,8 +13,11 @@ pub const SCENARIOS: &[&str] = &[
     "baseline",
     "local_ratelimit",
     "filter-pass-through",
+    "filter-plan-only",
     "filter-allow-1key",
     "filter-allow-10k-keys",
+    "filter-allow-1key-leased",
+    "filter-allow-10k-keys-leased",
     "filter-deny-hotkey",
     "filter-bridge-down",
     "filter-bridge-hung",
@@ -26,6 +29,113 @@ pub const SCENARIOS: &[&str] = &[
 /// Algorithms also measured with several Envoy workers per replica, whose engines (batches
 /// and deny caches) race on one key.
 pub const CONCURRENT_ALGORITHMS: &[&str] = &["token_bucket", "sliding_window_log"];
+
+/// Algorithms whose accuracy is also measured with leases on (the ones that take a lease).
+pub const LEASED_ALGORITHMS: &[&str] = &["token_bucket", "gcra"];
+
+/// The phases of a filtered request (issue 13's table), each with the scenario that stops
+/// there, cheapest first.
+pub const PHASES: &[(&str, &str)] = &[
+    ("Envoy alone", "baseline"),
+    (
+        "pass-through: the filter loaded, no rule matching (the floor)",
+        "filter-pass-through",
+    ),
+    (
+        "plan only: rule match, key, SHA-1, Redis key strings, then continue",
+        "filter-plan-only",
+    ),
+    (
+        "deny hit: plan, then a local 429 from the deny cache",
+        "filter-deny-hotkey",
+    ),
+    (
+        "batched decision: plan, a share of one call, wait, resume",
+        "filter-allow-1key",
+    ),
+    (
+        "leased decision: plan, then a unit of the worker's lease (no call, no wait)",
+        "filter-allow-1key-leased",
+    ),
+];
+
+/// The allow scenarios with and without a lease, side by side in the leases table.
+pub const LEASE_PAIRS: &[(&str, &str)] = &[
+    ("filter-allow-1key", "filter-allow-1key-leased"),
+    ("filter-allow-10k-keys", "filter-allow-10k-keys-leased"),
+];
+
+/// The refill per second of the unleased allow scenarios' limit (named in the leases text).
+pub const UNLEASED_ALLOW_RATE: f64 = 1_000_000.0;
+
+/// One row of the per-phase table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Phase {
+    pub label: &'static str,
+    pub scenario: &'static str,
+    pub rps: f64,
+    /// Throughput over Envoy alone (`baseline`).
+    pub ratio: f64,
+    /// What a request costs, a plain request (Envoy alone) = 1: baseline req/s over req/s.
+    pub cost: f64,
+}
+
+/// The whole seconds of a timeline after the first, without the last (a partial second).
+pub fn steady_seconds(per_second: &[(u64, u64, u64)]) -> Vec<u64> {
+    per_second
+        .iter()
+        .skip(1)
+        .take(per_second.len().saturating_sub(2))
+        .map(|s| s.0)
+        .collect()
+}
+
+/// The filter's lease counters over a run (`wasmcustom.ratelimit_lease_*`, summed over the
+/// replicas): each None when no Envoy exported it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LeaseCounters {
+    /// Requests allowed from a lease, with no call.
+    pub hits: Option<u64>,
+    /// Leases granted.
+    pub grants: Option<u64>,
+    /// Unused leased units given back.
+    pub units_returned: Option<u64>,
+}
+
+impl LeaseCounters {
+    pub const HITS: &'static str = "wasmcustom.ratelimit_lease_hits";
+    pub const GRANTS: &'static str = "wasmcustom.ratelimit_lease_grants";
+    pub const UNITS_RETURNED: &'static str = "wasmcustom.ratelimit_lease_units_returned";
+
+    /// From `/stats` deltas of one or more Envoys (a counter an Envoy does not export is
+    /// not in its map).
+    pub fn sum(stats: &[BTreeMap<String, u64>]) -> LeaseCounters {
+        let sum = |name: &str| {
+            stats
+                .iter()
+                .filter_map(|m| m.get(name).copied())
+                .reduce(|a, b| a + b)
+        };
+        LeaseCounters {
+            hits: sum(Self::HITS),
+            grants: sum(Self::GRANTS),
+            units_returned: sum(Self::UNITS_RETURNED),
+        }
+    }
+
+    pub fn exported(&self) -> bool {
+        self.hits.is_some() || self.grants.is_some() || self.units_returned.is_some()
+    }
+
+    /// A counter for a table: its value, or "–" when not exported.
+    pub fn cell(v: Option<u64>) -> String {
+        v.map(|n| thousands(n as f64)).unwrap_or_else(|| "–".into())
+    }
+
+    pub fn json(&self) -> Value {
+        json!({"hits": self.hits, "grants": self.grants, "units_returned": self.units_returned})
+    }
+}
 
 /// What one throughput scenario cost, from the counters read before and after it.
 #[derive(Clone, Debug, Default)]
@@ -43,6 +153,9 @@ pub struct Cost {
     pub bridge_calls: u64,
     pub deny_cache_hits: u64,
     pub webdis_connect_fails: u64,
+    /// The lease counters; None where the filter does not export them (a build without
+    /// leases).
+    pub lease: LeaseCounters,
     /// Redis calls per command, the bench's own left out.
     pub redis_commands: BTreeMap<String, u64>,
     /// Keys in Redis after the run (DBSIZE): the buckets the scenario made.
@@ -118,6 +231,11 @@ pub struct Accuracy {
     pub filter_denied: u64,
     pub fail_open: u64,
     pub allowed_per_replica: Vec<u64>,
+    /// The lease counters, summed over the replicas.
+    pub lease: LeaseCounters,
+    /// The limit's `lease` as the config writes it ("" without), and `bridge.clock_skew`.
+    pub lease_setting: String,
+    pub clock_skew_ms: Option<u64>,
 }
 
 impl Accuracy {
@@ -209,6 +327,12 @@ pub struct Report {
     pub accuracy: Vec<Accuracy>,
     pub timeline: Timeline,
     pub chart_file: String,
+    /// The accuracy runs and the overload timeline again, with leases on.
+    pub accuracy_leased: Vec<Accuracy>,
+    pub timeline_leased: Timeline,
+    pub chart_file_leased: String,
+    /// The leased throughput scenarios' policy.
+    pub leased: super::config::Policy,
     pub outages: Vec<Outage>,
     pub floods: Vec<KeyFlood>,
     pub cluster: super::cluster::ClusterSection,
@@ -537,6 +661,289 @@ impl Report {
         out
     }
 
+    /// The per-phase rows whose scenario ran (none without `baseline`).
+    pub fn phases(&self) -> Vec<Phase> {
+        let Some(base) = self.scenario("baseline").filter(|b| b.run.rps > 0.0) else {
+            return Vec::new();
+        };
+        PHASES
+            .iter()
+            .filter_map(|(label, name)| {
+                let s = self.scenario(name).filter(|s| s.run.rps > 0.0)?;
+                Some(Phase {
+                    label,
+                    scenario: name,
+                    rps: s.run.rps,
+                    ratio: s.run.rps / base.run.rps,
+                    cost: base.run.rps / s.run.rps,
+                })
+            })
+            .collect()
+    }
+
+    /// Issue 13's table, re-measured in this run, and what each phase adds.
+    pub fn phase_text(&self) -> String {
+        let phases = self.phases();
+        let mut r = String::from(
+            "Each row is a throughput scenario of this run that takes the request one phase further (Envoy 1 worker, `wrk -t2 -c32`). `filter-plan-only` is the filter built with the measurement-only cargo feature `phase-plan-only` (into `target/phase-plan-only/`, never shipped): each request is planned, then continues undecided; same rule and load as `filter-allow-1key`. Cost of a request: `baseline` req/s over the row's req/s, a plain request through Envoy alone = 1 (the machine is CPU-bound, so this is the CPU a request takes).\n\n| phase | scenario | req/s | × Envoy alone | cost of a request (plain = 1) |\n|---|---|---:|---:|---:|\n",
+        );
+        for p in &phases {
+            let _ = writeln!(
+                r,
+                "| {} | `{}` | {} | {:.2} | {:.2} |",
+                p.label,
+                p.scenario,
+                thousands(p.rps),
+                p.ratio,
+                p.cost
+            );
+        }
+        let cost = |name: &str| phases.iter().find(|p| p.scenario == name).map(|p| p.cost);
+        if let (Some(floor), Some(plan)) = (cost("filter-pass-through"), cost("filter-plan-only")) {
+            let mut parts = vec![format!(
+                "the wasm filter's floor costs {:.2} of a plain request, the plan {:.2} more",
+                floor - 1.0,
+                plan - floor
+            )];
+            for (name, what) in [
+                ("filter-deny-hotkey", "a deny-cache hit"),
+                ("filter-allow-1key", "a batched decision"),
+                ("filter-allow-1key-leased", "a leased decision"),
+            ] {
+                if let Some(c) = cost(name) {
+                    parts.push(format!("{what} {:+.2} over the plan", c - plan));
+                }
+            }
+            let _ = writeln!(r, "\nSo: {}.", parts.join("; "));
+        }
+        if let Some(leased) = self.scenario("filter-allow-1key-leased") {
+            let note = if leased.cost.lease.exported() {
+                Report::lease_note(leased)
+            } else {
+                "The leased row served no request from a lease: this filter build does not lease yet (see Leases).".to_string()
+            };
+            let _ = writeln!(r, "\n{note}");
+        }
+        r
+    }
+
+    /// What the leased scenario's counters say: how many requests a lease served.
+    fn lease_note(s: &Scenario) -> String {
+        match s.cost.lease.hits {
+            None => format!(
+                "`{}`: this filter build exports no lease counters, so it does not lease yet (the `lease` config parses but has no effect until the engine's leases land): the leased rows measure the unleased path under a slowly refilling limit.",
+                s.name
+            ),
+            Some(hits) => format!(
+                "`{}`: {} of {} decisions ({:.1}%) came from a lease; {:.4} bridge calls per request.",
+                s.name,
+                thousands(hits as f64),
+                thousands(s.cost.decisions() as f64),
+                100.0 * hits as f64 / s.cost.decisions().max(1) as f64,
+                s.cost.bridge_calls as f64 / s.run.requests.max(1) as f64
+            ),
+        }
+    }
+
+    /// The allow scenarios with and without a lease: why this limit, and what leases saved.
+    pub fn lease_text(&self) -> String {
+        let p = &self.leased;
+        let lease = p.lease.unwrap_or(super::config::Lease::DEFAULT);
+        let mut r = String::new();
+        let per_key = self
+            .scenario("filter-allow-10k-keys-leased")
+            .map(|s| s.run.rps / 10_000.0);
+        let one_key = self
+            .scenario("filter-allow-1key-leased")
+            .map_or(0.0, |s| s.run.rps);
+        let _ = writeln!(
+            r,
+            "`filter-allow-1key-leased` and `filter-allow-10k-keys-leased` run the loads of `filter-allow-1key` and `filter-allow-10k-keys` against one Envoy (1 worker) whose rule is a {} with `limit` {} per 1 s, `burst` {} and `lease` {{`max_units` {}, `fraction` {}, `max_ms` {}}}, and `bridge.clock_skew` {} ms (every replica here shares one clock; the default 1 s would end at once every lease on a bucket that is full again within a second).\n",
+            p.algorithm,
+            p.rate_per_sec,
+            thousands(p.capacity as f64),
+            lease.max_units,
+            lease.fraction,
+            lease.max_ms,
+            p.clock_skew_ms.map_or("1000".to_string(), |v| v.to_string()),
+        );
+        let _ = writeln!(
+            r,
+            "Why this limit: every request of the run must still be allowed (a run spends far less than the burst), and the bucket must not be full. A lease lasts until the earlier of `max_ms` and the instant the bucket in Redis would be full again (minus the clock skew), so leases pay off only where an identity spends faster than its limit refills: here the one key spends about {} units per second and each of the 10,000 keys about {} per second, against a refill of {} per second, and even a lease's own {} units take {} s to refill, longer than `max_ms`. A lease then serves what its identity asks for within `max_ms`: nearly every request of the one hot key, but only the few that each of the 10,000 keys sends in that time. With a bucket that refills faster than it is spent (for example the unleased scenarios' {} per second, which refill a lease of {} units in {} ms), every lease ends almost at once, each request takes a new one, and the leased scenario costs like the unleased one.\n",
+            thousands(one_key),
+            per_key.map_or("?".to_string(), |v| format!("{v:.1}")),
+            p.rate_per_sec,
+            lease.max_units,
+            thousands(lease.max_units as f64 / p.rate_per_sec.max(f64::MIN_POSITIVE)),
+            thousands(UNLEASED_ALLOW_RATE),
+            lease.max_units,
+            lease.max_units as f64 / UNLEASED_ALLOW_RATE * 1000.0,
+        );
+        let _ = writeln!(
+            r,
+            "| scenario | req/s | × baseline | × filter-pass-through | bridge calls / request | lease hits | lease grants | units returned |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for name in LEASE_PAIRS.iter().flat_map(|(a, b)| [a, b]) {
+            let Some(s) = self.scenario(name) else {
+                continue;
+            };
+            let hits = match s.cost.lease.hits {
+                Some(n) => format!(
+                    "{} ({:.1}%)",
+                    thousands(n as f64),
+                    100.0 * n as f64 / s.run.requests.max(1) as f64
+                ),
+                None => "–".into(),
+            };
+            let _ = writeln!(
+                r,
+                "| `{}` | {} | {} | {} | {:.4} | {} | {} | {} |",
+                s.name,
+                thousands(s.run.rps),
+                self.ratio(s).map_or("–".to_string(), |v| format!("{v:.2}")),
+                self.pass_through_ratio(s)
+                    .map_or("–".to_string(), |v| format!("{v:.2}")),
+                s.cost.bridge_calls as f64 / s.run.requests.max(1) as f64,
+                hits,
+                LeaseCounters::cell(s.cost.lease.grants),
+                LeaseCounters::cell(s.cost.lease.units_returned),
+            );
+        }
+        let _ = writeln!(
+            r,
+            "\nBridge calls: `ratelimit_bridge_calls` (decision calls) over the requests wrk completed. Lease hits (requests allowed from a lease, with no call; in % of the requests), grants and units returned: `ratelimit_lease_hits`, `ratelimit_lease_grants`, `ratelimit_lease_units_returned`; – where the filter does not export them."
+        );
+        if let Some(leased) = self.scenario("filter-allow-1key-leased") {
+            if !leased.cost.lease.exported() {
+                let _ = writeln!(r, "\n{}", Report::lease_note(leased));
+            }
+        }
+        r
+    }
+
+    /// The leased accuracy runs and the leased overload run, one row each.
+    pub fn accuracy_leased_table(&self) -> String {
+        let mut t = String::from(
+            "| algorithm | replicas × workers × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open | lease hits | lease grants | units returned |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let overload = Some(&self.timeline_leased.run).filter(|a| a.sent > 0);
+        for a in self.accuracy_leased.iter().chain(overload) {
+            let load = match a.offered_per_sec {
+                Some(rate) => format!("paced, {} req/s", thousands(rate)),
+                None => "closed loop, as fast as answered".into(),
+            };
+            let _ = writeln!(
+                t,
+                "| {} | {} × {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} | {} | {} | {} |",
+                a.algorithm,
+                a.replicas,
+                a.workers,
+                a.conns_per_replica,
+                load,
+                a.window_s,
+                thousands(a.sent as f64),
+                thousands(a.let_through() as f64),
+                a.allowance,
+                a.formula,
+                a.tolerance(),
+                a.overshoot(),
+                a.let_through() as f64 / a.allowance,
+                a.fail_open,
+                LeaseCounters::cell(a.lease.hits),
+                LeaseCounters::cell(a.lease.grants),
+                LeaseCounters::cell(a.lease.units_returned),
+            );
+        }
+        t
+    }
+
+    fn accuracy_leased_text(&self) -> String {
+        let mut r = String::new();
+        let Some(a) = self.accuracy_leased.first() else {
+            return r;
+        };
+        let _ = writeln!(
+            r,
+            "The same measurement with leases on, on processes of its own (a fresh Redis, 4 Webdis, 4 Envoys with `--concurrency 2`: 8 engines, each holding its own leases): token bucket and GCRA, C = {}, R = {} per second, `lease` `{}`, `bridge.clock_skew` {} ms (one clock on this machine). Units are charged in Redis before a request spends them, so the overshoot must be 0; units one worker holds in a lease while another is refused lower allowed / allowance (target ≥ 0.97). The last row is the 3× overload run below.\n",
+            a.capacity,
+            a.rate_per_sec,
+            a.lease_setting,
+            a.clock_skew_ms.map_or("1000".into(), |v| v.to_string()),
+        );
+        r.push_str(&self.accuracy_leased_table());
+        let overload = Some(&self.timeline_leased.run).filter(|a| a.sent > 0);
+        if !self
+            .accuracy_leased
+            .iter()
+            .chain(overload)
+            .any(|a| a.lease.exported())
+        {
+            let _ = writeln!(
+                r,
+                "\nThis filter build exports no lease counters, so it does not lease yet (the config parses, with no effect): these rows measure the unleased engine under the leased configuration."
+            );
+        }
+        r
+    }
+
+    fn timeline_leased_text(&self) -> String {
+        let t = &self.timeline_leased;
+        let mut r = String::new();
+        if t.per_second.is_empty() {
+            return r;
+        }
+        let _ = writeln!(
+            r,
+            "The same overload with leases on: {} replicas × {} workers × {} connections offer {} req/s (3 × R) on one key for {:.0} s ({}, C = {}, R = {}/s; the Envoys of the leased accuracy rows).\n",
+            t.run.replicas,
+            t.run.workers,
+            t.run.conns_per_replica,
+            thousands(t.run.offered_per_sec.unwrap_or(0.0)),
+            t.run.duration_s,
+            t.run.algorithm,
+            t.run.capacity,
+            t.run.rate_per_sec
+        );
+        let _ = writeln!(
+            r,
+            "![allowed and denied per second, leases on]({})\n",
+            self.chart_file_leased
+        );
+        let steady = steady_seconds(&t.per_second);
+        if steady.is_empty() {
+            let _ = writeln!(
+                r,
+                "The run is too short for whole seconds after the first (quick mode): {} allowed, overshoot **{}**, lease hits {}.",
+                thousands(t.run.let_through() as f64),
+                t.run.overshoot(),
+                LeaseCounters::cell(t.run.lease.hits),
+            );
+        } else {
+            let allowance = t.run.rate_per_sec;
+            let mean = steady.iter().sum::<u64>() as f64 / steady.len() as f64;
+            let _ = writeln!(
+                r,
+                "First second: {} allowed (the burst C plus a second of refill), {} denied. Allowed in each whole second after it, against an allowance of R = {} per second: {}; mean {:.1} ({:.3} of the allowance), from {} to {}. Over the whole run: {} allowed, overshoot **{}**, lease hits {}.",
+                t.per_second.first().map(|s| s.0).unwrap_or(0),
+                t.per_second.first().map(|s| s.1).unwrap_or(0),
+                allowance,
+                steady
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                mean,
+                mean / allowance.max(f64::MIN_POSITIVE),
+                steady.iter().min().copied().unwrap_or(0),
+                steady.iter().max().copied().unwrap_or(0),
+                thousands(t.run.let_through() as f64),
+                t.run.overshoot(),
+                LeaseCounters::cell(t.run.lease.hits),
+            );
+        }
+        r
+    }
+
     pub fn markdown(&self) -> String {
         let mut r = String::new();
         let mode = if self.quick {
@@ -579,10 +986,21 @@ impl Report {
             "\nWebdis calls per request: `cluster.webdis.upstream_rq_total` of Envoy over the requests wrk completed. Redis commands per decision: `INFO commandstats` calls (commands run inside the script included, the bench's own INFO/AUTH left out) over the filter's decisions (`ratelimit_allowed` + `ratelimit_denied`). CPU: utime + stime from `/proc/PID/stat` over the run (10 ms ticks); cores busy = CPU seconds / wall seconds. Machine busy: all cores, from `/proc/stat`, so wrk (which shares the cores) and anything else running are in it.\n"
         );
         r.push_str(&self.where_the_time_goes());
+        let _ = writeln!(
+            r,
+            "\n## Where a filtered request's time goes, phase by phase\n"
+        );
+        r.push_str(&self.phase_text());
+        let _ = writeln!(r, "\n## Leases\n");
+        r.push_str(&self.lease_text());
         let _ = writeln!(r, "\n## Global accuracy\n");
         r.push_str(&self.accuracy_text());
+        let _ = writeln!(r, "\n### With leases\n");
+        r.push_str(&self.accuracy_leased_text());
         let _ = writeln!(r, "\n## Under 3× overload, over time\n");
         r.push_str(&self.timeline_text());
+        let _ = writeln!(r, "\n### With leases\n");
+        r.push_str(&self.timeline_leased_text());
         let _ = writeln!(r, "\n## A bridge outage, over time\n");
         for o in &self.outages {
             r.push_str(&Report::outage_text(o));
@@ -594,8 +1012,8 @@ impl Report {
         let _ = writeln!(r, "\n## Raw outputs\n");
         let _ = writeln!(
             r,
-            "Beside this report: `results.json` (every figure above and the counters behind them), `raw/*.wrk.txt` (wrk's output per scenario, warm-ups too), `raw/overload-per-second.csv`, `{}`, and `procs/` (the configs and logs of every process the run started).",
-            self.chart_file
+            "Beside this report: `results.json` (every figure above and the counters behind them), `raw/*.wrk.txt` (wrk's output per scenario, warm-ups too), `raw/overload-per-second.csv` and `raw/overload-leased-per-second.csv`, `{}` and `{}`, and `procs/` (the configs and logs of every process the run started).",
+            self.chart_file, self.chart_file_leased
         );
         r
     }
@@ -692,13 +1110,7 @@ impl Report {
             t.run.rate_per_sec
         );
         let _ = writeln!(r, "![allowed and denied per second]({})\n", self.chart_file);
-        let steady: Vec<u64> = t
-            .per_second
-            .iter()
-            .skip(1)
-            .take(t.per_second.len().saturating_sub(2))
-            .map(|s| s.0)
-            .collect();
+        let steady = steady_seconds(&t.per_second);
         if !steady.is_empty() {
             let min = steady.iter().min().copied().unwrap_or(0);
             let max = steady.iter().max().copied().unwrap_or(0);
@@ -740,6 +1152,7 @@ impl Report {
                     "mean_batch": s.cost.mean_batch(),
                     "ratio_to_pass_through": self.pass_through_ratio(s),
                     "webdis_connect_fails": s.cost.webdis_connect_fails,
+                    "lease": s.cost.lease.json(),
                     "machine_busy_s": s.cost.machine_busy_s,
                     "redis_commands": s.cost.redis_commands,
                     "redis_keys_after": s.cost.redis_keys,
@@ -748,23 +1161,33 @@ impl Report {
                 })
             })
             .collect();
+        let accuracy_json = |a: &Accuracy| {
+            json!({
+                "algorithm": a.algorithm, "replicas": a.replicas, "workers": a.workers,
+                "conns_per_replica": a.conns_per_replica, "capacity": a.capacity,
+                "rate_per_sec": a.rate_per_sec, "offered_per_sec": a.offered_per_sec,
+                "duration_s": a.duration_s, "window_s": a.window_s,
+                "allowance_inner": a.allowance_inner, "tolerance": a.tolerance(), "sent": a.sent,
+                "allowed": a.allowed, "denied": a.denied, "failed": a.failed,
+                "filter_allowed": a.filter_allowed, "filter_denied": a.filter_denied,
+                "fail_open": a.fail_open, "allowed_per_replica": a.allowed_per_replica,
+                "allowance": a.allowance, "formula": a.formula, "overshoot": a.overshoot(),
+                "lease": a.lease.json(), "lease_setting": a.lease_setting,
+                "clock_skew_ms": a.clock_skew_ms,
+            })
+        };
         let accuracy: Vec<Value> = self
             .accuracy
             .iter()
             .chain([&self.timeline.run])
-            .map(|a| {
-                json!({
-                    "algorithm": a.algorithm, "replicas": a.replicas, "workers": a.workers,
-                    "conns_per_replica": a.conns_per_replica, "capacity": a.capacity,
-                    "rate_per_sec": a.rate_per_sec, "offered_per_sec": a.offered_per_sec,
-                    "duration_s": a.duration_s, "window_s": a.window_s,
-                    "allowance_inner": a.allowance_inner, "tolerance": a.tolerance(), "sent": a.sent,
-                    "allowed": a.allowed, "denied": a.denied, "failed": a.failed,
-                    "filter_allowed": a.filter_allowed, "filter_denied": a.filter_denied,
-                    "fail_open": a.fail_open, "allowed_per_replica": a.allowed_per_replica,
-                    "allowance": a.allowance, "formula": a.formula, "overshoot": a.overshoot(),
-                })
-            })
+            .map(accuracy_json)
+            .collect();
+        let overload = Some(&self.timeline_leased.run).filter(|a| a.sent > 0);
+        let accuracy_leased: Vec<Value> = self
+            .accuracy_leased
+            .iter()
+            .chain(overload)
+            .map(accuracy_json)
             .collect();
         json!({
             "quick": self.quick, "started_utc": self.started_utc, "took_s": self.took_s,
@@ -777,6 +1200,12 @@ impl Report {
             "scenarios": scenarios,
             "accuracy": accuracy,
             "overload_per_second": self.timeline.per_second,
+            "accuracy_leased": accuracy_leased,
+            "overload_leased_per_second": self.timeline_leased.per_second,
+            "phases": self.phases().iter().map(|p| json!({
+                "phase": p.label, "scenario": p.scenario, "rps": p.rps,
+                "ratio_to_baseline": p.ratio, "cost_of_a_request": p.cost,
+            })).collect::<Vec<_>>(),
             "cluster": {
                 "throughput": self.cluster.throughput.iter().map(|t| json!({
                     "setup": t.setup, "rps": t.run.rps, "p99_ms": t.run.p99_ms, "requests": t.run.requests,
@@ -1032,6 +1461,21 @@ impl Report {
         if self.timeline.per_second.is_empty() {
             missing.push("overload timeline".into());
         }
+        for algorithm in LEASED_ALGORITHMS {
+            let found = self
+                .accuracy_leased
+                .iter()
+                .any(|a| a.algorithm == *algorithm && a.sent > 0);
+            if !found {
+                missing.push(format!("accuracy {algorithm} with leases"));
+            }
+        }
+        if self.timeline_leased.per_second.is_empty() {
+            missing.push("overload timeline with leases".into());
+        }
+        if self.phases().len() < PHASES.len() {
+            missing.push("the per-phase table".into());
+        }
         missing
     }
 }
@@ -1039,6 +1483,183 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Lease, Policy};
+
+    fn scenario(name: &str, rps: f64) -> Scenario {
+        Scenario {
+            name: name.into(),
+            what: String::new(),
+            compare_to: "baseline".into(),
+            load: String::new(),
+            run: WrkRun {
+                rps,
+                requests: (rps * 10.0) as u64,
+                ..WrkRun::default()
+            },
+            cost: Cost::default(),
+            filter: name.starts_with("filter"),
+        }
+    }
+
+    fn report(scenarios: Vec<Scenario>) -> Report {
+        Report {
+            quick: true,
+            started_utc: String::new(),
+            took_s: 0.0,
+            commit: String::new(),
+            machine: Machine::default(),
+            versions: Vec::new(),
+            settings: Vec::new(),
+            scenarios,
+            accuracy: Vec::new(),
+            timeline: Timeline::default(),
+            chart_file: String::new(),
+            accuracy_leased: Vec::new(),
+            timeline_leased: Timeline::default(),
+            chart_file_leased: String::new(),
+            leased: Policy {
+                algorithm: "token_bucket",
+                capacity: 10_000_000,
+                rate_per_sec: 1.0,
+                timeout_ms: 150,
+                failure_mode: "open",
+                lease: Some(Lease::DEFAULT),
+                clock_skew_ms: Some(10),
+            },
+            outages: Vec::new(),
+            floods: Vec::new(),
+            cluster: Default::default(),
+        }
+    }
+
+    #[test]
+    fn phases_are_throughput_and_cost_against_envoy_alone() {
+        let r = report(vec![
+            scenario("baseline", 50_000.0),
+            scenario("filter-pass-through", 40_000.0),
+            scenario("filter-plan-only", 25_000.0),
+            scenario("filter-allow-1key", 10_000.0),
+            scenario("filter-allow-1key-leased", 20_000.0),
+        ]);
+        let phases = r.phases();
+        let names: Vec<&str> = phases.iter().map(|p| p.scenario).collect();
+        // In the table's order; a phase whose scenario did not run is left out.
+        assert_eq!(
+            names,
+            [
+                "baseline",
+                "filter-pass-through",
+                "filter-plan-only",
+                "filter-allow-1key",
+                "filter-allow-1key-leased"
+            ]
+        );
+        assert_eq!((phases[0].ratio, phases[0].cost), (1.0, 1.0));
+        assert_eq!((phases[1].ratio, phases[1].cost), (0.8, 1.25));
+        assert_eq!((phases[2].ratio, phases[2].cost), (0.5, 2.0));
+        assert_eq!((phases[3].ratio, phases[3].cost), (0.2, 5.0));
+        let text = r.phase_text();
+        assert!(text.contains("| `filter-plan-only` | 25,000 | 0.50 | 2.00 |"));
+        assert!(text.contains(
+            "the wasm filter's floor costs 0.25 of a plain request, the plan 0.75 more; a batched decision +3.00 over the plan; a leased decision +0.50 over the plan."
+        ));
+        // Without a lease counter the text says the filter does not lease.
+        assert!(text.contains("this filter build does not lease yet"));
+        assert!(r.missing("").contains(&"the per-phase table".to_string()));
+        assert!(report(vec![scenario("filter-plan-only", 1.0)])
+            .phases()
+            .is_empty());
+    }
+
+    #[test]
+    fn lease_counters_are_summed_where_exported() {
+        let with = BTreeMap::from([
+            (LeaseCounters::HITS.to_string(), 90),
+            (LeaseCounters::GRANTS.to_string(), 2),
+        ]);
+        let more = BTreeMap::from([(LeaseCounters::HITS.to_string(), 10)]);
+        let without = BTreeMap::from([("wasmcustom.ratelimit_allowed".to_string(), 5)]);
+        let sum = LeaseCounters::sum(&[with, more, without.clone()]);
+        assert_eq!(sum.hits, Some(100));
+        assert_eq!(sum.grants, Some(2));
+        assert_eq!(sum.units_returned, None);
+        assert!(sum.exported());
+        assert!(!LeaseCounters::sum(&[without]).exported());
+        assert_eq!(LeaseCounters::cell(None), "–");
+        assert_eq!(LeaseCounters::cell(Some(1234)), "1,234");
+    }
+
+    #[test]
+    fn the_lease_table_pairs_each_allow_scenario_with_its_leased_twin() {
+        let mut leased = scenario("filter-allow-1key-leased", 20_000.0);
+        leased.cost.allowed = 200_000;
+        leased.cost.bridge_calls = 2_000;
+        leased.cost.lease = LeaseCounters {
+            hits: Some(198_000),
+            grants: Some(2_000),
+            units_returned: Some(50),
+        };
+        let r = report(vec![
+            scenario("baseline", 50_000.0),
+            scenario("filter-pass-through", 40_000.0),
+            scenario("filter-allow-1key", 10_000.0),
+            leased,
+        ]);
+        let text = r.lease_text();
+        assert!(text.contains("`limit` 1 per 1 s, `burst` 10,000,000"));
+        assert!(text.contains("`bridge.clock_skew` 10 ms"));
+        assert!(text.contains("a lease's own 100 units take 100 s to refill"));
+        assert!(text.contains("refill a lease of 100 units in 0.1 ms"));
+        assert!(
+            text.contains("| `filter-allow-1key` | 10,000 | 0.20 | 0.25 | 0.0000 | – | – | – |")
+        );
+        assert!(text.contains(
+            "| `filter-allow-1key-leased` | 20,000 | 0.40 | 0.50 | 0.0100 | 198,000 (99.0%) | 2,000 | 50 |"
+        ));
+        assert!(!text.contains("exports no lease counters"));
+    }
+
+    #[test]
+    fn leased_accuracy_runs_and_timeline_are_required() {
+        let mut r = report(Vec::new());
+        r.timeline_leased.per_second = vec![(200, 100, 0), (100, 200, 0)];
+        assert!(r.timeline_leased_text().contains("too short"));
+        r.timeline_leased.per_second.clear();
+        let missing = r.missing("");
+        for part in [
+            "accuracy token_bucket with leases",
+            "accuracy gcra with leases",
+            "overload timeline with leases",
+        ] {
+            assert!(missing.contains(&part.to_string()), "{part}");
+        }
+        r.accuracy_leased = LEASED_ALGORITHMS
+            .iter()
+            .map(|a| Accuracy {
+                algorithm: a.to_string(),
+                sent: 10,
+                allowance: 100.0,
+                ..Accuracy::default()
+            })
+            .collect();
+        r.timeline_leased.per_second = vec![(200, 100, 0), (100, 200, 0), (100, 200, 0)];
+        r.timeline_leased.run.rate_per_sec = 100.0;
+        let missing = r.missing("");
+        assert!(
+            !missing.iter().any(|m| m.contains("with leases")),
+            "{missing:?}"
+        );
+        assert!(r
+            .timeline_leased_text()
+            .contains("against an allowance of R = 100 per second: 100;"));
+    }
+
+    #[test]
+    fn steady_seconds_leave_out_the_first_and_the_partial_last() {
+        let per_second = [(200, 0, 0), (100, 1, 0), (99, 2, 0), (40, 0, 0)];
+        assert_eq!(steady_seconds(&per_second), vec![100, 99]);
+        assert!(steady_seconds(&per_second[..1]).is_empty());
+    }
 
     #[test]
     fn numbers_are_formatted_for_reading() {
