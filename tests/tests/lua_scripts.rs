@@ -101,9 +101,12 @@ impl Script {
             .map(|r| r.iter().map(L::check).collect())
             .collect();
         // A request whose limits all carry a lease asks for one, as the engine does.
-        let asks = checks
-            .iter()
-            .map(|c| (c.as_slice(), c.iter().all(|l| l.lease.is_some())));
+        let asks = checks.iter().map(|c| {
+            (
+                c.as_slice(),
+                c.iter().all(|l| l.lease.is_some()).then_some(u64::MAX),
+            )
+        });
         DecideCall::leasing(clock, 0, asks).command(&self.sha)
     }
 
@@ -1297,7 +1300,7 @@ fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
         "{answers:?}"
     );
     assert!(matches!(&answers[1], Ok((1, _))), "{answers:?}");
-    for (max_units, fraction) in [(0, 0.5), (5, 0.0), (5, 1.5)] {
+    for (max_units, fraction) in [(5, 0.0), (5, 1.5)] {
         let bad = leasing(
             limit("rl:t:lease-bad", Algorithm::TokenBucket, 10, 1000),
             max_units,
@@ -1306,4 +1309,15 @@ fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
         let answers = s.decide_batch(T0, &[&[bad]]);
         assert!(answers[0].is_err(), "{max_units} {fraction}: {answers:?}");
     }
+    // The builder never asks for 0 units; the script refuses them anyway.
+    let l = leasing(
+        limit("rl:t:lease-bad", Algorithm::TokenBucket, 10, 1000),
+        5,
+        0.5,
+    );
+    let mut command = s.command(&T0.to_string(), &[&[l]]);
+    let at = command.iter().position(|a| a == "lease").unwrap();
+    command[at + 1] = "0".to_string();
+    let reply = s.conn.cmd(&command).unwrap().items();
+    assert_eq!(reply[1].int(), -1, "{reply:?}");
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::config::Bridge;
+use crate::config::{Bridge, Lease};
 use crate::encode::{path_segment, path_segment_len};
 use crate::plan::LimitCheck;
 
@@ -42,6 +42,15 @@ fn push_limit(args: &mut Vec<String>, key_index: usize, c: &LimitCheck) {
     args.push(c.cost.to_string());
 }
 
+/// The units of `check` a request asking for a lease of `requests` requests' worth asks for:
+/// `requests` × its cost, its lease's `max_units` at most (and at least 1, the script's floor).
+pub fn lease_units(lease: Lease, check: &LimitCheck, requests: u64) -> u64 {
+    match check.cost {
+        0 => lease.max_units,
+        cost => lease.max_units.min(requests.saturating_mul(cost)).max(1),
+    }
+}
+
 /// A charge to give back: the limit, the clock the charge was decided with, and the
 /// `remaining` it replied.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,16 +85,17 @@ impl DecideCall {
         deadline_ms: u128,
         requests: impl IntoIterator<Item = &'a [LimitCheck]>,
     ) -> Self {
-        Self::leasing(clock, deadline_ms, requests.into_iter().map(|c| (c, false)))
+        Self::leasing(clock, deadline_ms, requests.into_iter().map(|c| (c, None)))
     }
 
-    /// [`DecideCall::new`] where a request may also ask for a lease (`true`): every one of
-    /// its limits then goes in mode `lease` with its `max_units` and `fraction` (a limit
-    /// without a lease setting is sent as usual, and the script grants nothing).
+    /// [`DecideCall::new`] where a request may also ask for a lease of up to N requests'
+    /// worth (`Some(N)`): every one of its limits then goes in mode `lease` with N × its cost
+    /// (its `max_units` at most) and its `fraction` (a limit without a lease setting is sent as
+    /// usual, and the script grants nothing).
     pub fn leasing<'a>(
         clock: &str,
         deadline_ms: u128,
-        requests: impl IntoIterator<Item = (&'a [LimitCheck], bool)>,
+        requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
     ) -> Self {
         let mut keys = KeyTable::default();
         let mut budgets: Vec<String> = Vec::new();
@@ -97,10 +107,11 @@ impl DecideCall {
             body.push(checks.len().to_string());
             for c in checks {
                 push_limit(&mut body, keys.index_of(&c.key), c);
-                if let (true, Some(lease), None, false) = (ask_lease, c.lease, &c.budget, c.shadow)
+                if let (Some(requests), Some(lease), None, false) =
+                    (ask_lease, c.lease, &c.budget, c.shadow)
                 {
                     body.push("lease".to_string());
-                    body.push(lease.max_units.to_string());
+                    body.push(lease_units(lease, c, requests).to_string());
                     body.push(lease.fraction.to_string());
                     continue;
                 }

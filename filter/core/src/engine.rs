@@ -12,9 +12,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::bridge::{
-    call_bytes, parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeFailure,
-    BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, LimitResult, Refund,
-    RequestShape,
+    call_bytes, lease_units, parse_batch_reply, parse_eval_reply, parse_script_load_reply,
+    BridgeFailure, BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, LimitResult,
+    Refund, RequestShape,
 };
 use crate::config::{Bridge, Clock, Config, FailureMode};
 use crate::deny_cache::{DenyCache, Refusal};
@@ -96,6 +96,9 @@ struct Waiting {
     /// other slots); its outcome goes to the split, not to the stream.
     part: Option<(u64, usize)>,
     lease: LeaseAsk,
+    /// With a lease asked for: at most this many requests' worth (the worker's estimate of
+    /// what the identity will spend, see `Leases::ask`).
+    lease_requests: u64,
 }
 
 /// Whether a waiting request asks for a lease of its limits' units.
@@ -123,7 +126,10 @@ impl Waiting {
                 .checks
                 .iter()
                 .filter(|c| c.cost > 0)
-                .filter_map(|c| c.lease.map(|l| l.max_units / c.cost))
+                .filter_map(|c| {
+                    c.lease
+                        .map(|l| lease_units(l, c, self.lease_requests) / c.cost)
+                })
                 .min()
                 .unwrap_or(1)
                 .saturating_sub(1),
@@ -333,11 +339,11 @@ impl Engine {
             }
         }
         let slot = slot_of(config, &plan);
-        let lease = if leasable && self.leases.may_ask(&plan) {
+        let (lease, lease_requests) = if leasable && self.leases.may_ask(&plan) {
             self.leases.asking(&plan, true);
-            LeaseAsk::Asks
+            (LeaseAsk::Asks, self.leases.ask(&plan))
         } else {
-            LeaseAsk::No
+            (LeaseAsk::No, 0)
         };
         self.waiting.push_back(Waiting {
             ctx,
@@ -346,6 +352,7 @@ impl Engine {
             slot,
             part: None,
             lease,
+            lease_requests,
         });
         if self.in_flight.is_empty() && self.waiting.len() == 1 {
             // An idle worker: this request alone goes at once, from its own context (no hop
@@ -378,6 +385,7 @@ impl Engine {
                 slot: Some(slot),
                 part: Some((id, part)),
                 lease: LeaseAsk::No,
+                lease_requests: 0,
             });
         }
         self.splits.insert(id, split);
@@ -679,9 +687,10 @@ impl Engine {
             let call = DecideCall::leasing(
                 &clock,
                 deadline_ms,
-                members
-                    .iter()
-                    .map(|m| (m.plan.checks.as_slice(), m.lease != LeaseAsk::No)),
+                members.iter().map(|m| {
+                    let ask = (m.lease != LeaseAsk::No).then_some(m.lease_requests);
+                    (m.plan.checks.as_slice(), ask)
+                }),
             );
             let call = Call {
                 token: 0,
@@ -975,6 +984,7 @@ impl Engine {
         self.waiting.push_back(Waiting {
             ctx: 0,
             slot: slot_of(config, &plan),
+            lease_requests: self.leases.ask(&plan),
             plan,
             arrived_ns: now,
             part: None,
@@ -2423,9 +2433,10 @@ mod tests {
             Verdict::Pause
         );
         let (token, call, _) = h.dispatched[0].clone();
-        assert!(call.path.contains("/1/lease/10/0%2E5"), "{}", call.path);
-        // Redis charged 5 requests' worth: this one and 4 held here; 5 left in the bucket.
-        e.on_reply(&c, &mut h, Some(1), token, ok(&leased(5, 5, 30_000)));
+        // A key it has not leased before: 4 requests' worth at most (of max_units 10).
+        assert!(call.path.contains("/1/lease/4/0%2E5"), "{}", call.path);
+        // Redis charged 4 requests' worth: this one and 3 held here; 6 left in the bucket.
+        e.on_reply(&c, &mut h, Some(1), token, ok(&leased(4, 6, 30_000)));
         assert_eq!(h.resumed, vec![1]);
         assert_eq!(
             remaining(&mut e, 1),
@@ -2433,7 +2444,7 @@ mod tests {
             "what Redis left plus what is held here"
         );
         assert_eq!(h.count_of(Counter::LeaseGrants), 1);
-        // The next two go through at once, with no call.
+        // The next ones go through at once, with no call.
         for ctx in [2, 3] {
             assert_eq!(
                 arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
@@ -2441,51 +2452,43 @@ mod tests {
             );
         }
         assert_eq!(remaining(&mut e, 3), "7");
-        // Half of the lease is spent: the next is asked for (a prefetch from the root) while
-        // the requests go on from the 2 units still held.
-        assert_eq!(h.dispatched.len(), 2);
+        // Half of the lease or less is left: the next is asked for (a prefetch from the root)
+        // while requests go on from the unit still held.
         assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
         let (prefetch, call, _) = h.dispatched[1].clone();
-        assert!(call.path.contains("/1/lease/10/0%2E5"), "{}", call.path);
-        for ctx in [4, 5] {
-            assert_eq!(
-                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
-                Verdict::Continue
-            );
-        }
-        assert_eq!(h.dispatched.len(), 2, "one prefetch in flight at most");
-        // The prefetch's own request is units for this lease too: 3 requests' worth.
-        e.on_reply(&c, &mut h, None, prefetch, ok(&leased(3, 2, 30_000)));
-        assert!(
-            h.resumed.len() == 1 && h.answered.is_empty(),
-            "no stream of its own"
+        assert!(call.path.contains("/1/lease/4/0%2E5"), "{}", call.path);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 4, &req("/", "k")),
+            Verdict::Continue
         );
-        for ctx in 6..=8 {
-            assert_eq!(
-                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
-                Verdict::Continue
-            );
-        }
-        // The next prefetch went out at 1 unit of 3 left.
-        assert_eq!(h.count_of(Counter::LeasePrefetches), 2);
-        let (prefetch, _, _) = h.dispatched[2].clone();
         // Spent: the next one waits (the call slot is the prefetch's) ...
         assert_eq!(
-            arrive(&mut e, &c, &mut h, 9, &req("/", "k")),
+            arrive(&mut e, &c, &mut h, 5, &req("/", "k")),
             Verdict::Pause
         );
-        assert_eq!(h.dispatched.len(), 3);
-        // ... and is served by the lease the prefetch brings, without a call of its own.
-        e.on_reply(&c, &mut h, None, prefetch, ok(&leased(2, 0, 30_000)));
-        assert_eq!(h.resumed, vec![1, 9]);
-        assert_eq!(h.dispatched.len(), 3);
-        assert_eq!(remaining(&mut e, 9), "1");
+        assert_eq!(h.dispatched.len(), 2, "one ask in flight at most");
+        // ... and is served by the lease the prefetch brings (its own request's worth is
+        // units too), without a call of its own.
+        e.on_reply(&c, &mut h, None, prefetch, ok(&leased(4, 2, 30_000)));
+        assert_eq!(h.resumed, vec![1, 5]);
+        assert!(h.answered.is_empty());
+        assert_eq!(remaining(&mut e, 5), "5");
+        for ctx in [6, 7] {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
+                Verdict::Continue
+            );
+        }
+        // The first lease was spent before it ended: the next asks for twice as much.
+        assert_eq!(h.count_of(Counter::LeasePrefetches), 2);
+        let (_, call, _) = h.dispatched[2].clone();
+        assert!(call.path.contains("/1/lease/8/0%2E5"), "{}", call.path);
         e.on_tick(&c, &mut h);
-        assert_eq!(h.count_of(Counter::Allowed), 9);
-        assert_eq!(h.count_of(Counter::LeaseHits), 8);
+        assert_eq!(h.count_of(Counter::Allowed), 7);
+        assert_eq!(h.count_of(Counter::LeaseHits), 6);
         assert_eq!(
             h.rule_counts(&c),
-            vec![("ratelimit_rule.all.minute.allowed".to_string(), 9)]
+            vec![("ratelimit_rule.all.minute.allowed".to_string(), 7)]
         );
     }
 
@@ -2530,6 +2533,12 @@ mod tests {
         // Nothing is given back twice.
         e.on_tick(&c, &mut h);
         assert_eq!(h.dispatched.len(), calls + 1);
+        // It served 1 of its 3: the next lease of this key is asked for 2 requests' worth.
+        let (token, _, _) = h.dispatched[calls - 1].clone();
+        e.on_reply(&c, &mut h, Some(3), token, ok(&reply(&[R::Allow(1)])));
+        arrive(&mut e, &c, &mut h, 4, &req("/", "k"));
+        let (_, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
     }
 
     #[test]

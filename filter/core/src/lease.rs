@@ -22,10 +22,24 @@ use crate::plan::{LimitCheck, Plan};
 /// (beyond it, requests are decided one by one).
 pub const MAX_LEASED_KEYS: usize = 10_000;
 
+/// What a worker asks for the first time it leases a key, in requests' worth: enough to learn
+/// whether the identity comes back, little to hold back if it does not.
+const FIRST_ASK: u64 = 4;
+
+/// The smallest ask after a lease that was not spent: the request and one more.
+const LEAST_ASK: u64 = 2;
+
+/// A key without a lease is remembered this long after its last lease ended (its ask, so a
+/// client that comes back at its own pace gets a lease of its size, not the first one).
+const KEEP_IDLE_NS: u128 = 10_000_000_000;
+
 /// Units of one limit granted by one call.
 #[derive(Debug, Clone)]
 struct Grant {
     units: u64,
+    /// The units and requests' worth it was granted with.
+    granted: u64,
+    requests: u64,
     /// After this (Unix ns) the units are not spent but given back.
     expires_ns: u128,
     /// The clock the grant was decided with, and the `remaining` it replied: what a refund of
@@ -47,6 +61,26 @@ struct KeyLease {
     asking: bool,
     /// Units of the last grant: the next is asked for when half of it is spent.
     last_units: u64,
+    /// Requests' worth to ask for next: doubled when a lease is spent before it ends, twice
+    /// what was spent of one that ended with units left. So a lease follows the identity's
+    /// pace within `max_units`: a busy client gets large ones, one that comes back now and
+    /// then gets small ones, and few units sit idle or go back.
+    ask: u64,
+    /// When this entry may be forgotten once it holds no grant.
+    keep_until_ns: u128,
+}
+
+impl KeyLease {
+    fn new(check: &LimitCheck) -> Self {
+        KeyLease {
+            check: check.clone(),
+            grants: VecDeque::new(),
+            asking: false,
+            last_units: 0,
+            ask: FIRST_ASK,
+            keep_until_ns: 0,
+        }
+    }
 }
 
 impl KeyLease {
@@ -86,6 +120,10 @@ impl Leases {
                 let take = owed.min(grant.units);
                 grant.units -= take;
                 owed -= take;
+                if take > 0 && grant.units == 0 {
+                    // Spent before it ended: the identity can use larger leases.
+                    lease.ask = lease.ask.max(grant.requests).saturating_mul(2);
+                }
                 if owed == 0 {
                     break;
                 }
@@ -105,6 +143,16 @@ impl Leases {
             limits,
             leased: 0,
         })
+    }
+
+    /// How many requests' worth a request of `plan` asks for: the smallest ask of its keys.
+    pub fn ask(&self, plan: &Plan) -> u64 {
+        plan.checks
+            .iter()
+            .map(|c| self.keys.get(&c.key).map_or(FIRST_ASK, |l| l.ask))
+            .min()
+            .unwrap_or(FIRST_ASK)
+            .max(1)
     }
 
     /// Whether a request of `plan` may ask for a lease: no ask for its keys is in flight, and
@@ -138,15 +186,9 @@ impl Leases {
             match self.keys.get_mut(&check.key) {
                 Some(lease) => lease.asking = asking,
                 None if asking => {
-                    self.keys.insert(
-                        check.key.clone(),
-                        KeyLease {
-                            check: check.clone(),
-                            grants: VecDeque::new(),
-                            asking: true,
-                            last_units: 0,
-                        },
-                    );
+                    let mut lease = KeyLease::new(check);
+                    lease.asking = true;
+                    self.keys.insert(check.key.clone(), lease);
                 }
                 None => {}
             }
@@ -178,6 +220,8 @@ impl Leases {
                 .min(u128::from(lease_config.max_ms) * 1_000_000);
             let grant = Grant {
                 units,
+                granted: units,
+                requests,
                 expires_ns: charged_at_ns.saturating_add(usable_ns),
                 charged_at_ns,
                 left: result.remaining,
@@ -186,13 +230,9 @@ impl Leases {
             let lease = self
                 .keys
                 .entry(check.key.clone())
-                .or_insert_with(|| KeyLease {
-                    check: check.clone(),
-                    grants: VecDeque::new(),
-                    asking: false,
-                    last_units: 0,
-                });
+                .or_insert_with(|| KeyLease::new(check));
             lease.last_units = units;
+            lease.keep_until_ns = grant.expires_ns.saturating_add(KEEP_IDLE_NS);
             if usable_ns == 0 {
                 self.returns.push(refund_of(&lease.check, &grant));
             } else {
@@ -202,9 +242,11 @@ impl Leases {
     }
 
     /// Moves the units of grants expired by `now` to the give-backs, and forgets keys that
-    /// hold nothing.
+    /// hold nothing and have been idle a while (at once when the table is three quarters
+    /// full, so there is room for new keys).
     pub fn expire(&mut self, now: u128) {
         let returns = &mut self.returns;
+        let crowded = self.keys.len() > MAX_LEASED_KEYS / 4 * 3;
         self.keys.retain(|_, lease| {
             while let Some(grant) = lease.grants.front() {
                 if grant.expires_ns > now {
@@ -212,10 +254,15 @@ impl Leases {
                 }
                 if grant.units > 0 {
                     returns.push(refund_of(&lease.check, grant));
+                    // Ask next for twice what this one served.
+                    let spent = grant.granted - grant.units;
+                    let served = u128::from(spent) * u128::from(grant.requests)
+                        / u128::from(grant.granted.max(1));
+                    lease.ask = u64::try_from(served * 2).unwrap_or(u64::MAX).max(LEAST_ASK);
                 }
                 lease.grants.pop_front();
             }
-            lease.asking || !lease.grants.is_empty()
+            lease.asking || !lease.grants.is_empty() || (!crowded && now < lease.keep_until_ns)
         });
     }
 
