@@ -7,7 +7,8 @@ use crate::config::{
     OverBudget, PathMatch, Rule,
 };
 use crate::identity::{
-    budget_counter_key, decisive_header, overflow_key, path_only, redis_key, resolve, RequestView,
+    budget_counter_key, decisive_header, label, overflow_key, path_only, redis_key, resolve_into,
+    RequestView,
 };
 use crate::slot::key_slot;
 
@@ -85,20 +86,22 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
 /// [`plan`], spending sharded limits from shard `turn % shards` (the worker counts turns).
 pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<Plan, BadRequest> {
     let method = view.header(":method").unwrap_or_default();
-    let path = view.header(":path").unwrap_or_default();
-    let path = path_only(&path);
+    let path = path_only(view.header(":path").unwrap_or_default());
+    let mut identity = Vec::new();
     let mut plan = Plan {
         checks: Vec::new(),
         timeout: Duration::MAX,
         failure_mode: FailureMode::Open,
     };
     for (r, rule) in config.rules.iter().enumerate() {
-        if !matches(&rule.matcher, view, &method, path)? {
+        if !matches(&rule.matcher, view, method, path)? {
             continue;
         }
-        let Some((label, identity)) = resolve(view, &rule.key, &config.client_ip)? else {
+        let Some(alternative) = resolve_into(view, &rule.key, &config.client_ip, &mut identity)?
+        else {
             continue;
         };
+        let label = label(&rule.key, alternative);
         let cost = request_cost(&rule.cost, view)?;
         plan.timeout = plan.timeout.min(rule.timeout);
         // Closed wins over local, local over open (a shadow rule never closes).
@@ -110,7 +113,7 @@ pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<P
             };
         }
         for (l, limit) in rule.limits.iter().enumerate() {
-            let mut key = redis_key(config, rule, limit, &label, &identity);
+            let mut key = redis_key(config, rule, limit, label, &identity);
             if limit.shards > 1 {
                 key = shard_key(&key, turn % limit.shards);
             }
@@ -216,7 +219,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
                 return Ok(*default);
             };
             let bad = || BadRequest(format!("{name} must be a whole number from {min} to {max}"));
-            let text = std::str::from_utf8(&raw).map_err(|_| bad())?.trim();
+            let text = std::str::from_utf8(raw).map_err(|_| bad())?.trim();
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad());
             }
