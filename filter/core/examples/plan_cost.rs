@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use ratelimit_core::plan::plan_turn;
+use ratelimit_core::plan::{plan_memo, PlanMemo};
 use ratelimit_core::{Config, RequestView};
 
 struct View {
@@ -59,17 +59,17 @@ fn view(api_key: Option<&str>) -> View {
 }
 
 /// The fastest of five rounds, each after a warm-up: the machine is shared and noisy.
-fn time(name: &str, config: &Config, view: &View) {
+fn time(name: &str, config: &Config, view: &View, memo: &mut PlanMemo) {
     const N: u64 = 100_000;
     let mut checks = 0;
     for turn in 0..N / 10 {
-        checks += plan_turn(config, view, turn).map_or(0, |p| p.checks.len());
+        checks += plan_memo(config, view, turn, memo).map_or(0, |p| p.checks.len());
     }
     let mut best = f64::MAX;
     for _ in 0..5 {
         let start = Instant::now();
         for turn in 0..N {
-            checks += plan_turn(config, view, turn).map_or(0, |p| p.checks.len());
+            checks += plan_memo(config, view, turn, memo).map_or(0, |p| p.checks.len());
         }
         best = best.min(start.elapsed().as_nanos() as f64 / N as f64);
     }
@@ -98,7 +98,12 @@ fn main() {
         r#"{"name": "bench", "match": {"path_exact": "/never-requested-by-the-bench"},
             "key": {"from": ["header:x-api-key"]}, "limits": [{"name": "bench", "limit": 1, "window": "1s"}]}"#,
     );
-    time("no rule matches", &never, &view(Some("bench-abuser")));
-    time("x-api-key", &keyed, &view(Some("bench-abuser")));
-    time("client_ip", &shipped, &view(None));
+    let memo = PlanMemo::default;
+    let fresh = || PlanMemo::with_capacity(0);
+    let abuser = view(Some("bench-abuser"));
+    time("no rule matches", &never, &abuser, &mut memo());
+    time("x-api-key, memo", &keyed, &abuser, &mut memo());
+    time("x-api-key, no memo", &keyed, &abuser, &mut fresh());
+    time("client_ip, memo", &shipped, &view(None), &mut memo());
+    time("client_ip, no memo", &shipped, &view(None), &mut fresh());
 }

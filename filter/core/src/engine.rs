@@ -20,7 +20,7 @@ use crate::deny_cache::{DenyCache, Refusal};
 use crate::identity::RequestView;
 use crate::local::{scaled, LocalLimits};
 use crate::metrics::{Counter, Gauge, Histogram, PendingCounts, RuleEvent, RuleStats};
-use crate::plan::{plan_turn, LimitCheck, Plan};
+use crate::plan::{plan_memo, LimitCheck, Plan, PlanMemo};
 use crate::response::{self, Headers, LocalResponse};
 use crate::slot::key_slot;
 use crate::split::{by_slot, Split};
@@ -185,6 +185,8 @@ pub struct Engine {
     next_split: u64,
     /// Counts requests, so that sharded limits are spent from each shard in turn.
     turn: u64,
+    /// Recent identities' Redis keys (bounded), for this engine's configuration.
+    memo: PlanMemo,
 }
 
 impl Engine {
@@ -220,7 +222,7 @@ impl Engine {
 
     fn admit(&mut self, config: &Config, host: &mut impl Host, ctx: u32, view: &dyn RequestView) {
         self.turn = self.turn.wrapping_add(1);
-        let plan = match plan_turn(config, view, self.turn) {
+        let plan = match plan_memo(config, view, self.turn, &mut self.memo) {
             Ok(plan) => plan,
             Err(bad) => {
                 host.count(Counter::BadRequests);
