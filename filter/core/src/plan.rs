@@ -171,7 +171,7 @@ fn plan_into(
 }
 
 /// Entries of a worker's [`PlanMemo`]: a few thousand callers active at once are each keyed
-/// once, and the memo stays well under a megabyte for usual keys (see [`PlanMemo`]).
+/// once, in under a megabyte for usual rules (see [`PlanMemo`]).
 pub const PLAN_MEMO_ENTRIES: usize = 4096;
 
 /// Identities longer than this are keyed on every request, never memoized: it bounds what an
@@ -200,9 +200,10 @@ struct Memoized {
 /// Bounded: at most `capacity` entries (rounded up to even) in sets of two, picked by a keyed
 /// hash of the entry's (rule, alternative, identity); a new entry evicts the less recently used
 /// of its set. An entry holds an identity of at most [`MAX_MEMO_IDENTITY`] bytes and one key
-/// per limit of its rule (at most 16), so with [`PLAN_MEMO_ENTRIES`] and keys of ~100 bytes a
-/// worker keeps about 1 MB at most. A caller flooding fresh identities only evicts others'
-/// entries: they are made again (the cost of a plan without the memo), never wrong.
+/// per limit of its rule (at most 16, plus the budget keys of a rule with a key budget): with
+/// [`PLAN_MEMO_ENTRIES`], rules of one or two limits and keys of ~100 bytes, under 1 MB per
+/// worker. A caller flooding fresh identities only evicts others' entries: they are made again
+/// (the cost of a plan without the memo, ~10% more for the copy into the entry), never wrong.
 pub struct PlanMemo {
     /// `2 * sets` slots, allocated on the first insert; set `i` is slots `2i` (the most
     /// recently used) and `2i + 1`.
