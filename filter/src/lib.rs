@@ -319,27 +319,29 @@ struct RequestHeaders {
 }
 
 impl RequestHeaders {
-    fn copies<'h>(&'h self, name: &'h str) -> impl Iterator<Item = &'h Vec<u8>> + 'h {
-        self.headers
-            .get_or_init(|| {
-                hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_else(|status| {
-                    log::warn!("cannot read the request headers: {status:?}");
-                    Vec::new()
-                })
+    fn all(&self) -> &[(String, Vec<u8>)] {
+        self.headers.get_or_init(|| {
+            hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_else(|status| {
+                log::warn!("cannot read the request headers: {status:?}");
+                Vec::new()
             })
-            .iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, value)| value)
+        })
     }
 }
 
 impl RequestView for RequestHeaders {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.copies(name).next().cloned()
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.all()
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_slice())
     }
 
     fn header_copies(&self, name: &str) -> usize {
-        self.copies(name).count()
+        self.all()
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
     }
 
     fn source_address(&self) -> Option<String> {

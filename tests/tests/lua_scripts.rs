@@ -6,6 +6,7 @@ use e2e::{Redis, RedisConn, Resp, WorkDir};
 use ratelimit_core::bridge::{DecideCall, Refund};
 use ratelimit_core::config::{Algorithm, Lease, OverBudget};
 use ratelimit_core::plan::{BudgetCheck, LimitCheck};
+use std::rc::Rc;
 
 const T0: u128 = 1_764_489_600_000_000_000; // a whole second (and minute) in Unix ns
 const MS: u128 = 1_000_000;
@@ -46,7 +47,7 @@ impl L {
         LimitCheck {
             rule: 0,
             limit: 0,
-            key: self.key.to_string(),
+            key: self.key.into(),
             algorithm: self.algorithm,
             per_window: self.limit,
             quota: self.burst,
@@ -54,15 +55,15 @@ impl L {
             burst: self.burst,
             cost: self.cost,
             shadow: self.shadow,
-            budget: self
-                .budget
-                .map(|(rule, new_keys, window_ms, over_budget)| BudgetCheck {
+            budget: self.budget.map(|(rule, new_keys, window_ms, over_budget)| {
+                Rc::new(BudgetCheck {
                     counter_key: format!("rl:{{key_budget}}:{rule}"),
                     overflow_key: format!("rl:{{overflow}}:{rule}:{}", self.algorithm.name()),
                     new_keys,
                     window_ms,
                     over_budget,
-                }),
+                })
+            }),
             lease: self.lease,
         }
     }

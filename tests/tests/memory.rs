@@ -121,7 +121,7 @@ fn demo_check(key: String) -> LimitCheck {
     LimitCheck {
         rule: 0,
         limit: 0,
-        key,
+        key: key.into(),
         algorithm: Algorithm::TokenBucket,
         per_window: 10,
         quota: 10,

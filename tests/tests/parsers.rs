@@ -140,11 +140,11 @@ struct Request {
 }
 
 impl RequestView for Request {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
+    fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| v.as_slice())
     }
     fn header_copies(&self, name: &str) -> usize {
         self.headers.iter().filter(|(n, _)| n == name).count()

@@ -67,7 +67,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
     let check = LimitCheck {
         rule: 0,
         limit: 0,
-        key: key.to_string(),
+        key: key.into(),
         algorithm: s.algorithm,
         per_window: s.limit,
         quota: s.burst,

@@ -593,13 +593,13 @@ mod tests {
     fn key_budgets_are_sent_once_per_call_with_their_overflow_keys() {
         let budgeted = |key: &str, limit: &str| {
             let mut c = check(key, Algorithm::TokenBucket, false);
-            c.budget = Some(BudgetCheck {
+            c.budget = Some(std::rc::Rc::new(BudgetCheck {
                 counter_key: "rl:{key_budget}:ip".into(),
                 overflow_key: format!("rl:{{overflow}}:ip:{limit}"),
                 new_keys: 1000,
                 window_ms: 60_000,
                 over_budget: OverBudget::Deny,
-            });
+            }));
             c
         };
         let first = [
@@ -651,7 +651,7 @@ mod tests {
         let checks: Vec<LimitCheck> = (0..5)
             .map(|i| {
                 let mut c = check("rl:{k:1}:api:x", Algorithm::Gcra, i % 2 == 0);
-                c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}");
+                c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
                 c.per_window = u64::MAX;
                 c.burst = u64::MAX;
                 c.window_ms = u64::MAX;

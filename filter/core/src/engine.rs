@@ -22,7 +22,7 @@ use crate::identity::RequestView;
 use crate::lease::Leases;
 use crate::local::{scaled, LocalLimits};
 use crate::metrics::{Counter, Gauge, Histogram, PendingCounts, RuleEvent, RuleStats};
-use crate::plan::{plan_turn, LimitCheck, Plan};
+use crate::plan::{plan_memo, LimitCheck, Plan, PlanMemo};
 use crate::response::{self, Headers, LocalResponse};
 use crate::slot::key_slot;
 use crate::split::{by_slot, Split};
@@ -239,6 +239,8 @@ pub struct Engine {
     leases: Leases,
     /// Requests allowed from leases, not yet added to the stats.
     uncounted_lease_hits: u64,
+    /// Recent identities' Redis keys (bounded), for this engine's configuration.
+    memo: PlanMemo,
 }
 
 impl Engine {
@@ -274,7 +276,7 @@ impl Engine {
 
     fn admit(&mut self, config: &Config, host: &mut impl Host, ctx: u32, view: &dyn RequestView) {
         self.turn = self.turn.wrapping_add(1);
-        let plan = match plan_turn(config, view, self.turn) {
+        let plan = match plan_memo(config, view, self.turn, &mut self.memo) {
             Ok(plan) => plan,
             Err(bad) => {
                 host.count(Counter::BadRequests);

@@ -9,8 +9,9 @@ use crate::sha1::sha1_hex;
 /// What the limiter may read of a request.
 pub trait RequestView {
     /// A request header's raw value (`:path` and `:method` included); the first copy if the
-    /// header was sent more than once.
-    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// header was sent more than once. Borrowed: the host reads the headers once per request,
+    /// and a plan looks several of them up.
+    fn header(&self, name: &str) -> Option<&[u8]>;
     /// How many copies of the header the request carries (0: absent). Envoy's single-value
     /// lookup returns only the first copy, so the host must count them over the whole map.
     fn header_copies(&self, name: &str) -> usize;
@@ -128,29 +129,45 @@ pub(crate) fn path_only(path: &[u8]) -> &[u8] {
 /// more than once it refuses the request: the limiter and the backend could read different
 /// copies (the first, the last, or all joined), so a client would be limited as one caller and
 /// served as another.
-pub(crate) fn decisive_header(
-    view: &dyn RequestView,
+pub(crate) fn decisive_header<'v>(
+    view: &'v dyn RequestView,
     name: &str,
-) -> Result<Option<Vec<u8>>, BadRequest> {
+) -> Result<Option<&'v [u8]>, BadRequest> {
     if view.header_copies(name) > 1 {
         return Err(BadRequest(format!("{name} must be sent once")));
     }
     Ok(view.header(name))
 }
 
-fn source_value(
+/// Appends the source's value to `identity`; false (nothing appended) if it is absent or
+/// empty.
+fn push_source(
     view: &dyn RequestView,
     source: &KeySource,
     policy: &ClientIpPolicy,
-) -> Result<Option<Vec<u8>>, BadRequest> {
-    let value = match source {
+    identity: &mut Vec<u8>,
+) -> Result<bool, BadRequest> {
+    let owned;
+    let value: Option<&[u8]> = match source {
         KeySource::Header(name) => decisive_header(view, name)?,
-        KeySource::ClientIp => client_ip(view, policy).map(String::into_bytes),
-        KeySource::Route => view.route_name().map(String::into_bytes),
+        KeySource::ClientIp => {
+            owned = client_ip(view, policy);
+            owned.as_deref().map(str::as_bytes)
+        }
+        KeySource::Route => {
+            owned = view.route_name();
+            owned.as_deref().map(str::as_bytes)
+        }
         KeySource::Method => view.header(":method"),
-        KeySource::Path => view.header(":path").map(|p| path_only(&p).to_vec()),
+        KeySource::Path => view.header(":path").map(path_only),
     };
-    Ok(value.filter(|v| !v.is_empty()))
+    match value {
+        Some(v) if !v.is_empty() => {
+            identity.extend_from_slice(v);
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Joins the parts of a combined key; no header value can contain it, so parts cannot run
@@ -166,23 +183,44 @@ pub fn resolve(
     spec: &KeySpec,
     policy: &ClientIpPolicy,
 ) -> Result<Option<(String, Vec<u8>)>, BadRequest> {
-    'alternatives: for alternative in &spec.alternatives {
-        let mut identity = Vec::new();
+    let mut identity = Vec::new();
+    Ok(resolve_into(view, spec, policy, &mut identity)?
+        .map(|alternative| (label(spec, alternative).to_string(), identity)))
+}
+
+/// [`resolve`] into a buffer the caller keeps (no allocation once it is large enough):
+/// `identity` holds the bytes, the result is the index of the alternative in `spec` (equal to
+/// the number of alternatives for the anonymous identity, see [`label`]).
+pub fn resolve_into(
+    view: &dyn RequestView,
+    spec: &KeySpec,
+    policy: &ClientIpPolicy,
+    identity: &mut Vec<u8>,
+) -> Result<Option<usize>, BadRequest> {
+    'alternatives: for (a, alternative) in spec.alternatives.iter().enumerate() {
+        identity.clear();
         for (i, source) in alternative.sources.iter().enumerate() {
-            let Some(value) = source_value(view, source, policy)? else {
-                continue 'alternatives;
-            };
             if i > 0 {
                 identity.push(PART_SEPARATOR);
             }
-            identity.extend_from_slice(&value);
+            if !push_source(view, source, policy, identity)? {
+                continue 'alternatives;
+            }
         }
-        return Ok(Some((alternative.label.clone(), identity)));
+        return Ok(Some(a));
     }
+    identity.clear();
     Ok(match spec.when_missing {
-        WhenMissing::Anonymous => Some(("anonymous".to_string(), Vec::new())),
+        WhenMissing::Anonymous => Some(spec.alternatives.len()),
         WhenMissing::Skip => None,
     })
+}
+
+/// The label of alternative `alternative` of `spec` as [`resolve_into`] numbers them.
+pub fn label(spec: &KeySpec, alternative: usize) -> &str {
+    spec.alternatives
+        .get(alternative)
+        .map_or("anonymous", |a| a.label.as_str())
 }
 
 /// Identities up to this length stay readable when `hash_identities` is off; longer or
@@ -284,11 +322,11 @@ pub(crate) mod tests {
     }
 
     impl RequestView for FakeRequest {
-        fn header(&self, name: &str) -> Option<Vec<u8>> {
+        fn header(&self, name: &str) -> Option<&[u8]> {
             self.headers
                 .iter()
                 .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
+                .map(|(_, v)| v.as_slice())
         }
         fn header_copies(&self, name: &str) -> usize {
             self.headers.iter().filter(|(n, _)| n == name).count()

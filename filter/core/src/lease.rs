@@ -14,6 +14,7 @@
 //! back (see `lua/lib.lua`).
 
 use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 
 use crate::bridge::{Decision, LimitResult, Refund};
 use crate::plan::{LimitCheck, Plan};
@@ -96,7 +97,7 @@ impl KeyLease {
 /// The leases of one worker, by key.
 #[derive(Debug, Default)]
 pub struct Leases {
-    keys: HashMap<String, KeyLease>,
+    keys: HashMap<Rc<str>, KeyLease>,
     /// Given-back units waiting for the next give-back call.
     returns: Vec<Refund>,
 }

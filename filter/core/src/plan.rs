@@ -1,5 +1,8 @@
 //! Which rules apply to a request, and the limit checks it asks Redis for.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::rc::Rc;
 use std::time::Duration;
 
 use crate::config::{
@@ -7,7 +10,8 @@ use crate::config::{
     OverBudget, PathMatch, Rule,
 };
 use crate::identity::{
-    budget_counter_key, decisive_header, overflow_key, path_only, redis_key, resolve, RequestView,
+    budget_counter_key, decisive_header, label, overflow_key, path_only, redis_key, resolve_into,
+    RequestView,
 };
 use crate::slot::key_slot;
 
@@ -17,7 +21,8 @@ pub struct LimitCheck {
     /// Index of the rule in the config, and of the limit in the rule.
     pub rule: usize,
     pub limit: usize,
-    pub key: String,
+    /// Shared with the worker's [`PlanMemo`]: a returning identity's key is not copied.
+    pub key: Rc<str>,
     pub algorithm: Algorithm,
     /// Units per window (the script's `limit`).
     pub per_window: u64,
@@ -28,7 +33,7 @@ pub struct LimitCheck {
     pub cost: u64,
     pub shadow: bool,
     /// The rule's key budget, if it has one.
-    pub budget: Option<BudgetCheck>,
+    pub budget: Option<Rc<BudgetCheck>>,
     /// How this limit's units may be leased (None: decided per request).
     pub lease: Option<Lease>,
 }
@@ -51,7 +56,7 @@ impl LimitCheck {
     pub fn hash_tag(&self) -> &str {
         match (self.key.find('{'), self.key.find('}')) {
             (Some(open), Some(close)) if close > open => &self.key[open + 1..close],
-            _ => &self.key,
+            _ => self.key.as_ref(),
         }
     }
 }
@@ -84,19 +89,43 @@ pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest>
 
 /// [`plan`], spending sharded limits from shard `turn % shards` (the worker counts turns).
 pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<Plan, BadRequest> {
+    plan_memo(config, view, turn, &mut PlanMemo::with_capacity(0))
+}
+
+/// [`plan_turn`] with the worker's memo of recent identities' keys: the same plan, without
+/// the SHA-1 and the key formatting for an identity seen lately.
+pub fn plan_memo(
+    config: &Config,
+    view: &dyn RequestView,
+    turn: u64,
+    memo: &mut PlanMemo,
+) -> Result<Plan, BadRequest> {
+    // The buffer is lent out so the memo can be searched while it holds the identity.
+    let mut identity = std::mem::take(&mut memo.identity);
+    let plan = plan_into(config, view, turn, memo, &mut identity);
+    memo.identity = identity;
+    plan
+}
+
+fn plan_into(
+    config: &Config,
+    view: &dyn RequestView,
+    turn: u64,
+    memo: &mut PlanMemo,
+    identity: &mut Vec<u8>,
+) -> Result<Plan, BadRequest> {
     let method = view.header(":method").unwrap_or_default();
-    let path = view.header(":path").unwrap_or_default();
-    let path = path_only(&path);
+    let path = path_only(view.header(":path").unwrap_or_default());
     let mut plan = Plan {
         checks: Vec::new(),
         timeout: Duration::MAX,
         failure_mode: FailureMode::Open,
     };
     for (r, rule) in config.rules.iter().enumerate() {
-        if !matches(&rule.matcher, view, &method, path)? {
+        if !matches(&rule.matcher, view, method, path)? {
             continue;
         }
-        let Some((label, identity)) = resolve(view, &rule.key, &config.client_ip)? else {
+        let Some(alternative) = resolve_into(view, &rule.key, &config.client_ip, identity)? else {
             continue;
         };
         let cost = request_cost(&rule.cost, view)?;
@@ -109,15 +138,19 @@ pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<P
                 _ => FailureMode::Open,
             };
         }
-        for (l, limit) in rule.limits.iter().enumerate() {
-            let mut key = redis_key(config, rule, limit, &label, &identity);
-            if limit.shards > 1 {
-                key = shard_key(&key, turn % limit.shards);
-            }
-            let budget = rule
-                .key_budget
-                .as_ref()
-                .map(|b| budget_check(config, rule, limit, b, &key));
+        let keys = memo.keys(config, r, alternative, identity);
+        for ((l, limit), memoized) in rule.limits.iter().enumerate().zip(keys) {
+            let (key, budget) = if limit.shards > 1 {
+                // Each turn another shard: its key and budget are made from the memoized one.
+                let key: Rc<str> = shard_key(&memoized.key, turn % limit.shards).into();
+                let budget = rule
+                    .key_budget
+                    .as_ref()
+                    .map(|b| Rc::new(budget_check(config, rule, limit, b, &key)));
+                (key, budget)
+            } else {
+                (memoized.key.clone(), memoized.budget.clone())
+            };
             plan.checks.push(LimitCheck {
                 rule: r,
                 limit: l,
@@ -135,6 +168,148 @@ pub fn plan_turn(config: &Config, view: &dyn RequestView, turn: u64) -> Result<P
         }
     }
     Ok(plan)
+}
+
+/// Entries of a worker's [`PlanMemo`]: a few thousand callers active at once are each keyed
+/// once, in under a megabyte for usual rules (see [`PlanMemo`]).
+pub const PLAN_MEMO_ENTRIES: usize = 4096;
+
+/// Identities longer than this are keyed on every request, never memoized: it bounds what an
+/// entry holds. API keys and client addresses are far shorter.
+pub const MAX_MEMO_IDENTITY: usize = 256;
+
+/// A rule's Redis keys for one identity (rule, key alternative, identity bytes), per limit:
+/// the limit's key (the unsharded key for a sharded limit) and, unsharded, its budget check.
+struct MemoEntry {
+    rule: usize,
+    alternative: usize,
+    identity: Box<[u8]>,
+    limits: Box<[Memoized]>,
+}
+
+struct Memoized {
+    key: Rc<str>,
+    /// None for a sharded limit: its budget follows the shard's key, made per request.
+    budget: Option<Rc<BudgetCheck>>,
+}
+
+/// The finished keys of the identities a worker saw last, so a returning caller costs no SHA-1
+/// and no key formatting. One per worker, owned by its engine, which is made anew with each
+/// configuration: entries hold rule indexes and keys of the configuration they were made with.
+///
+/// Bounded: at most `capacity` entries (rounded up to even) in sets of two, picked by a keyed
+/// hash of the entry's (rule, alternative, identity); a new entry evicts the less recently used
+/// of its set. An entry holds an identity of at most [`MAX_MEMO_IDENTITY`] bytes and one key
+/// per limit of its rule (at most 16, plus the budget keys of a rule with a key budget): with
+/// [`PLAN_MEMO_ENTRIES`], rules of one or two limits and keys of ~100 bytes, under 1 MB per
+/// worker. A caller flooding fresh identities only evicts others' entries: they are made again
+/// (the cost of a plan without the memo, ~10% more for the copy into the entry), never wrong.
+pub struct PlanMemo {
+    /// `2 * sets` slots, allocated on the first insert; set `i` is slots `2i` (the most
+    /// recently used) and `2i + 1`.
+    slots: Vec<Option<MemoEntry>>,
+    sets: usize,
+    hasher: RandomState,
+    /// The identity being resolved, kept between requests to reuse its allocation.
+    identity: Vec<u8>,
+    /// The keys of an identity that is not memoized (too long, or capacity 0).
+    spare: Vec<Memoized>,
+}
+
+impl Default for PlanMemo {
+    fn default() -> Self {
+        PlanMemo::with_capacity(PLAN_MEMO_ENTRIES)
+    }
+}
+
+impl std::fmt::Debug for PlanMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanMemo")
+            .field("entries", &self.len())
+            .field("capacity", &(2 * self.sets))
+            .finish()
+    }
+}
+
+impl PlanMemo {
+    /// A memo of at most `capacity` entries (rounded up to even); 0 memoizes nothing.
+    pub fn with_capacity(capacity: usize) -> Self {
+        PlanMemo {
+            slots: Vec::new(),
+            sets: capacity.div_ceil(2),
+            hasher: RandomState::new(),
+            identity: Vec::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The keys of rule `r`'s limits for this identity, made on a miss.
+    fn keys(
+        &mut self,
+        config: &Config,
+        r: usize,
+        alternative: usize,
+        identity: &[u8],
+    ) -> &[Memoized] {
+        let Some(rule) = config.rules.get(r) else {
+            return &[];
+        };
+        if self.sets == 0 || identity.len() > MAX_MEMO_IDENTITY {
+            self.spare = memoized(config, rule, alternative, identity);
+            return &self.spare;
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(2 * self.sets, || None);
+        }
+        // Modulo, not a mask: any capacity works, and one division is nothing next to SHA-1.
+        let set = (self.hasher.hash_one((r, alternative, identity)) % self.sets as u64) as usize;
+        let (first, second) = (2 * set, 2 * set + 1);
+        let holds = |slot: &Option<MemoEntry>| {
+            slot.as_ref().is_some_and(|e| {
+                e.rule == r && e.alternative == alternative && *e.identity == *identity
+            })
+        };
+        if holds(&self.slots[second]) {
+            self.slots.swap(first, second);
+        } else if !holds(&self.slots[first]) {
+            // A miss: the older entry of the set goes, the newer becomes the older.
+            self.slots.swap(first, second);
+            self.slots[first] = Some(MemoEntry {
+                rule: r,
+                alternative,
+                identity: identity.into(),
+                limits: memoized(config, rule, alternative, identity).into(),
+            });
+        }
+        self.slots[first].as_ref().map_or(&[], |e| &e.limits[..])
+    }
+}
+
+/// What the memo keeps for one identity of `rule`: made the way a plan without memo makes it.
+fn memoized(config: &Config, rule: &Rule, alternative: usize, identity: &[u8]) -> Vec<Memoized> {
+    let label = label(&rule.key, alternative);
+    rule.limits
+        .iter()
+        .map(|limit| {
+            let key: Rc<str> = redis_key(config, rule, limit, label, identity).into();
+            let budget = match &rule.key_budget {
+                Some(b) if limit.shards <= 1 => {
+                    Some(Rc::new(budget_check(config, rule, limit, b, &key)))
+                }
+                _ => None,
+            };
+            Memoized { key, budget }
+        })
+        .collect()
 }
 
 /// The budget of `rule` for a limit whose state is at `key`. With a Redis Cluster the counter
@@ -170,10 +345,15 @@ fn budget_check(
 /// slot of its own (most often another node). The shard's number is the tag's last part after
 /// `#`, so no two (identity, shard) pairs share a key, whatever the identity holds.
 pub fn shard_key(key: &str, shard: u64) -> String {
-    match key.find('}') {
-        Some(close) => format!("{}#{shard}{}", &key[..close], &key[close..]),
-        None => format!("{key}#{shard}"),
-    }
+    use std::fmt::Write;
+    // One allocation of about the right size rather than `format!` over the whole key.
+    let close = key.find('}').unwrap_or(key.len());
+    let mut out = String::with_capacity(key.len() + 4);
+    out.push_str(&key[..close]);
+    // Writing into a String cannot fail.
+    let _ = write!(out, "#{shard}");
+    out.push_str(&key[close..]);
+    out
 }
 
 /// Whether a rule's matcher fits the request. The header is read last, only when path and
@@ -216,7 +396,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
                 return Ok(*default);
             };
             let bad = || BadRequest(format!("{name} must be a whole number from {min} to {max}"));
-            let text = std::str::from_utf8(&raw).map_err(|_| bad())?.trim();
+            let text = std::str::from_utf8(raw).map_err(|_| bad())?.trim();
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad());
             }
@@ -429,7 +609,7 @@ mod tests {
         .unwrap();
         let r = FakeRequest::new("GET", "/").with("x-api-key", b"k");
         let keys: Vec<String> = (0..4)
-            .map(|turn| plan_turn(&c, &r, turn).unwrap().checks[0].key.clone())
+            .map(|turn| plan_turn(&c, &r, turn).unwrap().checks[0].key.to_string())
             .collect();
         let base = plan(&c, &r).unwrap().checks[1].key.replace(":day", ":s");
         for (turn, key) in keys.iter().enumerate() {
@@ -447,6 +627,81 @@ mod tests {
             (33, 16, 16)
         );
         assert_eq!(p.checks[1].per_window, 1000, "not sharded");
+    }
+
+    /// Many identities through a small memo (so entries are evicted and made again), each
+    /// seen several times over sharded turns: every plan equals the plan made without memo.
+    #[test]
+    fn the_memo_changes_no_plan() {
+        let rules = r#"[
+          {"name": "api", "match": {"path_prefix": "/api/"},
+           "key": {"from": ["header:x-api-key", "client_ip"]},
+           "key_budget": {"new_keys": 100, "window": "1m"},
+           "limits": [{"name": "s", "limit": 100, "burst": 50, "window": "1s", "shards": 3},
+                      {"name": "day", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]},
+          {"name": "user", "key": {"from": ["header:x-user+method+path"], "when_missing": "anonymous"},
+           "limits": [{"name": "m", "limit": 5, "window": "1m"}]},
+          {"name": "keyed", "key": {"from": ["header:x-api-key"], "when_missing": "skip"},
+           "limits": [{"name": "h", "limit": 10, "window": "1h", "shards": 2}]}
+        ]"#;
+        let long_key = "k".repeat(MAX_MEMO_IDENTITY + 1);
+        for top in [
+            "",
+            r#""hash_identities": false,"#,
+            r#""key_prefix": "x:", "bridge": {"redis_cluster": true},"#,
+        ] {
+            let c = Config::parse(format!(r#"{{{top} "rules": {rules}}}"#).as_bytes()).unwrap();
+            let requests: Vec<FakeRequest> = (0..300)
+                .map(|i| {
+                    let r = FakeRequest::new("GET", &format!("/api/{}", i % 7));
+                    let r = match i % 5 {
+                        0 => r,
+                        1 => r.with("x-user", format!("u{i}").as_bytes()),
+                        2 => r.with("x-api-key", long_key.as_bytes()),
+                        _ => r.with("x-api-key", format!("key {}", i % 40).as_bytes()),
+                    };
+                    FakeRequest {
+                        source: Some(format!("10.0.{}.{}:1234", i % 3, i % 11)),
+                        ..r
+                    }
+                })
+                .collect();
+            let mut memo = PlanMemo::with_capacity(16);
+            let mut turn = 0;
+            for round in 0..4 {
+                for r in &requests {
+                    turn += 1;
+                    let want = plan_turn(&c, r, turn).unwrap();
+                    assert!(!want.checks.is_empty());
+                    assert_eq!(
+                        plan_memo(&c, r, turn, &mut memo).unwrap(),
+                        want,
+                        "{top} {round}"
+                    );
+                    assert!(memo.len() <= 16);
+                }
+            }
+            assert_eq!(memo.len(), 16, "every set full");
+        }
+    }
+
+    #[test]
+    fn a_returning_identity_shares_its_memoized_keys() {
+        let c = config();
+        let mut memo = PlanMemo::default();
+        let r = FakeRequest::new("GET", "/api/a").with("x-api-key", b"k1");
+        let first = plan_memo(&c, &r, 0, &mut memo).unwrap();
+        let again = plan_memo(&c, &r, 1, &mut memo).unwrap();
+        assert_eq!(first, again);
+        assert!(Rc::ptr_eq(&first.checks[0].key, &again.checks[0].key));
+        // Rules 0 (for the header) and 3 (the same header, its own rule): two entries.
+        assert_eq!(memo.len(), 2);
+        // Without memo every plan makes its keys anew.
+        let mut none = PlanMemo::with_capacity(0);
+        let a = plan_memo(&c, &r, 0, &mut none).unwrap();
+        let b = plan_memo(&c, &r, 0, &mut none).unwrap();
+        assert!(!Rc::ptr_eq(&a.checks[0].key, &b.checks[0].key));
+        assert!(none.is_empty());
     }
 
     #[test]

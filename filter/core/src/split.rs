@@ -250,7 +250,7 @@ mod tests {
         assert_eq!(refunds.len(), 1, "one call for the part that charged");
         let lefts: Vec<(String, u128, f64)> = refunds[0]
             .iter()
-            .map(|r| (r.check.key.clone(), r.charged_at_ns, r.left))
+            .map(|r| (r.check.key.to_string(), r.charged_at_ns, r.left))
             .collect();
         assert_eq!(
             lefts,
@@ -305,6 +305,6 @@ mod tests {
         s.record(1, decided(false, vec![result(false, 0.0)]), 100);
         let refunds = s.refunds();
         assert_eq!(refunds[0].len(), 1);
-        assert_eq!(refunds[0][0].check.key, "rl:{ip:a}:r:s");
+        assert_eq!(&*refunds[0][0].check.key, "rl:{ip:a}:r:s");
     }
 }
