@@ -52,6 +52,8 @@ fn assert_full_bucket_then_limited(envoy: &Envoy, api_key: Option<&[u8]>) {
     assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(r.text(), "rate limit exceeded\n");
+    // Set by Envoy for a local reply's text body (the filter does not send it twice).
+    assert_eq!(r.header("content-type"), Some("text/plain"));
 }
 
 #[test]

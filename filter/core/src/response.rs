@@ -138,10 +138,9 @@ pub fn denied(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Lo
     let mut headers = vec![("retry-after", retry_after.to_string())];
     headers.extend(headers_for(config, &limits, true));
     let body = match config.deny_body {
-        DenyBody::Text => {
-            headers.push(("content-type", "text/plain".to_string()));
-            DENIED_BODY.to_string()
-        }
+        // Envoy gives a local reply with a body `content-type: text/plain` itself: one header
+        // less to send (each costs Envoy about as much as a tenth of a plain request).
+        DenyBody::Text => DENIED_BODY.to_string(),
         DenyBody::ProblemJson => {
             headers.push(("content-type", "application/problem+json".to_string()));
             let names: Vec<&str> = violated.iter().map(|s| s.policy.as_str()).collect();
@@ -343,13 +342,8 @@ mod tests {
             leased: 0,
         };
         let r = denied(&c, &checks(false), &refused);
-        assert_eq!(
-            r.headers,
-            vec![
-                ("retry-after", "3".to_string()),
-                ("content-type", "text/plain".to_string())
-            ]
-        );
+        // (Envoy adds `content-type: text/plain` to a local reply's text body itself.)
+        assert_eq!(r.headers, vec![("retry-after", "3".to_string())]);
     }
 
     #[test]
