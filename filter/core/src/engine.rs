@@ -2495,6 +2495,38 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_spent_slowly_is_not_refilled_ahead() {
+        let (c, mut e, mut h) = setup(LEASING);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        // 2 of 3 spent in 700 ms of a lease of 1 s: at that pace the last unit outlasts it.
+        h.now = Some(T0 + 600 * MS);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
+            Verdict::Continue
+        );
+        h.now = Some(T0 + 700 * MS);
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
+            Verdict::Continue
+        );
+        assert_eq!(h.count_of(Counter::LeasePrefetches), 0);
+        assert_eq!(h.dispatched.len(), 1);
+        // Spent as fast (2 in 200 ms), the next lease is asked for ahead.
+        let (c, mut e, mut h) = setup(LEASING);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        h.now = Some(T0 + 200 * MS);
+        for ctx in [2, 3] {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
+                Verdict::Continue
+            );
+        }
+        assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
+    }
+
+    #[test]
     fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back() {
         let (c, mut e, mut h) = setup(LEASING);
         arrive(&mut e, &c, &mut h, 1, &req("/", "k"));

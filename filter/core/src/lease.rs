@@ -171,13 +171,24 @@ impl Leases {
                 .all(|c| self.keys.get(&c.key).is_none_or(|l| !l.asking))
     }
 
-    /// Whether `plan`'s leases run low (half of the last grant or less, on some limit) with
-    /// no ask in flight: time to ask for the next before they run out.
+    /// Whether `plan`'s leases run low with no ask in flight: time to ask for the next before
+    /// they run out. On some limit, half of the last grant or less is left, and at the pace
+    /// it was spent so far the rest goes before the grant ends (a client that comes back now
+    /// and then is not sent units it would not spend in time).
     pub fn runs_low(&self, plan: &Plan, now: u128) -> bool {
         plan.checks.iter().any(|c| {
-            self.keys
-                .get(&c.key)
-                .is_some_and(|l| l.units(now).saturating_mul(2) <= l.last_units)
+            let Some(lease) = self.keys.get(&c.key) else {
+                return false;
+            };
+            let held = lease.units(now);
+            let Some(newest) = lease.grants.back() else {
+                return false;
+            };
+            let spent = newest.granted.saturating_sub(newest.units);
+            let elapsed = now.saturating_sub(newest.charged_at_ns);
+            let left = newest.expires_ns.saturating_sub(now);
+            held.saturating_mul(2) <= lease.last_units
+                && u128::from(spent) * left >= u128::from(held) * elapsed
         }) && self.may_ask(plan)
     }
 
