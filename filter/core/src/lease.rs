@@ -30,6 +30,9 @@ const FIRST_ASK: u64 = 4;
 /// The smallest ask after a lease that was not spent: the request and one more.
 const LEAST_ASK: u64 = 2;
 
+/// The largest ask (the call asks for `max_units` at most anyway): doubling stops here.
+const MOST_ASK: u64 = 1 << 30;
+
 /// A key without a lease is remembered this long after its last lease ended (its ask, so a
 /// client that comes back at its own pace gets a lease of its size, not the first one).
 const KEEP_IDLE_NS: u128 = 10_000_000_000;
@@ -123,7 +126,11 @@ impl Leases {
                 owed -= take;
                 if take > 0 && grant.units == 0 {
                     // Spent before it ended: the identity can use larger leases.
-                    lease.ask = lease.ask.max(grant.requests).saturating_mul(2);
+                    lease.ask = lease
+                        .ask
+                        .max(grant.requests)
+                        .saturating_mul(2)
+                        .min(MOST_ASK);
                 }
                 if owed == 0 {
                     break;
