@@ -343,7 +343,7 @@ impl Engine {
         let slot = slot_of(config, &plan);
         let (lease, lease_requests) = if leasable && self.leases.may_ask(&plan) {
             self.leases.asking(&plan, true);
-            (LeaseAsk::Asks, self.leases.ask(&plan))
+            (LeaseAsk::Asks, self.leases.ask(&plan, now))
         } else {
             (LeaseAsk::No, 0)
         };
@@ -986,7 +986,7 @@ impl Engine {
         self.waiting.push_back(Waiting {
             ctx: 0,
             slot: slot_of(config, &plan),
-            lease_requests: self.leases.ask(&plan),
+            lease_requests: self.leases.ask(&plan, now),
             plan,
             arrived_ns: now,
             part: None,
@@ -2524,6 +2524,27 @@ mod tests {
             );
         }
         assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
+    }
+
+    #[test]
+    fn after_a_lease_that_served_nothing_a_key_asks_again_only_when_it_comes_back_soon() {
+        let (c, mut e, mut h) = setup(LEASING);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        // Nothing spent in its second: all 3 go back, and the next request asks for no lease.
+        h.now = Some(T0 + 1000 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 3);
+        h.now = Some(T0 + 1500 * MS);
+        arrive(&mut e, &c, &mut h, 2, &req("/", "k"));
+        let (token, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
+        e.on_reply(&c, &mut h, Some(2), token, ok(&reply(&[R::Allow(5)])));
+        // Back within a lease's time (1 s): it asks for a lease of 2 again.
+        h.now = Some(T0 + 2200 * MS);
+        arrive(&mut e, &c, &mut h, 3, &req("/", "k"));
+        let (_, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
     }
 
     #[test]

@@ -72,6 +72,8 @@ struct KeyLease {
     ask: u64,
     /// When this entry may be forgotten once it holds no grant.
     keep_until_ns: u128,
+    /// When a request of this key last asked for a lease.
+    last_seen_ns: u128,
 }
 
 impl KeyLease {
@@ -83,6 +85,7 @@ impl KeyLease {
             last_units: 0,
             ask: FIRST_ASK,
             keep_until_ns: 0,
+            last_seen_ns: 0,
         }
     }
 }
@@ -153,14 +156,28 @@ impl Leases {
         })
     }
 
-    /// How many requests' worth a request of `plan` asks for: the smallest ask of its keys.
-    pub fn ask(&self, plan: &Plan) -> u64 {
-        plan.checks
-            .iter()
-            .map(|c| self.keys.get(&c.key).map_or(FIRST_ASK, |l| l.ask))
-            .min()
-            .unwrap_or(FIRST_ASK)
-            .max(1)
+    /// How many requests' worth a request of `plan` asks for at `now`: the smallest ask of
+    /// its keys. A key whose last lease served nothing asks for a lease again when it comes
+    /// back within one lease's `max_ms`.
+    pub fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
+        let mut ask = u64::MAX;
+        for check in &plan.checks {
+            let key_ask = match self.keys.get_mut(&check.key) {
+                None => FIRST_ASK,
+                Some(lease) => {
+                    let max_ms = check.lease.map_or(0, |l| u128::from(l.max_ms));
+                    if lease.ask <= 1 && now < lease.last_seen_ns.saturating_add(max_ms * 1_000_000)
+                    {
+                        lease.ask = LEAST_ASK;
+                    }
+                    lease.last_seen_ns = now;
+                    lease.keep_until_ns = lease.keep_until_ns.max(now.saturating_add(KEEP_IDLE_NS));
+                    lease.ask
+                }
+            };
+            ask = ask.min(key_ask);
+        }
+        ask.clamp(1, MOST_ASK)
     }
 
     /// Whether a request of `plan` may ask for a lease: no ask for its keys is in flight, and
@@ -277,7 +294,15 @@ impl Leases {
                     let spent = grant.granted - grant.units;
                     let served = u128::from(spent) * u128::from(grant.requests)
                         / u128::from(grant.granted.max(1));
-                    lease.ask = u64::try_from(served * 2).unwrap_or(u64::MAX).max(LEAST_ASK);
+                    // Ask next for twice what this one served; after one that served no
+                    // request, for none (the request alone) until the identity comes back
+                    // within a lease's time (see `ask`).
+                    lease.ask = match served {
+                        0 => 1,
+                        n => u64::try_from(n * 2)
+                            .unwrap_or(MOST_ASK)
+                            .clamp(LEAST_ASK, MOST_ASK),
+                    };
                 }
                 lease.grants.pop_front();
             }
