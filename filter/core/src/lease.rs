@@ -65,8 +65,9 @@ struct KeyLease {
     asking: bool,
     /// Units of the last grant: the next is asked for when half of it is spent.
     last_units: u64,
-    /// Requests' worth to ask for next: doubled when a lease is spent before it ends, twice
-    /// what was spent of one that ended with units left. So a lease follows the identity's
+    /// Requests' worth to ask for next: doubled when a lease is spent in less than half its
+    /// time, twice what was spent of one that ended with units left (none after one that
+    /// served no request, until the identity comes back within a lease's time). So a lease follows the identity's
     /// pace within `max_units`: a busy client gets large ones, one that comes back now and
     /// then gets small ones, and few units sit idle or go back.
     ask: u64,
@@ -127,8 +128,11 @@ impl Leases {
                 let take = owed.min(grant.units);
                 grant.units -= take;
                 owed -= take;
-                if take > 0 && grant.units == 0 {
-                    // Spent before it ended: the identity can use larger leases.
+                let life = grant.expires_ns.saturating_sub(grant.charged_at_ns);
+                let used_for = now.saturating_sub(grant.charged_at_ns);
+                if take > 0 && grant.units == 0 && used_for.saturating_mul(2) < life {
+                    // Spent in less than half its time: the identity can use larger leases.
+                    // (Spent later, it was about the right size.)
                     lease.ask = lease
                         .ask
                         .max(grant.requests)
