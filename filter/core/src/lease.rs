@@ -165,13 +165,20 @@ impl Leases {
     /// back within one lease's `max_ms`.
     pub fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
         let mut ask = u64::MAX;
+        let crowded = self.crowded();
         for check in &plan.checks {
             let key_ask = match self.keys.get_mut(&check.key) {
                 None => FIRST_ASK,
                 Some(lease) => {
+                    if lease.last_seen_ns == 0 && crowded {
+                        // A new key while the table is crowded: it may be forgotten before
+                        // its lease could teach anything, so no lease until it comes back.
+                        lease.ask = 1;
+                    }
                     let max_ms = check.lease.map_or(0, |l| u128::from(l.max_ms));
-                    if lease.ask <= 1 && now < lease.last_seen_ns.saturating_add(max_ms * 1_000_000)
-                    {
+                    let back_soon = lease.last_seen_ns > 0
+                        && now < lease.last_seen_ns.saturating_add(max_ms * 1_000_000);
+                    if lease.ask <= 1 && back_soon {
                         lease.ask = LEAST_ASK;
                     }
                     lease.last_seen_ns = now;
@@ -285,8 +292,8 @@ impl Leases {
     /// hold nothing and have been idle a while (at once when the table is three quarters
     /// full, so there is room for new keys).
     pub fn expire(&mut self, now: u128) {
+        let crowded = self.crowded();
         let returns = &mut self.returns;
-        let crowded = self.keys.len() > MAX_LEASED_KEYS / 4 * 3;
         self.keys.retain(|_, lease| {
             while let Some(grant) = lease.grants.front() {
                 if grant.expires_ns > now {
@@ -312,6 +319,12 @@ impl Leases {
             }
             lease.asking || !lease.grants.is_empty() || (!crowded && now < lease.keep_until_ns)
         });
+    }
+
+    /// Three quarters of the table are used: idle keys are forgotten at once, and new keys
+    /// get no lease before they come back.
+    fn crowded(&self) -> bool {
+        self.keys.len() > MAX_LEASED_KEYS / 4 * 3
     }
 
     /// The units to give back, taken.
@@ -347,5 +360,50 @@ fn refund_of(check: &LimitCheck, grant: &Grant) -> Refund {
         },
         charged_at_ns: grant.charged_at_ns,
         left: grant.left,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::identity::tests::FakeRequest;
+    use crate::plan::plan;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn plan_of(config: &Config, key: &str) -> Plan {
+        let request = FakeRequest::new("GET", "/").with("x-api-key", key.as_bytes());
+        plan(config, &request).unwrap()
+    }
+
+    #[test]
+    fn new_keys_get_no_lease_while_the_table_is_crowded() {
+        let config = Config::parse(
+            br#"{"lease": true, "rules": [{"name": "r", "limits": [{"name": "l", "limit": 10, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let mut leases = Leases::default();
+        let first = plan_of(&config, "first");
+        leases.asking(&first, true);
+        assert_eq!(leases.ask(&first, 1), FIRST_ASK);
+        leases.asking(&first, false);
+        for i in 0..MAX_LEASED_KEYS / 4 * 3 {
+            let p = plan_of(&config, &format!("k{i}"));
+            leases.asking(&p, true);
+            leases.ask(&p, 1);
+            leases.asking(&p, false);
+        }
+        let late = plan_of(&config, "late");
+        assert!(leases.may_ask(&late));
+        leases.asking(&late, true);
+        assert_eq!(
+            leases.ask(&late, 1),
+            1,
+            "no lease for a key met while crowded"
+        );
+        // The idle keys are forgotten at the next expiry pass.
+        leases.expire(2);
+        assert_eq!(leases.len(), 1, "only the key still asking");
     }
 }
