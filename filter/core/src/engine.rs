@@ -2540,9 +2540,15 @@ mod tests {
         let (token, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
         e.on_reply(&c, &mut h, Some(2), token, ok(&reply(&[R::Allow(5)])));
-        // Back within a lease's time (1 s): it asks for a lease of 2 again.
-        h.now = Some(T0 + 2200 * MS);
+        // Not back within half a lease's time (500 ms): still none.
+        h.now = Some(T0 + 2100 * MS);
         arrive(&mut e, &c, &mut h, 3, &req("/", "k"));
+        let (token, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
+        e.on_reply(&c, &mut h, Some(3), token, ok(&reply(&[R::Allow(4)])));
+        // Back within it: a lease of 2 again.
+        h.now = Some(T0 + 2500 * MS);
+        arrive(&mut e, &c, &mut h, 4, &req("/", "k"));
         let (_, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
     }

@@ -162,7 +162,7 @@ impl Leases {
 
     /// How many requests' worth a request of `plan` asks for at `now`: the smallest ask of
     /// its keys. A key whose last lease served nothing asks for a lease again when it comes
-    /// back within one lease's `max_ms`.
+    /// back within half a lease's `max_ms`.
     pub fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
         let mut ask = u64::MAX;
         let crowded = self.crowded();
@@ -176,8 +176,9 @@ impl Leases {
                         lease.ask = 1;
                     }
                     let max_ms = check.lease.map_or(0, |l| u128::from(l.max_ms));
+                    // Back within half a lease's time: a lease of one more would be spent.
                     let back_soon = lease.last_seen_ns > 0
-                        && now < lease.last_seen_ns.saturating_add(max_ms * 1_000_000);
+                        && now < lease.last_seen_ns.saturating_add(max_ms * 500_000);
                     if lease.ask <= 1 && back_soon {
                         lease.ask = LEAST_ASK;
                     }
