@@ -96,19 +96,27 @@ struct Waiting {
     /// other slots); its outcome goes to the split, not to the stream.
     part: Option<(u64, usize)>,
     lease: LeaseAsk,
-    /// With a lease asked for: at most this many requests' worth (the worker's estimate of
-    /// what the identity will spend, see `Leases::ask`).
-    lease_requests: u64,
 }
 
-/// Whether a waiting request asks for a lease of its limits' units.
+/// Whether a waiting request asks for a lease of its limits' units, of at most how many
+/// requests' worth (the worker's estimate of what the identity will spend, `Leases::ask`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LeaseAsk {
     No,
     /// The request, and further requests' worth of units for later ones.
-    Asks,
+    Asks(u64),
     /// No request: units for the next requests of a lease that runs low (`ctx` is 0).
-    Prefetch,
+    Prefetch(u64),
+}
+
+impl LeaseAsk {
+    /// The requests' worth asked for, if a lease is asked for.
+    fn requests(self) -> Option<u64> {
+        match self {
+            LeaseAsk::No => None,
+            LeaseAsk::Asks(n) | LeaseAsk::Prefetch(n) => Some(n),
+        }
+    }
 }
 
 impl Waiting {
@@ -119,17 +127,14 @@ impl Waiting {
     /// What its part of a reply may hold: a lease asked for is k requests' worth of each
     /// limit's cost, k × cost within the limit's `max_units` (see `lua/decide.lua`).
     fn shape(&self) -> RequestShape {
-        let most_leased = match self.lease {
-            LeaseAsk::No => 0,
-            LeaseAsk::Asks | LeaseAsk::Prefetch => self
+        let most_leased = match self.lease.requests() {
+            None => 0,
+            Some(requests) => self
                 .plan
                 .checks
                 .iter()
                 .filter(|c| c.cost > 0)
-                .filter_map(|c| {
-                    c.lease
-                        .map(|l| lease_units(l, c, self.lease_requests) / c.cost)
-                })
+                .filter_map(|c| c.lease.map(|l| lease_units(l, c, requests) / c.cost))
                 .min()
                 .unwrap_or(1)
                 .saturating_sub(1),
@@ -311,16 +316,13 @@ impl Engine {
             self.deliver(host, ctx, conclusion, (0, 0));
             return;
         };
-        let leasable = plan.leasable();
-        if leasable {
-            if let Some(decision) = self.spend_lease(&plan, now) {
-                let headers = response::rate_limit_headers(config, &plan.checks, &decision);
-                self.deliver(host, ctx, Conclusion::Resume(headers), (0, 0));
-                if self.leases.runs_low(&plan, now) {
-                    self.prefetch(config, host, ctx, plan, now);
-                }
-                return;
+        if let Some(decision) = self.spend_lease(&plan, now) {
+            let headers = response::rate_limit_headers(config, &plan.checks, &decision);
+            self.deliver(host, ctx, Conclusion::Resume(headers), (0, 0));
+            if self.leases.runs_low(&plan, now) {
+                self.prefetch(config, host, ctx, plan, now);
             }
+            return;
         }
         if let Some(refusal) = self.cached_refusal(config, &plan, now) {
             self.deliver(host, ctx, Conclusion::Answer(refusal), (0, 0));
@@ -341,11 +343,11 @@ impl Engine {
             }
         }
         let slot = slot_of(config, &plan);
-        let (lease, lease_requests) = if leasable && self.leases.may_ask(&plan) {
+        let lease = if plan.leasable() && self.leases.may_ask(&plan) {
             self.leases.asking(&plan, true);
-            (LeaseAsk::Asks, self.leases.ask(&plan, now))
+            LeaseAsk::Asks(self.leases.ask(&plan, now))
         } else {
-            (LeaseAsk::No, 0)
+            LeaseAsk::No
         };
         self.waiting.push_back(Waiting {
             ctx,
@@ -354,7 +356,6 @@ impl Engine {
             slot,
             part: None,
             lease,
-            lease_requests,
         });
         if self.in_flight.is_empty() && self.waiting.len() == 1 {
             // An idle worker: this request alone goes at once, from its own context (no hop
@@ -387,7 +388,6 @@ impl Engine {
                 slot: Some(slot),
                 part: Some((id, part)),
                 lease: LeaseAsk::No,
-                lease_requests: 0,
             });
         }
         self.splits.insert(id, split);
@@ -405,10 +405,11 @@ impl Engine {
         sent_ns: u128,
         now: u128,
     ) {
+        let prefetch = matches!(member.lease, LeaseAsk::Prefetch(_));
         if member.lease != LeaseAsk::No {
             self.leases.asking(&member.plan, false);
             if let Outcome::Decided(decision) = &mut outcome {
-                let requests = decision.leased + u64::from(member.lease == LeaseAsk::Prefetch);
+                let requests = decision.leased + u64::from(prefetch);
                 if decision.allowed && requests > 0 {
                     host.count(Counter::LeaseGrants);
                     let skew = config.clock_skew.as_nanos();
@@ -420,7 +421,7 @@ impl Engine {
                     }
                 }
             }
-            if member.lease == LeaseAsk::Prefetch {
+            if prefetch {
                 // No stream to answer; a refusal still tells the next prefetch not to go.
                 if let Outcome::Decided(decision) = &outcome {
                     if !decision.allowed {
@@ -543,7 +544,7 @@ impl Engine {
                         if let Some(n) = host.redis_restarts(true) {
                             self.restarts_seen = n;
                         }
-                        self.forget_redis_state(host);
+                        self.reset_deny_cache(host);
                         let load = Call {
                             stage: Stage::LoadingScript,
                             ..call
@@ -587,7 +588,7 @@ impl Engine {
         if let Some(n) = host.redis_restarts(false) {
             if n != self.restarts_seen {
                 self.restarts_seen = n;
-                self.forget_redis_state(host);
+                self.reset_deny_cache(host);
             }
         }
     }
@@ -615,7 +616,7 @@ impl Engine {
     }
 
     /// Forgets every refusal (Redis lost the state they came from).
-    fn forget_redis_state(&mut self, host: &mut impl Host) {
+    fn reset_deny_cache(&mut self, host: &mut impl Host) {
         if !self.deny_cache.is_empty() {
             self.deny_cache.clear();
             host.count(Counter::DenyCacheResets);
@@ -634,8 +635,8 @@ impl Engine {
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         let leases = &mut self.leases;
         self.waiting.retain(|w| {
-            let gone = w.ctx == ctx && w.lease != LeaseAsk::Prefetch;
-            if gone && w.lease == LeaseAsk::Asks {
+            let gone = w.ctx == ctx && !matches!(w.lease, LeaseAsk::Prefetch(_));
+            if gone && w.lease != LeaseAsk::No {
                 leases.asking(&w.plan, false);
             }
             !gone
@@ -689,10 +690,9 @@ impl Engine {
             let call = DecideCall::leasing(
                 &clock,
                 deadline_ms,
-                members.iter().map(|m| {
-                    let ask = (m.lease != LeaseAsk::No).then_some(m.lease_requests);
-                    (m.plan.checks.as_slice(), ask)
-                }),
+                members
+                    .iter()
+                    .map(|m| (m.plan.checks.as_slice(), m.lease.requests())),
             );
             let call = Call {
                 token: 0,
@@ -741,26 +741,22 @@ impl Engine {
                 // A part: its request was checked against the deny cache when it came.
                 bytes += size;
                 members.push(w);
-            } else if w.lease == LeaseAsk::Prefetch {
+            } else if matches!(w.lease, LeaseAsk::Prefetch(_)) {
                 // Units for requests that may not come: not worth a call Redis would refuse.
                 if self.refused_by_cache(&w.plan, now) {
-                    self.leases.asking(&w.plan, false);
+                    self.drop_ask(&w);
                 } else {
                     bytes += size;
                     members.push(w);
                 }
             } else if let Some(decision) = self.spend_lease(&w.plan, now) {
                 // A lease that came while it waited (a prefetch's) serves it.
-                if w.lease == LeaseAsk::Asks {
-                    self.leases.asking(&w.plan, false);
-                }
+                self.drop_ask(&w);
                 let headers = response::rate_limit_headers(config, &w.plan.checks, &decision);
                 let conclusion = Conclusion::Resume(headers);
                 self.deliver(host, w.ctx, conclusion, (w.arrived_ns, now));
             } else if let Some(refusal) = self.cached_refusal(config, &w.plan, now) {
-                if w.lease == LeaseAsk::Asks {
-                    self.leases.asking(&w.plan, false);
-                }
+                self.drop_ask(&w);
                 self.deliver(
                     host,
                     w.ctx,
@@ -954,6 +950,13 @@ impl Engine {
         }
     }
 
+    /// A waiting request that asked for a lease leaves without a call: its keys may ask again.
+    fn drop_ask(&mut self, w: &Waiting) {
+        if w.lease != LeaseAsk::No {
+            self.leases.asking(&w.plan, false);
+        }
+    }
+
     /// Spends leased units on a request of `plan` if this worker holds enough (counted).
     fn spend_lease(&mut self, plan: &Plan, now: u128) -> Option<Decision> {
         if !plan.leasable() || self.leases.is_empty() {
@@ -986,11 +989,10 @@ impl Engine {
         self.waiting.push_back(Waiting {
             ctx: 0,
             slot: slot_of(config, &plan),
-            lease_requests: self.leases.ask(&plan, now),
+            lease: LeaseAsk::Prefetch(self.leases.ask(&plan, now)),
             plan,
             arrived_ns: now,
             part: None,
-            lease: LeaseAsk::Prefetch,
         });
         self.dispatch_later(config, host, ctx);
     }
@@ -2418,6 +2420,20 @@ mod tests {
         format!(r#"{{"EVALSHA":[1,{k},1,1,"{left}","{reset_ms}","0"]}}"#)
     }
 
+    /// A request of key "k" arrives (see `arrive`).
+    fn ask_k(e: &mut Engine, c: &Config, h: &mut FakeHost, ctx: u32) -> Verdict {
+        arrive(e, c, h, ctx, &req("/", "k"))
+    }
+
+    /// With [`LEASING`], request 1 of key "k" was decided and took `k` requests' worth,
+    /// `left` left in Redis, whole again in `reset_ms`.
+    fn leasing_k(k: u64, left: u32, reset_ms: u32) -> (Config, Engine, FakeHost) {
+        let (c, mut e, mut h) = setup(LEASING);
+        ask_k(&mut e, &c, &mut h, 1);
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(k, left, reset_ms)));
+        (c, e, h)
+    }
+
     fn remaining(e: &mut Engine, ctx: u32) -> String {
         let headers = e.take_headers(ctx).unwrap_or_default();
         headers
@@ -2430,10 +2446,7 @@ mod tests {
     #[test]
     fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_runs_out() {
         let (c, mut e, mut h) = setup(LEASING);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 1, &req("/", "k")),
-            Verdict::Pause
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 1), Verdict::Pause);
         let (token, call, _) = h.dispatched[0].clone();
         // A key it has not leased before: 4 requests' worth at most (of max_units 10).
         assert!(call.path.contains("/1/lease/4/0%2E5"), "{}", call.path);
@@ -2448,10 +2461,7 @@ mod tests {
         assert_eq!(h.count_of(Counter::LeaseGrants), 1);
         // The next ones go through at once, with no call.
         for ctx in [2, 3] {
-            assert_eq!(
-                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
-                Verdict::Continue
-            );
+            assert_eq!(ask_k(&mut e, &c, &mut h, ctx), Verdict::Continue);
         }
         assert_eq!(remaining(&mut e, 3), "7");
         // Half of the lease or less is left: the next is asked for (a prefetch from the root)
@@ -2459,15 +2469,9 @@ mod tests {
         assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
         let (prefetch, call, _) = h.dispatched[1].clone();
         assert!(call.path.contains("/1/lease/4/0%2E5"), "{}", call.path);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 4, &req("/", "k")),
-            Verdict::Continue
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 4), Verdict::Continue);
         // Spent: the next one waits (the call slot is the prefetch's) ...
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 5, &req("/", "k")),
-            Verdict::Pause
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 5), Verdict::Pause);
         assert_eq!(h.dispatched.len(), 2, "one ask in flight at most");
         // ... and is served by the lease the prefetch brings (its own request's worth is
         // units too), without a call of its own.
@@ -2476,10 +2480,7 @@ mod tests {
         assert!(h.answered.is_empty());
         assert_eq!(remaining(&mut e, 5), "5");
         for ctx in [6, 7] {
-            assert_eq!(
-                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
-                Verdict::Continue
-            );
+            assert_eq!(ask_k(&mut e, &c, &mut h, ctx), Verdict::Continue);
         }
         // The first lease was spent before it ended: the next asks for twice as much.
         assert_eq!(h.count_of(Counter::LeasePrefetches), 2);
@@ -2496,79 +2497,56 @@ mod tests {
 
     #[test]
     fn a_lease_spent_slowly_is_not_refilled_ahead() {
-        let (c, mut e, mut h) = setup(LEASING);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        let (c, mut e, mut h) = leasing_k(4, 6, 30_000);
         // 2 of 3 spent in 700 ms of a lease of 1 s: at that pace the last unit outlasts it.
         h.now = Some(T0 + 600 * MS);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
-            Verdict::Continue
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 2), Verdict::Continue);
         h.now = Some(T0 + 700 * MS);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
-            Verdict::Continue
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Continue);
         assert_eq!(h.count_of(Counter::LeasePrefetches), 0);
         assert_eq!(h.dispatched.len(), 1);
         // Spent as fast (2 in 200 ms), the next lease is asked for ahead.
-        let (c, mut e, mut h) = setup(LEASING);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        let (c, mut e, mut h) = leasing_k(4, 6, 30_000);
         h.now = Some(T0 + 200 * MS);
         for ctx in [2, 3] {
-            assert_eq!(
-                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
-                Verdict::Continue
-            );
+            assert_eq!(ask_k(&mut e, &c, &mut h, ctx), Verdict::Continue);
         }
         assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
     }
 
     #[test]
     fn after_a_lease_that_served_nothing_a_key_asks_again_only_when_it_comes_back_soon() {
-        let (c, mut e, mut h) = setup(LEASING);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
-        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        let (c, mut e, mut h) = leasing_k(4, 6, 30_000);
         // Nothing spent in its second: all 3 go back, and the next request asks for no lease.
         h.now = Some(T0 + 1000 * MS);
         e.on_tick(&c, &mut h);
         assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 3);
         h.now = Some(T0 + 1500 * MS);
-        arrive(&mut e, &c, &mut h, 2, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 2);
         let (token, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
         e.on_reply(&c, &mut h, Some(2), token, ok(&reply(&[R::Allow(5)])));
         // Not back within half a lease's time (500 ms): still none.
         h.now = Some(T0 + 2100 * MS);
-        arrive(&mut e, &c, &mut h, 3, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 3);
         let (token, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
         e.on_reply(&c, &mut h, Some(3), token, ok(&reply(&[R::Allow(4)])));
         // Back within it: a lease of 2 again.
         h.now = Some(T0 + 2500 * MS);
-        arrive(&mut e, &c, &mut h, 4, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 4);
         let (_, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
     }
 
     #[test]
     fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back() {
-        let (c, mut e, mut h) = setup(LEASING);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
         // Whole again in 50 ms: usable for 40 (the clock skew of 10 ms off), not 1 s.
-        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 1, 50)));
+        let (c, mut e, mut h) = leasing_k(4, 1, 50);
         h.now = Some(T0 + 39 * MS);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
-            Verdict::Continue
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 2), Verdict::Continue);
         h.now = Some(T0 + 40 * MS);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
-            Verdict::Pause
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Pause);
         let calls = h.dispatched.len();
         // The next tick gives the 2 unspent units back, charged at T0 with 1 left, by a refund
         // whose clock and deadline are the tick's time plus the skew.
@@ -2597,7 +2575,7 @@ mod tests {
         // It served 1 of its 3: the next lease of this key is asked for 2 requests' worth.
         let (token, _, _) = h.dispatched[calls - 1].clone();
         e.on_reply(&c, &mut h, Some(3), token, ok(&reply(&[R::Allow(1)])));
-        arrive(&mut e, &c, &mut h, 4, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 4);
         let (_, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
     }
@@ -2605,22 +2583,16 @@ mod tests {
     #[test]
     fn near_the_limit_a_decision_is_the_request_alone_and_a_refusal_leases_nothing() {
         let (c, mut e, mut h) = setup(LEASING);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 1);
         e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(1)])));
         // No lease: the next request is decided in Redis, and asks again.
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
-            Verdict::Pause
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 2), Verdict::Pause);
         assert!(h.dispatched[1].1.path.contains("/lease/"));
         e.on_reply(&c, &mut h, Some(2), 2, ok(&reply(&[R::Refuse(6000)])));
         assert_eq!(h.statuses(), vec![(2, 429)]);
         assert_eq!(h.count_of(Counter::LeaseGrants), 0);
         // The refusal is cached as usual; the next key still asks for a lease.
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
-            Verdict::Pause
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Pause);
         assert_eq!(h.dispatched.len(), 2);
         arrive(&mut e, &c, &mut h, 4, &req("/", "other"));
         assert!(h.dispatched[2].1.path.contains("/lease/"));
@@ -2628,23 +2600,18 @@ mod tests {
 
     #[test]
     fn a_reply_granting_more_than_was_asked_is_a_bridge_failure_and_leases_nothing() {
-        let (c, mut e, mut h) = setup(LEASING);
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
         // 10 units at most: k = 10 is the most a reply may say.
-        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(11, 0, 30_000)));
+        let (c, mut e, mut h) = leasing_k(11, 0, 30_000);
         assert!(
             matches!(h.failures[0], BridgeFailure::BadReply(_)),
             "{:?}",
             h.failures
         );
         assert_eq!(h.count_of(Counter::FailureModeOpen), 1);
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 2, &req("/", "k")),
-            Verdict::Pause
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 2), Verdict::Pause);
         // A request that asked for none may not be granted one either.
         let (c, mut e, mut h) = setup("");
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 1);
         e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(2, 0, 30_000)));
         assert!(
             matches!(h.failures[0], BridgeFailure::BadReply(_)),
@@ -2656,17 +2623,14 @@ mod tests {
     #[test]
     fn while_the_breaker_is_open_or_after_a_restart_leased_units_are_still_spent() {
         let (c, mut e, mut h) = setup(&format!(r#"{LEASING} "breaker": {{"failures": 1}},"#));
-        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        ask_k(&mut e, &c, &mut h, 1);
         e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 5, 30_000)));
         // Another key's call fails: the breaker opens.
         arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
         e.on_reply(&c, &mut h, Some(2), 2, none());
         assert_eq!(h.breaker_open, 1);
         // Units already charged in Redis are still this worker's to spend.
-        assert_eq!(
-            arrive(&mut e, &c, &mut h, 3, &req("/", "k")),
-            Verdict::Continue
-        );
+        assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Continue);
         assert_eq!(
             h.count_of(Counter::LeasePrefetches),
             0,
@@ -2676,10 +2640,7 @@ mod tests {
         h.restarts += 1;
         e.on_tick(&c, &mut h);
         for ctx in [4, 5] {
-            assert_eq!(
-                arrive(&mut e, &c, &mut h, ctx, &req("/", "k")),
-                Verdict::Continue
-            );
+            assert_eq!(ask_k(&mut e, &c, &mut h, ctx), Verdict::Continue);
         }
         assert_eq!(
             h.count_of(Counter::FailureModeOpen),
