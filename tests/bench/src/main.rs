@@ -798,36 +798,12 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
         .iter()
         .map(|w| start_envoy(dir, Front::Filter(&policies), w.port))
         .collect();
-    let headers = accuracy_headers;
     let mut runs = Vec::new();
     for (algorithm, policy) in ALGORITHMS.iter().zip(&policies) {
         for replicas in [2, 4] {
-            let load = Load {
-                ports: envoys[..replicas].iter().map(|e| e.port).collect(),
-                conns_per_port: s.accuracy_conns,
-                duration: Duration::from_secs_f64(s.accuracy_s),
-                headers: headers(
-                    algorithm.name,
-                    format!("accuracy-{}-{replicas}", algorithm.name),
-                ),
-                paced_total_per_sec: None,
-            };
-            let (run, _) = accuracy_run(
-                &envoys[..replicas],
-                1,
-                algorithm,
-                policy,
-                &load,
-                s.accuracy_s,
-            );
-            say(
-                started,
-                &format!(
-                    "accuracy {}, {replicas} replicas: {} requests, {} allowed, allowance {:.1}, overshoot {}",
-                    algorithm.name, run.sent, run.let_through(), run.allowance, run.overshoot()
-                ),
-            );
-            runs.push(run);
+            let key = format!("accuracy-{}-{replicas}", algorithm.name);
+            let envoys = &envoys[..replicas];
+            runs.push(closed_loop(s, started, envoys, 1, algorithm, policy, key));
         }
     }
     {
@@ -846,25 +822,10 @@ fn accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accuracy>, Ti
             else {
                 continue;
             };
-            let load = Load {
-                ports: envoys2.iter().map(|e| e.port).collect(),
-                conns_per_port: s.accuracy_conns,
-                duration: Duration::from_secs_f64(s.accuracy_s),
-                headers: headers(
-                    algorithm.name,
-                    format!("accuracy-{}-workers", algorithm.name),
-                ),
-                paced_total_per_sec: None,
-            };
-            let (run, _) = accuracy_run(&envoys2, workers, algorithm, policy, &load, s.accuracy_s);
-            say(
-                started,
-                &format!(
-                    "accuracy {}, {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}",
-                    algorithm.name, envoys2.len(), run.sent, run.let_through(), run.allowance, run.overshoot()
-                ),
-            );
-            runs.push(run);
+            let key = format!("accuracy-{}-workers", algorithm.name);
+            runs.push(closed_loop(
+                s, started, &envoys2, workers, algorithm, policy, key,
+            ));
         }
     }
     let timeline = overload(
@@ -964,31 +925,10 @@ fn leased_accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accura
         let Some(algorithm) = ALGORITHMS.iter().find(|a| a.name == policy.algorithm) else {
             continue;
         };
-        let load = Load {
-            ports: envoys.iter().map(|e| e.port).collect(),
-            conns_per_port: s.accuracy_conns,
-            duration: Duration::from_secs_f64(s.accuracy_s),
-            headers: accuracy_headers(
-                algorithm.name,
-                format!("accuracy-{}-leased", algorithm.name),
-            ),
-            paced_total_per_sec: None,
-        };
-        let (run, _) = accuracy_run(&envoys, workers, algorithm, policy, &load, s.accuracy_s);
-        say(
-            started,
-            &format!(
-                "accuracy {} leased, {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}, lease hits {}",
-                algorithm.name,
-                envoys.len(),
-                run.sent,
-                run.let_through(),
-                run.allowance,
-                run.overshoot(),
-                LeaseCounters::cell(run.lease.hits)
-            ),
-        );
-        runs.push(run);
+        let key = format!("accuracy-{}-leased", algorithm.name);
+        runs.push(closed_loop(
+            s, started, &envoys, workers, algorithm, policy, key,
+        ));
     }
     let timeline = overload(
         s,
@@ -999,6 +939,42 @@ fn leased_accuracy(s: &Settings, dir: &WorkDir, started: Instant) -> (Vec<Accura
         format!("overload-{}-leased", policies[0].algorithm),
     );
     (runs, timeline)
+}
+
+/// One closed-loop accuracy run: `s.accuracy_conns` connections per Envoy spending `key` under
+/// `algorithm`'s rule for `s.accuracy_s`, as fast as answered; says what it saw.
+fn closed_loop(
+    s: &Settings,
+    started: Instant,
+    envoys: &[Envoy],
+    workers: u32,
+    algorithm: &Algorithm,
+    policy: &Policy,
+    key: String,
+) -> Accuracy {
+    let load = Load {
+        ports: envoys.iter().map(|e| e.port).collect(),
+        conns_per_port: s.accuracy_conns,
+        duration: Duration::from_secs_f64(s.accuracy_s),
+        headers: accuracy_headers(algorithm.name, key),
+        paced_total_per_sec: None,
+    };
+    let (run, _) = accuracy_run(envoys, workers, algorithm, policy, &load, s.accuracy_s);
+    say(
+        started,
+        &format!(
+            "accuracy {}{}, {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}, lease hits {}",
+            algorithm.name,
+            if policy.lease.is_some() { " leased" } else { "" },
+            envoys.len(),
+            run.sent,
+            run.let_through(),
+            run.allowance,
+            run.overshoot(),
+            LeaseCounters::cell(run.lease.hits)
+        ),
+    );
+    run
 }
 
 fn accuracy_run(

@@ -8,6 +8,35 @@ use serde_json::{json, Value};
 use super::measure::Machine;
 use super::wrk::WrkRun;
 
+/// The columns every accuracy table starts with (see [`accuracy_cells`]), and their rule.
+const ACCURACY_COLUMNS: &str = "| algorithm | replicas × workers × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open |";
+const ACCURACY_RULE: &str = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|";
+
+/// An accuracy run's cells under [`ACCURACY_COLUMNS`], each table adding its own after them.
+fn accuracy_cells(a: &Accuracy) -> String {
+    let load = match a.offered_per_sec {
+        Some(rate) => format!("paced, {} req/s", thousands(rate)),
+        None => "closed loop, as fast as answered".into(),
+    };
+    format!(
+        "| {} | {} × {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} |",
+        a.algorithm,
+        a.replicas,
+        a.workers,
+        a.conns_per_replica,
+        load,
+        a.window_s,
+        thousands(a.sent as f64),
+        thousands(a.let_through() as f64),
+        a.allowance,
+        a.formula,
+        a.tolerance(),
+        a.overshoot(),
+        a.let_through() as f64 / a.allowance,
+        a.fail_open,
+    )
+}
+
 /// Every throughput scenario, in the order they run; the report must list each.
 pub const SCENARIOS: &[&str] = &[
     "baseline",
@@ -516,31 +545,12 @@ impl Report {
     }
 
     pub fn accuracy_table(&self) -> String {
-        let mut t = String::from(
-            "| algorithm | replicas × workers × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open | allowed per replica |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
-        );
+        let mut t = format!("{ACCURACY_COLUMNS} allowed per replica |\n{ACCURACY_RULE}---|\n");
         for a in self.accuracy.iter().chain([&self.timeline.run]) {
-            let load = match a.offered_per_sec {
-                Some(rate) => format!("paced, {} req/s", thousands(rate)),
-                None => "closed loop, as fast as answered".into(),
-            };
             let _ = writeln!(
                 t,
-                "| {} | {} × {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} | {} |",
-                a.algorithm,
-                a.replicas,
-                a.workers,
-                a.conns_per_replica,
-                load,
-                a.window_s,
-                thousands(a.sent as f64),
-                thousands(a.let_through() as f64),
-                a.allowance,
-                a.formula,
-                a.tolerance(),
-                a.overshoot(),
-                a.let_through() as f64 / a.allowance,
-                a.fail_open,
+                "{} {} |",
+                accuracy_cells(a),
                 a.allowed_per_replica
                     .iter()
                     .map(|n| n.to_string())
@@ -823,32 +833,15 @@ impl Report {
 
     /// The leased accuracy runs and the leased overload run, one row each.
     pub fn accuracy_leased_table(&self) -> String {
-        let mut t = String::from(
-            "| algorithm | replicas × workers × connections | load | window s | requests | allowed | allowance | tolerance | overshoot | allowed / allowance | fail-open | lease hits | lease grants | units returned |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        let mut t = format!(
+            "{ACCURACY_COLUMNS} lease hits | lease grants | units returned |\n{ACCURACY_RULE}---:|---:|---:|\n"
         );
         let overload = Some(&self.timeline_leased.run).filter(|a| a.sent > 0);
         for a in self.accuracy_leased.iter().chain(overload) {
-            let load = match a.offered_per_sec {
-                Some(rate) => format!("paced, {} req/s", thousands(rate)),
-                None => "closed loop, as fast as answered".into(),
-            };
             let _ = writeln!(
                 t,
-                "| {} | {} × {} × {} | {} | {:.3} | {} | {} | {:.1} ({}) | {:.2} | **{}** | {:.4} | {} | {} | {} | {} |",
-                a.algorithm,
-                a.replicas,
-                a.workers,
-                a.conns_per_replica,
-                load,
-                a.window_s,
-                thousands(a.sent as f64),
-                thousands(a.let_through() as f64),
-                a.allowance,
-                a.formula,
-                a.tolerance(),
-                a.overshoot(),
-                a.let_through() as f64 / a.allowance,
-                a.fail_open,
+                "{} {} | {} | {} |",
+                accuracy_cells(a),
                 LeaseCounters::cell(a.lease.hits),
                 LeaseCounters::cell(a.lease.grants),
                 LeaseCounters::cell(a.lease.units_returned),
