@@ -1,0 +1,206 @@
+//! Time the engine spends on a request that makes no call, without Envoy: a deny-cache hit
+//! (plan, cache lookup, the 429 built) and a lease hit (plan, a leased unit spent, the
+//! rate-limit headers built), with a host that only counts what it is asked. What Envoy does
+//! with the answer (host calls, headers, body) is not in these figures.
+//!
+//! Natively: `cargo run --release -p ratelimit-core --example engine_cost`. Under V8, as
+//! `plan_cost` (build for wasm32-wasip1, run the `.wasm` with node's WASI).
+
+use std::time::{Duration, Instant};
+
+use ratelimit_core::config::Bridge;
+use ratelimit_core::response::LocalResponse;
+use ratelimit_core::{
+    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
+    RequestView,
+};
+
+/// A host with a fixed clock that remembers the last call, and counts answers.
+struct CountingHost {
+    now: u128,
+    tokens: u32,
+    /// The last call not yet answered: its token and its path.
+    pending: Option<(u32, String)>,
+    woken: bool,
+    answers: u64,
+}
+
+impl Host for CountingHost {
+    fn now_unix_ns(&self) -> Option<u128> {
+        Some(self.now)
+    }
+    fn dispatch(&mut self, _: &Bridge, call: &BridgeRequest, _: Duration) -> Result<u32, String> {
+        self.tokens += 1;
+        self.pending = Some((self.tokens, call.path.clone()));
+        Ok(self.tokens)
+    }
+    fn wake(&mut self) -> bool {
+        self.woken = true;
+        true
+    }
+    fn resume(&mut self, _: u32) -> bool {
+        true
+    }
+    fn answer(&mut self, _: u32, response: LocalResponse) -> bool {
+        self.answers += u64::from(response.status == 429);
+        true
+    }
+    fn count_n(&mut self, _: Counter, _: u64) {}
+    fn count_rule(&mut self, _: usize, _: u64) {}
+    fn record(&mut self, _: Histogram, _: u64) {}
+    fn gauge_add(&mut self, _: Gauge, _: i64) {}
+    fn report_breaker(&mut self, _: bool, _: &str) {}
+    fn redis_restarts(&mut self, _: bool) -> Option<u64> {
+        Some(0)
+    }
+    fn report_failure(&mut self, _: &BridgeFailure) {}
+}
+
+/// The headers wrk sends to the bench's Envoy, and its API key.
+struct View(Vec<(String, Vec<u8>)>);
+
+impl RequestView for View {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+    fn header_copies(&self, name: &str) -> usize {
+        self.0
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+    fn source_address(&self) -> Option<String> {
+        Some("127.0.0.1:53124".into())
+    }
+    fn route_name(&self) -> Option<String> {
+        None
+    }
+}
+
+fn view(api_key: &str) -> View {
+    View(
+        [
+            (":authority", "127.0.0.1:10000"),
+            (":path", "/"),
+            (":method", "GET"),
+            (":scheme", "http"),
+            ("x-forwarded-proto", "http"),
+            ("x-request-id", "0b7a2f4e-6a0c-4bd8-9d1b-3c0f8f0b9c11"),
+            ("x-api-key", api_key),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect(),
+    )
+}
+
+fn config(extra: &str) -> Config {
+    let json = format!(
+        r#"{{{extra} "bridge": {{"clock_skew": "10ms"}}, "rules": [{{"name": "bench-token_bucket",
+            "key": {{"from": ["header:x-api-key"]}},
+            "limits": [{{"name": "bench", "limit": 1, "window": "1s", "burst": 10000000}}]}}]}}"#
+    );
+    Config::parse(json.as_bytes()).unwrap_or_else(|e| {
+        eprintln!("{e:?}");
+        std::process::exit(1)
+    })
+}
+
+/// One request through the engine as the adapter drives it: headers, the response headers
+/// taken, the context forgotten. A lease asked for from the root (a prefetch) is granted in
+/// full at once, as a Redis with plenty left would.
+fn one(engine: &mut Engine, config: &Config, host: &mut CountingHost, ctx: u32, view: &View) {
+    engine.on_request(config, host, ctx, view);
+    if std::mem::take(&mut host.woken) {
+        engine.on_wakeup(config, host);
+    }
+    if let Some((token, path)) = host.pending.take() {
+        let mut segments = path.split('/').skip_while(|s| *s != "lease");
+        let units = segments.nth(1).unwrap_or("1");
+        let reply = format!(r#"{{"EVALSHA":[1,{units},1,1,"9990000","600000","0"]}}"#);
+        let reply = BridgeReply {
+            status: Some(200),
+            body: reply.as_bytes(),
+        };
+        engine.on_reply(config, host, None, token, reply);
+    }
+    std::hint::black_box(engine.take_headers(ctx));
+    engine.forget(config, host, ctx);
+}
+
+/// A first request whose call gets `reply`: the deny cache entry or the lease the rest use.
+fn primed(config: &Config, host: &mut CountingHost, view: &View, reply: &str) -> Engine {
+    let mut engine = Engine::new(config);
+    engine.on_request(config, host, 1, view);
+    let reply = BridgeReply {
+        status: Some(200),
+        body: reply.as_bytes(),
+    };
+    host.pending = None;
+    engine.on_reply(config, host, Some(1), host.tokens, reply);
+    engine.forget(config, host, 1);
+    engine
+}
+
+/// The fastest of five rounds of `N` requests, each after a warm-up: the machine is noisy.
+fn time(name: &str, config: &Config, host: &mut CountingHost, engine: &mut Engine, view: &View) {
+    const N: u32 = 100_000;
+    for ctx in 0..N / 10 {
+        one(engine, config, host, 2 + ctx, view);
+    }
+    let mut best = f64::MAX;
+    for round in 0..5 {
+        let start = Instant::now();
+        for ctx in 0..N {
+            one(engine, config, host, 2 + N * (round + 1) + ctx, view);
+        }
+        best = best.min(start.elapsed().as_nanos() as f64 / f64::from(N));
+    }
+    println!(
+        "{name:<44} {best:>8.0} ns/request ({} calls, {} refused)",
+        host.tokens, host.answers
+    );
+}
+
+fn main() {
+    let abuser = view("bench-abuser");
+    let now = 1_000_000_000_000_000_000;
+    let fresh = || CountingHost {
+        now,
+        tokens: 0,
+        pending: None,
+        woken: false,
+        answers: 0,
+    };
+    // Refused, retry in 10 minutes: every later request is a deny-cache hit.
+    let refused = r#"{"EVALSHA":[1,0,1,0,"0","600000","600000"]}"#;
+    for (name, extra) in [
+        ("deny-cache hit, X-RateLimit headers", ""),
+        (
+            "deny-cache hit, no rate-limit headers",
+            r#""headers": "none","#,
+        ),
+    ] {
+        let c = config(extra);
+        let mut host = fresh();
+        let mut engine = primed(&c, &mut host, &abuser, refused);
+        time(name, &c, &mut host, &mut engine, &abuser);
+    }
+    // Allowed with a first lease of 4 requests' worth (the first ask), then the prefetches.
+    let leased = r#"{"EVALSHA":[1,4,1,1,"9990000","600000","0"]}"#;
+    for (name, extra) in [
+        ("lease hit, X-RateLimit headers", ""),
+        ("lease hit, no rate-limit headers", r#""headers": "none","#),
+    ] {
+        let extra = format!(
+            r#"{extra} "lease": {{"max_units": 10000000, "fraction": 1, "max_ms": 60000}},"#
+        );
+        let c = config(&extra);
+        let mut host = fresh();
+        let mut engine = primed(&c, &mut host, &abuser, leased);
+        time(name, &c, &mut host, &mut engine, &abuser);
+    }
+}
