@@ -17,14 +17,17 @@ struct OneWorker {
     _dir: WorkDir,
 }
 
-/// Redis, Webdis and an Envoy with one worker whose filter holds `rules`.
+/// Redis, Webdis and an Envoy with one worker whose filter holds `rules`. The breaker opens
+/// only on a call stalled for 10 s: these tests hold calls in flight on purpose (Webdis
+/// paused), and a busy machine can make any call last the default 25 ms; either would let
+/// requests through by policy instead of by Redis.
 fn start(name: &str, rules: &str) -> OneWorker {
     let dir = WorkDir::new(name);
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
     let json = format!(
         r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "5s"}},
-"rules": {rules}}}"#
+"breaker": {{"stall": "10s"}}, "rules": {rules}}}"#
     );
     let (from, to) = filter_config_edit(&json);
     let port = free_port();
