@@ -12,8 +12,10 @@ use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
     BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
-    RequestView,
 };
+
+mod common;
+use common::{view, View};
 
 /// A host with a fixed clock that remembers the last call, and counts answers.
 struct CountingHost {
@@ -54,47 +56,6 @@ impl Host for CountingHost {
         Some(0)
     }
     fn report_failure(&mut self, _: &BridgeFailure) {}
-}
-
-/// The headers wrk sends to the bench's Envoy, and its API key.
-struct View(Vec<(String, Vec<u8>)>);
-
-impl RequestView for View {
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        self.0
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    }
-    fn header_copies(&self, name: &str) -> usize {
-        self.0
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
-    }
-    fn source_address(&self) -> Option<String> {
-        Some("127.0.0.1:53124".into())
-    }
-    fn route_name(&self) -> Option<String> {
-        None
-    }
-}
-
-fn view(api_key: &str) -> View {
-    View(
-        [
-            (":authority", "127.0.0.1:10000"),
-            (":path", "/"),
-            (":method", "GET"),
-            (":scheme", "http"),
-            ("x-forwarded-proto", "http"),
-            ("x-request-id", "0b7a2f4e-6a0c-4bd8-9d1b-3c0f8f0b9c11"),
-            ("x-api-key", api_key),
-        ]
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-        .collect(),
-    )
 }
 
 fn config(extra: &str) -> Config {
@@ -166,7 +127,7 @@ fn time(name: &str, config: &Config, host: &mut CountingHost, engine: &mut Engin
 }
 
 fn main() {
-    let abuser = view("bench-abuser");
+    let abuser = view(Some("bench-abuser"));
     let now = 1_000_000_000_000_000_000;
     let fresh = || CountingHost {
         now,

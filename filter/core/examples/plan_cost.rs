@@ -9,54 +9,10 @@
 use std::time::Instant;
 
 use ratelimit_core::plan::{plan_memo, PlanMemo};
-use ratelimit_core::{Config, RequestView};
+use ratelimit_core::Config;
 
-struct View {
-    headers: Vec<(String, Vec<u8>)>,
-    source: Option<String>,
-}
-
-impl RequestView for View {
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    }
-    fn header_copies(&self, name: &str) -> usize {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
-    }
-    fn source_address(&self) -> Option<String> {
-        self.source.clone()
-    }
-    fn route_name(&self) -> Option<String> {
-        None
-    }
-}
-
-fn view(api_key: Option<&str>) -> View {
-    let mut headers: Vec<(String, Vec<u8>)> = [
-        (":authority", "127.0.0.1:10000"),
-        (":path", "/"),
-        (":method", "GET"),
-        (":scheme", "http"),
-        ("x-forwarded-proto", "http"),
-        ("x-request-id", "0b7a2f4e-6a0c-4bd8-9d1b-3c0f8f0b9c11"),
-    ]
-    .iter()
-    .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-    .collect();
-    if let Some(k) = api_key {
-        headers.push(("x-api-key".into(), k.as_bytes().to_vec()));
-    }
-    View {
-        headers,
-        source: Some("127.0.0.1:53124".into()),
-    }
-}
+mod common;
+use common::{view, View};
 
 /// The fastest of five rounds, each after a warm-up: the machine is shared and noisy.
 fn time(name: &str, config: &Config, view: &View, memo: &mut PlanMemo) {
