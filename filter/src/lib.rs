@@ -11,6 +11,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_core::config::Bridge;
+use ratelimit_core::identity::{first_header, header_count};
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
     BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
@@ -331,17 +332,11 @@ impl RequestHeaders {
 
 impl RequestView for RequestHeaders {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.all()
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, value)| value.as_slice())
+        first_header(self.all(), name)
     }
 
     fn header_copies(&self, name: &str) -> usize {
-        self.all()
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
+        header_count(self.all(), name)
     }
 
     fn source_address(&self) -> Option<String> {

@@ -11,7 +11,7 @@ mod common;
 use ratelimit_core::bridge::{parse_eval_reply, BridgeReply, EvalOutcome};
 use ratelimit_core::config::{ClientIpPolicy, Config};
 use ratelimit_core::encode::path_segment;
-use ratelimit_core::identity::{client_ip, RequestView};
+use ratelimit_core::identity::{client_ip, first_header, header_count, RequestView};
 use ratelimit_core::plan::{plan, BadRequest};
 
 fn runner(cases: u32) -> TestRunner {
@@ -141,13 +141,10 @@ struct Request {
 
 impl RequestView for Request {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
+        first_header(&self.headers, name)
     }
     fn header_copies(&self, name: &str) -> usize {
-        self.headers.iter().filter(|(n, _)| n == name).count()
+        header_count(&self.headers, name)
     }
     fn source_address(&self) -> Option<String> {
         self.peer.clone()

@@ -21,6 +21,24 @@ pub trait RequestView {
     fn route_name(&self) -> Option<String>;
 }
 
+/// The first copy of header `name` in a request's whole header map as the host reads it
+/// (names compare case-insensitively): what [`RequestView::header`] returns.
+pub fn first_header<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, value)| value.as_slice())
+}
+
+/// How many copies of header `name` that map holds: what [`RequestView::header_copies`]
+/// returns.
+pub fn header_count(headers: &[(String, Vec<u8>)], name: &str) -> usize {
+    headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .count()
+}
+
 /// `1.2.3.4:5678` → `1.2.3.4`, `[2001:db8::1]:5678` → `2001:db8::1`; a bare address is kept.
 /// Without this every connection would get a bucket of its own.
 pub fn strip_port(address: &str) -> &str {
@@ -323,13 +341,10 @@ pub(crate) mod tests {
 
     impl RequestView for FakeRequest {
         fn header(&self, name: &str) -> Option<&[u8]> {
-            self.headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_slice())
+            first_header(&self.headers, name)
         }
         fn header_copies(&self, name: &str) -> usize {
-            self.headers.iter().filter(|(n, _)| n == name).count()
+            header_count(&self.headers, name)
         }
         fn source_address(&self) -> Option<String> {
             self.source.clone()

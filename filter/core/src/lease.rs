@@ -67,9 +67,9 @@ struct KeyLease {
     last_units: u64,
     /// Requests' worth to ask for next: doubled when a lease is spent in less than half its
     /// time, twice what was spent of one that ended with units left (none after one that
-    /// served no request, until the identity comes back within a lease's time). So a lease follows the identity's
-    /// pace within `max_units`: a busy client gets large ones, one that comes back now and
-    /// then gets small ones, and few units sit idle or go back.
+    /// served no request, until the identity comes back within a lease's time). So a lease
+    /// follows the identity's pace within `max_units`: a busy client gets large ones, one that
+    /// comes back now and then gets small ones, and few units sit idle or go back.
     ask: u64,
     /// When this entry may be forgotten once it holds no grant.
     keep_until_ns: u128,
@@ -89,9 +89,8 @@ impl KeyLease {
             last_seen_ns: 0,
         }
     }
-}
 
-impl KeyLease {
+    /// Units of unexpired grants.
     fn units(&self, now: u128) -> u64 {
         self.grants
             .iter()
@@ -302,7 +301,6 @@ impl Leases {
                 }
                 if grant.units > 0 {
                     returns.push(refund_of(&lease.check, grant));
-                    // Ask next for twice what this one served.
                     let spent = grant.granted - grant.units;
                     let served = u128::from(spent) * u128::from(grant.requests)
                         / u128::from(grant.granted.max(1));

@@ -1,6 +1,7 @@
 //! What the cost examples share: a request as the adapter sees it (headers read once, looked
 //! up by name), with the headers wrk sends to the bench's Envoy.
 
+use ratelimit_core::identity::{first_header, header_count};
 use ratelimit_core::RequestView;
 
 pub struct View {
@@ -10,16 +11,10 @@ pub struct View {
 
 impl RequestView for View {
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
+        first_header(&self.headers, name)
     }
     fn header_copies(&self, name: &str) -> usize {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
+        header_count(&self.headers, name)
     }
     fn source_address(&self) -> Option<String> {
         self.source.clone()
