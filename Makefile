@@ -129,7 +129,10 @@ e2e-test: setup setup-prom build ## real Envoy + Webdis + Redis (+ Prometheus, +
 	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
-	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
+	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \
+	  out=$$("$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1) || { echo "$$out" | tail -5; echo "validate: $$f is refused" >&2; exit 1; }; \
+	  echo "$$out" | tail -1; \
+	done
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
