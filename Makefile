@@ -108,6 +108,7 @@ unit-test: setup-rust ## core and adapter unit tests, native (and the test harne
 	cargo test -p e2e --lib
 	cargo test -p bench
 	cargo test -p e2e --test parsers -- --nocapture
+	cargo test -p e2e --test acl
 	python3 -m unittest tests/sim/test_fleet.py
 
 wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
