@@ -97,7 +97,8 @@ run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) 
 test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick ## run every test (what CI runs)
 	@echo "all test layers passed"
 
-lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors
+lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links
+	python3 tests/check_docs.py
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
