@@ -103,7 +103,7 @@ lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warning
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
 
-unit-test: setup-rust ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the fleet simulation's tests
+unit-test: setup-rust ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the Redis ACLs against the scripts, the fleet simulation's tests
 	@command -v python3 >/dev/null || { echo "unit-test: python3 is missing (the fleet simulation's tests): apt-get install python3" >&2; exit 1; }
 	cargo test -p ratelimit-core -p ratelimit-filter
 	cargo test -p e2e --lib
