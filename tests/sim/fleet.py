@@ -80,16 +80,14 @@ Calibration (`--calibration FILE.json`; flags given on the command line win over
       "rtt_jitter": 0.2,      # optional: base RTT uniform in rtt x (1 +- jitter)
       "source": "free text"   # optional: where the figures come from
     }
-Defaults (one Redis 7.0.15 on a 2-core VM, no cluster measurement yet): a saturated node ran
-55,294 EVALSHA/s of the bucket script at batch 1 (FACTS.md, redis-benchmark, 50 clients), so
-call_us + per_request_us = 18 us; the latest `make bench` (target/bench/results.json) spent
-2.98 s of Redis CPU on 12,125 calls deciding 193,170 requests (mean batch 15.9): 15.4 us per
-decision, so per_request_us ~ 15 and call_us ~ 3. (The 10,000-key row gives 19 us per
-decision; the serial row 45.6 us per call at batch 1, an idle server woken per call.) The
-README's "about 50k decisions/s" per Redis agrees. The other reading, call_us 14 +
-per_request_us 4 (a cheap script body), predicts ~3x more decisions per node at big batches:
-measure the cluster and pass the figures. RTT: 0.5 ms (0.3 ms on one host's loopback,
-0.5-1 ms across a network with the redis_proxy hop).
+Defaults (one Redis 7.0.15 on a 2-core VM, no cluster measurement yet): a saturated Redis ran
+the bucket script by EVALSHA at batch 1 at about 55,000 calls/s (redis-benchmark, 50 clients),
+so call_us + per_request_us = 18 us; a `make bench` run (target/bench/results.json) spent
+about 15 us of Redis CPU per decision at a mean batch of 16, so per_request_us ~ 15 and
+call_us ~ 3. The other reading, call_us 14 + per_request_us 4 (a cheap script body), predicts
+~3x more decisions per node at big batches: measure your nodes and pass the figures
+(docs/scaling.md says how). RTT: 0.5 ms (0.3 ms on one host's loopback, 0.5-1 ms across a
+network with the redis_proxy hop).
 
 Outputs (`--json` prints the same as one JSON object)
 ----------------------------------------------------
@@ -123,7 +121,8 @@ from dataclasses import asdict, dataclass, field, replace
 SLOTS = 16384
 MASK64 = (1 << 64) - 1
 HEAD_RANKS = 1 << 17
-# Bytes per key, README "Key budgets and Redis memory" (Redis 7.0.15, growth of used_memory).
+# Bytes per key: growth of Redis 7.0.15's used_memory over 100,000 identities (measure yours:
+# docs/operations.md, Redis memory).
 BYTES_PER_KEY = {
     "token_bucket": 256,
     "gcra": 228,

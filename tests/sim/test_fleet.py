@@ -128,7 +128,7 @@ class Placement(unittest.TestCase):
     def test_real_key_slots(self):
         self.assertEqual(fleet.crc16(b"123456789"), 0x31C3)
         self.assertEqual(fleet.crc16(b"foo") % fleet.SLOTS, 12182)  # CLUSTER KEYSLOT foo
-        # The README's example key: rl:{header:x-api-key:a9993e36...}:api:per_second for "abc".
+        # The example key of docs/design.md: rl:{header:x-api-key:a9993e36...}:api:per_second for "abc".
         tag = b"header:x-api-key:a9993e364706816aba3e25717850c26c9cd0d89d"
         self.assertEqual(fleet.api_key_slot("{}", "abc", 0, 1), fleet.crc16(tag) % fleet.SLOTS)
         self.assertEqual(fleet.api_key_slot("{}", "abc", 2, 3),
