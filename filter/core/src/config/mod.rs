@@ -1,15 +1,16 @@
 //! The filter's JSON configuration: the validated model the request path reads (this file),
 //! the serde layer as written with its defaults (`raw.rs`), its validation (`validate.rs` for
-//! the top level and the bridge, `rules.rs` for rules and limits), and locating serde's errors
-//! in the text (`locate.rs`). Every error names the field it is about
-//! (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config at start-up with a
-//! message an operator can act on.
+//! the top level and the bridge, `rules.rs` for rules and limits, `fields.rs` for the checks
+//! both share), and locating serde's errors in the text (`locate.rs`). Every error names the
+//! field it is about (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config
+//! at start-up with a message an operator can act on.
 
 use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+mod fields;
 mod locate;
 mod raw;
 mod rules;
