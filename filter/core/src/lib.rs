@@ -7,6 +7,7 @@ pub mod algorithms;
 pub mod bounds;
 pub mod bridge;
 pub mod config;
+pub mod decision;
 pub mod deny_cache;
 pub mod encode;
 pub mod engine;

@@ -1,0 +1,17 @@
+//! Talking to Webdis: the calls the filter sends (`call`), what their replies say (`reply`),
+//! and why a call gave no decision (`failure`).
+
+mod call;
+mod failure;
+mod reply;
+
+pub use call::{call_bytes, lease_units, BridgeRequest, DecideCall};
+pub use failure::BridgeFailure;
+pub use reply::{
+    parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply, EvalOutcome,
+    RequestShape,
+};
+
+/// The decision types' former paths, kept while code written against them moves to
+/// `crate::decision`.
+pub use crate::decision::{Decision, LimitResult, Refund};
