@@ -5,7 +5,10 @@ mod call;
 mod failure;
 mod reply;
 
-pub use call::{call_bytes, lease_units, BridgeRequest, DecideCall};
+pub use call::{
+    call_bytes, lease_units, BridgeRequest, BudgetShape, CallSize, DecideCall, LimitShape,
+    ModeShape, FRACTION_DECIMALS, MAX_CLOCK_DIGITS,
+};
 pub use failure::BridgeFailure;
 pub use reply::{
     parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply, EvalOutcome,

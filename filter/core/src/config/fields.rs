@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::raw::RawLease;
 use super::{invalid, ConfigError, Lease};
+use crate::bridge::FRACTION_DECIMALS;
 
 /// A list of named items in the config (rules, a rule's limits): not empty, at most `max`,
 /// names unique, each validated under its own field (`rules[3]`).
@@ -89,6 +90,18 @@ pub(super) fn validate_lease(
         return Err(invalid(
             &format!("{field}.fraction"),
             "must be a number above 0, at most 1",
+        ));
+    }
+    // Every leased call writes it with FRACTION_DECIMALS decimals (a fixed length); more would
+    // be rounded, and a tiny one to 0, which the script refuses.
+    let scale = 10f64.powi(FRACTION_DECIMALS as i32);
+    if (fraction * scale).round() / scale != fraction {
+        return Err(invalid(
+            &format!("{field}.fraction"),
+            format!(
+                "must have at most {FRACTION_DECIMALS} decimals ({} at least)",
+                1.0 / scale
+            ),
         ));
     }
     let max_ms = raw.max_ms.unwrap_or(default.max_ms);

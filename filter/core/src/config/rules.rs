@@ -10,8 +10,8 @@ use super::fields::{
 use super::raw::*;
 use super::*;
 use crate::bounds::{
-    show_duration, state_lifetime_ms, MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE,
-    MAX_LOG_LIMIT, MAX_STATE_LIFETIME, MAX_WINDOW,
+    MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE, MAX_LOG_LIMIT, MAX_STATE_LIFETIME,
+    MAX_WINDOW,
 };
 
 /// What a rule takes from the top level when it does not set it.

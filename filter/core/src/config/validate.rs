@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::call_bound::check_request_bounds;
 use super::fields::{validate_lease, NamedList, LEASE_NEEDS_PROXY_CLOCK};
 use super::locate::serde_error;
 use super::raw::*;
 use super::rules::RuleDefaults;
 use super::*;
-use crate::bounds::{check_request_bounds, MAX_BRIDGE_FIELD_BYTES, MAX_CONFIG_BYTES, MAX_RULES};
+use crate::bounds::{MAX_BRIDGE_FIELD_BYTES, MAX_CONFIG_BYTES, MAX_RULES};
 use crate::encode::base64;
 use crate::sha1::sha1_hex;
 
