@@ -136,8 +136,8 @@ mod tests {
     use crate::bridge::{BridgeRequest, DecideCall, MAX_CLOCK_DIGITS};
     use crate::config::fixtures::*;
     use crate::config::MAX_COST;
-    use crate::request::identity::tests::FakeRequest;
     use crate::request::plan::plan;
+    use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -393,7 +393,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::identity::tests::FakeRequest;
+    use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
