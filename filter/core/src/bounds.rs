@@ -46,9 +46,11 @@ pub const MAX_LIMIT: u64 = 1_000_000_000_000;
 pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// Limits one request can carry (all its matching rules together): one script call decides
-/// them, six arguments each, and the response headers list them.
+/// them, nine arguments each, and the response headers list them.
 pub const MAX_LIMITS_PER_REQUEST: usize = 64;
-/// Bytes of one request's bridge call path (`/EVALSHA/…`, every argument percent-encoded).
+/// Bytes of a bridge call's path (`/EVALSHA/…`, every argument percent-encoded), counted with
+/// the bridge's size model (`bridge::CallSize`): a batch stops growing before it, and a
+/// configuration whose single request could pass it is refused.
 /// Webdis refuses a request larger than `http_max_request_size` (65,536 in envoy/webdis.json;
 /// requests of up to that size were always accepted there); this leaves 16 KiB for the request
 /// line, `Host`, `Authorization` and the headers Envoy adds (142 bytes measured with the

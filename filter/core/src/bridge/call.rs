@@ -418,6 +418,19 @@ impl CallSize {
     }
 }
 
+/// The size of the whole call [`DecideCall::leasing`] makes of `requests`, fixed prefix
+/// included, counted as a worker's batch ([`CallSize::batch`]); `.fits()` says whether Webdis
+/// takes it.
+pub fn batch_size<'a>(
+    requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
+) -> CallSize {
+    requests
+        .into_iter()
+        .fold(CallSize::batch(), |size, (checks, lease_asked)| {
+            size.with_checks(checks, lease_asked)
+        })
+}
+
 /// What a request's checks add to a batch's path at most, sent either way (decided, or asking
 /// for a lease of any size): [`CallSize::batch`] grown by the request, less its fixed prefix.
 pub fn call_bytes(checks: &[LimitCheck]) -> usize {
@@ -715,9 +728,7 @@ mod tests {
                 requests.iter().map(|r| (&r[..], lease)),
             );
             let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
-            let model = requests
-                .iter()
-                .fold(CallSize::batch(), |size, r| size.with_checks(r, lease));
+            let model = batch_size(requests.iter().map(|r| (&r[..], lease)));
             assert!(
                 path.len() <= model.bytes(),
                 "{} > {}",

@@ -6,8 +6,8 @@ mod failure;
 mod reply;
 
 pub use call::{
-    call_bytes, lease_units, BridgeRequest, BudgetShape, CallSize, DecideCall, LimitShape,
-    ModeShape, FRACTION_DECIMALS, MAX_CLOCK_DIGITS,
+    batch_size, call_bytes, lease_units, BridgeRequest, BudgetShape, CallSize, DecideCall,
+    LimitShape, ModeShape, FRACTION_DECIMALS, MAX_CLOCK_DIGITS,
 };
 pub use failure::BridgeFailure;
 pub use reply::{
