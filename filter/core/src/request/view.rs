@@ -35,7 +35,7 @@ pub fn header_count(headers: &[(String, Vec<u8>)], name: &str) -> usize {
 }
 
 /// The path without its query string, so `?x=1` cannot make a new bucket or dodge a match.
-pub fn path_only(path: &[u8]) -> &[u8] {
+pub(crate) fn path_only(path: &[u8]) -> &[u8] {
     let end = path.iter().position(|&b| b == b'?').unwrap_or(path.len());
     &path[..end]
 }
@@ -44,7 +44,7 @@ pub fn path_only(path: &[u8]) -> &[u8] {
 /// more than once it refuses the request: the limiter and the backend could read different
 /// copies (the first, the last, or all joined), so a client would be limited as one caller and
 /// served as another.
-pub fn decisive_header<'v>(
+pub(crate) fn decisive_header<'v>(
     view: &'v dyn RequestView,
     name: &str,
 ) -> Result<Option<&'v [u8]>, BadRequest> {
