@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use ratelimit_core::plan::{plan_memo, PlanMemo};
+use ratelimit_core::request::plan::{plan_memo, PlanMemo};
 use ratelimit_core::Config;
 
 mod common;
