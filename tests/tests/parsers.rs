@@ -11,8 +11,10 @@ mod common;
 use ratelimit_core::bridge::{parse_eval_reply, BridgeReply, EvalOutcome};
 use ratelimit_core::config::{ClientIpPolicy, Config};
 use ratelimit_core::encode::path_segment;
-use ratelimit_core::identity::{client_ip, first_header, header_count, RequestView};
-use ratelimit_core::plan::{plan, BadRequest};
+use ratelimit_core::request::identity::client_ip;
+use ratelimit_core::request::plan::plan;
+use ratelimit_core::request::view::BadRequest;
+use ratelimit_core::testing::request::FakeRequest;
 
 fn runner(cases: u32) -> TestRunner {
     common::seeded_runner(cases, 11)
@@ -132,28 +134,6 @@ fn the_reply_parser_answers_every_body_without_panicking() {
     );
 }
 
-/// A request: a few headers with raw byte values, and a peer.
-#[derive(Debug, Clone)]
-struct Request {
-    headers: Vec<(String, Vec<u8>)>,
-    peer: Option<String>,
-}
-
-impl RequestView for Request {
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        first_header(&self.headers, name)
-    }
-    fn header_copies(&self, name: &str) -> usize {
-        header_count(&self.headers, name)
-    }
-    fn source_address(&self) -> Option<String> {
-        self.peer.clone()
-    }
-    fn route_name(&self) -> Option<String> {
-        None
-    }
-}
-
 fn header_value() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..40),
@@ -165,13 +145,14 @@ fn header_value() -> impl Strategy<Value = Vec<u8>> {
 fn cost_headers_are_a_whole_number_within_bounds_or_a_400() {
     let config = Config::parse(VALID.as_bytes()).unwrap();
     check("cost header", 50_000, header_value(), |value| {
-        let request = Request {
+        let request = FakeRequest {
             headers: vec![
                 (":method".into(), b"GET".to_vec()),
                 (":path".into(), b"/api/x".to_vec()),
                 ("x-cost".into(), value),
             ],
-            peer: Some("10.0.0.1:1234".into()),
+            source: Some("10.0.0.1:1234".into()),
+            route: None,
         };
         match plan(&config, &request) {
             Ok(p) => prop_assert!(p.checks.iter().all(|c| (1..=10).contains(&c.cost))),
@@ -191,9 +172,10 @@ fn x_forwarded_for_gives_an_address_or_nothing() {
         50_000,
         strategy,
         |(xff, hops, v4, v6)| {
-            let request = Request {
+            let request = FakeRequest {
                 headers: vec![("x-forwarded-for".into(), xff)],
-                peer: Some("192.0.2.1:5555".into()),
+                source: Some("192.0.2.1:5555".into()),
+                route: None,
             };
             let policy = ClientIpPolicy {
                 xff_trusted_hops: hops,

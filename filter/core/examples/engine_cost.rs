@@ -3,8 +3,8 @@
 //! rate-limit headers built), with a host that only counts what it is asked. What Envoy does
 //! with the answer (host calls, headers, body) is not in these figures.
 //!
-//! Natively: `cargo run --release -p ratelimit-core --example engine_cost`. Under V8, as
-//! `plan_cost` (build for wasm32-wasip1, run the `.wasm` with node's WASI).
+//! Natively: `cargo run --release -p ratelimit-core --features testing --example engine_cost`.
+//! Under V8, as `plan_cost` (build for wasm32-wasip1, run the `.wasm` with node's WASI).
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,8 @@ use ratelimit_core::{
 };
 
 mod common;
-use common::{view, View};
+use common::view;
+use ratelimit_core::testing::request::FakeRequest;
 
 /// A host with a fixed clock that remembers the last call, and counts answers.
 struct CountingHost {
@@ -73,7 +74,13 @@ fn config(extra: &str) -> Config {
 /// One request through the engine as the adapter drives it: headers, the response headers
 /// taken, the context forgotten. A lease asked for from the root (a prefetch) is granted in
 /// full at once, as a Redis with plenty left would.
-fn one(engine: &mut Engine, config: &Config, host: &mut CountingHost, ctx: u32, view: &View) {
+fn one(
+    engine: &mut Engine,
+    config: &Config,
+    host: &mut CountingHost,
+    ctx: u32,
+    view: &FakeRequest,
+) {
     engine.on_request(config, host, ctx, view);
     if std::mem::take(&mut host.woken) {
         engine.on_wakeup(config, host);
@@ -93,7 +100,7 @@ fn one(engine: &mut Engine, config: &Config, host: &mut CountingHost, ctx: u32, 
 }
 
 /// A first request whose call gets `reply`: the deny cache entry or the lease the rest use.
-fn primed(config: &Config, host: &mut CountingHost, view: &View, reply: &str) -> Engine {
+fn primed(config: &Config, host: &mut CountingHost, view: &FakeRequest, reply: &str) -> Engine {
     let mut engine = Engine::new(config);
     engine.on_request(config, host, 1, view);
     let reply = BridgeReply {
@@ -107,7 +114,13 @@ fn primed(config: &Config, host: &mut CountingHost, view: &View, reply: &str) ->
 }
 
 /// The fastest of five rounds of `N` requests, each after a warm-up: the machine is noisy.
-fn time(name: &str, config: &Config, host: &mut CountingHost, engine: &mut Engine, view: &View) {
+fn time(
+    name: &str,
+    config: &Config,
+    host: &mut CountingHost,
+    engine: &mut Engine,
+    view: &FakeRequest,
+) {
     const N: u32 = 100_000;
     for ctx in 0..N / 10 {
         one(engine, config, host, 2 + ctx, view);

@@ -1,21 +1,22 @@
 //! Time of one request's plan (rule matching, identity, Redis keys), without Envoy: a view that
 //! keeps the request's headers as the adapter does (read once, looked up by name).
 //!
-//! Natively: `cargo run --release -p ratelimit-core --example plan_cost`. Under V8, the engine
-//! Envoy runs the filter in:
-//! `cargo build --release --target wasm32-wasip1 -p ratelimit-core --example plan_cost` then
+//! Natively: `cargo run --release -p ratelimit-core --features testing --example plan_cost`.
+//! Under V8, the engine Envoy runs the filter in:
+//! `cargo build --release --target wasm32-wasip1 -p ratelimit-core --features testing --example plan_cost` then
 //! `node --no-warnings -e 'const {WASI}=require("node:wasi");const w=new WASI({version:"preview1"});WebAssembly.instantiate(require("fs").readFileSync(process.argv[1]),w.getImportObject()).then(({instance})=>w.start(instance))' target/wasm32-wasip1/release/examples/plan_cost.wasm`
 
 use std::time::Instant;
 
-use ratelimit_core::plan::{plan_memo, PlanMemo};
+use ratelimit_core::request::plan::{plan_memo, PlanMemo};
 use ratelimit_core::Config;
 
 mod common;
-use common::{view, View};
+use common::view;
+use ratelimit_core::testing::request::FakeRequest;
 
 /// The fastest of five rounds, each after a warm-up: the machine is shared and noisy.
-fn time(name: &str, config: &Config, view: &View, memo: &mut PlanMemo) {
+fn time(name: &str, config: &Config, view: &FakeRequest, memo: &mut PlanMemo) {
     const N: u64 = 100_000;
     let mut checks = 0;
     for turn in 0..N / 10 {

@@ -7,19 +7,21 @@ pub mod algorithms;
 pub mod bounds;
 pub mod bridge;
 pub mod config;
+pub mod decision;
 pub mod deny_cache;
 pub mod encode;
 pub mod engine;
 pub mod expiring;
-pub mod identity;
 pub mod lease;
 pub mod local;
 pub mod metrics;
-pub mod plan;
+pub mod request;
 pub mod response;
 pub mod sha1;
 pub mod slot;
 pub mod split;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod throttle;
 
 /// The decision script Redis runs: the shared part, one part per algorithm, then the driver
@@ -38,6 +40,25 @@ pub const DECISION_LUA: &str = concat!(
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};
 pub use engine::{Engine, Host, Verdict};
-pub use identity::RequestView;
 pub use metrics::{Counter, Gauge, Histogram, RuleStats};
+pub use request::view::RequestView;
 pub use throttle::LogThrottle;
+
+/// The request modules' former paths (`identity`, `plan`), kept while code written against
+/// them is moved to `request::*`.
+pub mod identity {
+    #[cfg(test)]
+    pub(crate) use crate::request::identity::tests;
+    pub use crate::request::identity::*;
+    pub use crate::request::keys::{
+        budget_counter_key, overflow_key, redis_key, MAX_READABLE_IDENTITY,
+    };
+    pub use crate::request::view::{first_header, header_count, RequestView};
+}
+
+/// See [`identity`].
+pub mod plan {
+    pub use crate::request::keys::shard_key;
+    pub use crate::request::plan::*;
+    pub use crate::request::view::BadRequest;
+}

@@ -2,9 +2,9 @@
 
 use serde_json::json;
 
-use crate::bridge::{Decision, LimitResult};
 use crate::config::{Config, DenyBody, HeaderMode};
-use crate::plan::LimitCheck;
+use crate::decision::{Decision, LimitResult};
+use crate::request::plan::LimitCheck;
 
 pub type Headers = Vec<(&'static str, String)>;
 

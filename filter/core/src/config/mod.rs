@@ -1,21 +1,27 @@
 //! The filter's JSON configuration: the validated model the request path reads (this file),
 //! the serde layer as written with its defaults (`raw.rs`), its validation (`validate.rs` for
-//! the top level and the bridge, `rules.rs` for rules and limits), and locating serde's errors
-//! in the text (`locate.rs`). Every error names the field it is about
-//! (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config at start-up with a
-//! message an operator can act on.
+//! the top level and the bridge, `rules.rs` for rules and limits, `fields.rs` for the checks
+//! both share), and locating serde's errors in the text (`locate.rs`). Every error names the
+//! field it is about (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config
+//! at start-up with a message an operator can act on.
 
 use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+mod call_bound;
+mod fields;
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod locate;
+mod overlap;
 mod raw;
 mod rules;
 mod validate;
 
-pub use raw::parse_duration;
+pub use overlap::may_overlap;
+pub use raw::{parse_duration, show_duration};
 pub use rules::MAX_COST;
 
 /// What a bridge failure (timeout, refused connection, bad reply) does to the request.
@@ -270,6 +276,20 @@ pub fn cluster_budget(budget: &KeyBudget) -> (u64, Duration) {
         per_slot,
         Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)),
     )
+}
+
+/// How long a limit's state lives at most, in ms (the scripts' `PEXPIRE` less its margin).
+pub fn state_lifetime_ms(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> u128 {
+    let window = window.as_millis();
+    match algorithm {
+        // Full again once burst tokens came back at limit per window; GCRA's TAT is at most
+        // burst intervals of window / limit ahead.
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            (u128::from(burst) * window).div_ceil(u128::from(limit.max(1)))
+        }
+        Algorithm::SlidingWindowCounter => 2 * window,
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => window,
+    }
 }
 
 impl OverBudget {

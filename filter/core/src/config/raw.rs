@@ -245,3 +245,19 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     };
     Some(Duration::from_millis(n.checked_mul(millis_per_unit)?))
 }
+
+/// A duration as the config writes it (`366d`, `90m`, `150ms`): [`parse_duration`] reads it.
+pub fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, per) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= per && ms.is_multiple_of(per) {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{ms}ms")
+}

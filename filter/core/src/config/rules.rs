@@ -4,15 +4,25 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::raw::*;
-use super::validate::{
-    check_header_name, check_name, validate_lease, NamedList, RuleDefaults, LEASE_NEEDS_PROXY_CLOCK,
+use super::fields::{
+    check_header_name, check_name, validate_lease, NamedList, LEASE_NEEDS_PROXY_CLOCK,
 };
+use super::raw::*;
 use super::*;
 use crate::bounds::{
-    show_duration, state_lifetime_ms, MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE,
-    MAX_LOG_LIMIT, MAX_STATE_LIFETIME, MAX_WINDOW,
+    MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE, MAX_LOG_LIMIT, MAX_STATE_LIFETIME,
+    MAX_WINDOW,
 };
+
+/// What a rule takes from the top level when it does not set it.
+pub(super) struct RuleDefaults {
+    pub(super) failure_mode: FailureMode,
+    pub(super) timeout: Duration,
+    pub(super) shadow: bool,
+    /// The top-level `lease`, for the limits that can take one and set none.
+    pub(super) lease: Option<Lease>,
+    pub(super) clock: Clock,
+}
 
 impl RawRule {
     pub(super) fn validate(
@@ -382,9 +392,4 @@ pub(super) fn validate_cost(value: Option<Value>, field: &str) -> Result<Cost, C
         max,
         default,
     })
-}
-
-/// RFC 9110 `tchar`.
-pub(super) fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }

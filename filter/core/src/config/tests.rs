@@ -403,3 +403,44 @@ fn cluster_mode_batches_more_calls_at_once_and_counts_key_budgets_per_slot() {
         "rules[0].key_budget.window: with bridge.redis_cluster each of the 16384 slots counts its own share: window × 16384 / new_keys must be at most 366d (raise new_keys or shorten window)"
     );
 }
+
+/// `lease.fraction` goes into every leased call: a value the script would get with more
+/// decimals than the call's fixed 6 (`5e-324` alone took ~330 bytes per limit) is refused.
+#[test]
+fn a_lease_fraction_has_at_most_six_decimals() {
+    let top = |fraction: &str| {
+        format!(
+            r#"{{"lease": {{"fraction": {fraction}}}, "rules": [{{"name": "r", "limits": [{LIMIT}]}}]}}"#
+        )
+    };
+    let own = |fraction: &str| {
+        with_rule(&format!(
+            r#"{{"name": "r", "limits": [{{"name": "l", "limit": 1, "window": "1s", "lease": {{"fraction": {fraction}}}}}]}}"#
+        ))
+    };
+    for fraction in ["5e-324", "1e-7", "0.0000005", "0.1234567"] {
+        assert_eq!(
+            Config::parse(top(fraction).as_bytes())
+                .unwrap_err()
+                .to_string(),
+            "lease.fraction: must have at most 6 decimals (0.000001 at least)",
+            "{fraction}"
+        );
+        assert_eq!(
+            Config::parse(own(fraction).as_bytes())
+                .unwrap_err()
+                .to_string(),
+            "rules[0].limits[0].lease.fraction: must have at most 6 decimals (0.000001 at least)",
+            "{fraction}"
+        );
+    }
+    for (fraction, want) in [
+        ("0.000001", 0.000001),
+        ("0.123456", 0.123456),
+        ("1e-6", 0.000001),
+        ("1", 1.0),
+    ] {
+        let c = Config::parse(top(fraction).as_bytes()).unwrap();
+        assert_eq!(c.rules[0].limits[0].lease.map(|l| l.fraction), Some(want));
+    }
+}

@@ -5,13 +5,12 @@ use std::hash::BuildHasher;
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::identity::{label, resolve_into};
+use super::keys::{budget_counter_key, overflow_key, redis_key, shard_key};
+use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::config::{
     cluster_budget, Algorithm, Config, Cost, FailureMode, KeyBudget, Lease, Limit, Match,
     OverBudget, PathMatch, Rule,
-};
-use crate::identity::{
-    budget_counter_key, decisive_header, label, overflow_key, path_only, redis_key, resolve_into,
-    RequestView,
 };
 use crate::slot::key_slot;
 
@@ -77,10 +76,6 @@ impl Plan {
         !self.checks.is_empty() && self.checks.iter().all(|c| c.lease.is_some())
     }
 }
-
-/// A request the limiter refuses before deciding anything (answered with 400).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadRequest(pub String);
 
 /// The plan for a request: every matching rule's limits, keyed and costed.
 pub fn plan(config: &Config, view: &dyn RequestView) -> Result<Plan, BadRequest> {
@@ -341,21 +336,6 @@ fn budget_check(
     }
 }
 
-/// The key of shard `shard`: `#shard` at the end of the hash tag, so each shard hashes to a
-/// slot of its own (most often another node). The shard's number is the tag's last part after
-/// `#`, so no two (identity, shard) pairs share a key, whatever the identity holds.
-pub fn shard_key(key: &str, shard: u64) -> String {
-    use std::fmt::Write;
-    // One allocation of about the right size rather than `format!` over the whole key.
-    let close = key.find('}').unwrap_or(key.len());
-    let mut out = String::with_capacity(key.len() + 4);
-    out.push_str(&key[..close]);
-    // Writing into a String cannot fail.
-    let _ = write!(out, "#{shard}");
-    out.push_str(&key[close..]);
-    out
-}
-
 /// Whether a rule's matcher fits the request. The header is read last, only when path and
 /// method fit, so that a repeated header counts only on requests the rule could apply to.
 fn matches(
@@ -413,7 +393,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::tests::FakeRequest;
+    use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -1,0 +1,51 @@
+//! Why the bridge gave no decision.
+
+use std::fmt;
+
+/// Why the bridge gave no decision. Every one of these goes to the failure policy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BridgeFailure {
+    /// No response: timeout or connection failure.
+    NoResponse,
+    /// An HTTP status other than 200 (403: credentials or ACL; 503: Redis down).
+    Status(u16),
+    /// Redis answered with an error (shown truncated).
+    Redis(String),
+    /// The script is still missing after loading it.
+    NoScript,
+    /// A reply the filter cannot read.
+    BadReply(&'static str),
+    /// The host refused to start the call (for example an unknown cluster).
+    Dispatch(String),
+    /// The host could not tell the time.
+    Clock,
+    /// The call reached Redis after its deadline; Redis charged nothing.
+    Stale,
+    /// The worker's circuit breaker is open: no call was made.
+    BreakerOpen,
+    /// The request's timeout passed while it waited for a call.
+    Expired,
+    /// The stream that made the call ended, and its reply with it.
+    Orphaned,
+}
+
+impl fmt::Display for BridgeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BridgeFailure::NoResponse => write!(
+                f,
+                "no response from the bridge (timeout or connection failure)"
+            ),
+            BridgeFailure::Status(code) => write!(f, "bridge answered HTTP {code}"),
+            BridgeFailure::Redis(message) => write!(f, "redis error: {message}"),
+            BridgeFailure::NoScript => write!(f, "script still missing after SCRIPT LOAD"),
+            BridgeFailure::BadReply(why) => write!(f, "unreadable bridge reply: {why}"),
+            BridgeFailure::Dispatch(why) => write!(f, "could not call the bridge: {why}"),
+            BridgeFailure::Clock => write!(f, "host clock unavailable"),
+            BridgeFailure::Stale => write!(f, "the call reached Redis after its deadline"),
+            BridgeFailure::BreakerOpen => write!(f, "the circuit breaker is open"),
+            BridgeFailure::Expired => write!(f, "timed out waiting for a bridge call"),
+            BridgeFailure::Orphaned => write!(f, "the stream that made the call ended"),
+        }
+    }
+}

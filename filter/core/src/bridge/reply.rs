@@ -1,0 +1,442 @@
+//! Reading Webdis's replies: what an `EVALSHA` of a batch or a `SCRIPT LOAD` answered.
+
+use serde_json::Value;
+
+use super::failure::BridgeFailure;
+use crate::decision::{Decision, LimitResult};
+
+/// A reply from Webdis as the host delivered it: no status means the call timed out or the
+/// connection failed.
+#[derive(Debug, Clone, Copy)]
+pub struct BridgeReply<'a> {
+    pub status: Option<u16>,
+    pub body: &'a [u8],
+}
+
+/// What an `EVALSHA` reply says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EvalOutcome {
+    /// One entry per request of the batch, in order: its decision, or why Redis could not
+    /// decide that request alone.
+    Decided(Vec<Result<Decision, BridgeFailure>>),
+    /// Redis does not have the script (it restarted): load it and retry.
+    NoScript,
+}
+
+const MAX_ERROR_TEXT: usize = 200;
+
+fn shown_error(message: &str) -> String {
+    let mut shown: String = message.chars().take(MAX_ERROR_TEXT).collect();
+    if shown.len() < message.len() {
+        shown.push('…');
+    }
+    shown
+}
+
+/// Reads the reply to an `EVALSHA` of a batch whose requests carry `shape[i]` limits each:
+/// `{"EVALSHA":[R, then per request committed, n, (allowed, "remaining", "reset", "retry") × n,
+/// or -1, "error"]}`, or an error for the whole call in a 200 body.
+pub fn parse_eval_reply(
+    reply: BridgeReply<'_>,
+    shape: &[usize],
+) -> Result<EvalOutcome, BridgeFailure> {
+    let shape: Vec<RequestShape> = shape
+        .iter()
+        .map(|&limits| RequestShape {
+            limits,
+            most_leased: 0,
+        })
+        .collect();
+    parse_batch_reply(reply, &shape)
+}
+
+/// What the reply for one request of a batch may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestShape {
+    /// Its limits.
+    pub limits: usize,
+    /// The most further requests a lease it asked for may hold (0: it asked for none). A
+    /// reply granting more is unreadable: a broken bridge must not hand out units.
+    pub most_leased: u64,
+}
+
+/// [`parse_eval_reply`] for a batch whose requests may have asked for leases: a committed
+/// request replies 1 + the further requests leased instead of 1.
+pub fn parse_batch_reply(
+    reply: BridgeReply<'_>,
+    shape: &[RequestShape],
+) -> Result<EvalOutcome, BridgeFailure> {
+    let items = command_result(reply, "EVALSHA")?;
+    let items = items
+        .as_array()
+        .ok_or(BridgeFailure::BadReply("EVALSHA result is not an array"))?;
+    if let [Value::Bool(false), Value::String(message)] = items.as_slice() {
+        if message.starts_with("NOSCRIPT") {
+            return Ok(EvalOutcome::NoScript);
+        }
+        if message.starts_with("EXPIRED") {
+            return Err(BridgeFailure::Stale);
+        }
+        return Err(BridgeFailure::Redis(shown_error(message)));
+    }
+    let Some((count, mut rest)) = items.split_first() else {
+        return Err(BridgeFailure::BadReply("EVALSHA result is too short"));
+    };
+    if count.as_u64() != Some(shape.len() as u64) {
+        return Err(BridgeFailure::BadReply(
+            "EVALSHA result has the wrong number of requests",
+        ));
+    }
+    let mut decisions = Vec::with_capacity(shape.len());
+    for &expected in shape {
+        let (decision, after) = parse_request(rest, expected)?;
+        decisions.push(decision);
+        rest = after;
+    }
+    if !rest.is_empty() {
+        return Err(BridgeFailure::BadReply("EVALSHA result is too long"));
+    }
+    Ok(EvalOutcome::Decided(decisions))
+}
+
+/// One request's part of a batch reply, and what follows it.
+fn parse_request(
+    items: &[Value],
+    shape: RequestShape,
+) -> Result<(Result<Decision, BridgeFailure>, &[Value]), BridgeFailure> {
+    let expected = shape.limits;
+    let too_short = BridgeFailure::BadReply("EVALSHA result is too short");
+    let [status, second, rest @ ..] = items else {
+        return Err(too_short);
+    };
+    if status.as_i64() == Some(-1) {
+        let message = second
+            .as_str()
+            .ok_or(BridgeFailure::BadReply("request error is not a text"))?;
+        return Ok((Err(BridgeFailure::Redis(shown_error(message))), rest));
+    }
+    // 0: refused; k >= 1: committed, with k - 1 further requests leased.
+    let committed = status
+        .as_u64()
+        .filter(|&k| k <= 1 + shape.most_leased)
+        .ok_or(BridgeFailure::BadReply(
+            "decision flag is not 0, 1 or 1 + a lease asked for",
+        ))?;
+    if second.as_u64() != Some(expected as u64) {
+        return Err(BridgeFailure::BadReply(
+            "EVALSHA result has the wrong number of limits",
+        ));
+    }
+    if rest.len() < 4 * expected {
+        return Err(too_short);
+    }
+    let (values, rest) = rest.split_at(4 * expected);
+    let mut limits = Vec::with_capacity(expected);
+    for chunk in values.chunks_exact(4) {
+        // 0 or 1: refused or allowed; plus 2 when the identity was over the key budget.
+        let outcome = chunk[0]
+            .as_u64()
+            .filter(|v| *v <= 3)
+            .ok_or(BridgeFailure::BadReply("limit outcome is not 0 to 3"))?;
+        limits.push(LimitResult {
+            allowed: outcome & 1 == 1,
+            remaining: non_negative_number(&chunk[1])
+                .ok_or(BridgeFailure::BadReply("remaining is not a number >= 0"))?,
+            reset_ms: non_negative_number(&chunk[2])
+                .ok_or(BridgeFailure::BadReply("reset is not a number >= 0"))?,
+            retry_ms: non_negative_number(&chunk[3])
+                .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
+            over_budget: outcome & 2 == 2,
+        });
+    }
+    let decision = Decision {
+        allowed: committed >= 1,
+        limits,
+        leased: committed.saturating_sub(1),
+    };
+    Ok((Ok(decision), rest))
+}
+
+/// Reads the reply to `SCRIPT LOAD`: `{"SCRIPT":"<sha>"}`, which must name our script.
+pub fn parse_script_load_reply(
+    reply: BridgeReply<'_>,
+    expected_sha: &str,
+) -> Result<(), BridgeFailure> {
+    match command_result(reply, "SCRIPT")? {
+        Value::String(sha) if sha == expected_sha => Ok(()),
+        Value::String(_) => Err(BridgeFailure::BadReply(
+            "SCRIPT LOAD returned another script's hash",
+        )),
+        Value::Array(items) => match items.as_slice() {
+            [Value::Bool(false), Value::String(message)] => {
+                Err(BridgeFailure::Redis(shown_error(message)))
+            }
+            _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
+        },
+        _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
+    }
+}
+
+/// The value under `command` in a 200 JSON reply.
+fn command_result(reply: BridgeReply<'_>, command: &str) -> Result<Value, BridgeFailure> {
+    match reply.status {
+        None => return Err(BridgeFailure::NoResponse),
+        Some(200) => {}
+        Some(code) => return Err(BridgeFailure::Status(code)),
+    }
+    let value: Value = serde_json::from_slice(reply.body)
+        .map_err(|_| BridgeFailure::BadReply("body is not JSON"))?;
+    match value {
+        Value::Object(mut map) => map
+            .remove(command)
+            .ok_or(BridgeFailure::BadReply("reply is for another command")),
+        _ => Err(BridgeFailure::BadReply("body is not a JSON object")),
+    }
+}
+
+/// Numbers come back as strings (Redis truncates Lua numbers); accept plain integers too.
+fn non_negative_number(value: &Value) -> Option<f64> {
+    let n = match value {
+        Value::String(s) => s.parse::<f64>().ok()?,
+        Value::Number(n) => n.as_f64()?,
+        _ => return None,
+    };
+    (n.is_finite() && n >= 0.0).then_some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ok(body: &str) -> BridgeReply<'_> {
+        BridgeReply {
+            status: Some(200),
+            body: body.as_bytes(),
+        }
+    }
+
+    #[test]
+    fn over_budget_outcomes_are_read() {
+        let Ok(EvalOutcome::Decided(d)) = parse_eval_reply(
+            ok(r#"{"EVALSHA":[2,0,1,2,"0","900","900",1,1,3,"4","6000","0"]}"#),
+            &[1, 1],
+        ) else {
+            panic!("not decided");
+        };
+        let first = d[0].as_ref().unwrap();
+        assert!(!first.allowed && !first.limits[0].allowed && first.limits[0].over_budget);
+        let second = d[1].as_ref().unwrap();
+        assert!(second.allowed && second.limits[0].allowed && second.limits[0].over_budget);
+    }
+
+    #[test]
+    fn decisions_are_read() {
+        assert_eq!(
+            parse_eval_reply(
+                ok(
+                    r#"{"EVALSHA":[2,1,2,1,"4","6000","0",0,"0.25","59000","4500",-1,"ERR decide: bad"]}"#
+                ),
+                &[2, 1]
+            ),
+            Ok(EvalOutcome::Decided(vec![
+                Ok(Decision {
+                    allowed: true,
+                    limits: vec![
+                        LimitResult {
+                            allowed: true,
+                            remaining: 4.0,
+                            reset_ms: 6000.0,
+                            retry_ms: 0.0,
+                            over_budget: false,
+                        },
+                        LimitResult {
+                            allowed: false,
+                            remaining: 0.25,
+                            reset_ms: 59000.0,
+                            retry_ms: 4500.0,
+                            over_budget: false,
+                        },
+                    ],
+                    leased: 0
+                }),
+                Err(BridgeFailure::Redis("ERR decide: bad".into()))
+            ]))
+        );
+    }
+
+    #[test]
+    fn noscript_asks_for_a_load() {
+        assert_eq!(
+            parse_eval_reply(
+                ok(r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#),
+                &[1]
+            ),
+            Ok(EvalOutcome::NoScript)
+        );
+    }
+
+    /// Every failure shape from FACTS.md, plus garbage: each is a bridge failure, none panics.
+    #[test]
+    fn failures_are_classified() {
+        let long_error = format!(r#"{{"EVALSHA":[false,"ERR {}"]}}"#, "x".repeat(1000));
+        let cases: Vec<(BridgeReply<'_>, BridgeFailure)> = vec![
+            (
+                BridgeReply {
+                    status: None,
+                    body: b"",
+                },
+                BridgeFailure::NoResponse,
+            ),
+            (
+                BridgeReply {
+                    status: Some(403),
+                    body: b"",
+                },
+                BridgeFailure::Status(403),
+            ),
+            (
+                BridgeReply {
+                    status: Some(503),
+                    body: b"",
+                },
+                BridgeFailure::Status(503),
+            ),
+            (
+                BridgeReply {
+                    status: Some(405),
+                    body: b"",
+                },
+                BridgeFailure::Status(405),
+            ),
+            (
+                ok(r#"{"EVALSHA":[false,"ERR user_script:14: attempt to compare nil"]}"#),
+                BridgeFailure::Redis("ERR user_script:14: attempt to compare nil".into()),
+            ),
+            (ok(""), BridgeFailure::BadReply("body is not JSON")),
+            (ok("<html>"), BridgeFailure::BadReply("body is not JSON")),
+            (
+                ok(r#"{"EVALSHA":[1,1,"4""#),
+                BridgeFailure::BadReply("body is not JSON"),
+            ),
+            (
+                ok("[1,2,3]"),
+                BridgeFailure::BadReply("body is not a JSON object"),
+            ),
+            (
+                ok(r#"{"GET":"x"}"#),
+                BridgeFailure::BadReply("reply is for another command"),
+            ),
+            (
+                ok(r#"{"EVALSHA":"OK"}"#),
+                BridgeFailure::BadReply("EVALSHA result is not an array"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too short"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too short"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[2,1,1,1,"4","0","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result has the wrong number of requests"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"4","0","0",1]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too long"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,-1,7]}"#),
+                BridgeFailure::BadReply("request error is not a text"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,2,1,1,"4","0","0"]}"#),
+                BridgeFailure::BadReply("decision flag is not 0, 1 or 1 + a lease asked for"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,2,1,"4","0","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result has the wrong number of limits"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"4","0"]}"#),
+                BridgeFailure::BadReply("EVALSHA result is too short"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,true,"4","0","0"]}"#),
+                BridgeFailure::BadReply("limit outcome is not 0 to 3"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,4,"4","0","0"]}"#),
+                BridgeFailure::BadReply("limit outcome is not 0 to 3"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"four","0","0"]}"#),
+                BridgeFailure::BadReply("remaining is not a number >= 0"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"-1","0","0"]}"#),
+                BridgeFailure::BadReply("remaining is not a number >= 0"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"inf","0","0"]}"#),
+                BridgeFailure::BadReply("remaining is not a number >= 0"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,1,1,1,"1",null,"0"]}"#),
+                BridgeFailure::BadReply("reset is not a number >= 0"),
+            ),
+            (
+                ok(r#"{"EVALSHA":[1,0,1,0,"0","0",{}]}"#),
+                BridgeFailure::BadReply("retry-after is not a number >= 0"),
+            ),
+        ];
+        for (reply, want) in cases {
+            assert_eq!(
+                parse_eval_reply(reply, &[1]),
+                Err(want),
+                "{:?}",
+                String::from_utf8_lossy(reply.body)
+            );
+        }
+        match parse_eval_reply(ok(&long_error), &[1]) {
+            Err(BridgeFailure::Redis(shown)) => {
+                assert_eq!(shown.chars().count(), MAX_ERROR_TEXT + 1)
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn script_load_reply_must_name_our_script() {
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let good = format!(r#"{{"SCRIPT":"{sha}"}}"#);
+        assert_eq!(parse_script_load_reply(ok(&good), sha), Ok(()));
+        assert_eq!(
+            parse_script_load_reply(ok(r#"{"SCRIPT":"ffff"}"#), sha),
+            Err(BridgeFailure::BadReply(
+                "SCRIPT LOAD returned another script's hash"
+            ))
+        );
+        assert_eq!(
+            parse_script_load_reply(ok(r#"{"SCRIPT":[false,"NOPERM no"]}"#), sha),
+            Err(BridgeFailure::Redis("NOPERM no".into()))
+        );
+        assert_eq!(
+            parse_script_load_reply(
+                BridgeReply {
+                    status: Some(403),
+                    body: b""
+                },
+                sha
+            ),
+            Err(BridgeFailure::Status(403))
+        );
+        assert_eq!(
+            parse_script_load_reply(ok("{}"), sha),
+            Err(BridgeFailure::BadReply("reply is for another command"))
+        );
+    }
+}

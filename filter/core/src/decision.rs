@@ -1,0 +1,39 @@
+//! What a decision is, apart from how it travels: what Redis (or a lease, or the local
+//! fallback) decided for a request and each of its limits, and a charge to give back.
+
+use crate::request::plan::LimitCheck;
+
+/// What Redis decided for one limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitResult {
+    pub allowed: bool,
+    /// Units left after this request (charged only if the request was allowed).
+    pub remaining: f64,
+    /// Milliseconds until the limit is whole again.
+    pub reset_ms: f64,
+    /// When refused: milliseconds until this request would be allowed.
+    pub retry_ms: f64,
+    /// A new identity over its rule's key budget: refused for it (mode `deny`) or decided on
+    /// the rule's shared overflow state (mode `shared`).
+    pub over_budget: bool,
+}
+
+/// What Redis decided for one request: all limits, in the order they were sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Every enforced limit allowed, and the request was charged.
+    pub allowed: bool,
+    pub limits: Vec<LimitResult>,
+    /// Further requests of the same costs charged with this one as a lease (0: none); each
+    /// limit's `remaining` and `reset_ms` then describe the state after the whole lease.
+    pub leased: u64,
+}
+
+/// A charge to give back: the limit, the clock the charge was decided with, and the
+/// `remaining` it replied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refund {
+    pub check: LimitCheck,
+    pub charged_at_ns: u128,
+    pub left: f64,
+}

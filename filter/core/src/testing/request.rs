@@ -1,0 +1,51 @@
+//! A request for tests and examples: its headers in order (a name may repeat), its peer and
+//! its route, read through the same header lookups the adapter uses on Envoy's header map.
+
+use crate::request::view::{first_header, header_count, RequestView};
+
+#[derive(Debug, Default, Clone)]
+pub struct FakeRequest {
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The downstream peer, `ip:port`.
+    pub source: Option<String>,
+    pub route: Option<String>,
+}
+
+impl FakeRequest {
+    /// `method` on `path`, from 10.1.2.3:4567.
+    pub fn new(method: &str, path: &str) -> Self {
+        FakeRequest {
+            source: Some("10.1.2.3:4567".into()),
+            ..Default::default()
+        }
+        .with(":method", method.as_bytes())
+        .with(":path", path.as_bytes())
+    }
+
+    /// Sets the header: replaces every copy of it.
+    pub fn with(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers.retain(|(n, _)| n != name);
+        self.also(name, value)
+    }
+
+    /// Adds one more copy of the header.
+    pub fn also(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers.push((name.into(), value.to_vec()));
+        self
+    }
+}
+
+impl RequestView for FakeRequest {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        first_header(&self.headers, name)
+    }
+    fn header_copies(&self, name: &str) -> usize {
+        header_count(&self.headers, name)
+    }
+    fn source_address(&self) -> Option<String> {
+        self.source.clone()
+    }
+    fn route_name(&self) -> Option<String> {
+        self.route.clone()
+    }
+}
