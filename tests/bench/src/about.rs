@@ -52,7 +52,7 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
         (
             "throughput runs".to_string(),
             format!(
-                "{} interleaved rounds of wrk -t{} -c{} for {} s per run (the serial scenarios wrk -t1 -c1), {}; in each round `baseline` and `filter-pass-through`, then every other scenario followed by those two again, the serial pair as `baseline-serial`, `filter-serial`, `baseline-serial`, and `baseline-repeat` last; every scenario's Envoy runs from the first round to the last",
+                "{} interleaved rounds of wrk -t{} -c{} for {} s per run (the serial scenarios wrk -t1 -c1), {}; in each round `baseline` and `filter-pass-through`, then every other scenario followed by {}, the serial pair as `baseline-serial`, `filter-serial`, `baseline-serial`, and `baseline-repeat` last; every scenario's Envoy runs from the first round to the last",
                 s.rounds,
                 s.threads,
                 s.connections,
@@ -61,6 +61,11 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
                     format!("after a {} s warm-up run per scenario before the first round, not counted", s.warmup_s)
                 } else {
                     "no warm-up".to_string()
+                },
+                if s.quick {
+                    "one of those two in turn (both after the last)"
+                } else {
+                    "those two again"
                 }
             ),
         ),

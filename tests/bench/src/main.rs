@@ -27,7 +27,6 @@ use std::time::Instant;
 use e2e::procs::WorkDir;
 
 use artifacts::write;
-use report::{Report, Timeline};
 use run::Bench;
 use settings::Settings;
 
@@ -54,57 +53,8 @@ fn main() {
         s.out.display()
     ));
 
-    let scenarios = run::throughput::run(&b);
+    let report = run::everything(&b, started_utc);
     let everything = s.only.is_none();
-    let (accuracy, timeline) = if everything {
-        run::accuracy::unleased(&b)
-    } else {
-        Default::default()
-    };
-    let outages = if everything {
-        vec![run::outage::run(&b, "open"), run::outage::run(&b, "local")]
-    } else {
-        Vec::new()
-    };
-    let floods = if everything {
-        vec![
-            run::flood::run(&b, None),
-            run::flood::run(&b, Some(r#"{"new_keys": 1000, "window": "10s"}"#)),
-        ]
-    } else {
-        Vec::new()
-    };
-    let cluster = if everything {
-        run::cluster::run(&b, s.rounds)
-    } else {
-        Default::default()
-    };
-    let (accuracy_leased, timeline_leased): (_, Timeline) = if everything {
-        run::accuracy::leased(&b)
-    } else {
-        Default::default()
-    };
-
-    let report = Report {
-        quick: s.quick,
-        started_utc,
-        took_s: started.elapsed().as_secs_f64(),
-        commit: about::commit(),
-        machine: measure::machine(),
-        versions: about::versions(),
-        settings: about::settings(s),
-        scenarios,
-        accuracy,
-        timeline,
-        chart_file: "overload.svg".into(),
-        accuracy_leased,
-        timeline_leased,
-        chart_file_leased: "overload-leased.svg".into(),
-        leased: run::leased_policy(s.timeout_ms),
-        outages,
-        floods,
-        cluster,
-    };
     artifacts::charts(&report, &s.out);
     let markdown = report.markdown();
     write(&s.out.join("report.md"), &markdown);
@@ -114,21 +64,21 @@ fn main() {
     println!("{}", report.throughput_table());
     println!("{}", report.phase_text());
     println!("{}", report.lease_text());
-    if !everything {
-        println!("{}", report.cost_table());
-        return;
-    }
-    println!("{}", report.accuracy_table());
-    println!("{}", report.accuracy_leased_table());
-    let mut missing = report.missing(&markdown);
     // The rounds as results.json holds them, read back from the file.
     let written = std::fs::read_to_string(s.out.join("results.json")).unwrap_or_default();
     let results = serde_json::from_str(&written).unwrap_or(serde_json::Value::Null);
-    missing.extend(report::rounds_problems(&results));
-    if !missing.is_empty() {
+    let mut problems = report::rounds_problems(&results);
+    if everything {
+        println!("{}", report.accuracy_table());
+        println!("{}", report.accuracy_leased_table());
+        problems.extend(report.missing(&markdown));
+    } else {
+        println!("{}", report.cost_table());
+    }
+    if !problems.is_empty() {
         eprintln!(
-            "the report misses: {} ({})",
-            missing.join(", "),
+            "the report is incomplete: {} ({} and results.json beside it)",
+            problems.join("; "),
             s.out.join("report.md").display()
         );
         std::process::exit(1);

@@ -13,7 +13,9 @@ use e2e::free_port;
 use e2e::procs::{Envoy, WorkDir};
 
 use crate::config::{self, Front, Lease, Policy};
+use crate::report::{Report, Timeline};
 use crate::settings::Settings;
+use crate::{about, measure};
 
 /// A bench run under way: its settings, where the processes write, when it started.
 pub struct Bench {
@@ -40,6 +42,62 @@ impl Bench {
         }
         let yaml = config::envoy_yaml(&front, port, admin, webdis_port);
         Envoy::start_config(&self.dir, port, admin, &yaml, workers)
+    }
+}
+
+/// Every part of the bench, one after the other (with `--only`, the throughput scenarios
+/// named), and the report of them.
+pub fn everything(b: &Bench, started_utc: String) -> Report {
+    let s = &b.s;
+    let scenarios = throughput::run(b);
+    let all = s.only.is_none();
+    let (accuracy, timeline) = if all {
+        accuracy::unleased(b)
+    } else {
+        Default::default()
+    };
+    let outages = if all {
+        vec![outage::run(b, "open"), outage::run(b, "local")]
+    } else {
+        Vec::new()
+    };
+    let floods = if all {
+        vec![
+            flood::run(b, None),
+            flood::run(b, Some(r#"{"new_keys": 1000, "window": "10s"}"#)),
+        ]
+    } else {
+        Vec::new()
+    };
+    let cluster = if all {
+        cluster::run(b, s.rounds)
+    } else {
+        Default::default()
+    };
+    let (accuracy_leased, timeline_leased): (_, Timeline) = if all {
+        accuracy::leased(b)
+    } else {
+        Default::default()
+    };
+    Report {
+        quick: s.quick,
+        started_utc,
+        took_s: b.started.elapsed().as_secs_f64(),
+        commit: about::commit(),
+        machine: measure::machine(),
+        versions: about::versions(),
+        settings: about::settings(s),
+        scenarios,
+        accuracy,
+        timeline,
+        chart_file: "overload.svg".into(),
+        accuracy_leased,
+        timeline_leased,
+        chart_file_leased: "overload-leased.svg".into(),
+        leased: leased_policy(s.timeout_ms),
+        outages,
+        floods,
+        cluster,
     }
 }
 

@@ -25,10 +25,11 @@ const SERIAL: (&str, &str) = ("baseline-serial", "filter-serial");
 const REPEAT: &str = "baseline-repeat";
 
 /// The order of one round's runs, of the scenarios in `names` (those that run): the
-/// references, then each other scenario followed by the references again; then the serial
-/// pair bracketed by its reference; then the repeat. An unleased scenario is followed by its
-/// leased twin (one scenario apart), so the two are measured close together.
-pub fn round_order<'a>(names: &[&'a str]) -> Vec<&'a str> {
+/// references, then each other scenario followed by the references again (`alternate`: by
+/// one of them, in turn, so each scenario still has a run of both within two runs on either
+/// side, in about three quarters of the runs); then the serial pair bracketed by its reference; then the
+/// repeat. An unleased scenario is followed by its leased twin, so the two run close together.
+pub fn round_order<'a>(names: &[&'a str], alternate: bool) -> Vec<&'a str> {
     let present = |wanted: &[&str]| -> Vec<&'a str> {
         wanted
             .iter()
@@ -37,9 +38,14 @@ pub fn round_order<'a>(names: &[&'a str]) -> Vec<&'a str> {
     };
     let refs = present(REFERENCES);
     let mut order = refs.clone();
-    for name in present(RUN_ORDER) {
+    let scenarios = present(RUN_ORDER);
+    for (i, name) in scenarios.iter().enumerate() {
         order.push(name);
-        order.extend(&refs);
+        // The last one is followed by both, as the first is preceded by both.
+        match refs.get(i % refs.len().max(1)) {
+            Some(one) if alternate && i + 1 < scenarios.len() => order.push(one),
+            _ => order.extend(&refs),
+        }
     }
     let serial_ref = present(&[SERIAL.0]);
     order.extend(&serial_ref);
@@ -195,7 +201,8 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         .filter(|sp| s.wants(sp.name))
         .collect();
     let names: Vec<&str> = specs.iter().map(|sp| sp.name).collect();
-    let order = round_order(&names);
+    // Quick mode alternates the references after each scenario, to stay short.
+    let order = round_order(&names, s.quick);
     let mut runs: BTreeMap<&str, Vec<Measured>> = BTreeMap::new();
     let mut seq = 0;
     for round in 0..s.rounds {
@@ -334,7 +341,7 @@ mod tests {
 
     #[test]
     fn every_scenario_runs_between_runs_of_both_references() {
-        let order = round_order(SCENARIOS);
+        let order = round_order(SCENARIOS, false);
         // Every scenario runs once a round, the references more often.
         for name in SCENARIOS {
             let n = order.iter().filter(|o| *o == name).count();
@@ -364,8 +371,44 @@ mod tests {
 
     #[test]
     fn without_some_scenarios_the_order_keeps_the_others() {
-        let order = round_order(&["filter-allow-1key", "baseline"]);
-        assert_eq!(order, ["baseline", "filter-allow-1key", "baseline"]);
-        assert!(round_order(&[]).is_empty());
+        for alternate in [false, true] {
+            let order = round_order(&["filter-allow-1key", "baseline"], alternate);
+            assert_eq!(order, ["baseline", "filter-allow-1key", "baseline"]);
+            assert!(round_order(&[], alternate).is_empty());
+        }
+    }
+
+    #[test]
+    fn alternating_references_keep_both_within_two_runs_of_each_scenario() {
+        let full = round_order(SCENARIOS, false);
+        let order = round_order(SCENARIOS, true);
+        assert!(
+            order.len() * 5 <= full.len() * 4,
+            "{} vs {}",
+            order.len(),
+            full.len()
+        );
+        for (i, name) in order.iter().enumerate() {
+            if !RUN_ORDER.contains(name) {
+                continue;
+            }
+            for reference in REFERENCES {
+                let before = order[..i].iter().rev().position(|o| o == reference);
+                let after = order[i + 1..].iter().position(|o| o == reference);
+                // Position 0 is the run right next to it.
+                assert!(
+                    before.is_some_and(|d| d <= 2),
+                    "{reference} before {name}: {order:?}"
+                );
+                assert!(
+                    after.is_some_and(|d| d <= 2),
+                    "{reference} after {name}: {order:?}"
+                );
+            }
+            assert!(
+                REFERENCES.contains(&order[i + 1]),
+                "after {name}: {order:?}"
+            );
+        }
     }
 }
