@@ -2,7 +2,7 @@
 //! each section (one file each, an `impl Report` block apiece), and results.json (`json`).
 //!
 //! Every throughput figure is a median over rounds with its range: a scenario's runs are
-//! set against the runs of its reference scenario just before and after them (see
+//! set against the runs of its reference scenario nearest before and after them (see
 //! [`model::against`]), so a slowdown that starts midway moves one round, not the ratio.
 
 mod accuracy;
@@ -115,7 +115,7 @@ impl Report {
             .unwrap_or(0);
         r += "# Benchmark report\n\n";
         r += &format!(
-            "{mode} Started {} UTC, took {:.0} s, at commit {}. **All figures come from this one run**, on a 2-core machine that other work (tests run by others) may have shared: absolute numbers are noisy. The throughput scenarios ran in {rounds} interleaved rounds, each run set against the runs of Envoy alone and of the pass-through filter just before and after it; every ratio is the median over the rounds, with the lowest and highest round in brackets. A range that is wide says the machine was disturbed during the run.\n\n",
+            "{mode} Started {} UTC, took {:.0} s, at commit {}. **All figures come from this one run**, on a 2-core machine that other work (tests run by others) may have shared: absolute numbers are noisy. The throughput scenarios ran in {rounds} interleaved rounds, each run set against the runs of Envoy alone and of the pass-through filter nearest before and after it; every ratio is the median over the rounds, with the lowest and highest round in brackets. A range that is wide says the machine was disturbed during the run.\n\n",
             self.started_utc, self.took_s, self.commit
         );
         r += "## Machine and versions\n\n";

@@ -188,9 +188,7 @@ impl Cost {
     pub fn redis_total(&self) -> u64 {
         self.redis_commands.values().sum()
     }
-}
 
-impl Cost {
     /// Adds another run's counters and CPU to these (the same processes, in the same order).
     pub fn add(&mut self, other: &Cost) {
         self.allowed += other.allowed;

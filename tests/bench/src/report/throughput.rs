@@ -57,7 +57,7 @@ impl Report {
 
     pub(super) fn throughput_text(&self) -> String {
         let mut r = self.throughput_table();
-        r += "\nReq/s: the median of the rounds (a reference scenario that runs several times a round: the median of its runs in each round). × baseline and × pass-through: per round, the run over the mean of the runs of `baseline` (or `filter-pass-through`) just before and after it; the median over the rounds, lowest–highest round in brackets. Latencies: the median of the runs.\n";
+        r += "\nReq/s: the median of the rounds (a reference scenario that runs several times a round: the median of its runs in each round). × baseline and × pass-through: per round, the run over the mean of the runs of `baseline` (or `filter-pass-through`) nearest before and after it; the median over the rounds, lowest–highest round in brackets. Latencies: the median of the runs.\n";
         if let Some((p50, p99)) = self.added_latency() {
             r += &format!(
                 "\nAdded latency of one decision (1 connection, one request at a time): **+{p50:.3} ms p50, +{p99:.3} ms p99** (`filter-serial` minus `baseline-serial`, medians of the runs).\n"

@@ -1,7 +1,8 @@
 //! The throughput scenarios, in interleaved rounds: every scenario's Envoy runs from start to
 //! end, and each round measures Envoy alone and the pass-through filter, then each scenario
-//! followed by those two again, so every run has a run of both references just before and
-//! just after it (see [`round_order`]). The report sets each run against them.
+//! followed by those two again (quick mode: by one of them in turn), so every run has runs of
+//! both references close before and after it (see [`round_order`]). The report sets each run
+//! against the nearest of them.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
