@@ -4,7 +4,6 @@
 use super::format::thousands;
 use super::table::Table;
 use super::Report;
-use crate::run::cluster::shares;
 use crate::spread::Spread;
 
 impl Report {
@@ -148,4 +147,17 @@ impl Report {
             t.render()
         )
     }
+}
+
+/// Shares of a per-node list, for the report.
+fn shares(per_node: &[(u16, u64)]) -> String {
+    let total: u64 = per_node.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return "-".to_string();
+    }
+    per_node
+        .iter()
+        .map(|(_, n)| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }

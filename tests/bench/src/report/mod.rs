@@ -43,7 +43,7 @@ pub struct Report {
     pub leased: crate::config::Policy,
     pub outages: Vec<Outage>,
     pub floods: Vec<KeyFlood>,
-    pub cluster: crate::run::cluster::ClusterSection,
+    pub cluster: ClusterSection,
 }
 
 /// The scenario every filter scenario is also compared with: the filter loaded, no rule

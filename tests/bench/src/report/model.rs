@@ -453,3 +453,68 @@ pub struct KeyFlood {
     pub envoy_rss: (u64, u64),
     pub webdis_rss: (u64, u64),
 }
+
+/// One setup under the same throughput load, over the rounds.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterThroughput {
+    pub setup: String,
+    /// One wrk run per round.
+    pub runs: Vec<WrkRun>,
+    /// Over the runs: req/s and p99 their medians, requests summed.
+    pub run: WrkRun,
+    /// Summed over the runs.
+    pub bridge_calls: u64,
+    pub decided: u64,
+    /// `EVALSHA` calls per Redis node (masters only), over the runs.
+    pub per_node: Vec<(u16, u64)>,
+}
+
+impl ClusterThroughput {
+    /// Req/s per round.
+    pub fn rounds(&self) -> Spread {
+        Spread::new(self.runs.iter().map(|r| r.rps).collect())
+    }
+
+    /// Adds one round's run, and sets the medians again.
+    pub fn add(&mut self, round: ClusterThroughput) {
+        self.bridge_calls += round.bridge_calls;
+        self.decided += round.decided;
+        for (node, n) in round.per_node {
+            match self.per_node.iter_mut().find(|(m, _)| *m == node) {
+                Some((_, total)) => *total += n,
+                None => self.per_node.push((node, n)),
+            }
+        }
+        self.runs.extend(round.runs);
+        let of = |f: fn(&WrkRun) -> f64| median(&self.runs.iter().map(f).collect::<Vec<_>>());
+        self.run = WrkRun {
+            requests: self.runs.iter().map(|r| r.requests).sum(),
+            duration_s: self.runs.iter().map(|r| r.duration_s).sum(),
+            rps: of(|r| r.rps),
+            mean_ms: of(|r| r.mean_ms),
+            p50_ms: of(|r| r.p50_ms),
+            p90_ms: of(|r| r.p90_ms),
+            p99_ms: of(|r| r.p99_ms),
+            max_ms: self.runs.iter().map(|r| r.max_ms).fold(0.0, f64::max),
+            non_2xx: self.runs.iter().map(|r| r.non_2xx).sum(),
+            socket_errors: self.runs.iter().map(|r| r.socket_errors).sum(),
+        };
+    }
+}
+
+/// A closed-loop accuracy run on the cluster, and how its calls spread over the masters.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterAccuracy {
+    pub shards: u64,
+    pub run: Accuracy,
+    pub per_node: Vec<(u16, u64)>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ClusterSection {
+    pub throughput: Vec<ClusterThroughput>,
+    pub accuracy: Vec<ClusterAccuracy>,
+    /// What `tests/sim/fleet.py --small` predicts for the measured cluster run (its JSON), if
+    /// Python and the simulation ran.
+    pub prediction: Option<Value>,
+}

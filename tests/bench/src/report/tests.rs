@@ -2,7 +2,6 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::config::{Lease, Policy};
-use crate::run::cluster::ClusterThroughput;
 use crate::wrk::WrkRun;
 
 /// One run of `rps` req/s; its place in the run is set by [`report`].

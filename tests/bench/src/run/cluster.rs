@@ -1,5 +1,5 @@
 //! The Redis Cluster part of the bench: the same load against one Redis and against a
-//! 3-master cluster (through Envoy's redis_proxy, envoy/cluster/), side by side in one run;
+//! 3-master cluster (through Envoy's redis_proxy, envoy/cluster/), round by round in one run;
 //! accuracy on the cluster; and a hot key with and without `shards`.
 
 use std::time::Duration;
@@ -14,74 +14,8 @@ use super::Bench;
 use crate::client::Load;
 use crate::config::{Policy, ALGORITHMS, POLICY_HEADER};
 use crate::measure;
-use crate::report::Accuracy;
-use crate::spread::{median, Spread};
+use crate::report::{ClusterAccuracy, ClusterSection, ClusterThroughput};
 use crate::wrk::{self, Requests, WrkLoad};
-
-/// One setup under the same throughput load, over the rounds.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterThroughput {
-    pub setup: String,
-    /// One wrk run per round.
-    pub runs: Vec<wrk::WrkRun>,
-    /// Over the runs: req/s and p99 their medians, requests summed.
-    pub run: wrk::WrkRun,
-    /// Summed over the runs.
-    pub bridge_calls: u64,
-    pub decided: u64,
-    /// `EVALSHA` calls per Redis node (masters only), over the runs.
-    pub per_node: Vec<(u16, u64)>,
-}
-
-impl ClusterThroughput {
-    /// Req/s per round.
-    pub fn rounds(&self) -> Spread {
-        Spread::new(self.runs.iter().map(|r| r.rps).collect())
-    }
-
-    /// Adds one round's run, and sets the medians again.
-    fn add(&mut self, round: ClusterThroughput) {
-        self.bridge_calls += round.bridge_calls;
-        self.decided += round.decided;
-        for (node, n) in round.per_node {
-            match self.per_node.iter_mut().find(|(m, _)| *m == node) {
-                Some((_, total)) => *total += n,
-                None => self.per_node.push((node, n)),
-            }
-        }
-        self.runs.extend(round.runs);
-        let of = |f: fn(&wrk::WrkRun) -> f64| median(&self.runs.iter().map(f).collect::<Vec<_>>());
-        self.run = wrk::WrkRun {
-            requests: self.runs.iter().map(|r| r.requests).sum(),
-            duration_s: self.runs.iter().map(|r| r.duration_s).sum(),
-            rps: of(|r| r.rps),
-            mean_ms: of(|r| r.mean_ms),
-            p50_ms: of(|r| r.p50_ms),
-            p90_ms: of(|r| r.p90_ms),
-            p99_ms: of(|r| r.p99_ms),
-            max_ms: self.runs.iter().map(|r| r.max_ms).fold(0.0, f64::max),
-            non_2xx: self.runs.iter().map(|r| r.non_2xx).sum(),
-            socket_errors: self.runs.iter().map(|r| r.socket_errors).sum(),
-        };
-    }
-}
-
-/// A closed-loop accuracy run on the cluster, and how its calls spread over the masters.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterAccuracy {
-    pub shards: u64,
-    pub run: Accuracy,
-    pub per_node: Vec<(u16, u64)>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct ClusterSection {
-    pub throughput: Vec<ClusterThroughput>,
-    pub accuracy: Vec<ClusterAccuracy>,
-    /// What `tests/sim/fleet.py --small` predicts for the measured cluster run (its JSON), if
-    /// Python and the simulation ran.
-    pub prediction: Option<Value>,
-}
 
 /// The filter JSON of `file` (a shipped Envoy config) with `rules` and a bridge `timeout`,
 /// keeping everything else (credentials, `redis_cluster`) as shipped; a breaker that opens
@@ -326,17 +260,4 @@ fn predict(rps: f64) -> Option<Value> {
         return None;
     }
     serde_json::from_slice(&out.stdout).ok()
-}
-
-/// Shares of a per-node list, for the report.
-pub fn shares(per_node: &[(u16, u64)]) -> String {
-    let total: u64 = per_node.iter().map(|(_, n)| n).sum();
-    if total == 0 {
-        return "-".to_string();
-    }
-    per_node
-        .iter()
-        .map(|(_, n)| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
-        .collect::<Vec<_>>()
-        .join(" / ")
 }
