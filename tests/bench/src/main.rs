@@ -83,6 +83,27 @@ fn main() {
         );
         std::process::exit(1);
     }
+    // The leases check, in the log too: a warning, not a failure (a loaded machine
+    // can move it; the range says how far).
+    if let Some(pair) = report.pair_ratio("filter-allow-10k-keys-leased", "filter-allow-10k-keys") {
+        b.say(&format!(
+            "filter-allow-10k-keys-leased over filter-allow-10k-keys, per round: {} ({}){}",
+            pair.cell(),
+            pair.rounds
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            if pair.median() < report::LEASED_OVER_UNLEASED_TARGET {
+                format!(
+                    ", below the {:.2} target",
+                    report::LEASED_OVER_UNLEASED_TARGET
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
     b.say(&format!(
         "done: {} (every scenario present, each with {} rounds)",
         s.out.join("report.md").display(),

@@ -18,6 +18,7 @@ mod throughput;
 
 pub use format::thousands;
 pub use json::rounds_problems;
+pub use leases::LEASED_OVER_UNLEASED_TARGET;
 pub use model::*;
 
 use crate::measure::Machine;

@@ -200,7 +200,7 @@ impl Report {
         }
         if let Some(many) = self.scenario("filter-allow-10k-keys") {
             out += &format!(
-                "- Many keys cost about what one key costs: `filter-allow-10k-keys` ran at {}× the one-key throughput (each over the pass-through runs around it, per round), with {} keys in Redis after it (DBSIZE).\n",
+                "- Many keys cost about what one key costs: `filter-allow-10k-keys` ran at {} × the one-key throughput (each over the pass-through runs around it, per round), with {} keys in Redis after it (DBSIZE).\n",
                 self.pair_ratio(&many.name, &allow.name).map_or("–".into(), |r| r.cell()),
                 thousands(many.cost.redis_keys as f64)
             );
@@ -224,7 +224,7 @@ impl Report {
         ) {
             let cell = |s: &Scenario| self.pass_through_ratio(s).map_or("–".into(), |r| r.cell());
             out += &format!(
-                "- With Webdis down requests fail open at {}× pass-through ({:.4} failed connects per request: each worker's breaker opens after 5 refused calls, then only a probe per 500 ms connects); with Webdis hung at {}× (p50 {} ms): the breaker opens on the first call stalled for 25 ms, then no request waits for the bridge.\n",
+                "- With Webdis down requests fail open at {} × pass-through ({:.4} failed connects per request: each worker's breaker opens after 5 refused calls, then only a probe per 500 ms connects); with Webdis hung at {} × pass-through (p50 {} ms): the breaker opens on the first call stalled for 25 ms, then no request waits for the bridge.\n",
                 cell(down),
                 down.cost.webdis_connect_fails as f64 / down.run.requests.max(1) as f64,
                 cell(hung),
@@ -233,7 +233,7 @@ impl Report {
         }
         if let Some(repeat) = self.scenario("baseline-repeat") {
             out += &format!(
-                "- Noise: `baseline` measured again at the end of each round gave {}× the baseline runs around it; ratios closer together than that range say nothing.\n",
+                "- Noise: `baseline` measured again at the end of each round gave {} × the baseline runs around it; ratios closer together than that range say nothing.\n",
                 self.ratio(repeat).map_or("–".into(), |r| r.cell())
             );
         }
