@@ -2,7 +2,8 @@
 //! Envoy on free loopback ports) and stops again, then `target/bench/report.md` with
 //! `results.json` and the raw outputs beside it. `--quick` (or BENCH_QUICK=1): the same
 //! scenarios, short, for a smoke run (written to `target/bench-quick/`). `--out DIR` writes
-//! elsewhere; `--only a,b` runs just these throughput scenarios.
+//! elsewhere; `--only a,b` runs just these throughput scenarios; `--rounds N` sets the rounds
+//! (at least 3: fewer fail the check of results.json).
 //!
 //! The runners are in `run/` (one file per part), the report in `report/`; the filter's config
 //! schema is known only to `config::filter_json` (and, for the Redis Cluster section,

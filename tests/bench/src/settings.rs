@@ -10,7 +10,8 @@ pub struct Settings {
     /// change by hand; the report then says what it lacks).
     pub only: Option<Vec<String>>,
     pub out: PathBuf,
-    /// Rounds of the throughput scenarios (each figure is the median over them), the length
+    /// Rounds of the throughput scenarios (each figure is the median over them; `--rounds N`
+    /// for more, fewer than 3 fail the run's check), the length
     /// of each measured wrk run, and of the one warm-up run per scenario before the first round.
     pub rounds: usize,
     pub wrk_s: u64,
@@ -52,7 +53,9 @@ impl Settings {
             quick,
             only,
             out,
-            rounds: if quick { 3 } else { 5 },
+            rounds: value_of("--rounds")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(if quick { 3 } else { 5 }),
             wrk_s: if quick { 1 } else { 2 },
             warmup_s: if quick { 0 } else { 2 },
             threads: 2,
