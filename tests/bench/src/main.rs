@@ -106,8 +106,13 @@ fn main() {
         ));
     }
     b.say(&format!(
-        "done: {} (every scenario present, each with {} rounds)",
+        "done: {} ({}each throughput scenario with {} rounds)",
         s.out.join("report.md").display(),
+        if everything {
+            "every scenario present, "
+        } else {
+            ""
+        },
         s.rounds
     ));
 }

@@ -201,10 +201,40 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         .flatten()
         .filter(|sp| s.wants(sp.name))
         .collect();
+    let mut runs = measure_rounds(b, &specs, &mut admin);
+    hung_webdis.process.resume();
+    let mut out: Vec<Scenario> = specs
+        .iter()
+        .map(|sp| {
+            let l = &sp.load;
+            Scenario::new(
+                sp.name,
+                sp.what,
+                sp.compare_to,
+                &format!(
+                    "wrk -t{} -c{} -d{}s, {} rounds",
+                    l.threads, l.connections, l.duration_s, s.rounds
+                ),
+                sp.target.filter,
+                runs.remove(sp.name).unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
+    out
+}
+
+/// Every round of `specs` in [`round_order`], each run at its place in the sequence.
+fn measure_rounds(
+    b: &Bench,
+    specs: &[Spec],
+    admin: &mut RedisConn,
+) -> BTreeMap<&'static str, Vec<Measured>> {
+    let s = &b.s;
     let names: Vec<&str> = specs.iter().map(|sp| sp.name).collect();
     // Quick mode alternates the references after each scenario, to stay short.
     let order = round_order(&names, s.quick);
-    let mut runs: BTreeMap<&str, Vec<Measured>> = BTreeMap::new();
+    let mut runs: BTreeMap<&'static str, Vec<Measured>> = BTreeMap::new();
     let mut seq = 0;
     for round in 0..s.rounds {
         b.say(&format!(
@@ -230,7 +260,7 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
                 .out
                 .join("raw")
                 .join(format!("{name}.round{}.{seq:03}.wrk.txt", round + 1));
-            let (run, cost) = measure_run(&mut admin, &spec.load, &spec.target, &raw);
+            let (run, cost) = measure_run(admin, &spec.load, &spec.target, &raw);
             runs.entry(name).or_default().push(Measured {
                 round,
                 seq,
@@ -239,7 +269,7 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
             });
             seq += 1;
         }
-        for spec in &specs {
+        for spec in specs {
             if let Some(m) = runs.get(spec.name).and_then(|r| r.last()) {
                 if m.round == round && !REFERENCES.contains(&spec.name) {
                     b.say(&format!(
@@ -250,26 +280,7 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
             }
         }
     }
-    hung_webdis.process.resume();
-    let mut out: Vec<Scenario> = specs
-        .iter()
-        .map(|sp| {
-            let l = &sp.load;
-            Scenario::new(
-                sp.name,
-                sp.what,
-                sp.compare_to,
-                &format!(
-                    "wrk -t{} -c{} -d{}s, {} rounds",
-                    l.threads, l.connections, l.duration_s, s.rounds
-                ),
-                sp.target.filter,
-                runs.remove(sp.name).unwrap_or_default(),
-            )
-        })
-        .collect();
-    out.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
-    out
+    runs
 }
 
 /// One wrk run of `load` against `t`, with what it cost: the counters, Redis commands and CPU
