@@ -139,10 +139,10 @@ validate: setup-envoy build ## envoy --mode validate on every shipped Envoy conf
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
 
-bench: setup build ## throughput, latency, cost, accuracy, outages (about 5 min): target/bench/report.md
+bench: setup build ## throughput (5 interleaved rounds), latency, cost, accuracy, outages (about 12 min): target/bench/report.md
 	cargo run -q -p bench -- $(if $(filter-out 0,$(BENCH_QUICK)),--quick)
 
-bench-quick: setup build ## every bench scenario, short (~50 s; part of make test): target/bench-quick/
+bench-quick: setup build ## every bench scenario, short, 3 rounds (about 3.5 min; part of make test): target/bench-quick/
 	cargo run -q -p bench -- --quick
 
 sim: ## the fleet simulation (docs/scaling.md): 1,000 proxies, 10 million identities, with and without shards

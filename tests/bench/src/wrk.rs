@@ -1,7 +1,7 @@
 //! Runs wrk against 127.0.0.1, bounded in time, and reads the summary that
 //! `tests/bench/summary.lua` prints.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -154,12 +154,6 @@ pub fn version() -> String {
                 .to_string()
         })
         .unwrap_or_else(|_| "not found".into())
-}
-
-/// Where raw outputs of the throughput runs go.
-pub fn raw_path(raw_dir: &Path, scenario: &str, warmup: bool) -> PathBuf {
-    let suffix = if warmup { ".warmup" } else { "" };
-    raw_dir.join(format!("{scenario}{suffix}.wrk.txt"))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The Redis Cluster part of the bench: the same load against one Redis and against a
-//! 3-master cluster (through Envoy's redis_proxy, envoy/cluster/), side by side in one run;
+//! 3-master cluster (through Envoy's redis_proxy, envoy/cluster/), round by round in one run;
 //! accuracy on the cluster; and a hot key with and without `shards`.
 
 use std::time::Duration;
@@ -10,39 +10,12 @@ use e2e::cluster::{envoy_config_file, ClusterStack};
 use e2e::procs::{filter_config_edit_in, filter_json_block, Stack};
 use e2e::root;
 
+use super::Bench;
 use crate::client::Load;
 use crate::config::{Policy, ALGORITHMS, POLICY_HEADER};
 use crate::measure;
-use crate::report::Accuracy;
+use crate::report::{ClusterAccuracy, ClusterSection, ClusterThroughput};
 use crate::wrk::{self, Requests, WrkLoad};
-
-/// One setup under the same throughput load.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterThroughput {
-    pub setup: String,
-    pub run: wrk::WrkRun,
-    pub bridge_calls: u64,
-    pub decided: u64,
-    /// `EVALSHA` calls per Redis node (masters only), over the run.
-    pub per_node: Vec<(u16, u64)>,
-}
-
-/// A closed-loop accuracy run on the cluster, and how its calls spread over the masters.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterAccuracy {
-    pub shards: u64,
-    pub run: Accuracy,
-    pub per_node: Vec<(u16, u64)>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct ClusterSection {
-    pub throughput: Vec<ClusterThroughput>,
-    pub accuracy: Vec<ClusterAccuracy>,
-    /// What `tests/sim/fleet.py --small` predicts for the measured cluster run (its JSON), if
-    /// Python and the simulation ran.
-    pub prediction: Option<Value>,
-}
 
 /// The filter JSON of `file` (a shipped Envoy config) with `rules` and a bridge `timeout`,
 /// keeping everything else (credentials, `redis_cluster`) as shipped; a breaker that opens
@@ -77,7 +50,6 @@ fn per_node_delta(before: &[(u16, u64)], after: &[(u16, u64)], masters: &[u16]) 
 }
 
 fn throughput_run(
-    setup: &str,
     envoy: &e2e::Envoy,
     load: &WrkLoad,
     raw: &std::path::Path,
@@ -91,22 +63,21 @@ fn throughput_run(
     let delta = measure::delta(&before_stats, &after);
     let get = |name: &str| delta.get(name).copied().unwrap_or(0);
     ClusterThroughput {
-        setup: setup.to_string(),
+        setup: String::new(),
         bridge_calls: get("wasmcustom.ratelimit_bridge_calls"),
         decided: get("wasmcustom.ratelimit_allowed") + get("wasmcustom.ratelimit_denied"),
         per_node: per_node_delta(&before_calls, &calls(), masters),
+        runs: vec![run.clone()],
         run,
     }
 }
 
-/// The section: `wrk_s` seconds of the 10,000-key allow load on each setup (2 workers each),
-/// then `accuracy_s` closed-loop runs on one key of the cluster.
-pub fn run(
-    wrk_s: u64,
-    accuracy_s: f64,
-    out: &std::path::Path,
-    say: &dyn Fn(&str),
-) -> ClusterSection {
+/// The section: `rounds` rounds of `wrk_s` seconds of the 10,000-key allow load on each
+/// setup (2 workers each, both running all through, measured one after the other), then
+/// `accuracy_s` closed-loop runs on one key of the cluster.
+pub fn run(b: &Bench, rounds: usize) -> ClusterSection {
+    let (wrk_s, accuracy_s, out) = (b.s.wrk_s, b.s.accuracy_s, &b.s.out);
+    let say = |text: &str| b.say(text);
     let mut section = ClusterSection::default();
     let load = WrkLoad {
         threads: 2,
@@ -114,49 +85,60 @@ pub fn run(
         duration_s: wrk_s,
         requests: Requests::ManyKeys(10_000),
     };
-    {
-        let single_file = root().join("envoy/envoy.yaml");
-        let json = filter_json(&single_file, allow_rules(), "150ms");
-        let (from, to) = filter_config_edit_in(&single_file, &json);
-        let stack = Stack::start("bench-cluster-single", &[(&from, &to)]);
-        say("cluster section: single Redis, 2 workers, 10,000 keys");
+    let single_file = root().join("envoy/envoy.yaml");
+    let json = filter_json(&single_file, allow_rules(), "150ms");
+    let (from, to) = filter_config_edit_in(&single_file, &json);
+    let single = Stack::start("bench-cluster-single", &[(&from, &to)]);
+    let cluster_file = envoy_config_file();
+    let json = filter_json(&cluster_file, allow_rules(), "150ms");
+    let (from, to) = filter_config_edit_in(&cluster_file, &json);
+    let cluster = ClusterStack::start("bench-cluster", &[(&from, &to)]);
+    let masters = cluster.cluster.masters();
+    let mut rows = [
+        ClusterThroughput {
+            setup: "one Redis".into(),
+            ..Default::default()
+        },
+        ClusterThroughput {
+            setup: "Redis Cluster, 3 masters".into(),
+            ..Default::default()
+        },
+    ];
+    for round in 0..rounds {
+        say(&format!(
+            "cluster section, round {} of {rounds}: one Redis, then a Redis Cluster of 3 masters (2 workers, 10,000 keys)",
+            round + 1
+        ));
         let mut calls = || {
-            let mut conn = stack.redis.admin();
+            let mut conn = single.redis.admin();
             let n = measure::redis_commandstats(&mut conn)
                 .get("evalsha")
                 .copied()
                 .unwrap_or(0);
-            vec![(stack.redis.port, n)]
+            vec![(single.redis.port, n)]
         };
         let row = throughput_run(
-            "one Redis",
-            &stack.envoy,
+            &single.envoy,
             &load,
-            &out.join("raw/cluster-single.txt"),
+            &out.join(format!("raw/cluster-single.round{}.txt", round + 1)),
             &mut calls,
-            &[stack.redis.port],
+            &[single.redis.port],
         );
-        section.throughput.push(row);
-    }
-    let cluster_file = envoy_config_file();
-    {
-        let json = filter_json(&cluster_file, allow_rules(), "150ms");
-        let (from, to) = filter_config_edit_in(&cluster_file, &json);
-        let stack = ClusterStack::start("bench-cluster", &[(&from, &to)]);
-        say("cluster section: Redis Cluster of 3 masters, 2 workers, 10,000 keys");
-        let masters = stack.cluster.masters();
-        let mut calls = || stack.cluster.command_calls_per_node("evalsha");
+        rows[0].add(row);
+        let mut calls = || cluster.cluster.command_calls_per_node("evalsha");
         let row = throughput_run(
-            "Redis Cluster, 3 masters",
-            &stack.envoy,
+            &cluster.envoy,
             &load,
-            &out.join("raw/cluster-3-masters.txt"),
+            &out.join(format!("raw/cluster-3-masters.round{}.txt", round + 1)),
             &mut calls,
             &masters,
         );
-        section.prediction = predict(row.run.rps);
-        section.throughput.push(row);
+        rows[1].add(row);
     }
+    drop(single);
+    drop(cluster);
+    section.prediction = predict(rows[1].run.rps);
+    section.throughput = rows.to_vec();
     // Accuracy: C = R = 99 (a multiple of 3, for the sharded rule), one key, 16 connections
     // on an Envoy with 2 workers.
     let policy = Policy {
@@ -230,7 +212,7 @@ pub fn run(
             algorithm: spec.name,
             ..policy
         };
-        let (mut run, _) = crate::accuracy_run(
+        let (mut run, _) = crate::run::accuracy::accuracy_run(
             std::slice::from_ref(&stack.envoy),
             2,
             spec,
@@ -278,17 +260,4 @@ fn predict(rps: f64) -> Option<Value> {
         return None;
     }
     serde_json::from_slice(&out.stdout).ok()
-}
-
-/// Shares of a per-node list, for the report.
-pub fn shares(per_node: &[(u16, u64)]) -> String {
-    let total: u64 = per_node.iter().map(|(_, n)| n).sum();
-    if total == 0 {
-        return "-".to_string();
-    }
-    per_node
-        .iter()
-        .map(|(_, n)| format!("{:.0}%", 100.0 * *n as f64 / total as f64))
-        .collect::<Vec<_>>()
-        .join(" / ")
 }

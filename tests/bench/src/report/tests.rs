@@ -1,0 +1,414 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::config::{Lease, Policy};
+use crate::wrk::WrkRun;
+
+/// One run of `rps` req/s; its place in the run is set by [`report`].
+fn measured(round: usize, rps: f64, requests: u64) -> Measured {
+    Measured {
+        round,
+        seq: 0,
+        run: WrkRun {
+            rps,
+            requests,
+            ..WrkRun::default()
+        },
+        cost: Cost::default(),
+    }
+}
+
+/// A scenario with one run per round at these req/s, `rps × 10` requests in all.
+fn scenario_rounds(name: &str, rounds: &[f64]) -> Scenario {
+    let total = (median_of(rounds) * 10.0) as u64;
+    let n = rounds.len() as u64;
+    let runs = rounds
+        .iter()
+        .enumerate()
+        .map(|(i, rps)| {
+            let share = total / n + if i as u64 == n - 1 { total % n } else { 0 };
+            measured(i, *rps, share)
+        })
+        .collect();
+    Scenario::new(name, "", "baseline", "", name.starts_with("filter"), runs)
+}
+
+fn median_of(v: &[f64]) -> f64 {
+    crate::spread::median(v)
+}
+
+/// The same req/s in each of 3 rounds.
+fn scenario(name: &str, rps: f64) -> Scenario {
+    scenario_rounds(name, &[rps; 3])
+}
+
+/// A report of `scenarios`, run in this order in each round: a run's place is its round
+/// × 100 + its scenario's index, so each scenario sits between the runs of the ones listed
+/// before it in this round and those of the next round.
+fn report(mut scenarios: Vec<Scenario>) -> Report {
+    for (i, s) in scenarios.iter_mut().enumerate() {
+        for m in &mut s.runs {
+            m.seq = m.round * 100 + i;
+        }
+    }
+    Report {
+        quick: true,
+        started_utc: String::new(),
+        took_s: 0.0,
+        commit: String::new(),
+        machine: Machine::default(),
+        versions: Vec::new(),
+        settings: Vec::new(),
+        scenarios,
+        accuracy: Vec::new(),
+        timeline: Timeline::default(),
+        chart_file: String::new(),
+        accuracy_leased: Vec::new(),
+        timeline_leased: Timeline::default(),
+        chart_file_leased: String::new(),
+        leased: Policy {
+            algorithm: "token_bucket",
+            capacity: 10_000_000,
+            rate_per_sec: 1.0,
+            timeout_ms: 150,
+            failure_mode: "open",
+            lease: Some(Lease::DEFAULT),
+            clock_skew_ms: Some(10),
+        },
+        outages: Vec::new(),
+        floods: Vec::new(),
+        cluster: Default::default(),
+    }
+}
+
+#[test]
+fn phases_are_throughput_and_cost_against_envoy_alone() {
+    let r = report(vec![
+        scenario("baseline", 50_000.0),
+        scenario("filter-pass-through", 40_000.0),
+        scenario("filter-plan-only", 25_000.0),
+        scenario("filter-allow-1key", 10_000.0),
+        scenario("filter-allow-1key-leased", 20_000.0),
+    ]);
+    let phases = r.phases();
+    let names: Vec<&str> = phases.iter().map(|p| p.scenario).collect();
+    // In the table's order; a phase whose scenario did not run is left out.
+    assert_eq!(
+        names,
+        [
+            "baseline",
+            "filter-pass-through",
+            "filter-plan-only",
+            "filter-allow-1key",
+            "filter-allow-1key-leased"
+        ]
+    );
+    assert_eq!((phases[0].ratio, phases[0].cost), (1.0, 1.0));
+    assert_eq!((phases[1].ratio, phases[1].cost), (0.8, 1.25));
+    assert_eq!((phases[2].ratio, phases[2].cost), (0.5, 2.0));
+    assert_eq!((phases[3].ratio, phases[3].cost), (0.2, 5.0));
+    assert_eq!(phases[2].spread.rounds, [0.5, 0.5, 0.5]);
+    let text = r.phase_text();
+    assert!(
+        text.contains("| `filter-plan-only` | 25,000 | 0.50 (0.50–0.50) | 2.00 |"),
+        "{text}"
+    );
+    assert!(text.contains(
+        "the wasm filter's floor costs 0.25 of a plain request, the plan 0.75 more; a batched decision +3.00 over the plan; a leased decision +0.50 over the plan."
+    ));
+    // Without a lease counter the text says the filter does not lease.
+    assert!(text.contains("this filter build does not lease yet"));
+    assert!(r.missing("").contains(&"the per-phase table".to_string()));
+    assert!(report(vec![scenario("filter-plan-only", 1.0)])
+        .phases()
+        .is_empty());
+}
+
+#[test]
+fn lease_counters_are_summed_where_exported() {
+    let with = BTreeMap::from([
+        (LeaseCounters::HITS.to_string(), 90),
+        (LeaseCounters::GRANTS.to_string(), 2),
+    ]);
+    let more = BTreeMap::from([(LeaseCounters::HITS.to_string(), 10)]);
+    let without = BTreeMap::from([("wasmcustom.ratelimit_allowed".to_string(), 5)]);
+    let sum = LeaseCounters::sum(&[with, more, without.clone()]);
+    assert_eq!(sum.hits, Some(100));
+    assert_eq!(sum.grants, Some(2));
+    assert_eq!(sum.units_returned, None);
+    assert!(sum.exported());
+    assert!(!LeaseCounters::sum(&[without]).exported());
+    assert_eq!(LeaseCounters::cell(None), "–");
+    assert_eq!(LeaseCounters::cell(Some(1234)), "1,234");
+}
+
+#[test]
+fn the_lease_table_pairs_each_allow_scenario_with_its_leased_twin() {
+    let mut leased = scenario("filter-allow-1key-leased", 20_000.0);
+    leased.cost.allowed = 200_000;
+    leased.cost.bridge_calls = 2_000;
+    leased.cost.lease = LeaseCounters {
+        hits: Some(198_000),
+        grants: Some(2_000),
+        units_returned: Some(50),
+    };
+    let r = report(vec![
+        scenario("baseline", 50_000.0),
+        scenario("filter-pass-through", 40_000.0),
+        scenario("filter-allow-1key", 10_000.0),
+        leased,
+    ]);
+    let text = r.lease_text();
+    assert!(text.contains("`limit` 1 per 1 s, `burst` 10,000,000"));
+    assert!(text.contains("`bridge.clock_skew` 10 ms"));
+    assert!(text.contains("a lease's own 100 units take 100 s to refill"));
+    assert!(text.contains("refill a lease of 100 units in 0.1 ms"));
+    assert!(
+        text.contains(
+            "| `filter-allow-1key` | 10,000 | 0.20 (0.20–0.20) | 0.25 (0.25–0.25) | 0.0000 | – | – | – |"
+        ),
+        "{text}"
+    );
+    assert!(text.contains(
+        "| `filter-allow-1key-leased` | 20,000 | 0.40 (0.40–0.40) | 0.50 (0.50–0.50) | 0.0100 | 198,000 (99.0%) | 2,000 | 50 |"
+    ));
+    // Leased over unleased, round by round.
+    assert!(
+        text.contains(
+            "| `filter-allow-1key-leased` | `filter-allow-1key` | 2.00 (2.00–2.00) | 2.00 / 2.00 / 2.00 |"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("exports no lease counters"));
+}
+
+#[test]
+fn leased_accuracy_runs_and_timeline_are_required() {
+    let mut r = report(Vec::new());
+    r.timeline_leased.per_second = vec![(200, 100, 0), (100, 200, 0)];
+    assert!(r.timeline_leased_text().contains("too short"));
+    r.timeline_leased.per_second.clear();
+    let missing = r.missing("");
+    for part in [
+        "accuracy token_bucket with leases",
+        "accuracy gcra with leases",
+        "overload timeline with leases",
+    ] {
+        assert!(missing.contains(&part.to_string()), "{part}");
+    }
+    r.accuracy_leased = LEASED_ALGORITHMS
+        .iter()
+        .map(|a| Accuracy {
+            algorithm: a.to_string(),
+            sent: 10,
+            allowance: 100.0,
+            ..Accuracy::default()
+        })
+        .collect();
+    r.timeline_leased.per_second = vec![(200, 100, 0), (100, 200, 0), (100, 200, 0)];
+    r.timeline_leased.run.rate_per_sec = 100.0;
+    let missing = r.missing("");
+    assert!(
+        !missing.iter().any(|m| m.contains("with leases")),
+        "{missing:?}"
+    );
+    assert!(r
+        .timeline_leased_text()
+        .contains("against an allowance of R = 100 per second: 100;"));
+}
+
+#[test]
+fn steady_seconds_leave_out_the_first_and_the_partial_last() {
+    let per_second = [(200, 0, 0), (100, 1, 0), (99, 2, 0), (40, 0, 0)];
+    assert_eq!(steady_seconds(&per_second), vec![100, 99]);
+    assert!(steady_seconds(&per_second[..1]).is_empty());
+}
+
+#[test]
+fn overshoot_is_what_passed_beyond_the_floor_of_the_allowance() {
+    let a = Accuracy {
+        capacity: 100,
+        rate_per_sec: 100.0,
+        window_s: 10.004,
+        allowance: 1100.4,
+        allowance_inner: 1100.1,
+        allowed: 1100,
+        filter_allowed: 1100,
+        ..Accuracy::default()
+    };
+    assert_eq!(a.overshoot(), 0);
+    let racy = Accuracy {
+        allowed: 1103,
+        ..a.clone()
+    };
+    assert_eq!(racy.overshoot(), 3);
+    let fail_open = Accuracy { fail_open: 2, ..a };
+    assert_eq!(fail_open.overshoot(), 2);
+}
+
+/// A slowdown during one round moves that round's req/s of both the scenario and the
+/// reference runs around it: the ratio stays, and the median ignores the odd round.
+#[test]
+fn each_run_is_set_against_the_reference_runs_around_it() {
+    // Round 2 (index 1) ran on a machine twice as slow; round 3 was disturbed only during the
+    // scenario's own run.
+    let r = report(vec![
+        scenario_rounds("filter-pass-through", &[40_000.0, 20_000.0, 40_000.0]),
+        scenario_rounds("filter-allow-1key", &[20_000.0, 10_000.0, 8_000.0]),
+    ]);
+    let s = r.scenario("filter-allow-1key").expect("scenario");
+    // Each run sits between the reference's run of its round and that of the next round.
+    let ratio = r.ratio_to(s, PASS_THROUGH).expect("ratio");
+    assert_eq!(
+        ratio.rounds,
+        [20_000.0 / 30_000.0, 10_000.0 / 30_000.0, 0.2]
+    );
+    let one_sided = report(vec![
+        scenario_rounds("filter-allow-1key", &[20_000.0, 10_000.0, 8_000.0]),
+        scenario_rounds("filter-pass-through", &[40_000.0, 20_000.0, 40_000.0]),
+    ]);
+    let s = one_sided.scenario("filter-allow-1key").expect("scenario");
+    let ratio = one_sided.ratio_to(s, PASS_THROUGH).expect("ratio");
+    // The first run has a reference run only after it.
+    assert_eq!(ratio.rounds, [0.5, 10_000.0 / 30_000.0, 8_000.0 / 30_000.0]);
+    assert_eq!(ratio.median(), 10_000.0 / 30_000.0);
+    assert_eq!(ratio.min(), 8_000.0 / 30_000.0);
+    assert_eq!(ratio.max(), 0.5);
+    // Req/s: the median of the rounds.
+    assert_eq!(s.run.rps, 10_000.0);
+    assert_eq!(s.rounds().rounds, [20_000.0, 10_000.0, 8_000.0]);
+    // No reference run, no ratio.
+    assert!(one_sided.ratio_to(s, "baseline").is_none());
+}
+
+/// The leased / unleased check: both over the pass-through runs around them, per round.
+#[test]
+fn leased_over_unleased_is_a_median_over_rounds_of_normalised_req_s() {
+    let r = report(vec![
+        scenario_rounds("filter-pass-through", &[40_000.0, 20_000.0, 40_000.0]),
+        scenario_rounds("filter-allow-10k-keys", &[20_000.0, 10_000.0, 20_000.0]),
+        scenario_rounds(
+            "filter-allow-10k-keys-leased",
+            &[19_000.0, 9_000.0, 18_000.0],
+        ),
+    ]);
+    let pair = r
+        .pair_ratio("filter-allow-10k-keys-leased", "filter-allow-10k-keys")
+        .expect("pair");
+    assert_eq!(pair.rounds.len(), 3);
+    assert!((pair.median() - 0.9).abs() < 1e-12, "{pair:?}");
+    assert!((pair.min() - 0.9).abs() < 1e-12 && (pair.max() - 0.95).abs() < 1e-12);
+    let json = r.json();
+    let pairs = json["leased_over_unleased"].as_array().expect("pairs");
+    let ten_k = pairs
+        .iter()
+        .find(|p| p["scenario"] == "filter-allow-10k-keys-leased")
+        .expect("10k pair");
+    assert_eq!(ten_k["over"], "filter-allow-10k-keys");
+    assert_eq!(ten_k["rounds"].as_array().map(Vec::len), Some(3));
+    assert_eq!(ten_k["target_at_least"], 0.9);
+}
+
+/// Every scenario's req/s per round is in results.json beside `rps`, their median, and a
+/// results.json without them is caught.
+#[test]
+fn results_json_holds_the_rounds_of_every_scenario() {
+    let mut r = report(vec![
+        scenario_rounds("baseline", &[50_000.0, 40_000.0, 45_000.0]),
+        scenario_rounds("filter-pass-through", &[40_000.0, 30_000.0, 35_000.0]),
+        scenario_rounds("filter-allow-1key", &[10_000.0, 9_000.0, 12_000.0]),
+    ]);
+    let mut single = ClusterThroughput {
+        setup: "one Redis".into(),
+        ..Default::default()
+    };
+    single.runs = [5_000.0, 6_000.0, 4_000.0]
+        .iter()
+        .map(|rps| WrkRun {
+            rps: *rps,
+            ..WrkRun::default()
+        })
+        .collect();
+    single.run.rps = 5_000.0;
+    r.cluster.throughput = vec![single];
+    let json = r.json();
+    let scenarios = json["scenarios"].as_array().expect("scenarios");
+    assert_eq!(scenarios.len(), 3);
+    for s in scenarios {
+        assert_eq!(s["rounds"].as_array().map(Vec::len), Some(3), "{s}");
+    }
+    let allow = &scenarios[2];
+    assert_eq!(allow["rps"], 10_000.0);
+    assert_eq!(
+        allow["rounds"],
+        serde_json::json!([10_000.0, 9_000.0, 12_000.0])
+    );
+    let to_pass = &allow["ratios"][PASS_THROUGH];
+    assert_eq!(to_pass["rounds"].as_array().map(Vec::len), Some(3));
+    assert_eq!(allow["ratio_to_pass_through"], to_pass["median"]);
+    assert_eq!(
+        json["cluster"]["throughput"][0]["rounds"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
+    );
+    assert_eq!(rounds_problems(&json), Vec::<String>::new());
+
+    // Too few rounds, a missing list, a median that is not the rounds', a cluster setup short
+    // of rounds: each is named.
+    let mut broken = json.clone();
+    broken["scenarios"][0]["rounds"] = serde_json::json!([50_000.0, 40_000.0]);
+    broken["scenarios"][1]
+        .as_object_mut()
+        .expect("object")
+        .remove("rounds");
+    broken["scenarios"][2]["rps"] = serde_json::json!(11_000.0);
+    broken["cluster"]["throughput"][0]["rounds"] = serde_json::json!([5_000.0, 0.0, 4_000.0]);
+    let problems = rounds_problems(&broken);
+    assert_eq!(problems.len(), 4, "{problems:?}");
+    assert!(problems[0].starts_with("scenario \"baseline\": 2 rounds"));
+    assert!(problems[1].starts_with("scenario \"filter-pass-through\": 0 rounds"));
+    assert!(problems[2].contains("is not the median of its rounds"));
+    assert!(problems[3].starts_with("cluster setup \"one Redis\": 2 rounds"));
+    assert_eq!(
+        rounds_problems(&serde_json::json!({})),
+        ["no throughput scenario"]
+    );
+}
+
+#[test]
+fn a_scenario_sums_its_runs_costs_and_takes_medians_of_its_latencies() {
+    let run = |round, rps, p99_ms, allowed, cpu| Measured {
+        round,
+        seq: round,
+        run: WrkRun {
+            rps,
+            requests: 100,
+            p99_ms,
+            ..WrkRun::default()
+        },
+        cost: Cost {
+            allowed,
+            cpu: vec![("envoy".into(), Some(cpu))],
+            wall_s: 1.0,
+            machine_busy_s: Some(0.5),
+            ..Cost::default()
+        },
+    };
+    let s = Scenario::new(
+        "filter-allow-1key",
+        "",
+        "baseline",
+        "",
+        true,
+        vec![
+            run(0, 100.0, 3.0, 10, 0.25),
+            run(1, 300.0, 1.0, 20, 0.5),
+            run(2, 200.0, 2.0, 30, 0.25),
+        ],
+    );
+    assert_eq!((s.run.rps, s.run.p99_ms, s.run.requests), (200.0, 2.0, 300));
+    assert_eq!(s.cost.allowed, 60);
+    assert_eq!(s.cost.cpu, vec![("envoy".to_string(), Some(1.0))]);
+    assert_eq!((s.cost.wall_s, s.cost.machine_busy_s), (3.0, Some(1.5)));
+}

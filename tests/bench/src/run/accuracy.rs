@@ -1,0 +1,266 @@
+//! The accuracy runs: every algorithm on 2 and 4 replicas sharing one key, with several
+//! workers per replica, with leases on; and the paced 3× overload timelines.
+
+use std::time::Duration;
+
+use e2e::procs::{Envoy, Redis, Webdis};
+
+use super::{Bench, LEASED_CLOCK_SKEW_MS};
+use crate::client::{self, Load};
+use crate::config::{Algorithm, Front, Lease, Policy, ALGORITHMS, POLICY_HEADER};
+use crate::measure;
+use crate::report::{Accuracy, LeaseCounters, Timeline, CONCURRENT_ALGORITHMS, LEASED_ALGORITHMS};
+
+/// The accuracy runs (2 and 4 replicas, each algorithm) and the overload timeline (the first
+/// algorithm), on a fresh Redis shared by 4 Envoys, each with its own Webdis. The Envoys hold
+/// one rule per algorithm, picked by a request header.
+pub fn unleased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
+    let s = &b.s;
+    let redis = Redis::start(&b.dir);
+    let policies: Vec<Policy> = ALGORITHMS
+        .iter()
+        .map(|a| Policy {
+            failure_mode: "open",
+            algorithm: a.name,
+            capacity: s.capacity,
+            rate_per_sec: s.rate,
+            timeout_ms: 5000,
+            lease: None,
+            clock_skew_ms: None,
+        })
+        .collect();
+    let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| b.start_envoy(Front::Filter(&policies), w.port))
+        .collect();
+    let mut runs = Vec::new();
+    for (algorithm, policy) in ALGORITHMS.iter().zip(&policies) {
+        for replicas in [2, 4] {
+            let key = format!("accuracy-{}-{replicas}", algorithm.name);
+            let envoys = &envoys[..replicas];
+            runs.push(closed_loop(b, envoys, 1, algorithm, policy, key));
+        }
+    }
+    {
+        // Several workers per replica: each worker's engine batches and caches refusals on
+        // its own, all racing on one key.
+        let workers = 2;
+        let envoys2: Vec<Envoy> = webdis
+            .iter()
+            .map(|w| b.start_envoy_workers(Front::Filter(&policies), w.port, workers))
+            .collect();
+        for name in CONCURRENT_ALGORITHMS {
+            let Some((algorithm, policy)) = ALGORITHMS
+                .iter()
+                .zip(&policies)
+                .find(|(a, _)| a.name == *name)
+            else {
+                continue;
+            };
+            let key = format!("accuracy-{}-workers", algorithm.name);
+            runs.push(closed_loop(b, &envoys2, workers, algorithm, policy, key));
+        }
+    }
+    let timeline = overload(
+        b,
+        &envoys,
+        1,
+        &policies[0],
+        format!("overload-{}", ALGORITHMS[0].name),
+    );
+    (runs, timeline)
+}
+
+/// The paced 3× overload run on one key of `policy`'s algorithm, through `envoys`: allowed,
+/// denied and failed per second.
+fn overload(b: &Bench, envoys: &[Envoy], workers: u32, policy: &Policy, key: String) -> Timeline {
+    let s = &b.s;
+    let Some(algorithm) = ALGORITHMS.iter().find(|a| a.name == policy.algorithm) else {
+        return Timeline::default();
+    };
+    let load = Load {
+        ports: envoys.iter().map(|e| e.port).collect(),
+        conns_per_port: s.overload_conns,
+        duration: Duration::from_secs_f64(s.overload_s),
+        headers: accuracy_headers(algorithm.name, key),
+        paced_total_per_sec: Some(3.0 * policy.rate_per_sec),
+    };
+    let (run, result) = accuracy_run(envoys, workers, algorithm, policy, &load, s.overload_s);
+    let seconds = s.overload_s.ceil() as usize;
+    let mut per_second = vec![(0u64, 0u64, 0u64); seconds];
+    for e in &result.events {
+        let i = (e.at.as_secs_f64().floor() as usize).min(seconds - 1);
+        match e.status {
+            200 => per_second[i].0 += 1,
+            429 => per_second[i].1 += 1,
+            _ => per_second[i].2 += 1,
+        }
+    }
+    b.say(&format!(
+        "overload {}{}: {} requests, {} allowed, allowance {:.1}, overshoot {}",
+        algorithm.name,
+        if policy.lease.is_some() {
+            ", leased"
+        } else {
+            ""
+        },
+        run.sent,
+        run.let_through(),
+        run.allowance,
+        run.overshoot()
+    ));
+    Timeline { run, per_second }
+}
+
+/// The request headers of an accuracy run: the key, and the header that picks the rule.
+fn accuracy_headers(algorithm: &str, key: String) -> Vec<(String, String)> {
+    vec![
+        ("x-api-key".to_string(), key),
+        (POLICY_HEADER.to_string(), algorithm.to_string()),
+    ]
+}
+
+/// The accuracy runs with leases on (token bucket and GCRA, 4 replicas × 2 workers), and the
+/// overload timeline with leases on, on processes of their own: a fresh Redis, 4 Webdis, 4
+/// Envoys with 2 workers whose rules take a lease.
+pub fn leased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
+    let s = &b.s;
+    let redis = Redis::start(&b.dir);
+    let policies: Vec<Policy> = LEASED_ALGORITHMS
+        .iter()
+        .map(|name| Policy {
+            failure_mode: "open",
+            algorithm: name,
+            capacity: s.capacity,
+            rate_per_sec: s.rate,
+            timeout_ms: 5000,
+            lease: Some(Lease::DEFAULT),
+            clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
+        })
+        .collect();
+    let workers = 2;
+    let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| b.start_envoy_workers(Front::Filter(&policies), w.port, workers))
+        .collect();
+    let mut runs = Vec::new();
+    for policy in &policies {
+        let Some(algorithm) = ALGORITHMS.iter().find(|a| a.name == policy.algorithm) else {
+            continue;
+        };
+        let key = format!("accuracy-{}-leased", algorithm.name);
+        runs.push(closed_loop(b, &envoys, workers, algorithm, policy, key));
+    }
+    let timeline = overload(
+        b,
+        &envoys,
+        workers,
+        &policies[0],
+        format!("overload-{}-leased", policies[0].algorithm),
+    );
+    (runs, timeline)
+}
+
+/// One closed-loop accuracy run: `s.accuracy_conns` connections per Envoy spending `key` under
+/// `algorithm`'s rule for `s.accuracy_s`, as fast as answered; says what it saw.
+fn closed_loop(
+    b: &Bench,
+    envoys: &[Envoy],
+    workers: u32,
+    algorithm: &Algorithm,
+    policy: &Policy,
+    key: String,
+) -> Accuracy {
+    let s = &b.s;
+    let load = Load {
+        ports: envoys.iter().map(|e| e.port).collect(),
+        conns_per_port: s.accuracy_conns,
+        duration: Duration::from_secs_f64(s.accuracy_s),
+        headers: accuracy_headers(algorithm.name, key),
+        paced_total_per_sec: None,
+    };
+    let (run, _) = accuracy_run(envoys, workers, algorithm, policy, &load, s.accuracy_s);
+    b.say(&format!(
+            "accuracy {}{}, {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}, lease hits {}",
+            algorithm.name,
+            if policy.lease.is_some() { " leased" } else { "" },
+            envoys.len(),
+            run.sent,
+            run.let_through(),
+            run.allowance,
+            run.overshoot(),
+            LeaseCounters::cell(run.lease.hits)
+        ),
+    );
+    run
+}
+
+pub fn accuracy_run(
+    envoys: &[Envoy],
+    workers: u32,
+    algorithm: &Algorithm,
+    policy: &Policy,
+    load: &Load,
+    duration_s: f64,
+) -> (Accuracy, client::LoadResult) {
+    let sum = |stats: &[std::collections::BTreeMap<String, u64>], name: &str| -> u64 {
+        stats
+            .iter()
+            .map(|m| m.get(name).copied().unwrap_or(0))
+            .sum()
+    };
+    let before: Vec<_> = envoys
+        .iter()
+        .map(|e| measure::envoy_stats(e.admin_port))
+        .collect();
+    let result = client::run(load);
+    let deltas: Vec<_> = envoys
+        .iter()
+        .zip(&before)
+        .map(|(e, b)| measure::delta(b, &measure::envoy_stats(e.admin_port)))
+        .collect();
+    let b = result.bounds();
+    let run = Accuracy {
+        algorithm: policy.algorithm.to_string(),
+        allowance: (algorithm.allowance)(policy, b.first_sent, b.last_read),
+        allowance_inner: (algorithm.allowance)(policy, b.first_read, b.last_sent.max(b.first_read)),
+        formula: algorithm.formula.to_string(),
+        replicas: envoys.len(),
+        workers,
+        conns_per_replica: load.conns_per_port,
+        capacity: policy.capacity,
+        rate_per_sec: policy.rate_per_sec,
+        offered_per_sec: load.paced_total_per_sec,
+        duration_s,
+        window_s: b.last_read - b.first_sent,
+        sent: result.events.len() as u64,
+        allowed: result.count(200),
+        denied: result.count(429),
+        failed: result
+            .events
+            .iter()
+            .filter(|e| e.status != 200 && e.status != 429)
+            .count() as u64,
+        filter_allowed: sum(&deltas, "wasmcustom.ratelimit_allowed"),
+        filter_denied: sum(&deltas, "wasmcustom.ratelimit_denied"),
+        fail_open: sum(&deltas, "wasmcustom.ratelimit_failure_mode_open"),
+        lease: LeaseCounters::sum(&deltas),
+        lease_setting: policy
+            .lease
+            .map(|l| l.json().to_string())
+            .unwrap_or_default(),
+        clock_skew_ms: policy.clock_skew_ms,
+        allowed_per_replica: (0..envoys.len())
+            .map(|r| {
+                result
+                    .events
+                    .iter()
+                    .filter(|e| e.replica == r && e.status == 200)
+                    .count() as u64
+            })
+            .collect(),
+    };
+    (run, result)
+}
