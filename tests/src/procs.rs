@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::http::get;
+use crate::http::{get, Response};
+use crate::keys::Keys;
 use crate::resp::RedisConn;
-use crate::{envoy_bin, free_port, root, wait_for, wasm_path};
+use crate::{envoy_bin, free_port, root, wait_for, wait_for_value, wasm_path};
 
 /// Redis admin user from envoy/redis.conf (the default user is Webdis's restricted one).
 pub const REDIS_ADMIN: (&str, &str) = ("admin", "admin-demo-secret");
@@ -15,6 +16,9 @@ pub const REDIS_ADMIN: (&str, &str) = ("admin", "admin-demo-secret");
 pub const REDIS_WEBDIS_PASSWORD: &str = "webdis-demo-secret";
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a test waits for a count to reach the stats (within a tick of the worker, far
+/// less than this, even on a loaded machine).
+const STAT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A folder for one test's configs and logs: target/e2e/NAME, emptied first, kept afterwards
 /// so a failure can be read.
@@ -302,6 +306,16 @@ impl Envoy {
         Envoy::launch(dir, webdis_port, edits).wait_live()
     }
 
+    /// The shipped envoy/envoy.yaml with `filter_json` as the whole filter configuration
+    /// (see [`filter_config_edit`]) and `workers` worker threads; waits until it is LIVE.
+    pub fn start_filter(dir: &WorkDir, webdis_port: u16, filter_json: &str, workers: u32) -> Envoy {
+        let (from, to) = filter_config_edit(filter_json);
+        let (port, admin_port) = (free_port(), free_port());
+        let yaml = envoy_config(port, admin_port, webdis_port, &[(&from, &to)]);
+        Envoy::start_config(dir, port, admin_port, &yaml, workers)
+    }
+
+    /// Polls until this Envoy is LIVE.
     fn wait_live(self) -> Envoy {
         let mut envoy = self;
         let admin = envoy.admin_port;
@@ -342,15 +356,37 @@ impl Envoy {
     }
 
     fn launch_file(dir: &WorkDir, file: &Path, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
-        let port = free_port();
-        let admin_port = free_port();
+        let (port, admin_port) = (free_port(), free_port());
         let config = envoy_config_from(file, port, admin_port, webdis_port, edits);
+        Envoy::launch_config(dir, port, admin_port, &config, 2)
+    }
+
+    /// Starts Envoy on `config` (YAML already written for `port` and `admin_port`) with
+    /// `concurrency` worker threads, and waits until it is LIVE. For configs that are not a
+    /// shipped one with edits (the benchmark's), or another number of workers.
+    pub fn start_config(
+        dir: &WorkDir,
+        port: u16,
+        admin_port: u16,
+        config: &str,
+        concurrency: u32,
+    ) -> Envoy {
+        Envoy::launch_config(dir, port, admin_port, config, concurrency).wait_live()
+    }
+
+    fn launch_config(
+        dir: &WorkDir,
+        port: u16,
+        admin_port: u16,
+        config: &str,
+        concurrency: u32,
+    ) -> Envoy {
         let config_path = dir.file(&format!("envoy-{port}.yaml"));
         fs::write(&config_path, config).expect("write envoy config");
         let mut command = Command::new(envoy_bin());
         command.arg("-c").arg(&config_path).args([
             "--concurrency",
-            "2",
+            &concurrency.to_string(),
             "--disable-hot-restart",
             "--log-level",
             "info",
@@ -368,43 +404,24 @@ impl Envoy {
         }
     }
 
-    /// Starts Envoy on `config` (YAML already written for `port` and `admin_port`) with
-    /// `concurrency` worker threads, and waits until it is LIVE. For the benchmark, which
-    /// needs 1 worker and configs that are not the shipped one with edits.
-    pub fn start_config(
-        dir: &WorkDir,
-        port: u16,
-        admin_port: u16,
-        config: &str,
-        concurrency: u32,
-    ) -> Envoy {
-        let config_path = dir.file(&format!("envoy-{port}.yaml"));
-        fs::write(&config_path, config).expect("write envoy config");
-        let mut command = Command::new(envoy_bin());
-        command.arg("-c").arg(&config_path).args([
-            "--concurrency",
-            &concurrency.to_string(),
-            "--disable-hot-restart",
-            "--log-level",
-            "info",
-        ]);
-        let mut process = Process::spawn(
-            "envoy",
-            &mut command,
-            dir.file(&format!("envoy-{port}.log")),
-        );
-        wait_for("envoy to be LIVE", START_TIMEOUT, || {
-            process.assert_running();
-            get(admin_port, "/ready", &[])
-                .ok()
-                .filter(|r| r.status == 200 && r.text().contains("LIVE"))
-        });
-        Envoy {
-            port,
-            admin_port,
-            process,
-            config_path,
-        }
+    /// A request to the listener; panics if it gets no HTTP answer.
+    pub fn send(&self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        get(self.port, path, headers).expect("request through envoy")
+    }
+
+    /// `GET /` with API key `key` (`x-api-key`, the key of the shipped rule).
+    pub fn keyed(&self, key: impl AsRef<[u8]>) -> Response {
+        self.keyed_at("/", key)
+    }
+
+    /// `GET path` with API key `key`.
+    pub fn keyed_at(&self, path: &str, key: impl AsRef<[u8]>) -> Response {
+        self.send(path, &[("x-api-key", key.as_ref())])
+    }
+
+    /// The Redis keys of the filter configuration this Envoy runs.
+    pub fn keys(&self) -> Keys {
+        Keys::from_envoy_file(&self.config_path)
     }
 
     /// A filter counter from /stats (`wasmcustom.NAME`), 0 if not there yet.
@@ -426,6 +443,17 @@ impl Envoy {
             .find_map(|l| l.strip_prefix(&format!("{full_name}: ")))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Polls until filter counter `name` is exactly `want`: a count may reach the stats at
+    /// the worker's next tick, after the answer that it counts.
+    pub fn wait_counter(&self, name: &str, want: u64) {
+        self.wait_stat(&format!("wasmcustom.{name}"), want);
+    }
+
+    /// Polls until counter or gauge `full_name` is exactly `want`.
+    pub fn wait_stat(&self, full_name: &str, want: u64) {
+        wait_for_value(full_name, STAT_TIMEOUT, want, || self.stat(full_name));
     }
 }
 

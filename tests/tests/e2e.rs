@@ -11,14 +11,12 @@ use e2e::{free_port, get, root, wait_for, Envoy, Redis, Response, Stack};
 /// The demo policy in envoy/envoy.yaml: capacity 10, 10 tokens per minute.
 const CAPACITY: usize = 10;
 
-/// The Redis key of the demo rule's bucket for a hashed identity (`id` is the digest).
-fn bucket_key(label: &str, id: &str) -> String {
-    format!("rl:{{{label}:{id}}}:per_client:per_minute")
-}
-
-/// The same for an identity kept readable (`"hash_identities": false`).
-fn readable_bucket_key(label: &str, id: &str) -> String {
-    format!("rl:{{{label}={id}}}:per_client:per_minute")
+/// The Redis key of the demo rule's bucket (rule `per_client`, limit `per_minute`) for API
+/// key `api_key`, as `envoy`'s filter names it.
+fn bucket_key(envoy: &Envoy, api_key: &[u8]) -> String {
+    envoy
+        .keys()
+        .limit_key("per_client", "per_minute", "header:x-api-key", api_key)
 }
 
 fn digest(identity: &[u8]) -> String {
@@ -26,8 +24,10 @@ fn digest(identity: &[u8]) -> String {
 }
 
 fn hit(envoy: &Envoy, api_key: Option<&[u8]>) -> Response {
-    let headers: Vec<(&str, &[u8])> = api_key.map(|k| ("x-api-key", k)).into_iter().collect();
-    get(envoy.port, "/", &headers).expect("request through envoy")
+    match api_key {
+        Some(key) => envoy.keyed(key),
+        None => envoy.send("/", &[]),
+    }
 }
 
 /// A fresh bucket: exactly CAPACITY requests pass, counting down, then 429 with the headers.
@@ -65,7 +65,8 @@ fn fresh_key_gets_exactly_capacity_then_429() {
     assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
     // The identity is stored as a digest, never in clear.
     let keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().text();
-    let expected = bucket_key("header:x-api-key", &digest(b"alice"));
+    let expected = bucket_key(&stack.envoy, b"alice");
+    assert!(expected.contains(&digest(b"alice")) && !expected.contains("alice"));
     assert_eq!(keys, format!("[{expected}]"));
 }
 
@@ -78,7 +79,11 @@ fn keys_are_independent_and_requests_without_a_key_are_limited_by_ip() {
     // No API key (or an empty one): the client IP's bucket, shared by both.
     assert_full_bucket_then_limited(&stack.envoy, None);
     assert_eq!(hit(&stack.envoy, Some(b"")).status, 429);
-    let ip_key = bucket_key("client_ip", &digest(b"127.0.0.1"));
+    let ip_key =
+        stack
+            .envoy
+            .keys()
+            .limit_key("per_client", "per_minute", "client_ip", b"127.0.0.1");
     let exists = stack.redis.admin().cmd(&["EXISTS", &ip_key]).unwrap().int();
     assert_eq!(exists, 1, "bucket of 127.0.0.1, port stripped");
 }
@@ -118,11 +123,19 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
             && key
                 .iter()
                 .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-        let expected = if readable && printable {
-            readable_bucket_key("header:x-api-key", &String::from_utf8_lossy(&key))
-        } else {
-            bucket_key("header:x-api-key", &digest(&key))
-        };
+        let expected = bucket_key(&stack.envoy, &key);
+        // Readable (`{label=identity}`) exactly when asked for and printable, else hashed.
+        let readable_form = format!("={}}}", String::from_utf8_lossy(&key));
+        assert_eq!(
+            expected.contains(&readable_form),
+            readable && printable,
+            "{expected}"
+        );
+        assert_eq!(
+            expected.contains(&digest(&key)),
+            !(readable && printable),
+            "{expected}"
+        );
         let tokens = stack
             .redis
             .admin()
@@ -170,13 +183,16 @@ fn a_readable_identity_never_shares_the_bucket_of_its_digest() {
     let mut keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().items();
     keys.sort_by_key(|k| k.text());
     let keys: Vec<String> = keys.iter().map(|k| k.text()).collect();
-    assert_eq!(
-        keys,
-        [
-            bucket_key("header:x-api-key", &hex),
-            readable_bucket_key("header:x-api-key", &hex)
-        ]
+    let (hashed_key, readable_key) = (
+        bucket_key(&stack.envoy, hashed),
+        bucket_key(&stack.envoy, hex.as_bytes()),
     );
+    assert!(hashed_key.contains(&format!(":{hex}}}")), "{hashed_key}");
+    assert!(
+        readable_key.contains(&format!("={hex}}}")),
+        "{readable_key}"
+    );
+    assert_eq!(keys, [hashed_key, readable_key]);
 }
 
 #[test]
