@@ -87,7 +87,7 @@ fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
 
     let identities = 60;
     for i in 0..identities {
-        let r = stack.envoy.keyed(&format!("user-{i}"));
+        let r = stack.envoy.keyed(format!("user-{i}"));
         assert_eq!(r.status, 200, "user-{i}: {}", r.text());
         assert_eq!(r.header("x-ratelimit-remaining"), Some("9"), "user-{i}");
     }

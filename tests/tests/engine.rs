@@ -108,6 +108,16 @@ fn concurrent_requests_share_calls() {
         evalsha * 2 <= requests,
         "{requests} requests took {evalsha} calls: concurrent ones should share"
     );
+    // No callback found the worker's engine busy (Envoy defers a callback that would
+    // re-enter the filter): the counter is exported, and 0.
+    let busy = get(
+        s.envoy.admin_port,
+        "/stats?filter=ratelimit_engine_busy",
+        &[],
+    )
+    .expect("envoy admin /stats")
+    .text();
+    assert_eq!(busy.trim(), "wasmcustom.ratelimit_engine_busy: 0");
     // And the hot key was charged once per request, exactly.
     let tokens = tokens(&s, "hot", "second");
     let hot = (THREADS * EACH / 2) as f64;

@@ -266,7 +266,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
             assert_eq!(r.status, 429, "known client, request {i}: over its limit");
         }
         for j in 0..20 {
-            let r = s.envoy.keyed(&format!("newcomer-{i}-{j}"));
+            let r = s.envoy.keyed(format!("newcomer-{i}-{j}"));
             assert_eq!(r.status, 200, "newcomer {i}-{j}");
             assert_eq!(
                 r.header("x-ratelimit-remaining"),

@@ -51,7 +51,7 @@ fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
     s.webdis.process.stop();
     for n in 0..20 {
         assert_eq!(
-            s.envoy.keyed(&format!("carol-{n}")).status,
+            s.envoy.keyed(format!("carol-{n}")).status,
             200,
             "failing open"
         );
