@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::cluster::{envoy_config_file, ClusterStack, RedisCluster, NODE_USER, SLOTS};
-use e2e::procs::WorkDir;
+use e2e::procs::{WorkDir, PATIENT};
 use e2e::{get, script_sha, Envoy, Keys, Resp};
 
 /// The keys of the shipped cluster config's filter.
@@ -61,7 +61,7 @@ fn edits(list: &[(String, String)]) -> Vec<(&str, &str)> {
 
 #[test]
 fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
-    let stack = ClusterStack::start("cluster-spread", &[]);
+    let stack = ClusterStack::start("cluster-spread", &PATIENT);
     let cluster = &stack.cluster;
     println!(
         "cluster of {} nodes ready in {} ms",
@@ -124,7 +124,8 @@ fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
 
 #[test]
 fn one_key_gets_exactly_its_limit() {
-    let list = [limit_edit(5)];
+    let [a, b] = patient();
+    let list = [limit_edit(5), a, b];
     let stack = ClusterStack::start("cluster-exact", &edits(&list));
     let statuses: Vec<u16> = (0..20).map(|_| stack.envoy.keyed("alice").status).collect();
     println!("{statuses:?}");
@@ -301,12 +302,17 @@ fn keyslot_follows_hash_tags() {
 /// its slots are decided by the failure policy (open here).
 #[test]
 fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
+    // Patient: the requests before the kill must be decided, even on a loaded machine; those
+    // on the dead master's slots still fail open, at the proxy's 1 s timeout at most.
+    let [a, b] = patient();
     let list = [
         limit_edit(5),
         (
             r#""failure_mode": "open","#.to_string(),
             r#""failure_mode": "open", "deny_cache": false,"#.to_string(),
         ),
+        a,
+        b,
     ];
     let mut stack = ClusterStack::start("cluster-failover", &edits(&list));
     let statuses: Vec<u16> = (0..6).map(|_| stack.envoy.keyed("alice").status).collect();
@@ -419,20 +425,9 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
     assert_eq!(decided.status, 429, "{}", diagnose(&stack));
 }
 
-/// A 2 s bridge timeout and breaker stall: on a busy test machine a call can take longer than
-/// the shipped 150 ms / 25 ms, and the request would then be let through by policy; these
-/// tests are about decisions, not outages.
+/// Patient (see [`PATIENT`]): these tests are about decisions, not outages.
 fn patient() -> [(String, String); 2] {
-    [
-        (
-            r#""timeout": "150ms","#.to_string(),
-            r#""timeout": "2s","#.to_string(),
-        ),
-        (
-            r#""failure_mode": "open","#.to_string(),
-            r#""failure_mode": "open", "breaker": {"stall": "2s"},"#.to_string(),
-        ),
-    ]
+    PATIENT.map(|(a, b)| (a.to_string(), b.to_string()))
 }
 
 /// Requests for `keys`, each sent `rounds` times, over `threads` concurrent connections (each
@@ -529,7 +524,8 @@ fn tokens(stack: &ClusterStack, key: &str) -> f64 {
 
 /// A request limited per API key and per client IP has its limits on two slots: decided in two
 /// calls, all or nothing. Refused by the per-key limit, what the per-IP limit charged for it is
-/// given back.
+/// given back. (Windows of an hour: what refills while a loaded machine runs the test stays
+/// far below a unit.)
 #[test]
 fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
     let rules = (
@@ -540,14 +536,14 @@ fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
             .to_string(),
         r#""key": { "from": ["header:x-api-key"] },
                           "limits": [
-                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 3, "window": "1m" }
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 3, "window": "1h" }
                           ]
                         },
                         {
                           "name": "per_ip",
                           "key": { "from": ["client_ip"] },
                           "limits": [
-                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 100, "window": "1m" }
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 100, "window": "1h" }
                           ]"#
             .to_string(),
     );

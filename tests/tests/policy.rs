@@ -5,15 +5,17 @@
 use std::time::Duration;
 
 use e2e::http::request;
-use e2e::procs::{filter_config_edit, validate_config, WorkDir};
+use e2e::procs::{filter_config_edit, validate_config, WorkDir, PATIENT};
 use e2e::sf::{parse_list, Item};
 use e2e::{root, wait_for, Envoy, Redis, Response, Stack, Webdis};
 
-/// The filter JSON with the shipped bridge credentials and a generous timeout (so that a busy
-/// test machine never fails open), plus `body`.
+/// The filter JSON with the shipped bridge credentials, a generous timeout and a breaker that
+/// opens only on a call stalled for 2 s (so that a busy test machine never fails open), plus
+/// `body`.
 fn filter_json(body: &str) -> String {
     format!(
         r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s"}},
+"breaker": {{"stall": "2s"}},
 {body}}}"#
     )
 }
@@ -643,7 +645,8 @@ fn redis_clock_limits_like_the_proxy_clock() {
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
 }
 
-/// An example config from envoy/examples, started as shipped (on test ports).
+/// An example config from envoy/examples, validated as shipped, started on test ports and
+/// patient (see [`PATIENT`]): these tests are about its rules.
 fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let file = root().join("envoy/examples").join(name);
     let (ok, output) = validate_config(&root(), &file);
@@ -651,7 +654,7 @@ fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let dir = WorkDir::new(&format!("example-{name}"));
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
-    let envoy = Envoy::start_file(&dir, &file, webdis.port);
+    let envoy = Envoy::start_file_with(&dir, &file, webdis.port, &PATIENT);
     (dir, redis, webdis, envoy)
 }
 
