@@ -72,6 +72,17 @@ impl Keys {
         redis_key(&self.config, r, self.limit(r, limit), label_, identity)
     }
 
+    /// The bucket of API key `api_key` under the shipped rule (`per_client`, limit
+    /// `per_minute`, keyed by `x-api-key`, in envoy/envoy.yaml and envoy/cluster/envoy.yaml).
+    pub fn shipped_bucket(&self, api_key: impl AsRef<[u8]>) -> String {
+        self.limit_key(
+            "per_client",
+            "per_minute",
+            "header:x-api-key",
+            api_key.as_ref(),
+        )
+    }
+
     /// The key counting the new identities of rule `rule` (its key budget); `slot_tag` with a
     /// Redis Cluster (see `ratelimit_core::slot::slot_tags`).
     pub fn budget_counter(&self, rule: &str, slot_tag: Option<u32>) -> String {
@@ -100,6 +111,10 @@ mod tests {
         assert_eq!(
             keys.limit_key("per_client", "per_minute", "header:x-api-key", b"alice"),
             format!("rl:{{header:x-api-key:{digest}}}:per_client:per_minute")
+        );
+        assert_eq!(
+            keys.shipped_bucket("alice"),
+            keys.limit_key("per_client", "per_minute", "header:x-api-key", b"alice")
         );
         assert_eq!(
             keys.budget_counter("per_client", None),

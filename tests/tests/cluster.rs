@@ -17,16 +17,6 @@ fn shipped_keys() -> Keys {
     Keys::from_envoy_file(&envoy_config_file())
 }
 
-/// The Redis key of the shipped rule's bucket for API key `api_key`.
-fn bucket_key(keys: &Keys, api_key: &str) -> String {
-    keys.limit_key(
-        "per_client",
-        "per_minute",
-        "header:x-api-key",
-        api_key.as_bytes(),
-    )
-}
-
 /// The shipped limit (10 per minute) made `limit` per minute.
 fn limit_edit(limit: u32) -> (String, String) {
     (
@@ -110,7 +100,7 @@ fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
     // Each bucket is on the master of its slot (another master would answer MOVED), and
     // there is no other key.
     for i in 0..identities {
-        let key = bucket_key(&stack.envoy.keys(), &format!("user-{i}"));
+        let key = stack.envoy.keys().shipped_bucket(format!("user-{i}"));
         let owner = cluster.master_of_key(&key);
         let exists = cluster.admin(owner).cmd(&["EXISTS", &key]).unwrap();
         assert_eq!(exists, Resp::Int(1), "{key} on {owner}");
@@ -134,7 +124,7 @@ fn one_key_gets_exactly_its_limit() {
     // The script was not loaded: the first call got NOSCRIPT and the filter loaded it.
     assert!(stack.envoy.counter("ratelimit_script_loads") >= 1);
     assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
-    let key = bucket_key(&stack.envoy.keys(), "alice");
+    let key = stack.envoy.keys().shipped_bucket("alice");
     let owner = stack.cluster.master_of_key(&key);
     let tokens = stack.cluster.admin(owner).cmd(&["HGET", &key, "tokens"]);
     let tokens: f64 = tokens.unwrap().text().parse().expect("a token count");
@@ -253,9 +243,9 @@ fn keyslot_follows_hash_tags() {
             "limits": [{"name": "l", "limit": 1, "window": "1s"}]}]}"#,
     );
     for i in 0..300u64 {
-        keys.push(bucket_key(&shipped, &format!("user-{i}")));
+        keys.push(shipped.shipped_bucket(format!("user-{i}")));
         keys.push(ratelimit_core::plan::shard_key(
-            &bucket_key(&shipped, &format!("hot-{i}")),
+            &shipped.shipped_bucket(format!("hot-{i}")),
             i % 7,
         ));
         let address = format!("10.0.{}.{}", i / 256, i % 256);
@@ -270,7 +260,7 @@ fn keyslot_follows_hash_tags() {
         );
     }
     // Every limit of one identity lives on the slot of its hash tag.
-    let key = bucket_key(&shipped, "alice");
+    let key = shipped.shipped_bucket("alice");
     let tag = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
     let slot = cluster.keyslot(tag);
     assert_eq!(cluster.keyslot(&key), slot);
@@ -323,12 +313,12 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
         diagnose(&stack)
     );
     let named = stack.envoy.keys();
-    let key = bucket_key(&named, "alice");
+    let key = named.shipped_bucket("alice");
     let old = stack.cluster.master_of_key(&key);
     // Another identity on the same master, to see when decisions come back.
     let probe = (0..)
         .map(|i| format!("probe-{i}"))
-        .find(|p| stack.cluster.master_of_key(&bucket_key(&named, p)) == old)
+        .find(|p| stack.cluster.master_of_key(&named.shipped_bucket(p)) == old)
         .unwrap();
     let replica = stack.cluster.replicas_of(old);
     assert_eq!(replica.len(), 1);
@@ -550,7 +540,7 @@ fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
     let [a, b] = patient();
     let stack = ClusterStack::start("cluster-two-slots", &edits(&[rules, a, b]));
     let named = stack.envoy.keys();
-    let key = bucket_key(&named, "k");
+    let key = named.shipped_bucket("k");
     // The bucket of the per-IP rule on 127.0.0.1.
     let ip = named.limit_key("per_ip", "per_minute", "client_ip", b"127.0.0.1");
     assert_ne!(stack.cluster.keyslot(&key), stack.cluster.keyslot(&ip));
@@ -593,7 +583,7 @@ fn spread_identity(keys: &Keys, cluster: &RedisCluster) -> String {
 }
 
 fn shard_key(keys: &Keys, api_key: &str, shard: u64) -> String {
-    ratelimit_core::plan::shard_key(&bucket_key(keys, api_key), shard)
+    ratelimit_core::plan::shard_key(&keys.shipped_bucket(api_key), shard)
 }
 
 /// A hot key split in 3 shards is decided on 3 masters, each holding a third of its limit:
@@ -636,7 +626,7 @@ fn in_cluster_mode_a_key_budget_counts_per_slot() {
     );
     let stack = ClusterStack::start("cluster-budget", &edits(&[budget, a, b]));
     let named = stack.envoy.keys();
-    let slot_of = |k: &str| ratelimit_core::slot::key_slot(bucket_key(&named, k).as_bytes());
+    let slot_of = |k: &str| ratelimit_core::slot::key_slot(named.shipped_bucket(k).as_bytes());
     let first = "budget-0".to_string();
     let same = (1..)
         .map(|i| format!("budget-{i}"))

@@ -11,12 +11,9 @@ use e2e::{free_port, get, root, wait_for, Envoy, Redis, Response, Stack};
 /// The demo policy in envoy/envoy.yaml: capacity 10, 10 tokens per minute.
 const CAPACITY: usize = 10;
 
-/// The Redis key of the demo rule's bucket (rule `per_client`, limit `per_minute`) for API
-/// key `api_key`, as `envoy`'s filter names it.
+/// The Redis key of the demo rule's bucket for API key `api_key`, as `envoy`'s filter names it.
 fn bucket_key(envoy: &Envoy, api_key: &[u8]) -> String {
-    envoy
-        .keys()
-        .limit_key("per_client", "per_minute", "header:x-api-key", api_key)
+    envoy.keys().shipped_bucket(api_key)
 }
 
 fn digest(identity: &[u8]) -> String {

@@ -108,16 +108,6 @@ fn demo_keys() -> Keys {
     Keys::from_json(&filter_json(DEMO_RULES))
 }
 
-/// The demo rule's Redis key for an API key.
-fn bucket_key(keys: &Keys, api_key: &str) -> String {
-    keys.limit_key(
-        "per_client",
-        "per_minute",
-        "header:x-api-key",
-        api_key.as_bytes(),
-    )
-}
-
 fn filler_identity(i: usize) -> String {
     format!("filler-{i}")
 }
@@ -152,7 +142,7 @@ fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
     for chunk in ids.chunks(64) {
         let checks: Vec<Vec<LimitCheck>> = chunk
             .iter()
-            .map(|&i| vec![demo_check(bucket_key(&keys, &filler_identity(i)))])
+            .map(|&i| vec![demo_check(keys.shipped_bucket(filler_identity(i)))])
             .collect();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -237,7 +227,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
     // The filler stands for clients that were active before. Redis's LRU clock counts whole
     // seconds: a key written in the same second as the known client's bucket looks just as
     // recent. Wait until it sees the newest filler bucket idle.
-    let newest = bucket_key(&demo_keys(), &filler_identity(written - 1));
+    let newest = demo_keys().shipped_bucket(filler_identity(written - 1));
     wait_for("the filler to be idle to Redis", PATIENCE, || {
         let idle = admin.cmd(&["OBJECT", "IDLETIME", &newest]);
         matches!(idle, Resp::Int(seconds) if seconds >= 1).then_some(())
@@ -286,7 +276,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
         "Redis evicted while the known client was decided"
     );
     let pttl = admin
-        .cmd(&["PTTL", &bucket_key(&s.envoy.keys(), "known")])
+        .cmd(&["PTTL", &s.envoy.keys().shipped_bucket("known")])
         .int();
     assert!(pttl > 0, "the known client's bucket is there: PTTL {pttl}");
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
@@ -432,13 +422,13 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
     );
     assert_logged_oom(&s.envoy);
     let tokens = admin
-        .cmd(&["HGET", &bucket_key(&s.envoy.keys(), "known"), "tokens"])
+        .cmd(&["HGET", &s.envoy.keys().shipped_bucket("known"), "tokens"])
         .text();
     let tokens: f64 = tokens.parse().expect("the known client's bucket is kept");
     assert!((7.0..8.0).contains(&tokens), "nothing charged: {tokens}");
     assert_eq!(
         admin
-            .cmd(&["EXISTS", &bucket_key(&s.envoy.keys(), "newcomer")])
+            .cmd(&["EXISTS", &s.envoy.keys().shipped_bucket("newcomer")])
             .int(),
         0,
         "no bucket for the newcomer"
