@@ -41,7 +41,8 @@
 --
 -- Key budget: an identity is new when none of its keys under that budget exist. A new
 -- identity charged by a committed request counts one against the budget's current window
--- (a fixed window: floor(now / window)); existing identities never touch the budget.
+-- (a fixed window: floor(now / window), or the counter's window if a call with a later clock
+-- already moved it on); existing identities never touch the budget.
 local redis_time = nil
 local function time_now()
   redis_time = redis_time or redis.call('TIME')
@@ -163,8 +164,15 @@ local function apply_budgets(limits)
     if redis.call('EXISTS', unpack(u.keys)) == 0 then
       local b = u.budget
       local state = redis.call('HMGET', b.key, 'w', 'n')
+      local counted = tonumber(state[1])
       u.window = math.floor(now.ms / b.window)
-      u.count = tonumber(state[1]) == u.window and (tonumber(state[2]) or 0) or 0
+      -- A call stamped before the window the counter is in (calls reach Redis out of their
+      -- clocks' order) counts in that newer window: restarting its own would let the newer
+      -- window count from 0 again.
+      if counted and counted > u.window then
+        u.window = counted
+      end
+      u.count = counted == u.window and (tonumber(state[2]) or 0) or 0
       u.new = true
       u.over = u.count >= b.new_keys
     end

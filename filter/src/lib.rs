@@ -3,7 +3,7 @@
 //! calls are used through `proxy_wasm::hostcalls`, whose `Result`s are handled, rather than the
 //! trait helpers, which unwrap and would trap the VM.
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{OnceCell, RefCell, RefMut};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -46,6 +46,8 @@ struct Worker {
     histograms: Vec<Option<u32>>,
     gauges: Vec<Option<u32>>,
     failure_log: RefCell<LogThrottle>,
+    /// Lines about a busy engine (see [`borrow_or_report`]), throttled apart from failures.
+    busy_log: RefCell<LogThrottle>,
     /// The queue whose `on_queue_ready` runs the engine from the root context.
     wake_queue: Option<u32>,
 }
@@ -127,6 +129,7 @@ impl RootContext for Root {
             histograms,
             gauges,
             failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
+            busy_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
             wake_queue,
         }));
         true
@@ -141,19 +144,18 @@ impl RootContext for Root {
         }
         // Empty the queue: one wake-up is as good as many.
         while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
-        if let Ok(mut engine) = worker.engine.try_borrow_mut() {
-            let mut host = worker.host(self.id);
-            engine.on_wakeup(&worker.config, &mut host);
-        }
+        worker.with_engine(self.id, "a wake-up", |engine, host| {
+            engine.on_wakeup(&worker.config, host)
+        });
     }
 
     fn on_tick(&mut self) {
         let Some(worker) = &self.worker else {
             return;
         };
-        if let Ok(mut engine) = worker.engine.try_borrow_mut() {
-            engine.on_tick(&worker.config, &mut worker.host(self.id));
-        }
+        worker.with_engine(self.id, "a tick", |engine, host| {
+            engine.on_tick(&worker.config, host)
+        });
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -216,6 +218,19 @@ impl Worker {
         }
     }
 
+    /// Runs `step` (called `what` in the log) on the engine from a callback of context
+    /// `home`; None, counted and logged, when the engine is busy (see [`borrow_or_report`]).
+    fn with_engine<R>(
+        &self,
+        home: u32,
+        what: &'static str,
+        step: impl FnOnce(&mut Engine, &mut EnvoyHost<'_>) -> R,
+    ) -> Option<R> {
+        let mut host = self.host(home);
+        let mut engine = borrow_or_report(&self.engine, what, |what| host.report_busy(what))?;
+        Some(step(&mut engine, &mut host))
+    }
+
     /// A bridge call's reply, in the root (`at` None) or the request context that made it.
     fn on_reply(&self, home: u32, at: Option<u32>, token: u32, body_size: usize) {
         // On timeout or connection failure Envoy sends no `:status` at all.
@@ -235,9 +250,27 @@ impl Worker {
             status,
             body: &body,
         };
-        if let Ok(mut engine) = self.engine.try_borrow_mut() {
-            let mut host = self.host(home);
-            engine.on_reply(&self.config, &mut host, at, token, reply);
+        self.with_engine(home, "a bridge reply", |engine, host| {
+            engine.on_reply(&self.config, host, at, token, reply)
+        });
+    }
+}
+
+/// The engine for one callback's step, or None when another callback of this worker still
+/// holds it: a host call that re-entered the filter while the engine ran (Envoy defers such
+/// callbacks; nothing else guarantees it). The step is lost then (a request goes on
+/// undecided, a reply or a forget is skipped), so `busy(what)` counts and logs it: never
+/// silently.
+fn borrow_or_report<'c, T>(
+    cell: &'c RefCell<T>,
+    what: &'static str,
+    busy: impl FnOnce(&'static str),
+) -> Option<RefMut<'c, T>> {
+    match cell.try_borrow_mut() {
+        Ok(value) => Some(value),
+        Err(_) => {
+            busy(what);
+            None
         }
     }
 }
@@ -256,26 +289,26 @@ struct Request {
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let worker = &self.worker;
-        let Ok(mut engine) = worker.engine.try_borrow_mut() else {
-            return Action::Continue;
-        };
-        let mut host = worker.host(self.id);
-        match engine.on_request(
-            &worker.config,
-            &mut host,
+        let verdict = worker.with_engine(
             self.id,
-            &RequestHeaders::default(),
-        ) {
-            Verdict::Continue => Action::Continue,
-            Verdict::Pause => Action::Pause,
+            "a request (let through undecided)",
+            |engine, host| {
+                engine.on_request(&worker.config, host, self.id, &RequestHeaders::default())
+            },
+        );
+        match verdict {
+            Some(Verdict::Pause) => Action::Pause,
+            Some(Verdict::Continue) | None => Action::Continue,
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let headers = match self.worker.engine.try_borrow_mut() {
-            Ok(mut engine) => engine.take_headers(self.id),
-            Err(_) => None,
-        };
+        let headers = self
+            .worker
+            .with_engine(self.id, "a response's rate-limit headers", |engine, _| {
+                engine.take_headers(self.id)
+            })
+            .flatten();
         for (name, value) in headers.unwrap_or_default() {
             if let Err(status) =
                 hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value)
@@ -304,9 +337,9 @@ impl Context for Request {
 impl Drop for Request {
     fn drop(&mut self) {
         let worker = &self.worker;
-        if let Ok(mut engine) = worker.engine.try_borrow_mut() {
-            engine.forget(&worker.config, &mut worker.host(self.id), self.id);
-        }
+        worker.with_engine(self.id, "forgetting a finished request", |engine, host| {
+            engine.forget(&worker.config, host, self.id)
+        });
     }
 }
 
@@ -363,6 +396,22 @@ struct EnvoyHost<'a> {
 }
 
 impl EnvoyHost<'_> {
+    /// A step skipped because the engine was busy: counted, and logged at most once per
+    /// interval with the number of lines held back.
+    fn report_busy(&mut self, what: &str) {
+        self.count(Counter::EngineBusy);
+        let now = self.now_unix_ns().unwrap_or(0);
+        let admitted = match self.worker.busy_log.try_borrow_mut() {
+            Ok(mut log) => log.admit(now),
+            Err(_) => None,
+        };
+        if let Some(suppressed) = admitted {
+            log::warn!(
+                "the worker's engine was busy in another callback, {what} skipped ({suppressed} similar lines suppressed)"
+            );
+        }
+    }
+
     /// Makes `ctx` the context the next host calls act on; false if it is gone.
     fn act_on(&mut self, ctx: u32) -> bool {
         if self.effective == ctx {
@@ -493,5 +542,27 @@ impl Host for EnvoyHost<'_> {
                 "bridge failure, failure policy applied: {failure} ({suppressed} similar lines suppressed)"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_engine_is_reported_and_a_free_one_is_lent() {
+        let cell = RefCell::new(0u32);
+        let mut reported = Vec::new();
+        let mut held = borrow_or_report(&cell, "a tick", |what| reported.push(what))
+            .expect("a free engine is lent");
+        *held += 1;
+        // A callback re-entering while the first still holds the engine.
+        let again = borrow_or_report(&cell, "a bridge reply", |what| reported.push(what));
+        assert!(again.is_none());
+        drop(held);
+        assert_eq!(reported, ["a bridge reply"], "reported once, by name");
+        let free = borrow_or_report(&cell, "a tick", |what| reported.push(what));
+        assert_eq!(free.as_deref(), Some(&1), "the first step's effect is kept");
+        assert_eq!(reported.len(), 1, "a free engine reports nothing");
     }
 }

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::http::{parse, read_response, Response};
-use crate::procs::{command_calls_in, Envoy, Process, Webdis, WorkDir, REDIS_ADMIN};
+use crate::procs::{command_calls_in, Envoy, Process, Webdis, WorkDir, PORT_ATTEMPTS, REDIS_ADMIN};
 use crate::resp::{RedisConn, Resp};
 use crate::{free_port, root, wait_for};
 
@@ -62,14 +62,8 @@ impl RedisCluster {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         let started = Instant::now();
         let count = masters * (1 + replicas_per_master);
-        let ports: Vec<u16> = (0..count).map(|_| node_port()).collect();
-        let nodes: Vec<Node> = ports.iter().map(|&port| spawn_node(dir, port)).collect();
-        for node in &nodes {
-            wait_for("a cluster node to answer PING", START_TIMEOUT, || {
-                let mut conn = admin_login(node.port).ok()?;
-                conn.cmd(&["PING"]).ok()
-            });
-        }
+        let nodes: Vec<Node> = (0..count).map(|_| start_node(dir)).collect();
+        let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
         create(dir, &ports, replicas_per_master);
         let mut cluster = RedisCluster {
             nodes,
@@ -333,6 +327,32 @@ fn node_port() -> u16 {
         "no free port p below {} with p + {BUS_OFFSET} free too",
         EPHEMERAL_START - BUS_OFFSET
     );
+}
+
+/// A node on a free port, answering PING. Should another process bind its port or its bus
+/// port first (every test process on the machine draws from one range), it exits, and
+/// another is started on other ports.
+fn start_node(dir: &WorkDir) -> Node {
+    let mut attempt = 1;
+    loop {
+        let mut node = spawn_node(dir, node_port());
+        let port = node.port;
+        let exited = wait_for("a cluster node to answer PING", START_TIMEOUT, || {
+            if node.process.exited().is_some() {
+                return Some(true);
+            }
+            let mut conn = admin_login(port).ok()?;
+            conn.cmd(&["PING"]).ok().map(|_| false)
+        });
+        if !exited {
+            return node;
+        }
+        let log = node.process.log_text();
+        if attempt >= PORT_ATTEMPTS || !log.contains("Address already in use") {
+            node.process.fail_exited();
+        }
+        attempt += 1;
+    }
 }
 
 fn spawn_node(dir: &WorkDir, port: u16) -> Node {

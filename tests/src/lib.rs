@@ -6,12 +6,14 @@
 pub mod cluster;
 pub mod flood;
 pub mod http;
+pub mod keys;
 pub mod procs;
 pub mod prometheus;
 pub mod resp;
 pub mod sf;
 
 pub use http::{get, Response};
+pub use keys::Keys;
 pub use procs::{Envoy, Redis, Stack, Webdis, WorkDir};
 pub use prometheus::Prometheus;
 pub use resp::{RedisConn, Resp};
@@ -56,16 +58,54 @@ pub fn envoy_bin() -> PathBuf {
 }
 
 /// Polls `check` every 20 ms until it returns Some, or panics after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, check: impl FnMut() -> Option<T>) -> T {
+    poll(timeout, check).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Polls `read` every 20 ms until it returns `want`; panics after `timeout` with the last
+/// value read. For a state reached asynchronously (a count reaches the stats at the worker's
+/// next tick): a test waits for the very state it asserts, not for another one beside it.
+pub fn wait_for_value<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    timeout: Duration,
+    want: T,
+    read: impl FnMut() -> T,
+) -> T {
+    wait_until(what, timeout, read, |v| *v == want)
+}
+
+/// Polls `read` every 20 ms until `done` holds for what it returns, and returns that; panics
+/// after `timeout` with the last value read.
+pub fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    timeout: Duration,
+    mut read: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let mut last = None;
+    let reached = poll(timeout, || {
+        let value = read();
+        if done(&value) {
+            return Some(value);
+        }
+        last = Some(value);
+        None
+    });
+    reached.unwrap_or_else(|| {
+        panic!("timed out after {timeout:?} waiting for {what}: the last value read was {last:?}")
+    })
+}
+
+/// `check` every 20 ms until it returns Some; None once `timeout` has passed.
+fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {
-            return value;
+            return Some(value);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -5,16 +5,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::http::get;
+use crate::http::{get, Response};
+use crate::keys::Keys;
 use crate::resp::RedisConn;
-use crate::{envoy_bin, free_port, root, wait_for, wasm_path};
+use crate::{envoy_bin, free_port, root, wait_for, wait_for_value, wasm_path};
 
 /// Redis admin user from envoy/redis.conf (the default user is Webdis's restricted one).
 pub const REDIS_ADMIN: (&str, &str) = ("admin", "admin-demo-secret");
 /// Password of Redis's default user, which Webdis logs in as (envoy/redis.conf).
 pub const REDIS_WEBDIS_PASSWORD: &str = "webdis-demo-secret";
 
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a process may take to start: Envoy compiles the filter first, which takes tens of
+/// seconds on a loaded machine.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How many times a process is started on new ports when another took one first.
+pub(crate) const PORT_ATTEMPTS: u32 = 5;
+/// How long a test waits for a count to reach the stats (within a tick of the worker, far
+/// less than this, even on a loaded machine).
+const STAT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A folder for one test's configs and logs: target/e2e/NAME, emptied first, kept afterwards
 /// so a failure can be read.
@@ -74,12 +82,23 @@ impl Process {
 
     /// Panics, with the end of the log, if the process has exited.
     pub fn assert_running(&mut self) {
-        if let Some(status) = self.exited() {
-            let log = self.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            panic!("{} exited ({status}):\n{}", self.name, tail.join("\n"));
+        if self.exited().is_some() {
+            self.fail_exited();
         }
+    }
+
+    /// Panics with the exit status and the end of the log.
+    pub fn fail_exited(&mut self) -> ! {
+        panic!("{}", self.exit_report());
+    }
+
+    /// How it exited, and the end of its log.
+    fn exit_report(&mut self) -> String {
+        let status = self.exited().map(|s| s.to_string()).unwrap_or_default();
+        let log = self.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("{} exited ({status}):\n{}", self.name, tail.join("\n"))
     }
 
     pub fn signal(&self, signal: &str) {
@@ -136,10 +155,15 @@ pub struct Redis {
 impl Redis {
     /// Redis with the shipped envoy/redis.conf (users and ACLs), on a free port.
     pub fn start(dir: &WorkDir) -> Redis {
-        Redis::start_on(dir.path.clone(), free_port())
+        on_a_free_port(|port| Redis::try_start(dir.path.clone(), port))
     }
 
     fn start_on(dir: PathBuf, port: u16) -> Redis {
+        Redis::try_start(dir, port).unwrap_or_else(|report| panic!("{report}"))
+    }
+
+    /// Redis on `port`, or how it exited.
+    fn try_start(dir: PathBuf, port: u16) -> Result<Redis, String> {
         let conf = root().join("envoy/redis.conf");
         let mut command = Command::new("redis-server");
         command
@@ -151,12 +175,17 @@ impl Redis {
             &mut command,
             dir.join(format!("redis-{port}.log")),
         );
-        wait_for("redis to answer PING", START_TIMEOUT, || {
-            process.assert_running();
+        let exited = wait_for("redis to answer PING", START_TIMEOUT, || {
+            if process.exited().is_some() {
+                return Some(true);
+            }
             let mut conn = RedisConn::login(port, REDIS_ADMIN.0, REDIS_ADMIN.1).ok()?;
-            conn.cmd(&["PING"]).ok()
+            conn.cmd(&["PING"]).ok().map(|_| false)
         });
-        Redis { port, process, dir }
+        if exited {
+            return Err(process.exit_report());
+        }
+        Ok(Redis { port, process, dir })
     }
 
     /// A connection as the admin user.
@@ -216,12 +245,8 @@ pub struct Webdis {
 impl Webdis {
     /// Webdis with the shipped envoy/webdis.json, pointed at `redis_port`, on a free port.
     pub fn start(dir: &WorkDir, redis_port: u16) -> Webdis {
-        Webdis::start_with_config(
-            dir,
-            &root().join("envoy/webdis.json"),
-            redis_port,
-            free_port(),
-        )
+        let file = root().join("envoy/webdis.json");
+        on_a_free_port(|port| Webdis::try_start(dir, &file, redis_port, port))
     }
 
     /// Webdis from another shipped config (e.g. envoy/cluster/webdis.json), pointed at
@@ -243,17 +268,19 @@ impl Webdis {
     }
 
     fn start_on(dir: &WorkDir, file: &Path, redis_port: u16, port: u16) -> Webdis {
+        Webdis::try_start(dir, file, redis_port, port).unwrap_or_else(|report| panic!("{report}"))
+    }
+
+    /// Webdis on `port`, or how it exited (with the end of its own log file).
+    fn try_start(dir: &WorkDir, file: &Path, redis_port: u16, port: u16) -> Result<Webdis, String> {
         let shipped =
             fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
         let mut config: serde_json::Value =
             serde_json::from_str(&shipped).expect("webdis.json is JSON");
         config["redis_port"] = redis_port.into();
         config["http_port"] = port.into();
-        config["logfile"] = dir
-            .file(&format!("webdis-{port}.log"))
-            .display()
-            .to_string()
-            .into();
+        let logfile = dir.file(&format!("webdis-{port}.log"));
+        config["logfile"] = logfile.display().to_string().into();
         let basic_auth = config["acl"]
             .as_array()
             .and_then(|acl| acl.iter().find_map(|e| e["http_basic_auth"].as_str()))
@@ -266,16 +293,22 @@ impl Webdis {
             Command::new("webdis").arg(&path),
             dir.file(&format!("webdis-{port}.out")),
         );
-        wait_for("webdis to answer HTTP", START_TIMEOUT, || {
-            process.assert_running();
-            get(port, "/PING", &[]).ok()
+        let exited = wait_for("webdis to answer HTTP", START_TIMEOUT, || {
+            if process.exited().is_some() {
+                return Some(true);
+            }
+            get(port, "/PING", &[]).ok().map(|_| false)
         });
-        Webdis {
+        if exited {
+            let log = fs::read_to_string(&logfile).unwrap_or_default();
+            return Err(format!("{}\n{log}", process.exit_report()));
+        }
+        Ok(Webdis {
             port,
             process,
             basic_auth,
             config_file: file.to_path_buf(),
-        }
+        })
     }
 
     /// `Authorization` header value with the shipped credentials.
@@ -299,15 +332,81 @@ impl Envoy {
     /// The shipped envoy/envoy.yaml on free ports, talking to Webdis on `webdis_port`, with
     /// `edits` applied (each `from` must occur exactly once). Waits until it is LIVE.
     pub fn start(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
-        Envoy::launch(dir, webdis_port, edits).wait_live()
+        Envoy::start_file_with(dir, &root().join("envoy/envoy.yaml"), webdis_port, edits)
     }
 
-    fn wait_live(self) -> Envoy {
-        let mut envoy = self;
-        let admin = envoy.admin_port;
-        let config_path = envoy.config_path.display().to_string();
-        wait_for("envoy to be LIVE", START_TIMEOUT, || {
-            envoy.process.assert_running();
+    /// The shipped envoy/envoy.yaml with `filter_json` as the whole filter configuration
+    /// (see [`filter_config_edit`]) and `workers` worker threads; waits until it is LIVE.
+    pub fn start_filter(dir: &WorkDir, webdis_port: u16, filter_json: &str, workers: u32) -> Envoy {
+        let (from, to) = filter_config_edit(filter_json);
+        let (port, admin_port) = (free_port(), free_port());
+        let yaml = envoy_config(port, admin_port, webdis_port, &[(&from, &to)]);
+        Envoy::start_config(dir, port, admin_port, &yaml, workers)
+    }
+
+    /// Starts Envoy without waiting for readiness (for configs that must be refused).
+    pub fn launch(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        let file = root().join("envoy/envoy.yaml");
+        let config = envoy_config_from(&file, port, admin_port, webdis_port, edits);
+        Envoy::launch_config(dir, port, admin_port, &config, 2)
+    }
+
+    /// Like [`Envoy::start`], from another config written for the same ports and files (the
+    /// examples in envoy/examples/, envoy/cluster/envoy.yaml), with `edits` (each `from` must
+    /// occur exactly once), e.g. to move the other ports of envoy/cluster/envoy.yaml.
+    pub fn start_file_with(
+        dir: &WorkDir,
+        file: &Path,
+        webdis_port: u16,
+        edits: &[(&str, &str)],
+    ) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        let config = envoy_config_from(file, port, admin_port, webdis_port, edits);
+        Envoy::start_config(dir, port, admin_port, &config, 2)
+    }
+
+    /// Starts Envoy on `config` (YAML already written for `port` and `admin_port`) with
+    /// `concurrency` worker threads, and waits until it is LIVE. Envoy binds its listener
+    /// only once the filter is compiled (seconds on a loaded machine), and every test process
+    /// on the machine draws ports from one range: should another process bind `port` or
+    /// `admin_port` first, Envoy exits, and is started again on other ports.
+    pub fn start_config(
+        dir: &WorkDir,
+        port: u16,
+        admin_port: u16,
+        config: &str,
+        concurrency: u32,
+    ) -> Envoy {
+        let (mut port, mut admin_port, mut config) = (port, admin_port, config.to_string());
+        let mut attempt = 1;
+        loop {
+            match Envoy::launch_config(dir, port, admin_port, &config, concurrency).wait_live() {
+                Ok(envoy) => return envoy,
+                Err(envoy)
+                    if attempt < PORT_ATTEMPTS
+                        && envoy.process.log_text().contains("Address already in use") =>
+                {
+                    let (new_port, new_admin) = (free_port(), free_port());
+                    config = move_port(&config, port, new_port);
+                    config = move_port(&config, admin_port, new_admin);
+                    (port, admin_port) = (new_port, new_admin);
+                    attempt += 1;
+                }
+                Err(mut envoy) => envoy.process.fail_exited(),
+            }
+        }
+    }
+
+    /// Polls until this Envoy is LIVE (Ok), or until it has exited (Err).
+    fn wait_live(mut self) -> Result<Envoy, Envoy> {
+        let admin = self.admin_port;
+        let config_path = self.config_path.display().to_string();
+        let process = &mut self.process;
+        let exited = wait_for("envoy to be LIVE", START_TIMEOUT, || {
+            if process.exited().is_some() {
+                return Some(true);
+            }
             get(admin, "/ready", &[])
                 .ok()
                 .filter(|r| r.status == 200 && r.text().contains("LIVE"))?;
@@ -315,42 +414,28 @@ impl Envoy {
             get(admin, "/server_info", &[])
                 .ok()
                 .filter(|r| r.text().contains(&*config_path))
+                .map(|_| false)
         });
-        envoy
+        if exited {
+            Err(self)
+        } else {
+            Ok(self)
+        }
     }
 
-    /// Starts Envoy without waiting for readiness (for configs that must be refused).
-    pub fn launch(dir: &WorkDir, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
-        Envoy::launch_file(dir, &root().join("envoy/envoy.yaml"), webdis_port, edits)
-    }
-
-    /// Like [`Envoy::start`], from another config written for the same ports and files
-    /// (the examples in envoy/examples/).
-    pub fn start_file(dir: &WorkDir, file: &Path, webdis_port: u16) -> Envoy {
-        Envoy::start_file_with(dir, file, webdis_port, &[])
-    }
-
-    /// Like [`Envoy::start_file`], with `edits` (each `from` must occur exactly once), e.g. to
-    /// move the other ports of envoy/cluster/envoy.yaml.
-    pub fn start_file_with(
+    fn launch_config(
         dir: &WorkDir,
-        file: &Path,
-        webdis_port: u16,
-        edits: &[(&str, &str)],
+        port: u16,
+        admin_port: u16,
+        config: &str,
+        concurrency: u32,
     ) -> Envoy {
-        Envoy::launch_file(dir, file, webdis_port, edits).wait_live()
-    }
-
-    fn launch_file(dir: &WorkDir, file: &Path, webdis_port: u16, edits: &[(&str, &str)]) -> Envoy {
-        let port = free_port();
-        let admin_port = free_port();
-        let config = envoy_config_from(file, port, admin_port, webdis_port, edits);
         let config_path = dir.file(&format!("envoy-{port}.yaml"));
         fs::write(&config_path, config).expect("write envoy config");
         let mut command = Command::new(envoy_bin());
         command.arg("-c").arg(&config_path).args([
             "--concurrency",
-            "2",
+            &concurrency.to_string(),
             "--disable-hot-restart",
             "--log-level",
             "info",
@@ -368,43 +453,40 @@ impl Envoy {
         }
     }
 
-    /// Starts Envoy on `config` (YAML already written for `port` and `admin_port`) with
-    /// `concurrency` worker threads, and waits until it is LIVE. For the benchmark, which
-    /// needs 1 worker and configs that are not the shipped one with edits.
-    pub fn start_config(
-        dir: &WorkDir,
-        port: u16,
-        admin_port: u16,
-        config: &str,
-        concurrency: u32,
-    ) -> Envoy {
-        let config_path = dir.file(&format!("envoy-{port}.yaml"));
-        fs::write(&config_path, config).expect("write envoy config");
-        let mut command = Command::new(envoy_bin());
-        command.arg("-c").arg(&config_path).args([
-            "--concurrency",
-            &concurrency.to_string(),
-            "--disable-hot-restart",
-            "--log-level",
-            "info",
-        ]);
-        let mut process = Process::spawn(
-            "envoy",
-            &mut command,
-            dir.file(&format!("envoy-{port}.log")),
-        );
-        wait_for("envoy to be LIVE", START_TIMEOUT, || {
-            process.assert_running();
-            get(admin_port, "/ready", &[])
-                .ok()
-                .filter(|r| r.status == 200 && r.text().contains("LIVE"))
-        });
-        Envoy {
-            port,
-            admin_port,
-            process,
-            config_path,
-        }
+    /// A request to the listener; panics if it gets no HTTP answer.
+    pub fn send(&self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        get(self.port, path, headers).expect("request through envoy")
+    }
+
+    /// `GET /` with API key `key` (`x-api-key`, the key of the shipped rule).
+    pub fn keyed(&self, key: impl AsRef<[u8]>) -> Response {
+        self.keyed_at("/", key)
+    }
+
+    /// `GET path` with API key `key`.
+    pub fn keyed_at(&self, path: &str, key: impl AsRef<[u8]>) -> Response {
+        self.send(path, &[("x-api-key", key.as_ref())])
+    }
+
+    /// Waits until no worker's circuit breaker is open, then sends a request with API key
+    /// `key`, until one is decided (it carries `x-ratelimit-limit`); returns that one. The
+    /// start of a test that then takes the bridge down: on a loaded machine the first calls
+    /// (the script loaded, connections opened) can outlast the breaker's stall, and requests
+    /// pass by policy until a probe closes it.
+    pub fn wait_deciding(&self, key: &str) -> Response {
+        let closed = || self.stat("wasmcustom.ratelimit_breaker_open") == 0;
+        wait_for("a decision with every breaker closed", STAT_TIMEOUT, || {
+            if !closed() {
+                return None;
+            }
+            let r = self.keyed(key);
+            (r.header("x-ratelimit-limit").is_some() && closed()).then_some(r)
+        })
+    }
+
+    /// The Redis keys of the filter configuration this Envoy runs.
+    pub fn keys(&self) -> Keys {
+        Keys::from_envoy_file(&self.config_path)
     }
 
     /// A filter counter from /stats (`wasmcustom.NAME`), 0 if not there yet.
@@ -426,6 +508,17 @@ impl Envoy {
             .find_map(|l| l.strip_prefix(&format!("{full_name}: ")))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Polls until filter counter `name` is exactly `want`: a count may reach the stats at
+    /// the worker's next tick, after the answer that it counts.
+    pub fn wait_counter(&self, name: &str, want: u64) {
+        self.wait_stat(&format!("wasmcustom.{name}"), want);
+    }
+
+    /// Polls until counter or gauge `full_name` is exactly `want`.
+    pub fn wait_stat(&self, full_name: &str, want: u64) {
+        wait_for_value(full_name, STAT_TIMEOUT, want, || self.stat(full_name));
     }
 }
 
@@ -477,6 +570,30 @@ pub fn envoy_config_from(
     apply_edits(&shipped, &replacements)
 }
 
+/// Starts a server with `start` on a free port, or, should it exit because another process
+/// bound that port first (every test process on the machine draws from one range), on
+/// another.
+fn on_a_free_port<T>(mut start: impl FnMut(u16) -> Result<T, String>) -> T {
+    let mut attempt = 1;
+    loop {
+        match start(free_port()) {
+            Ok(server) => return server,
+            Err(report) if attempt < PORT_ATTEMPTS && report.contains("Address already in use") => {
+                attempt += 1
+            }
+            Err(report) => panic!("{report}"),
+        }
+    }
+}
+
+/// `config` (an Envoy config) with `port_value: from` made `port_value: to`.
+fn move_port(config: &str, from: u16, to: u16) -> String {
+    apply_edits(
+        config,
+        &[(format!("port_value: {from} "), format!("port_value: {to} "))],
+    )
+}
+
 /// Replaces each `from` with its `to`; each `from` must occur exactly once, so a config
 /// change that makes an edit miss fails loudly instead of silently testing the wrong thing.
 pub fn apply_edits(text: &str, edits: &[(String, String)]) -> String {
@@ -488,6 +605,16 @@ pub fn apply_edits(text: &str, edits: &[(String, String)]) -> String {
     }
     text
 }
+
+/// Edits to a shipped Envoy config (envoy/envoy.yaml, envoy/cluster/envoy.yaml, the
+/// examples) for a test about decisions rather than outages: a 5 s bridge timeout and a
+/// circuit breaker that opens only on a call stalled for 5 s. On a loaded machine a call can
+/// outlast the shipped 150 ms and 25 ms, and its requests would then pass by the failure
+/// policy instead of being decided.
+pub const PATIENT: [(&str, &str); 2] = [
+    (r#""timeout": "150ms""#, r#""timeout": "5s""#),
+    (r#""rules": ["#, r#""breaker": {"stall": "5s"}, "rules": ["#),
+];
 
 /// Redis, Webdis and Envoy wired together from the shipped configs. Dropped in field order:
 /// Envoy first, Redis last.

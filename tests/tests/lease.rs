@@ -4,8 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::procs::{envoy_config, filter_config_edit};
-use e2e::{free_port, get, wait_for, Envoy, Redis, Webdis, WorkDir};
+use e2e::{get, wait_for, wait_until, Envoy, Redis, Webdis, WorkDir};
 
 /// A bucket of `burst` that refills 10 per hour (nothing comes back during a test), leases of
 /// at most 10 units, half of what is left, given back after 1 s. The replicas share one clock
@@ -24,20 +23,11 @@ fn config(burst: u64) -> String {
 
 /// An Envoy with `workers` worker threads on the shipped config with [`config`].
 fn envoy(dir: &WorkDir, webdis: &Webdis, burst: u64, workers: u32) -> Envoy {
-    let (from, to) = filter_config_edit(&config(burst));
-    let port = free_port();
-    let mut admin = free_port();
-    while admin == port {
-        admin = free_port();
-    }
-    let yaml = envoy_config(port, admin, webdis.port, &[(&from, &to)]);
-    Envoy::start_config(dir, port, admin, &yaml, workers)
+    Envoy::start_filter(dir, webdis.port, &config(burst), workers)
 }
 
 fn status(envoy: &Envoy, key: &str) -> u16 {
-    get(envoy.port, "/", &[("x-api-key", key.as_bytes())])
-        .expect("request")
-        .status
+    envoy.keyed(key).status
 }
 
 /// Asks on each replica in turn (paced, while leases end and give their units back) until
@@ -74,11 +64,13 @@ fn a_lease_serves_requests_without_calls() {
     let e = envoy(&dir, &webdis, 1000, 1);
     let statuses: Vec<u16> = (0..40).map(|_| status(&e, "served")).collect();
     assert_eq!(statuses, vec![200; 40]);
-    let (hits, calls) = wait_for("the counts", Duration::from_secs(5), || {
-        let hits = e.counter("ratelimit_lease_hits");
-        let allowed = e.counter("ratelimit_allowed");
-        (allowed == 40).then_some((hits, e.counter("ratelimit_bridge_calls")))
-    });
+    // Lease hits reach the stats at the worker's tick: the counts are read once all 40 are
+    // there (allowed first, as the tick adds them; the hits only ever grow after it).
+    e.wait_counter("ratelimit_allowed", 40);
+    let (hits, calls) = (
+        e.counter("ratelimit_lease_hits"),
+        e.counter("ratelimit_bridge_calls"),
+    );
     println!(
         "40 requests: {hits} from leases, {calls} decision calls, {} EVALSHA in Redis, {} grants, {} prefetches",
         decisions(&redis),
@@ -91,10 +83,12 @@ fn a_lease_serves_requests_without_calls() {
     assert!(decisions(&redis) <= 10);
 }
 
-/// The bucket of `api_key` under rule `api`, limit `quota`.
-fn tokens(redis: &Redis, api_key: &str) -> f64 {
-    let digest = ratelimit_core::sha1::sha1_hex(api_key.as_bytes());
-    redis.bucket_tokens(&format!("rl:{{header:x-api-key:{digest}}}:api:quota"))
+/// The bucket of `api_key` under rule `api`, limit `quota`, as `envoy`'s filter names it.
+fn tokens(envoy: &Envoy, redis: &Redis, api_key: &str) -> f64 {
+    let key = envoy
+        .keys()
+        .limit_key("api", "quota", "header:x-api-key", api_key.as_bytes());
+    redis.bucket_tokens(&key)
 }
 
 #[test]
@@ -113,12 +107,12 @@ fn units_a_lease_did_not_spend_go_back_to_redis_when_it_ends() {
         let asked = 1 + e.counter("ratelimit_lease_prefetches");
         (e.counter("ratelimit_lease_grants") == asked).then_some(())
     });
-    let held = tokens(&redis, "idle");
+    let held = tokens(&e, &redis, "idle");
     assert!(held < 97.0, "{held} left in Redis while units are leased");
     // The lease ends after 1 s: its unspent units come back, all of them (the bucket cannot
     // have been full since), and only they: the 3 requests stay spent.
     let back = wait_for("the unspent units back", Duration::from_secs(5), || {
-        let now = tokens(&redis, "idle");
+        let now = tokens(&e, &redis, "idle");
         (now >= 96.99).then_some(now)
     });
     assert!(
@@ -157,7 +151,13 @@ fn a_second_replica_is_admitted_while_the_first_holds_a_lease_and_the_limit_hold
         b.counter("ratelimit_lease_hits")
     );
     assert!(allowed <= BURST, "{allowed} allowed: over the limit");
-    assert!(b.counter("ratelimit_lease_hits") > 0);
+    // Lease hits reach the stats at the worker's next tick.
+    wait_until(
+        "B's lease hits counted",
+        Duration::from_secs(5),
+        || b.counter("ratelimit_lease_hits"),
+        |hits| *hits > 0,
+    );
     // Units still held when the requests stopped are given back when their lease ends
     // (1 s): then every one of the 20 has been allowed, and not one more.
     let allowed = top_up(&[&a, &b], "shared", allowed, BURST);
@@ -187,7 +187,7 @@ fn concurrent_clients_on_two_replicas_with_two_workers_never_pass_the_limit() {
                 (0..60)
                     .filter(|_| {
                         get(port, "/", &[("x-api-key", b"hot".as_slice())])
-                            .expect("request")
+                            .expect("request through envoy")
                             .status
                             == 200
                     })
@@ -196,13 +196,20 @@ fn concurrent_clients_on_two_replicas_with_two_workers_never_pass_the_limit() {
         })
         .collect();
     let allowed: u64 = threads.into_iter().map(|t| t.join().expect("client")).sum();
-    let hits: u64 = replicas
-        .iter()
-        .map(|e| e.counter("ratelimit_lease_hits"))
-        .sum();
-    println!("480 requests: {allowed} allowed of {BURST}, {hits} from leases");
     assert!(allowed <= BURST, "{allowed} allowed: over the limit");
-    assert!(hits > 0);
+    // Lease hits reach the stats at each worker's next tick.
+    let hits = wait_until(
+        "lease hits counted",
+        Duration::from_secs(5),
+        || {
+            replicas
+                .iter()
+                .map(|e| e.counter("ratelimit_lease_hits"))
+                .sum::<u64>()
+        },
+        |hits| *hits > 0,
+    );
+    println!("480 requests: {allowed} allowed of {BURST}, {hits} from leases");
     // What leases still held when the clients stopped comes back when they end.
     let [x, y] = &replicas;
     let allowed = top_up(&[x, y], "hot", allowed, BURST);

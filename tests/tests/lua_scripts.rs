@@ -928,6 +928,51 @@ fn a_key_budget_admits_new_identities_up_to_its_count_then_shares_one_overflow_b
     );
 }
 
+/// Calls reach Redis out of their clocks' order (several workers and proxies, calls queued on
+/// a busy machine): one stamped just before a budget window ends can run after others
+/// stamped in the next window. It counts against the newest window; restarting the count of
+/// its own older window let the next window count its new identities from 0 a second time
+/// (a flood under load admitted 4,029 new identities where 4 windows of 1,000 allow 4,000).
+#[test]
+fn a_late_call_stamped_in_the_previous_budget_window_does_not_restart_the_count() {
+    let (_dir, redis) = start("lua-budget-late");
+    let mut s = Script::new(&redis);
+    let next = T0 + 60 * S;
+    let budget = || {
+        redis
+            .admin()
+            .cmd(&["HMGET", "rl:{key_budget}:ip", "w", "n"])
+            .unwrap()
+            .items()
+            .iter()
+            .map(Resp::text)
+            .collect::<Vec<String>>()
+    };
+    // Two of the next window's three new identities.
+    for id in ["rl:{ip=1}:ip:s", "rl:{ip=2}:ip:s"] {
+        assert_eq!(s.one(next, &budgeted(id, OverBudget::Shared)).0, 1, "{id}");
+    }
+    let window = (next / MS / 60_000).to_string();
+    assert_eq!(budget(), [window.clone(), "2".into()]);
+    // A call stamped 1 ms before that window began, run now: its new identity is the
+    // window's third.
+    let late = s.one(next - MS, &budgeted("rl:{ip=3}:ip:s", OverBudget::Shared));
+    assert_eq!(late.0, 1);
+    assert_eq!(
+        budget(),
+        [window, "3".into()],
+        "counted in the newest window"
+    );
+    // The window is full: a fourth new identity shares the overflow bucket.
+    let fourth = s.one(next, &budgeted("rl:{ip=4}:ip:s", OverBudget::Shared));
+    assert_eq!(fourth.0, 3, "over the budget: {fourth:?}");
+    assert_eq!(
+        redis.admin().cmd(&["DBSIZE"]).unwrap().int(),
+        5,
+        "3 + counter + overflow"
+    );
+}
+
 #[test]
 fn a_key_budget_in_deny_mode_refuses_new_identities_until_its_window_ends() {
     let (_dir, redis) = start("lua-budget-deny");

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::procs::filter_config_edit;
-use e2e::{get, wait_for, Envoy, Redis, RedisConn, Resp, Response, Stack};
+use e2e::{wait_for, Envoy, Keys, Redis, RedisConn, Resp, Response, Stack};
 use ratelimit_core::bridge::DecideCall;
 use ratelimit_core::config::Algorithm;
 use ratelimit_core::plan::LimitCheck;
@@ -103,13 +103,9 @@ impl Admin {
     }
 }
 
-/// The demo rule's Redis key for an API key (envoy/envoy.yaml: rule per_client, limit
-/// per_minute, identities hashed).
-fn bucket_key(api_key: &str) -> String {
-    format!(
-        "rl:{{header:x-api-key:{}}}:per_client:per_minute",
-        ratelimit_core::sha1::sha1_hex(api_key.as_bytes())
-    )
+/// The keys of the filter with [`DEMO_RULES`].
+fn demo_keys() -> Keys {
+    Keys::from_json(&filter_json(DEMO_RULES))
 }
 
 fn filler_identity(i: usize) -> String {
@@ -140,12 +136,13 @@ fn demo_check(key: String) -> LimitCheck {
 /// could not decide.
 fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
     let sha = e2e::script_sha();
+    let keys = demo_keys();
     let mut errors = Vec::new();
     let ids: Vec<usize> = (from..from + count).collect();
     for chunk in ids.chunks(64) {
         let checks: Vec<Vec<LimitCheck>> = chunk
             .iter()
-            .map(|&i| vec![demo_check(bucket_key(&filler_identity(i)))])
+            .map(|&i| vec![demo_check(keys.shipped_bucket(filler_identity(i)))])
             .collect();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -176,26 +173,27 @@ fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
 /// the failure policy for reasons that have nothing to do with Redis's memory.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Redis (shipped redis.conf), Webdis and Envoy (shipped envoy.yaml) with `rules` (JSON) as
-/// the filter's rules, the shipped bridge credentials, TIMEOUT, and no circuit breaker.
-fn stack(name: &str, rules: &str) -> Stack {
-    let json = format!(
+/// The filter's configuration with `rules` (JSON), the shipped bridge credentials, TIMEOUT,
+/// and no circuit breaker.
+fn filter_json(rules: &str) -> String {
+    format!(
         r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "{}ms"}},
 "breaker": false,
 "rules": {rules}}}"#,
         TIMEOUT.as_millis()
-    );
-    let (from, to) = filter_config_edit(&json);
+    )
+}
+
+/// Redis (shipped redis.conf), Webdis and Envoy (shipped envoy.yaml) with the filter of
+/// [`filter_json`].
+fn stack(name: &str, rules: &str) -> Stack {
+    let (from, to) = filter_config_edit(&filter_json(rules));
     Stack::start(name, &[(&from, &to)])
 }
 
 /// The demo's rule (envoy/envoy.yaml): per API key, else per client IP, 10 per minute.
 const DEMO_RULES: &str = r#"[{"name": "per_client", "key": {"from": ["header:x-api-key", "client_ip"]},
   "limits": [{"name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m"}]}]"#;
-
-fn keyed(envoy: &Envoy, path: &str, key: &str) -> Response {
-    get(envoy.port, path, &[("x-api-key", key.as_bytes())]).expect("request through envoy")
-}
 
 fn decided(r: &Response) -> bool {
     r.header("x-ratelimit-limit").is_some()
@@ -208,7 +206,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
     assert_eq!(admin.config_get("maxmemory-policy"), "allkeys-lru");
     assert_eq!(admin.config_get("maxmemory"), SHIPPED_MAXMEMORY.to_string());
     // The script loaded and Webdis connected: what Redis needs besides the buckets.
-    assert!(decided(&keyed(&s.envoy, "/", "warm-up")));
+    assert!(decided(&s.envoy.keyed("warm-up")));
     let bound = admin.used_memory() + 4 * MB;
     admin.config_set("maxmemory", &bound.to_string());
 
@@ -229,7 +227,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
     // The filler stands for clients that were active before. Redis's LRU clock counts whole
     // seconds: a key written in the same second as the known client's bucket looks just as
     // recent. Wait until it sees the newest filler bucket idle.
-    let newest = bucket_key(&filler_identity(written - 1));
+    let newest = demo_keys().shipped_bucket(filler_identity(written - 1));
     wait_for("the filler to be idle to Redis", PATIENCE, || {
         let idle = admin.cmd(&["OBJECT", "IDLETIME", &newest]);
         matches!(idle, Resp::Int(seconds) if seconds >= 1).then_some(())
@@ -245,7 +243,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
     for i in 0..=10 {
         let errors = fill(&mut admin, written + 256 * i, 256);
         assert!(errors.is_empty(), "filling at the bound: {errors:?}");
-        let r = keyed(&s.envoy, "/", "known");
+        let r = s.envoy.keyed("known");
         if i < 10 {
             assert_eq!(r.status, 200, "known client, request {i}");
             let remaining = (9 - i).to_string();
@@ -258,7 +256,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
             assert_eq!(r.status, 429, "known client, request {i}: over its limit");
         }
         for j in 0..20 {
-            let r = keyed(&s.envoy, "/", &format!("newcomer-{i}-{j}"));
+            let r = s.envoy.keyed(format!("newcomer-{i}-{j}"));
             assert_eq!(r.status, 200, "newcomer {i}-{j}");
             assert_eq!(
                 r.header("x-ratelimit-remaining"),
@@ -277,7 +275,9 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
         evicted > 0,
         "Redis evicted while the known client was decided"
     );
-    let pttl = admin.cmd(&["PTTL", &bucket_key("known")]).int();
+    let pttl = admin
+        .cmd(&["PTTL", &s.envoy.keys().shipped_bucket("known")])
+        .int();
     assert!(pttl > 0, "the known client's bucket is there: PTTL {pttl}");
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
     assert_eq!(s.envoy.counter("ratelimit_failure_mode_open"), 0);
@@ -296,7 +296,7 @@ const OPEN_AND_CLOSED_RULES: &str = r#"[
 fn assert_failed_by_policy(envoy: &Envoy, path: &str, key: &str, n: usize, status: u16) {
     for i in 0..n {
         let started = Instant::now();
-        let r = keyed(envoy, path, key);
+        let r = envoy.keyed_at(path, key);
         let took = started.elapsed();
         assert_eq!(r.status, status, "{path} request {i}: {}", r.text());
         assert!(!decided(&r), "{path} request {i} was not decided");
@@ -333,8 +333,8 @@ fn assert_logged_oom(envoy: &Envoy) {
 fn a_bound_eviction_cannot_reach_fails_every_decision_by_its_rules_failure_policy() {
     let mut s = stack("memory-oom-unreachable", OPEN_AND_CLOSED_RULES);
     let mut admin = Admin::new(&s.redis);
-    assert!(decided(&keyed(&s.envoy, "/open", "warm-up")));
-    assert!(decided(&keyed(&s.envoy, "/closed", "warm-up")));
+    assert!(decided(&s.envoy.keyed_at("/open", "warm-up")));
+    assert!(decided(&s.envoy.keyed_at("/closed", "warm-up")));
     let errors = fill(&mut admin, 0, 1_000);
     assert!(errors.is_empty(), "{errors:?}");
     let keys = admin.dbsize();
@@ -376,10 +376,10 @@ fn a_bound_eviction_cannot_reach_fails_every_decision_by_its_rules_failure_polic
     // Memory back: decisions resume by themselves, from full buckets (nothing was charged).
     admin.config_set("maxmemory", &SHIPPED_MAXMEMORY.to_string());
     let r = wait_for("decisions to resume", PATIENCE, || {
-        Some(keyed(&s.envoy, "/open", "client")).filter(decided)
+        Some(s.envoy.keyed_at("/open", "client")).filter(decided)
     });
     assert_eq!(r.header("x-ratelimit-remaining"), Some("9"));
-    let r = keyed(&s.envoy, "/closed", "client");
+    let r = s.envoy.keyed_at("/closed", "client");
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-ratelimit-remaining"), Some("9"));
 }
@@ -390,7 +390,7 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
     let mut admin = Admin::new(&s.redis);
     // A known client spends 3 of its 10.
     for remaining in ["9", "8", "7"] {
-        let r = keyed(&s.envoy, "/", "known");
+        let r = s.envoy.keyed("known");
         assert_eq!(r.header("x-ratelimit-remaining"), Some(remaining));
     }
     // Redis full of keys it may not evict: about 1 MB of other identities' buckets, then the
@@ -421,11 +421,15 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
         open_before + 30
     );
     assert_logged_oom(&s.envoy);
-    let tokens = admin.cmd(&["HGET", &bucket_key("known"), "tokens"]).text();
+    let tokens = admin
+        .cmd(&["HGET", &s.envoy.keys().shipped_bucket("known"), "tokens"])
+        .text();
     let tokens: f64 = tokens.parse().expect("the known client's bucket is kept");
     assert!((7.0..8.0).contains(&tokens), "nothing charged: {tokens}");
     assert_eq!(
-        admin.cmd(&["EXISTS", &bucket_key("newcomer")]).int(),
+        admin
+            .cmd(&["EXISTS", &s.envoy.keys().shipped_bucket("newcomer")])
+            .int(),
         0,
         "no bucket for the newcomer"
     );
@@ -434,7 +438,7 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
     // The shipped policy instead: Redis evicts, and decisions resume at once.
     admin.config_set("maxmemory-policy", "allkeys-lru");
     let r = wait_for("decisions to resume", PATIENCE, || {
-        Some(keyed(&s.envoy, "/", "newcomer")).filter(decided)
+        Some(s.envoy.keyed("newcomer")).filter(decided)
     });
     assert_eq!(r.header("x-ratelimit-remaining"), Some("9"));
     assert!(admin.evicted_keys() > 0);

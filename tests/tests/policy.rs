@@ -5,15 +5,17 @@
 use std::time::Duration;
 
 use e2e::http::request;
-use e2e::procs::{filter_config_edit, validate_config, WorkDir};
+use e2e::procs::{filter_config_edit, validate_config, WorkDir, PATIENT};
 use e2e::sf::{parse_list, Item};
-use e2e::{get, root, wait_for, Envoy, Redis, Response, Stack, Webdis};
+use e2e::{root, wait_for, wait_until, Envoy, Redis, Response, Stack, Webdis};
 
-/// The filter JSON with the shipped bridge credentials and a generous timeout (so that a busy
-/// test machine never fails open), plus `body`.
+/// The filter JSON with the shipped bridge credentials, a generous timeout and a breaker that
+/// opens only on a call stalled for 2 s (so that a busy test machine never fails open), plus
+/// `body`.
 fn filter_json(body: &str) -> String {
     format!(
         r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s"}},
+"breaker": {{"stall": "2s"}},
 {body}}}"#
     )
 }
@@ -21,14 +23,6 @@ fn filter_json(body: &str) -> String {
 fn stack(name: &str, body: &str) -> Stack {
     let (from, to) = filter_config_edit(&filter_json(body));
     Stack::start(name, &[(&from, &to)])
-}
-
-fn send(envoy: &Envoy, path: &str, headers: &[(&str, &[u8])]) -> Response {
-    get(envoy.port, path, headers).expect("request through envoy")
-}
-
-fn keyed(envoy: &Envoy, path: &str, key: &str) -> Response {
-    send(envoy, path, &[("x-api-key", key.as_bytes())])
 }
 
 /// Status codes of `n` requests.
@@ -43,7 +37,7 @@ fn evalsha_calls(redis: &Redis) -> i64 {
 /// The first request after Redis starts also loads the script (NOSCRIPT, SCRIPT LOAD, and
 /// the EVALSHA again); one request with a key of its own gets that done before counting.
 fn warm_up(envoy: &Envoy) {
-    assert_eq!(keyed(envoy, "/other", "warm-up").status, 200);
+    assert_eq!(envoy.keyed_at("/other", "warm-up").status, 200);
     assert_eq!(envoy.counter("ratelimit_script_loads"), 1);
 }
 
@@ -61,23 +55,23 @@ fn rules_on_different_paths_limit_independently_and_together() {
     warm_up(e);
     let before = evalsha_calls(&s.redis);
     assert_eq!(
-        statuses(4, || keyed(e, "/other", "k")),
+        statuses(4, || e.keyed_at("/other", "k")),
         [200, 200, 200, 429]
     );
     // Matches "api" and "search": limited by both; the refusal charges neither.
     assert_eq!(
-        statuses(3, || keyed(e, "/api/search?q=1", "k")),
+        statuses(3, || e.keyed_at("/api/search?q=1", "k")),
         [200, 200, 429]
     );
     // "api" has 5 - 2 = 3 left.
     assert_eq!(
-        statuses(4, || keyed(e, "/api/users", "k")),
+        statuses(4, || e.keyed_at("/api/users", "k")),
         [200, 200, 200, 429]
     );
-    assert_eq!(keyed(e, "/other", "k").status, 429);
+    assert_eq!(e.keyed_at("/other", "k").status, 429);
     // Another key has buckets of its own; an unmatched path is never limited.
-    assert_eq!(keyed(e, "/other", "k2").status, 200);
-    assert_eq!(statuses(5, || keyed(e, "/elsewhere", "k")), [200; 5]);
+    assert_eq!(e.keyed_at("/other", "k2").status, 200);
+    assert_eq!(statuses(5, || e.keyed_at("/elsewhere", "k")), [200; 5]);
     // One EVALSHA per limited request that its worker's deny cache did not answer (the
     // second refusal of k on /other may come from there), none for the unmatched ones.
     let evalsha = evalsha_calls(&s.redis) - before;
@@ -102,20 +96,19 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
     let e = &s.envoy;
     warm_up(e);
     let before = evalsha_calls(&s.redis);
-    assert_eq!(statuses(3, || keyed(e, "/", "tiered-key")), [200, 200, 200]);
+    assert_eq!(statuses(3, || e.keyed("tiered-key")), [200, 200, 200]);
     assert_eq!(
         evalsha_calls(&s.redis) - before,
         3,
         "exactly one EVALSHA per request"
     );
 
-    let key = format!(
-        "rl:{{header:x-api-key:{}}}:tiered:per_second",
-        ratelimit_core::sha1::sha1_hex(b"tiered-key")
-    );
+    let key = e
+        .keys()
+        .limit_key("tiered", "per_second", "header:x-api-key", b"tiered-key");
     let state = |s: &Stack| s.redis.admin().cmd(&["HGETALL", &key]).unwrap().text();
     let after_three = state(&s);
-    let r = keyed(e, "/", "tiered-key");
+    let r = e.keyed("tiered-key");
     assert_eq!(r.status, 429, "the daily quota is spent");
     assert_eq!(evalsha_calls(&s.redis) - before, 4);
     assert_eq!(
@@ -147,7 +140,7 @@ fn each_algorithm_enforces_its_limit() {
     for path in ["/tb", "/gcra", "/swc", "/swl", "/fixed"] {
         let got: Vec<(u16, Option<String>)> = (0..4)
             .map(|_| {
-                let r = keyed(&s.envoy, path, "k");
+                let r = s.envoy.keyed_at(path, "k");
                 (
                     r.status,
                     r.header("x-ratelimit-remaining").map(str::to_string),
@@ -178,7 +171,7 @@ fn x_forwarded_for_counts_only_with_trusted_hops() {
     let (from, to) = filter_config_edit(&filter_json(&rule("by_peer")));
     let direct = Envoy::start(&dir, webdis.port, &[(&from, &to)]);
     let xff = |v: &str| -> Vec<u8> { v.as_bytes().to_vec() };
-    let forged = |e: &Envoy, v: &str| send(e, "/", &[("x-forwarded-for", &xff(v))]).status;
+    let forged = |e: &Envoy, v: &str| e.send("/", &[("x-forwarded-for", &xff(v))]).status;
     // xff_trusted_hops 0: whatever the client writes, its bucket is its connection's.
     assert_eq!(
         [
@@ -216,10 +209,9 @@ fn x_forwarded_for_counts_only_with_trusted_hops() {
         ],
         [200, 200, 429, 200]
     );
-    let key = format!(
-        "rl:{{client_ip:{}}}:by_xff:hour",
-        ratelimit_core::sha1::sha1_hex(b"1.1.1.1")
-    );
+    let key = behind_proxy
+        .keys()
+        .limit_key("by_xff", "hour", "client_ip", b"1.1.1.1");
     assert_eq!(redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
 }
 
@@ -235,7 +227,7 @@ fn an_invalid_x_forwarded_for_entry_is_no_identity() {
     let via = |xff: &[u8], fallback: Option<&[u8]>| {
         let mut headers: Vec<(&str, &[u8])> = vec![("x-forwarded-for", xff)];
         headers.extend(fallback.map(|f| ("x-fallback", f)));
-        send(e, "/", &headers)
+        e.send("/", &headers)
     };
     // Each used to be an identity of its own (or the shared "anonymous" one, or one bucket
     // for both invalid byte strings); now none is, and this rule has nothing else to go on.
@@ -274,8 +266,7 @@ fn an_invalid_x_forwarded_for_entry_is_no_identity() {
         [200, 200, 429]
     );
     // Envoy joins repeated X-Forwarded-For copies with ',': the last copy's entry counts.
-    let two_copies = send(
-        e,
+    let two_copies = e.send(
         "/",
         &[
             ("x-forwarded-for", b"9.9.9.9"),
@@ -284,7 +275,7 @@ fn an_invalid_x_forwarded_for_entry_is_no_identity() {
     );
     assert_eq!(two_copies.status, 429);
     // Fewer entries than trusted hops: the connection's peer.
-    assert_eq!(send(e, "/", &[]).header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(e.send("/", &[]).header("x-ratelimit-remaining"), Some("1"));
     let mut keys: Vec<String> = s
         .redis
         .admin()
@@ -295,14 +286,16 @@ fn an_invalid_x_forwarded_for_entry_is_no_identity() {
         .map(|k| k.text())
         .collect();
     keys.sort();
-    assert_eq!(
-        keys,
-        [
-            "rl:{client_ip=1.2.3.4}:by_ip:hour",
-            "rl:{client_ip=127.0.0.1}:by_ip:hour",
-            "rl:{header:x-fallback=f1}:by_ip:hour"
-        ]
-    );
+    let named = e.keys();
+    let mut want = [
+        named.limit_key("by_ip", "hour", "client_ip", b"1.2.3.4"),
+        named.limit_key("by_ip", "hour", "client_ip", b"127.0.0.1"),
+        named.limit_key("by_ip", "hour", "header:x-fallback", b"f1"),
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+    // Readable identities (`hash_identities` off): the addresses themselves, port stripped.
+    assert!(keys.iter().all(|k| k.contains('=')), "{keys:?}");
 }
 
 #[test]
@@ -313,7 +306,7 @@ fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
             "limits": [{"name": "hour", "limit": 10, "window": "1h"}]}]"#,
     );
     let e = &s.envoy;
-    let with_cost = |cost: &str| send(e, "/", &[("x-api-key", b"w"), ("x-cost", cost.as_bytes())]);
+    let with_cost = |cost: &str| e.send("/", &[("x-api-key", b"w"), ("x-cost", cost.as_bytes())]);
     let remaining = |r: &Response| r.header("x-ratelimit-remaining").map(str::to_string);
     let r = with_cost("4");
     assert_eq!((r.status, remaining(&r)), (200, Some("6".into())));
@@ -321,7 +314,7 @@ fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
     assert_eq!((r.status, remaining(&r)), (200, Some("1".into())));
     assert_eq!(with_cost("2").status, 429);
     // No header: the default cost (min) of 1.
-    let r = keyed(e, "/", "w");
+    let r = e.keyed("w");
     assert_eq!((r.status, remaining(&r)), (200, Some("0".into())));
 
     let before = evalsha_calls(&s.redis);
@@ -351,7 +344,7 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
     );
     let e = &s.envoy;
     assert_eq!(
-        statuses(4, || keyed(e, "/api/a", "real-key")),
+        statuses(4, || e.keyed_at("/api/a", "real-key")),
         [200, 200, 200, 429]
     );
     let before = evalsha_calls(&s.redis);
@@ -374,18 +367,17 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
             "x-tier",
         ),
     ] {
-        let r = send(e, path, &headers);
+        let r = e.send(path, &headers);
         assert_eq!(r.status, 400, "{headers:?}");
         assert_eq!(r.text(), format!("{name} must be sent once\n"));
     }
     assert_eq!(evalsha_calls(&s.redis), before, "a 400 asks Redis nothing");
     assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 4);
     // Where no rule reads it, a repeated header passes untouched.
-    let r = send(e, "/other", &[("x-api-key", b"a"), ("x-api-key", b"b")]);
+    let r = e.send("/other", &[("x-api-key", b"a"), ("x-api-key", b"b")]);
     assert_eq!((r.status, r.header("x-ratelimit-limit")), (200, None));
     // A header the limiter does not decide on may repeat on a limited path.
-    let r = send(
-        e,
+    let r = e.send(
         "/api/a",
         &[
             ("x-api-key", b"other-key"),
@@ -461,7 +453,7 @@ fn the_largest_accepted_values_are_decided_exactly() {
         .cycle()
         .take(MAX_READABLE_IDENTITY)
         .collect();
-    let hit = || send(&s.envoy, "/", &[(&header, identity.as_bytes())]);
+    let hit = || s.envoy.send("/", &[(&header, identity.as_bytes())]);
     let first = hit();
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(sf(&first, "ratelimit").len(), MAX_LIMITS_PER_REQUEST);
@@ -497,12 +489,12 @@ fn the_largest_accepted_values_are_decided_exactly() {
     let mut admin = s.redis.admin();
     let keys = admin.cmd(&["KEYS", "*"]).unwrap().items();
     assert_eq!(keys.len(), MAX_LIMITS_PER_REQUEST);
+    let named = s.envoy.keys();
+    let label = format!("header:{header}");
     let key = |i: usize, j: usize| {
-        format!(
-            "rl:{{header:{header}={identity}}}:{}:{}",
-            rule_name(i),
-            limit_name(j)
-        )
+        let key = named.limit_key(&rule_name(i), &limit_name(j), &label, identity.as_bytes());
+        assert!(key.contains(&format!("={identity}}}")), "readable: {key}");
+        key
     };
     for k in &keys {
         let ttl = admin.cmd(&["PTTL", &k.text()]).unwrap().int();
@@ -530,7 +522,7 @@ fn shadow_mode_never_blocks_and_still_counts() {
     );
     let got: Vec<(u16, String)> = (0..5)
         .map(|_| {
-            let r = keyed(&s.envoy, "/", "s");
+            let r = s.envoy.keyed("s");
             (
                 r.status,
                 r.header("x-ratelimit-remaining").unwrap_or("-").to_string(),
@@ -563,7 +555,7 @@ fn headers_on_allowed_and_denied_responses_parse_and_carry_the_numbers() {
              {"name": "daily", "algorithm": "fixed_window", "limit": 100, "window": "1d"}]}]"#,
     );
     let e = &s.envoy;
-    let first = keyed(e, "/", "h");
+    let first = e.keyed("h");
     assert_eq!(first.status, 200);
     // X-RateLimit-*: the most restrictive limit, the 2-token bucket refilled every 30 s.
     assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
@@ -587,8 +579,8 @@ fn headers_on_allowed_and_denied_responses_parse_and_carry_the_numbers() {
     let t_daily = state[1].int("t").unwrap();
     assert!((1..=86400).contains(&t_daily), "daily reset {t_daily}");
 
-    assert_eq!(keyed(e, "/", "h").status, 200);
-    let denied = keyed(e, "/", "h");
+    assert_eq!(e.keyed("h").status, 200);
+    let denied = e.keyed("h");
     assert_eq!(denied.status, 429);
     let state = sf(&denied, "ratelimit");
     assert_eq!((state[0].int("r"), state[0].int("t")), (Some(0), Some(30)));
@@ -619,9 +611,9 @@ fn headers_can_be_hidden() {
         "policy-no-headers",
         r#""headers": "none", "rules": [{"name": "r", "limits": [{"name": "l", "limit": 1, "window": "1h"}]}]"#,
     );
-    let allowed = keyed(&s.envoy, "/", "n");
+    let allowed = s.envoy.keyed("n");
     assert_eq!(allowed.status, 200);
-    let denied = keyed(&s.envoy, "/", "n");
+    let denied = s.envoy.keyed("n");
     assert_eq!(denied.status, 429);
     for r in [&allowed, &denied] {
         for name in [
@@ -649,14 +641,12 @@ fn redis_clock_limits_like_the_proxy_clock() {
             {"name": "tb", "limit": 3, "window": "1h"},
             {"name": "swl", "algorithm": "sliding_window_log", "limit": 3, "window": "1h"}]}]"#,
     );
-    assert_eq!(
-        statuses(4, || keyed(&s.envoy, "/", "c")),
-        [200, 200, 200, 429]
-    );
+    assert_eq!(statuses(4, || s.envoy.keyed("c")), [200, 200, 200, 429]);
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
 }
 
-/// An example config from envoy/examples, started as shipped (on test ports).
+/// An example config from envoy/examples, validated as shipped, started on test ports and
+/// patient (see [`PATIENT`]): these tests are about its rules.
 fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let file = root().join("envoy/examples").join(name);
     let (ok, output) = validate_config(&root(), &file);
@@ -664,17 +654,31 @@ fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let dir = WorkDir::new(&format!("example-{name}"));
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
-    let envoy = Envoy::start_file(&dir, &file, webdis.port);
+    let envoy = Envoy::start_file_with(&dir, &file, webdis.port, &PATIENT);
     (dir, redis, webdis, envoy)
 }
 
 #[test]
 fn example_public_api_tiers() {
     let (_dir, _redis, _webdis, envoy) = example("public_api_tiers.yaml");
-    // /api/search: GCRA 2 per second with a burst of 5, on top of the per-key tiers.
-    let got = statuses(6, || keyed(&envoy, "/api/search", "customer-1"));
+    // /api/search: GCRA 2 per second with a burst of 5, on top of the per-key tiers. Six
+    // requests within its 500 ms emission interval: a loaded machine can stretch them past
+    // it (a unit back, the sixth allowed), and they are sent again for another client.
+    let mut client = 0;
+    let (got, _) = wait_until(
+        "six searches within 500 ms",
+        Duration::from_secs(60),
+        || {
+            client += 1;
+            let key = format!("searcher-{client}");
+            let started = std::time::Instant::now();
+            let got = statuses(6, || envoy.keyed_at("/api/search", &key));
+            (got, started.elapsed())
+        },
+        |(_, took)| *took < Duration::from_millis(500),
+    );
     assert_eq!(got, [200, 200, 200, 200, 200, 429]);
-    let r = keyed(&envoy, "/api/orders", "customer-1");
+    let r = envoy.keyed_at("/api/orders", "customer-1");
     assert_eq!(r.status, 200);
     let names: Vec<String> = sf(&r, "ratelimit-policy")
         .iter()
@@ -683,7 +687,7 @@ fn example_public_api_tiers() {
     assert_eq!(names, ["api.per_second", "api.per_day"]);
     // Leases are on (and the clock skew allowed is 50 ms): a busy key is served partly from
     // units its worker took ahead, within the same limits.
-    let got = statuses(12, || keyed(&envoy, "/api/orders", "customer-2"));
+    let got = statuses(12, || envoy.keyed_at("/api/orders", "customer-2"));
     assert_eq!(got, [200; 12]);
     let hits = wait_for("lease hits counted", Duration::from_secs(5), || {
         Some(envoy.counter("ratelimit_lease_hits")).filter(|n| *n > 0)
@@ -691,7 +695,7 @@ fn example_public_api_tiers() {
     println!("12 requests of customer-2: {hits} from leases");
     // Outside /api/ nothing is limited.
     assert_eq!(
-        keyed(&envoy, "/health", "customer-1").header("ratelimit"),
+        envoy.keyed_at("/health", "customer-1").header("ratelimit"),
         None
     );
 }
@@ -717,11 +721,8 @@ fn example_login_per_ip() {
     assert_eq!(login("203.0.113.8"), 200, "another client address");
     // Only POST /login is limited.
     assert_eq!(
-        statuses(8, || send(
-            &envoy,
-            "/login",
-            &[("x-forwarded-for", b"203.0.113.7")]
-        )),
+        statuses(8, || envoy
+            .send("/login", &[("x-forwarded-for", b"203.0.113.7")])),
         [200; 8]
     );
 }
@@ -730,7 +731,7 @@ fn example_login_per_ip() {
 fn example_internal_shadow() {
     let (_dir, _redis, _webdis, envoy) = example("internal_shadow.yaml");
     let started = std::time::Instant::now();
-    let got = statuses(700, || send(&envoy, "/", &[("x-service-name", b"billing")]));
+    let got = statuses(700, || envoy.send("/", &[("x-service-name", b"billing")]));
     let seconds = started.elapsed().as_secs_f64();
     assert!(got.iter().all(|&s| s == 200), "shadow mode never blocks");
     // 600 per sliding minute: 100 over. If the requests straddle a minute boundary, the
@@ -743,7 +744,7 @@ fn example_internal_shadow() {
     );
     assert_eq!(envoy.counter("ratelimit_allowed"), 700);
     // Requests without the header are skipped: no decision, no headers.
-    assert_eq!(send(&envoy, "/", &[]).header("x-ratelimit-limit"), None);
+    assert_eq!(envoy.send("/", &[]).header("x-ratelimit-limit"), None);
 }
 
 #[test]
@@ -773,9 +774,12 @@ fn keys_can_combine_route_method_and_path() {
         [200, 200],
         "method and path are part of the key"
     );
-    let key = format!(
-        "rl:{{route+method+path:{}}}:per_route:hour",
-        ratelimit_core::sha1::sha1_hex(b"demo_route\x1fGET\x1f/a")
+    // The identity: the route, the method and the path, joined by the filter's separator.
+    let key = s.envoy.keys().limit_key(
+        "per_route",
+        "hour",
+        "route+method+path",
+        b"demo_route\x1fGET\x1f/a",
     );
     assert_eq!(s.redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
 }

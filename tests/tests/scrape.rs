@@ -7,13 +7,7 @@ use std::time::{Duration, Instant};
 
 use e2e::procs::filter_config_edit;
 use e2e::prometheus::JOB;
-use e2e::{get, Prometheus, Stack};
-
-fn send(s: &Stack, key: &str) -> u16 {
-    get(s.envoy.port, "/", &[("x-api-key", key.as_bytes())])
-        .expect("request through envoy")
-        .status
-}
+use e2e::{Prometheus, Stack};
 
 /// Polls Prometheus until `promql` gives exactly `want` (the scrape runs every second).
 fn wait_value(prom: &Prometheus, promql: &str, want: f64) {
@@ -34,7 +28,7 @@ fn wait_value(prom: &Prometheus, promql: &str, want: f64) {
 #[test]
 fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
     let json = r#"{"bridge": {"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s"},
-"failure_mode": "open",
+"failure_mode": "open", "breaker": {"stall": "2s"},
 "rules": [{"name": "api", "key": {"from": ["header:x-api-key"]},
   "limits": [{"name": "per_minute", "limit": 5, "window": "1m"}]}]}"#;
     let (from, to) = filter_config_edit(json);
@@ -47,16 +41,20 @@ fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
     // A scrape of the counters at 0 before any traffic: rate() sees all of it.
     wait_value(&prom, "ratelimit_allowed", 0.0);
 
-    let statuses: Vec<u16> = (0..8).map(|_| send(&s, "alice")).collect();
+    let statuses: Vec<u16> = (0..8).map(|_| s.envoy.keyed("alice").status).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
-    assert_eq!(send(&s, "bob"), 200);
-    assert_eq!(send(&s, "bob"), 200);
+    assert_eq!(s.envoy.keyed("bob").status, 200);
+    assert_eq!(s.envoy.keyed("bob").status, 200);
 
     // The bridge goes away: new clients are let through by the failure policy. Enough of them
     // that every worker's breaker sees its 5 failures in a row, however Envoy spreads them.
     s.webdis.process.stop();
     for n in 0..20 {
-        assert_eq!(send(&s, &format!("carol-{n}")), 200, "failing open");
+        assert_eq!(
+            s.envoy.keyed(format!("carol-{n}")).status,
+            200,
+            "failing open"
+        );
     }
 
     let per_limit = r#"{rule="api",limit="per_minute"}"#;

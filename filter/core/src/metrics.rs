@@ -59,6 +59,11 @@ stats! {
         /// Leased units not spent in time, offered back to Redis (the script gives back
         /// only what their charge still holds back).
         LeaseUnitsReturned => "ratelimit_lease_units_returned",
+        /// A callback found the worker's engine still held by another callback (a host call
+        /// that re-entered the filter) and went on without it: a request continued
+        /// undecided, a bridge reply was dropped, a timer or wake-up was skipped, or a
+        /// finished request was not forgotten. Expected to stay 0.
+        EngineBusy => "ratelimit_engine_busy",
     }
 }
 
@@ -226,7 +231,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 19);
+        assert_eq!(Counter::ALL.len(), 20);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 
