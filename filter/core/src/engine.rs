@@ -478,7 +478,10 @@ impl Engine {
 
     /// Asks the root to send what waits (once), when a call slot is free.
     fn dispatch_later(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        if self.in_flight.len() >= config.batch.max_in_flight || self.wake_pending {
+        if self.waiting.is_empty()
+            || self.in_flight.len() >= config.batch.max_in_flight
+            || self.wake_pending
+        {
             return;
         }
         if host.wake() {
@@ -1451,10 +1454,12 @@ mod tests {
         format!(r#"{{"EVALSHA":[{}]}}"#, items.join(","))
     }
 
-    /// A request arrives, and the worker is woken (as Envoy would, right after).
+    /// A request arrives, and the worker is woken (as Envoy would, right after) if this
+    /// arrival asked for a wake-up.
     fn arrive(e: &mut Engine, c: &Config, h: &mut FakeHost, ctx: u32, r: &FakeRequest) -> Verdict {
+        let wakes = h.wakes;
         let verdict = e.on_request(c, h, ctx, r);
-        if h.wakes > 0 {
+        if h.wakes > wakes && !h.cannot_wake {
             e.on_wakeup(c, h);
         }
         verdict
