@@ -1002,11 +1002,16 @@ impl Engine {
 
     /// Gives back what leases held past their end, in as few calls as fit (one per slot on a
     /// Redis Cluster), without waiting for the replies: a lost give-back leaves units spent,
-    /// never extra. Not while the breaker is open (the calls would fail).
+    /// never extra. Not while the breaker is open (the calls would fail): the units wait for
+    /// the first tick after it closes (the script gives back only what each charge still holds
+    /// back, however late).
     fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
         self.leases.expire(now);
+        if matches!(self.breaker, BreakerState::Open { .. }) {
+            return;
+        }
         let returns = self.leases.take_returns();
-        if returns.is_empty() || matches!(self.breaker, BreakerState::Open { .. }) {
+        if returns.is_empty() {
             return;
         }
         // No decision on these keys is later than this (replicas' clocks differ by the skew).
@@ -2654,5 +2659,34 @@ mod tests {
         );
         e.on_tick(&c, &mut h);
         assert_eq!(h.count_of(Counter::LeaseHits), 3);
+    }
+
+    #[test]
+    fn give_backs_due_while_the_breaker_is_open_are_sent_once_it_closes() {
+        let breaker = r#""breaker": {"failures": 1, "probe_interval": "500ms"},"#;
+        let (c, mut e, mut h) = setup(&format!("{LEASING} {breaker}"));
+        ask_k(&mut e, &c, &mut h, 1);
+        // 3 units held here, for 1 s.
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
+        arrive(&mut e, &c, &mut h, 2, &req("/", "other"));
+        e.on_reply(&c, &mut h, Some(2), 2, none());
+        assert_eq!(h.breaker_open, 1);
+        // The lease ends while the breaker is open: no give-back call now (only the probe).
+        h.now = Some(T0 + 1000 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.dispatched.len(), 3);
+        let probe = h.dispatched[2].0;
+        assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 0);
+        // The probe is answered: the next tick gives the 3 units back.
+        e.on_reply(&c, &mut h, None, probe, ok(r#"{"EVALSHA":[0]}"#));
+        assert_eq!(h.breaker_open, 0);
+        h.now = Some(T0 + 1025 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(
+            h.count_of(Counter::LeaseUnitsReturned),
+            3,
+            "the units kept while the breaker was open are given back"
+        );
+        assert!(h.dispatched[3].1.path.contains("/refund/"));
     }
 }
