@@ -154,6 +154,16 @@ fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
         .flatten()
 }
 
+/// Redis Cluster: whether a plan's keys live on more than one slot (it cannot go as one call).
+fn spans_slots(config: &Config, plan: &Plan) -> bool {
+    if !config.redis_cluster {
+        return false;
+    }
+    let mut slots = plan.checks.iter().map(|c| key_slot(c.key.as_bytes()));
+    let first = slots.next();
+    slots.any(|s| Some(s) != first)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     /// Waiting for the `EVALSHA` reply; `reloaded` once the script was loaded for this call.
@@ -983,8 +993,10 @@ impl Engine {
 
     /// Asks for the next lease of `plan`'s limits before the current one runs out, so the
     /// requests after it do not wait at the boundary. Sent like a request, from the root.
+    /// Redis Cluster: only a plan on one slot (a call holds one slot's keys); the keys of a
+    /// plan on several slots are refilled by their own single-slot requests.
     fn prefetch(&mut self, config: &Config, host: &mut impl Host, ctx: u32, plan: Plan, now: u128) {
-        if matches!(self.breaker, BreakerState::Open { .. }) {
+        if matches!(self.breaker, BreakerState::Open { .. }) || spans_slots(config, &plan) {
             return;
         }
         host.count(Counter::LeasePrefetches);
@@ -2688,5 +2700,41 @@ mod tests {
             "the units kept while the breaker was open are given back"
         );
         assert!(h.dispatched[3].1.path.contains("/refund/"));
+    }
+
+    #[test]
+    fn in_cluster_mode_a_plan_on_two_slots_served_from_leases_sends_no_cross_slot_call() {
+        let c = Config::parse(
+            br#"{"bridge": {"redis_cluster": true}, "lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000},
+                "rules": [
+                {"name": "per_key", "key": {"from": ["header:x-api-key"], "when_missing": "skip"},
+                 "limits": [{"name": "minute", "limit": 100, "window": "1m"}]},
+                {"name": "per_ip", "match": {"path_prefix": "/both"}, "key": {"from": ["client_ip"]},
+                 "limits": [{"name": "minute", "limit": 100, "window": "1m"}]}
+            ]}"#,
+        )
+        .unwrap();
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        // Each key gets a lease of its own (3 units held) from a plan of its own slot alone.
+        arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 60, 30_000)));
+        arrive(&mut e, &c, &mut h, 2, &FakeRequest::new("GET", "/both"));
+        e.on_reply(&c, &mut h, Some(2), 2, ok(&leased(4, 60, 30_000)));
+        assert_eq!(h.count_of(Counter::LeaseGrants), 2);
+        // Requests carrying both keys are served from the two leases, which run low.
+        for ctx in [3, 4] {
+            assert_eq!(
+                arrive(&mut e, &c, &mut h, ctx, &req("/both", "k")),
+                Verdict::Continue
+            );
+        }
+        for (_, call, _) in &h.dispatched {
+            let slots: HashSet<u16> = call_keys(call)
+                .iter()
+                .map(|k| key_slot(k.as_bytes()))
+                .collect();
+            assert_eq!(slots.len(), 1, "a call on one slot: {:?}", call_keys(call));
+        }
     }
 }
