@@ -154,6 +154,13 @@ fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
         .flatten()
 }
 
+/// The bytes of a decision call's path besides its requests' (see [`call_bytes`]):
+/// `/EVALSHA/<sha>/<keys>` and the clock, deadline, request and budget counts, each number at
+/// its longest (20 digits).
+fn call_fixed_bytes(config: &Config) -> usize {
+    "/EVALSHA/".len() + config.script_sha.len() + 5 * (1 + 20)
+}
+
 /// Redis Cluster: whether a plan's keys live on more than one slot (it cannot go as one call).
 fn spans_slots(config: &Config, plan: &Plan) -> bool {
     if !config.redis_cluster {
@@ -729,7 +736,7 @@ impl Engine {
     /// others keep their place in the queue).
     fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
         let mut members = Vec::new();
-        let mut bytes = 0;
+        let mut bytes = call_fixed_bytes(config);
         let slot = self.waiting.front().and_then(|w| w.slot);
         let mut at = 0;
         while members.len() < config.batch.max_requests {
@@ -2736,5 +2743,60 @@ mod tests {
                 .collect();
             assert_eq!(slots.len(), 1, "a call on one slot: {:?}", call_keys(call));
         }
+    }
+
+    #[test]
+    fn a_batch_leaves_room_for_the_fixed_part_of_the_call() {
+        // Requests of 40 limits each; the names are padded until whole requests fill the
+        // call's bytes to within 60 of the bound (less than any call's fixed part: EVALSHA,
+        // the script's hash, the clock and the deadline).
+        let rules = |pad: usize| -> String {
+            (0..4)
+                .map(|r| {
+                    let limits = (0..10)
+                        .map(|i| {
+                            let extra = pad.saturating_sub(60 * (r * 10 + i)).min(60);
+                            let name = format!("l{i}{}", "x".repeat(extra));
+                            format!(r#"{{"name": "{name}", "limit": 10, "window": "1m"}}"#)
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    format!(r#"{{"name": "r{r}", "limits": [{limits}]}}"#)
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let parse = |pad: usize| {
+            let json = format!(
+                r#"{{"batch": {{"max_requests": 256}}, "rules": [{}]}}"#,
+                rules(pad)
+            );
+            let c = Config::parse(json.as_bytes()).unwrap();
+            let size = call_bytes(&crate::plan::plan(&c, &req("/", "k0")).unwrap().checks);
+            (c, size)
+        };
+        // Each byte of padding adds one to a request's size.
+        let (_, unpadded) = parse(0);
+        let pad = (0..2000)
+            .find(|pad| MAX_CALL_BYTES % (unpadded + pad) < 60)
+            .expect("a padding that fills the call");
+        let (c, size) = parse(pad);
+        assert_eq!(size, unpadded + pad);
+        let fit = MAX_CALL_BYTES / size;
+        let mut e = Engine::new(&c);
+        let mut h = FakeHost::new();
+        arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
+        for ctx in 2..(fit as u32 + 3) {
+            let r = req("/", &format!("k{ctx}"));
+            assert_eq!(call_bytes(&crate::plan::plan(&c, &r).unwrap().checks), size);
+            arrive(&mut e, &c, &mut h, ctx, &r);
+        }
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Allow(9)])));
+        assert_eq!(h.dispatched.len(), 2);
+        let batch = h.batch_size(1);
+        assert!(
+            batch * size + 60 <= MAX_CALL_BYTES,
+            "{batch} requests of {size} bytes leave no room for the call's fixed part"
+        );
     }
 }
