@@ -63,6 +63,11 @@ impl DenyCache {
             .copied()
     }
 
+    /// Forgets the refusal of `key`: units were given back to it, so it may fit sooner.
+    pub fn forget(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+
     /// Remembers a refusal (replacing the key's older one).
     pub fn insert(&mut self, key: &str, refusal: Refusal) {
         self.entries.insert(key, refusal.until_ns, refusal);

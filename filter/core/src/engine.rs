@@ -171,6 +171,14 @@ fn spans_slots(config: &Config, plan: &Plan) -> bool {
     slots.any(|s| Some(s) != first)
 }
 
+/// When a call was sent: the clock its decisions were made with, and the Redis restarts this
+/// worker knew of (a refusal from before the latest restart is not remembered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sent {
+    at_ns: u128,
+    restarts: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     /// Waiting for the `EVALSHA` reply; `reloaded` once the script was loaded for this call.
@@ -188,8 +196,9 @@ struct Call {
     /// The decision call, kept to send again after a script load.
     eval: BridgeRequest,
     members: Vec<Waiting>,
-    /// The clock the script decides with (Unix ns): the instant the call was first sent.
-    sent_ns: u128,
+    /// The clock the script decides with (Unix ns): the instant the call was first sent; and
+    /// the restarts known when it was last sent.
+    sent: Sent,
     /// The request context that made the call, if not the root: its reply comes there, and
     /// is lost if that stream ends first.
     owner: Option<u32>,
@@ -328,7 +337,7 @@ impl Engine {
                 host,
                 &plan,
                 Outcome::Failed(BridgeFailure::Clock),
-                0,
+                None,
             );
             self.deliver(host, ctx, conclusion, (0, 0));
             return;
@@ -348,7 +357,7 @@ impl Engine {
         self.check_stall(config, host, now);
         if matches!(self.breaker, BreakerState::Open { .. }) {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
-            let conclusion = self.conclude(config, host, &plan, outcome, 0);
+            let conclusion = self.conclude(config, host, &plan, outcome, None);
             self.deliver(host, ctx, conclusion, (0, 0));
             return;
         }
@@ -419,9 +428,10 @@ impl Engine {
         host: &mut impl Host,
         member: Waiting,
         mut outcome: Outcome,
-        sent_ns: u128,
+        sent: Option<Sent>,
         now: u128,
     ) {
+        let sent_ns = sent.map_or(0, |s| s.at_ns);
         let prefetch = matches!(member.lease, LeaseAsk::Prefetch(_));
         if member.lease != LeaseAsk::No {
             self.leases.asking(&member.plan, false);
@@ -442,14 +452,14 @@ impl Engine {
                 // No stream to answer; a refusal still tells the next prefetch not to go.
                 if let Outcome::Decided(decision) = &outcome {
                     if !decision.allowed {
-                        self.remember_refusal(&member.plan, decision, sent_ns);
+                        self.remember_refusal(&member.plan, decision, sent);
                     }
                 }
                 return;
             }
         }
         let Some((id, part)) = member.part else {
-            let conclusion = self.conclude(config, host, &member.plan, outcome, sent_ns);
+            let conclusion = self.conclude(config, host, &member.plan, outcome, sent);
             self.deliver(host, member.ctx, conclusion, (member.arrived_ns, now));
             return;
         };
@@ -460,6 +470,7 @@ impl Engine {
             Outcome::Decided(decision) => Ok(decision),
             Outcome::Failed(failure) => Err(failure),
         };
+        split.stale |= sent.is_some_and(|s| s.restarts != self.restarts_seen);
         if !split.record(part, result, sent_ns) {
             return;
         }
@@ -471,7 +482,11 @@ impl Engine {
             Ok(decision) => Outcome::Decided(decision),
             Err(failure) => Outcome::Failed(failure),
         };
-        let conclusion = self.conclude(config, host, &plan, outcome, at);
+        let sent = Sent {
+            at_ns: at,
+            restarts: if split.stale { u64::MAX } else { self.restarts_seen },
+        };
+        let conclusion = self.conclude(config, host, &plan, outcome, Some(sent));
         if matches!(conclusion, Conclusion::Answer(_)) {
             self.refund(config, host, &split, now);
         }
@@ -484,6 +499,9 @@ impl Engine {
         // No decision on these keys is later than this (replicas' clocks differ by the skew).
         let clock = now.saturating_add(config.clock_skew.as_nanos());
         for refunds in split.refunds() {
+            for refund in &refunds {
+                self.deny_cache.forget(&refund.check.key);
+            }
             let call = DecideCall::refund(clock, clock / 1_000_000, &refunds);
             let request = BridgeRequest::evalsha(&config.script_sha, &call);
             host.count(Counter::Refunds);
@@ -540,7 +558,7 @@ impl Engine {
         };
         let call = self.in_flight.swap_remove(i);
         self.flush_counts(host);
-        let now = host.now_unix_ns().unwrap_or(call.sent_ns);
+        let now = host.now_unix_ns().unwrap_or(call.sent.at_ns);
         match call.stage {
             Stage::Deciding { reloaded } => {
                 let shape: Vec<RequestShape> = call.members.iter().map(Waiting::shape).collect();
@@ -552,7 +570,7 @@ impl Engine {
                                 Ok(decision) => Outcome::Decided(decision),
                                 Err(failure) => Outcome::Failed(failure),
                             };
-                            self.settle(config, host, member, outcome, call.sent_ns, now);
+                            self.settle(config, host, member, outcome, Some(call.sent), now);
                         }
                     }
                     Ok(EvalOutcome::NoScript) if !reloaded => {
@@ -720,7 +738,10 @@ impl Engine {
                 stage: Stage::Deciding { reloaded: false },
                 eval: BridgeRequest::evalsha(&config.script_sha, &call),
                 members,
-                sent_ns: now,
+                sent: Sent {
+                    at_ns: now,
+                    restarts: self.restarts_seen,
+                },
                 owner: from,
             };
             host.count(Counter::BridgeCalls);
@@ -756,7 +777,7 @@ impl Engine {
             };
             if now >= w.deadline_ns() {
                 let outcome = Outcome::Failed(BridgeFailure::Expired);
-                self.settle(config, host, w, outcome, 0, now);
+                self.settle(config, host, w, outcome, None, now);
             } else if w.part.is_some() {
                 // A part: its request was checked against the deny cache when it came.
                 bytes += size;
@@ -818,6 +839,8 @@ impl Engine {
             Ok(token) => {
                 call.token = token;
                 call.dispatched_ns = now;
+                // A reply to a call sent again after a restart decides on the new state.
+                call.sent.restarts = self.restarts_seen;
                 self.in_flight.push(call);
             }
             Err(why) => {
@@ -966,7 +989,7 @@ impl Engine {
     ) {
         for member in members {
             let outcome = Outcome::Failed(failure.clone());
-            self.settle(config, host, member, outcome, 0, now);
+            self.settle(config, host, member, outcome, None, now);
         }
     }
 
@@ -1068,6 +1091,9 @@ impl Engine {
         self.leases.keep_returns(left);
         let timeout = config.clock_skew.max(Duration::from_millis(1));
         for (_, refunds) in calls {
+            for refund in &refunds {
+                self.deny_cache.forget(&refund.check.key);
+            }
             let units: u64 = refunds.iter().map(|r| r.check.cost).sum();
             host.count_n(Counter::LeaseUnitsReturned, units);
             let call = DecideCall::refund(clock, clock / 1_000_000, &refunds);
@@ -1115,15 +1141,15 @@ impl Engine {
         Some(response::denied(config, &checks, &decision))
     }
 
-    /// The one place an outcome becomes "let it through" or "answer it". `sent_ns` is the
-    /// clock the decision was made with (for the deny cache).
+    /// The one place an outcome becomes "let it through" or "answer it". `sent` is when the
+    /// call that decided it was sent (for the deny cache).
     fn conclude(
         &mut self,
         config: &Config,
         host: &mut impl Host,
         plan: &Plan,
         outcome: Outcome,
-        sent_ns: u128,
+        sent: Option<Sent>,
     ) -> Conclusion {
         match outcome {
             Outcome::Decided(decision) if decision.allowed => {
@@ -1141,7 +1167,7 @@ impl Engine {
             Outcome::Decided(decision) => {
                 host.count(Counter::Denied);
                 self.count_decision(host, plan, &decision);
-                self.remember_refusal(plan, &decision, sent_ns);
+                self.remember_refusal(plan, &decision, sent);
                 Conclusion::Answer(response::denied(config, &plan.checks, &decision))
             }
             Outcome::Failed(failure) => {
@@ -1179,8 +1205,13 @@ impl Engine {
     }
 
     /// Puts what Redis refused in the deny cache, until the instant it would fit (from the
-    /// clock `sent_ns` the decision was made with).
-    fn remember_refusal(&mut self, plan: &Plan, decision: &Decision, sent_ns: u128) {
+    /// clock the decision was made with). Not from a call sent before the latest Redis restart:
+    /// its reply can come after the deny cache was reset and put back what the restart undid.
+    fn remember_refusal(&mut self, plan: &Plan, decision: &Decision, sent: Option<Sent>) {
+        let Some(sent) = sent.filter(|s| s.restarts == self.restarts_seen) else {
+            return;
+        };
+        let sent_ns = sent.at_ns;
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
             if !result.allowed && !check.shadow {
                 let at = |ms: f64| sent_ns.saturating_add((ms * 1e6) as u128);
@@ -2798,5 +2829,45 @@ mod tests {
             batch * size + 60 <= MAX_CALL_BYTES,
             "{batch} requests of {size} bytes leave no room for the call's fixed part"
         );
+    }
+
+    #[test]
+    fn a_give_back_forgets_the_refusals_of_its_keys() {
+        let (c, mut e, mut h) = leasing_k(4, 6, 30_000);
+        h.now = Some(T0 + 200 * MS);
+        for ctx in [2, 3] {
+            assert_eq!(ask_k(&mut e, &c, &mut h, ctx), Verdict::Continue);
+        }
+        // The prefetch is refused: the key is remembered as refused for 6 s.
+        let prefetch = h.last_token();
+        e.on_reply(&c, &mut h, None, prefetch, ok(&reply(&[R::Refuse(6000)])));
+        // The lease ends with a unit unspent: it goes back to Redis, which may now fit one.
+        h.now = Some(T0 + 1000 * MS);
+        e.on_tick(&c, &mut h);
+        assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 1);
+        h.now = Some(T0 + 1100 * MS);
+        assert_eq!(
+            ask_k(&mut e, &c, &mut h, 4),
+            Verdict::Pause,
+            "asked Redis again, not refused from the deny cache"
+        );
+        assert!(h.answered.is_empty(), "{:?}", h.statuses());
+    }
+
+    #[test]
+    fn a_refusal_from_a_call_sent_before_a_restart_is_not_cached() {
+        let (c, mut e, mut h) = setup(r#""batch": {"max_in_flight": 2},"#);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        arrive(&mut e, &c, &mut h, 2, &req("/", "b"));
+        assert_eq!(h.dispatched.len(), 2, "two calls in flight");
+        // The second call finds Redis restarted: the deny cache is reset ...
+        let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
+        e.on_reply(&c, &mut h, None, 2, ok(noscript));
+        assert_eq!(h.restarts, 1);
+        // ... and the first one's refusal, decided before the restart, comes after it.
+        e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Refuse(6000)])));
+        assert_eq!(h.statuses(), vec![(1, 429)]);
+        arrive(&mut e, &c, &mut h, 3, &req("/", "a"));
+        assert_eq!(hits(&e, &h), 0, "the old refusal was not cached");
     }
 }

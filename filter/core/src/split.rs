@@ -40,6 +40,9 @@ pub struct Split {
     /// The clock of the first part refused.
     refused_at: Option<u128>,
     failure: Option<BridgeFailure>,
+    /// A part was decided by a call sent before a Redis restart this worker learnt of since:
+    /// its refusals are not remembered.
+    pub stale: bool,
 }
 
 impl Split {
@@ -54,6 +57,7 @@ impl Split {
             charged: Vec::new(),
             refused_at: None,
             failure: None,
+            stale: false,
         }
     }
 
