@@ -161,6 +161,24 @@ fn call_fixed_bytes(config: &Config) -> usize {
     "/EVALSHA/".len() + config.script_sha.len() + 5 * (1 + 20)
 }
 
+/// A call giving `refunds` back, sent at `now` with `timeout`. Its clock must be no earlier
+/// than any decision on these keys made before it reaches Redis, and Redis must drop it past
+/// that clock: the clock (and deadline) is `now` plus the timeout plus the clock skew allowed
+/// between replicas. A later clock only gives back less (the refill up to it is counted as
+/// the bucket's), never more; with the skew alone most give-backs came too late to count.
+fn refund_request(
+    config: &Config,
+    refunds: &[Refund],
+    timeout: Duration,
+    now: u128,
+) -> BridgeRequest {
+    let clock = now
+        .saturating_add(timeout.as_nanos())
+        .saturating_add(config.clock_skew.as_nanos());
+    let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
+    BridgeRequest::evalsha(&config.script_sha, &call)
+}
+
 /// Redis Cluster: whether a plan's keys live on more than one slot (it cannot go as one call).
 fn spans_slots(config: &Config, plan: &Plan) -> bool {
     if !config.redis_cluster {
@@ -496,14 +514,11 @@ impl Engine {
     /// Gives back what the parts of a request that is not let through charged: one call per
     /// slot, whose reply is not waited for (a lost refund leaves units spent, never extra).
     fn refund(&mut self, config: &Config, host: &mut impl Host, split: &Split, now: u128) {
-        // No decision on these keys is later than this (replicas' clocks differ by the skew).
-        let clock = now.saturating_add(config.clock_skew.as_nanos());
         for refunds in split.refunds() {
             for refund in &refunds {
                 self.deny_cache.forget(&refund.check.key);
             }
-            let call = DecideCall::refund(clock, clock / 1_000_000, &refunds);
-            let request = BridgeRequest::evalsha(&config.script_sha, &call);
+            let request = refund_request(config, &refunds, split.plan.timeout, now);
             host.count(Counter::Refunds);
             if let Err(why) = host.dispatch(&config.bridge, &request, split.plan.timeout) {
                 host.report_failure(&BridgeFailure::Dispatch(why));
@@ -1056,8 +1071,6 @@ impl Engine {
         if returns.is_empty() {
             return;
         }
-        // No decision on these keys is later than this (replicas' clocks differ by the skew).
-        let clock = now.saturating_add(config.clock_skew.as_nanos());
         let mut returns: Vec<(Option<u16>, Refund)> = returns
             .into_iter()
             .map(|r| {
@@ -1089,15 +1102,20 @@ impl Engine {
             }
         }
         self.leases.keep_returns(left);
-        let timeout = config.clock_skew.max(Duration::from_millis(1));
         for (_, refunds) in calls {
+            // As long as a decision on these keys may take (the longest of their rules').
+            let timeout = refunds
+                .iter()
+                .filter_map(|r| config.rules.get(r.check.rule).map(|rule| rule.timeout))
+                .max()
+                .unwrap_or(config.clock_skew)
+                .max(Duration::from_millis(1));
             for refund in &refunds {
                 self.deny_cache.forget(&refund.check.key);
             }
             let units: u64 = refunds.iter().map(|r| r.check.cost).sum();
             host.count_n(Counter::LeaseUnitsReturned, units);
-            let call = DecideCall::refund(clock, clock / 1_000_000, &refunds);
-            let request = BridgeRequest::evalsha(&config.script_sha, &call);
+            let request = refund_request(config, &refunds, timeout, now);
             if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
                 host.report_failure(&BridgeFailure::Dispatch(why));
             }
@@ -2609,12 +2627,12 @@ mod tests {
         assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Pause);
         let calls = h.dispatched.len();
         // The next tick gives the 2 unspent units back, charged at T0 with 1 left, by a refund
-        // whose clock and deadline are the tick's time plus the skew.
+        // whose clock and deadline are the tick's time plus the rule's timeout and the skew.
         h.now = Some(T0 + 45 * MS);
         e.on_tick(&c, &mut h);
         assert_eq!(h.dispatched.len(), calls + 1);
         let (_, call, timeout) = h.dispatched[calls].clone();
-        let clock = T0 + 55 * MS;
+        let clock = T0 + 205 * MS;
         assert!(
             call.path
                 .contains(&format!("/{clock}/{}/1/0/1/", clock / MS)),
@@ -2627,7 +2645,7 @@ mod tests {
             "{}",
             call.path
         );
-        assert_eq!(timeout, Duration::from_millis(10));
+        assert_eq!(timeout, Duration::from_millis(150));
         assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 2);
         // Nothing is given back twice.
         e.on_tick(&c, &mut h);
@@ -2869,5 +2887,24 @@ mod tests {
         assert_eq!(h.statuses(), vec![(1, 429)]);
         arrive(&mut e, &c, &mut h, 3, &req("/", "a"));
         assert_eq!(hits(&e, &h), 0, "the old refusal was not cached");
+    }
+
+    #[test]
+    fn a_give_back_has_the_time_of_a_decision_to_reach_redis() {
+        // Replicas' clocks within 10 ms; the rule's timeout is the default 150 ms.
+        let (c, mut e, mut h) = leasing_k(4, 6, 30_000);
+        h.now = Some(T0 + 1000 * MS);
+        e.on_tick(&c, &mut h);
+        let (_, call, timeout) = h.dispatched.last().cloned().unwrap();
+        assert!(call.path.contains("/refund/"), "{}", call.path);
+        assert_eq!(timeout, Duration::from_millis(150));
+        let segments: Vec<&str> = call.path.split('/').collect();
+        let keys: usize = segments[3].parse().unwrap();
+        let deadline_ms: u128 = segments[4 + keys + 1].parse().unwrap();
+        assert!(
+            deadline_ms >= (T0 + 1000 * MS + 150 * MS) / MS,
+            "a deadline {} ms after the give-back is sent, less than its timeout",
+            deadline_ms - (T0 + 1000 * MS) / MS
+        );
     }
 }
