@@ -460,10 +460,6 @@ impl Engine {
                     let skew = config.clock_skew.as_nanos();
                     self.leases
                         .grant(&member.plan, decision, requests, sent_ns, skew);
-                    // The client's headers count the units held for it here.
-                    for (check, limit) in member.plan.checks.iter().zip(&mut decision.limits) {
-                        limit.remaining += decision.leased.saturating_mul(check.cost) as f64;
-                    }
                 }
             }
             if prefetch {
@@ -502,7 +498,11 @@ impl Engine {
         };
         let sent = Sent {
             at_ns: at,
-            restarts: if split.stale { u64::MAX } else { self.restarts_seen },
+            restarts: if split.stale {
+                u64::MAX
+            } else {
+                self.restarts_seen
+            },
         };
         let conclusion = self.conclude(config, host, &plan, outcome, Some(sent));
         if matches!(conclusion, Conclusion::Answer(_)) {
@@ -2905,6 +2905,18 @@ mod tests {
             deadline_ms >= (T0 + 1000 * MS + 150 * MS) / MS,
             "a deadline {} ms after the give-back is sent, less than its timeout",
             deadline_ms - (T0 + 1000 * MS) / MS
+        );
+    }
+
+    #[test]
+    fn a_grant_given_back_at_once_is_not_counted_in_the_headers() {
+        // Whole again in 5 ms, less than the 10 ms of clock skew: the 3 units held go back.
+        let (_c, mut e, h) = leasing_k(4, 6, 5);
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(
+            remaining(&mut e, 1),
+            "6",
+            "what Redis left, nothing held here"
         );
     }
 }

@@ -244,16 +244,17 @@ impl Leases {
 
     /// Records what `decision` (decided with the clock `charged_at_ns`) granted: `requests`
     /// requests' worth of each limit's cost. A grant that could not be spent before its
-    /// bucket may be full again is given back at once.
+    /// bucket may be full again is given back at once. The decision's `remaining` then counts
+    /// the units held here (what the client's headers say is left).
     pub fn grant(
         &mut self,
         plan: &Plan,
-        decision: &Decision,
+        decision: &mut Decision,
         requests: u64,
         charged_at_ns: u128,
         skew_ns: u128,
     ) {
-        for (check, result) in plan.checks.iter().zip(&decision.limits) {
+        for (check, result) in plan.checks.iter().zip(&mut decision.limits) {
             let Some(lease_config) = check.lease else {
                 continue;
             };
@@ -283,6 +284,9 @@ impl Leases {
             if usable_ns == 0 {
                 self.returns.push(refund_of(&lease.check, &grant));
             } else {
+                // What the headers of the request that asked count as held for later ones.
+                let held = decision.leased.saturating_mul(check.cost).min(units);
+                result.remaining += held as f64;
                 lease.grants.push_back(grant);
             }
         }
