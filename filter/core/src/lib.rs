@@ -20,6 +20,8 @@ pub mod response;
 pub mod sha1;
 pub mod slot;
 pub mod split;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod throttle;
 
 /// The decision script Redis runs: the shared part, one part per algorithm, then the driver
