@@ -26,6 +26,9 @@ use crate::plan::{plan_memo, LimitCheck, Plan, PlanMemo};
 use crate::response::{self, Headers, LocalResponse};
 use crate::slot::key_slot;
 use crate::split::{by_slot, Split};
+use breaker::Breaker;
+
+mod breaker;
 
 /// A call's path stays within this many bytes (Webdis's shipped `http_max_request_size` is
 /// 64 KiB); a batch stops growing before it would pass it. The configuration is refused if a
@@ -233,25 +236,6 @@ enum Conclusion {
     Answer(LocalResponse),
 }
 
-/// The circuit breaker of a worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BreakerState {
-    /// Calls go out; `failures` in a row failed.
-    Closed { failures: u32 },
-    /// No call but one probe per interval.
-    Open {
-        since_ns: u128,
-        next_probe_ns: u128,
-        probe: Option<u32>,
-    },
-}
-
-impl Default for BreakerState {
-    fn default() -> Self {
-        BreakerState::Closed { failures: 0 }
-    }
-}
-
 /// The request whose own callback is running: its verdict is returned, not resumed.
 #[derive(Debug, Clone, Copy)]
 struct Current {
@@ -271,7 +255,7 @@ pub struct Engine {
     /// Deny-cache refusals not yet added to the stats (`ratelimit_denied` and
     /// `ratelimit_deny_cache_hits`).
     uncounted_hits: u64,
-    breaker: BreakerState,
+    breaker: Breaker,
     /// The state of the `local` failure mode.
     local: LocalLimits,
     /// Redis restarts (seen by any worker) this worker's deny cache is up to date with: a
@@ -373,7 +357,7 @@ impl Engine {
             return;
         }
         self.check_stall(config, host, now);
-        if matches!(self.breaker, BreakerState::Open { .. }) {
+        if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
             let conclusion = self.conclude(config, host, &plan, outcome, None);
             self.deliver(host, ctx, conclusion, (0, 0));
@@ -559,14 +543,15 @@ impl Engine {
         token: u32,
         reply: BridgeReply<'_>,
     ) {
-        if let BreakerState::Open {
-            probe: Some(probe), ..
-        } = self.breaker
-        {
-            if probe == token {
-                self.on_probe_reply(host, reply);
-                return;
+        if self.breaker.is_probe(token) {
+            let ok = parse_eval_reply(reply, &[]).is_ok();
+            let now = host.now_unix_ns().unwrap_or(0);
+            // Answered (a missing script is the next call's to load): the bridge is back.
+            if let Some(why) = self.breaker.probe_replied(ok, now) {
+                host.gauge_add(Gauge::BreakerOpen, -1);
+                host.report_breaker(false, &why);
             }
+            return;
         }
         let Some(i) = self.in_flight.iter().position(|c| c.token == token) else {
             return;
@@ -579,7 +564,7 @@ impl Engine {
                 let shape: Vec<RequestShape> = call.members.iter().map(Waiting::shape).collect();
                 match parse_batch_reply(reply, &shape) {
                     Ok(EvalOutcome::Decided(results)) => {
-                        self.note_success();
+                        self.breaker.answered();
                         for (member, result) in call.members.into_iter().zip(results) {
                             let outcome = match result {
                                 Ok(decision) => Outcome::Decided(decision),
@@ -589,7 +574,7 @@ impl Engine {
                         }
                     }
                     Ok(EvalOutcome::NoScript) if !reloaded => {
-                        self.note_success();
+                        self.breaker.answered();
                         // Redis restarted: what it refused before may fit again, here and
                         // (at their next tick) in the other workers. (Leases stay: they were
                         // charged, and the restart forgot far more than they hold; a fresh
@@ -612,7 +597,7 @@ impl Engine {
             }
             Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
                 Ok(()) => {
-                    self.note_success();
+                    self.breaker.answered();
                     host.count(Counter::ScriptLoads);
                     let retry = Call {
                         stage: Stage::Deciding { reloaded: true },
@@ -874,54 +859,25 @@ impl Engine {
         failure: BridgeFailure,
         now: u128,
     ) {
-        self.fail_all(config, host, members, failure.clone(), now);
-        let (Some(breaker), BreakerState::Closed { failures }) = (config.breaker, self.breaker)
-        else {
-            return;
-        };
-        let failures = failures + 1;
-        self.breaker = BreakerState::Closed { failures };
-        if failures >= breaker.failures {
-            let why = format!("{failures} calls in a row failed, the last: {failure}");
-            self.trip(config, host, now, &why);
-        }
-    }
-
-    /// The bridge answered a call: the run of failures is over.
-    fn note_success(&mut self) {
-        if let BreakerState::Closed { .. } = self.breaker {
-            self.breaker = BreakerState::Closed { failures: 0 };
+        let opens = self.breaker.failed(config.breaker, &failure, now);
+        self.fail_all(config, host, members, failure, now);
+        if let Some(why) = opens {
+            self.opened(config, host, now, &why);
         }
     }
 
     /// Opens the breaker if a call has been in flight for `breaker.stall`.
     fn check_stall(&mut self, config: &Config, host: &mut impl Host, now: u128) {
-        let (Some(breaker), BreakerState::Closed { .. }) = (config.breaker, self.breaker) else {
-            return;
-        };
-        let Some(oldest) = self.in_flight.iter().map(|c| c.dispatched_ns).min() else {
-            return;
-        };
-        let age = now.saturating_sub(oldest);
-        if age >= breaker.stall.as_nanos() {
-            let why = format!("a call has been in flight for {} ms", age / 1_000_000);
-            self.trip(config, host, now, &why);
+        let oldest = self.in_flight.iter().map(|c| c.dispatched_ns).min();
+        if let Some(why) = self.breaker.stalled(config.breaker, oldest, now) {
+            self.opened(config, host, now, &why);
         }
     }
 
-    /// Opens the breaker: every request waiting for the bridge, or in a call in flight, is
+    /// The breaker opened: every request waiting for the bridge, or in a call in flight, is
     /// decided now by its failure policy; until a probe is answered none waits for a call.
     /// (Replies to the abandoned calls that still come are ignored.)
-    fn trip(&mut self, config: &Config, host: &mut impl Host, now: u128, why: &str) {
-        let interval = config
-            .breaker
-            .map(|b| b.probe_interval.as_nanos())
-            .unwrap_or(0);
-        self.breaker = BreakerState::Open {
-            since_ns: now,
-            next_probe_ns: now.saturating_add(interval),
-            probe: None,
-        };
+    fn opened(&mut self, config: &Config, host: &mut impl Host, now: u128, why: &str) {
         host.count(Counter::BreakerTrips);
         host.gauge_add(Gauge::BreakerOpen, 1);
         host.report_breaker(true, why);
@@ -935,63 +891,20 @@ impl Engine {
     /// While open, one probe per `breaker.probe_interval`: an empty decision call, which
     /// answers only if Webdis, Redis and the script all do.
     fn probe_if_due(&mut self, config: &Config, host: &mut impl Host, now: u128) {
-        let (
-            Some(breaker),
-            BreakerState::Open {
-                since_ns,
-                next_probe_ns,
-                probe: None,
-            },
-        ) = (config.breaker, self.breaker)
-        else {
+        let Some(settings) = config.breaker else {
             return;
         };
-        if now < next_probe_ns {
+        if !self.breaker.probe_due(now) {
             return;
         }
         let deadline_ms =
-            (now + breaker.probe_interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
+            (now + settings.probe_interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
         let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
         let request = BridgeRequest::evalsha(&config.script_sha, &call);
         let probe = host
-            .dispatch(&config.bridge, &request, breaker.probe_interval)
+            .dispatch(&config.bridge, &request, settings.probe_interval)
             .ok();
-        self.breaker = BreakerState::Open {
-            since_ns,
-            next_probe_ns: now.saturating_add(breaker.probe_interval.as_nanos()),
-            probe,
-        };
-    }
-
-    fn on_probe_reply(&mut self, host: &mut impl Host, reply: BridgeReply<'_>) {
-        let BreakerState::Open {
-            since_ns,
-            next_probe_ns,
-            ..
-        } = self.breaker
-        else {
-            return;
-        };
-        match parse_eval_reply(reply, &[]) {
-            // Answered (a missing script is the next call's to load): the bridge is back.
-            Ok(_) => {
-                self.breaker = BreakerState::Closed { failures: 0 };
-                host.gauge_add(Gauge::BreakerOpen, -1);
-                let now = host.now_unix_ns().unwrap_or(since_ns);
-                let why = format!(
-                    "a probe was answered after {} ms open",
-                    now.saturating_sub(since_ns) / 1_000_000
-                );
-                host.report_breaker(false, &why);
-            }
-            Err(_) => {
-                self.breaker = BreakerState::Open {
-                    since_ns,
-                    next_probe_ns,
-                    probe: None,
-                };
-            }
-        }
+        self.breaker.probe_sent(config.breaker, probe, now);
     }
 
     fn fail_all(
@@ -1041,7 +954,7 @@ impl Engine {
     /// Redis Cluster: only a plan on one slot (a call holds one slot's keys); the keys of a
     /// plan on several slots are refilled by their own single-slot requests.
     fn prefetch(&mut self, config: &Config, host: &mut impl Host, ctx: u32, plan: Plan, now: u128) {
-        if matches!(self.breaker, BreakerState::Open { .. }) || spans_slots(config, &plan) {
+        if self.breaker.is_open() || spans_slots(config, &plan) {
             return;
         }
         host.count(Counter::LeasePrefetches);
@@ -1064,7 +977,7 @@ impl Engine {
     /// back, however late).
     fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
         self.leases.expire(now);
-        if matches!(self.breaker, BreakerState::Open { .. }) {
+        if self.breaker.is_open() {
             return;
         }
         let returns = self.leases.take_returns();

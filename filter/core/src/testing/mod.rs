@@ -2,3 +2,4 @@
 //! feature; never in the filter).
 
 pub mod host;
+pub mod random;
