@@ -1,7 +1,9 @@
 //! The engine as a whole, through its public calls, with the fake host.
 
 use super::*;
+use crate::bridge::call_bytes;
 use crate::identity::tests::FakeRequest;
+use crate::response::LocalResponse;
 use crate::testing::host::{FakeHost, T0};
 use std::collections::HashSet;
 #[cfg(target_arch = "wasm32")]
@@ -195,7 +197,7 @@ fn requests_that_arrive_during_a_call_share_the_next_one_in_arrival_order() {
 
 /// Deny-cache hits, counted in the stats or not yet.
 fn hits(e: &Engine, h: &FakeHost) -> usize {
-    h.count_of(Counter::DenyCacheHits) + e.uncounted_hits as usize
+    h.count_of(Counter::DenyCacheHits) + e.tally.uncounted_deny_hits() as usize
 }
 
 fn sha1_key(identity: &str) -> String {
@@ -641,7 +643,7 @@ fn the_cache_is_bounded_and_keeps_the_latest_refusals() {
             ok(&reply(&[R::Refuse(1000 * ctx)])),
         );
     }
-    assert_eq!(e.deny_cache.len(), 2);
+    assert_eq!(e.refusals.refused_keys(), 2);
     e.on_request(&c, &mut h, 10, &req("/", "a"));
     assert_eq!(hits(&e, &h), 0, "a expired first: evicted");
     for (ctx, key) in [(11, "b"), (12, "c")] {

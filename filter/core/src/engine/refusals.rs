@@ -1,4 +1,5 @@
-//! Refused keys a worker answers itself until they could fit again.
+//! Refused keys a worker answers itself until they could fit again (the deny cache), and the
+//! Redis restarts it is up to date with.
 //!
 //! Why this changes no decision: when Redis refuses a request of cost `c` on a limit at time
 //! `t` with a retry time `r`, that limit cannot allow `c` units before `t + r` — tokens (or
@@ -12,9 +13,14 @@
 //! The one way tokens come back early is Redis losing its state (a restart without
 //! persistence, a flush, an eviction). A restart also empties Redis's script cache, and the
 //! engine clears this cache on the `NOSCRIPT` that follows; the other cases can refuse a key
-//! until its retry instant at most — a false refusal, never an overshoot.
+//! until its retry instant at most — a false refusal, never an overshoot. Units given back to
+//! a key (a lease's give-back, a split's refund) make its refusal forgotten, and a reply to a
+//! call sent before the latest restart puts no refusal back.
 
+use super::queue::Sent;
+use crate::bridge::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
+use crate::plan::{LimitCheck, Plan};
 
 /// What Redis said about one refused limit, and until when it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +77,130 @@ impl DenyCache {
     /// Remembers a refusal (replacing the key's older one).
     pub fn insert(&mut self, key: &str, refusal: Refusal) {
         self.entries.insert(key, refusal.until_ns, refusal);
+    }
+}
+
+/// The deny cache, and the Redis restarts it is up to date with.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    cache: DenyCache,
+    /// Redis restarts (seen by any worker) this worker is up to date with: a refusal outlives
+    /// a restart another worker noticed by one tick at most.
+    restarts_seen: u64,
+    /// Times the cache was emptied for a restart: a call records it when sent, and a refusal
+    /// it brings back after a later one is not remembered.
+    epoch: u64,
+}
+
+impl Refusals {
+    /// At most `capacity` keys; 0 remembers nothing.
+    pub fn new(capacity: usize) -> Self {
+        Refusals {
+            cache: DenyCache::new(capacity),
+            ..Default::default()
+        }
+    }
+
+    /// What a call sent now records (see [`Refusals::remember`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// This worker saw Redis restart (its scripts were gone); `restarts` is the count shared
+    /// by the workers, if the host shares one. True if refusals were forgotten.
+    pub fn restarted(&mut self, restarts: Option<u64>) -> bool {
+        if let Some(n) = restarts {
+            self.restarts_seen = n;
+        }
+        self.reset()
+    }
+
+    /// The restarts any worker saw: if another one saw one, its refusals are forgotten here
+    /// too. True if refusals were forgotten.
+    pub fn sync(&mut self, restarts: u64) -> bool {
+        if restarts == self.restarts_seen {
+            return false;
+        }
+        self.restarts_seen = restarts;
+        self.reset()
+    }
+
+    fn reset(&mut self) -> bool {
+        self.epoch = self.epoch.wrapping_add(1);
+        let forgot = !self.cache.is_empty();
+        self.cache.clear();
+        forgot
+    }
+
+    /// Whether an enforced limit of `plan` is known to refuse it at `now`.
+    pub fn refuses(&self, plan: &Plan, now: u128) -> bool {
+        plan.checks
+            .iter()
+            .any(|c| !c.shadow && self.cache.covering(&c.key, c.cost, now).is_some())
+    }
+
+    /// The refusal of a request of `plan` at `now`, if an enforced limit is known to refuse
+    /// it: those limits, and what they say (retry and reset times).
+    pub fn refusal(&self, plan: &Plan, now: u128) -> Option<(Vec<LimitCheck>, Decision)> {
+        if self.cache.is_empty() {
+            return None;
+        }
+        let mut checks: Vec<LimitCheck> = Vec::new();
+        let mut limits: Vec<LimitResult> = Vec::new();
+        for check in plan.checks.iter().filter(|c| !c.shadow) {
+            if let Some(r) = self.cache.covering(&check.key, check.cost, now) {
+                let ms = |at: u128| at.saturating_sub(now) as f64 / 1e6;
+                checks.push(check.clone());
+                limits.push(LimitResult {
+                    allowed: false,
+                    remaining: 0.0,
+                    reset_ms: ms(r.reset_at_ns),
+                    retry_ms: ms(r.until_ns),
+                    over_budget: false,
+                });
+            }
+        }
+        if checks.is_empty() {
+            return None;
+        }
+        let decision = Decision {
+            allowed: false,
+            limits,
+            leased: 0,
+        };
+        Some((checks, decision))
+    }
+
+    /// Remembers what Redis refused of `plan` in `decision`, until the instant it would fit
+    /// (from the clock the call was sent with). Not from a call sent before the latest
+    /// restart: its reply can come after the cache was emptied and put back what the restart
+    /// undid.
+    pub fn remember(&mut self, plan: &Plan, decision: &Decision, sent: Sent) {
+        if sent.epoch != self.epoch {
+            return;
+        }
+        for (check, result) in plan.checks.iter().zip(&decision.limits) {
+            if !result.allowed && !check.shadow {
+                let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
+                let refusal = Refusal {
+                    until_ns: at(result.retry_ms),
+                    reset_at_ns: at(result.reset_ms),
+                    cost: check.cost,
+                };
+                self.cache.insert(&check.key, refusal);
+            }
+        }
+    }
+
+    /// Keys refused.
+    #[cfg(test)]
+    pub fn refused_keys(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Units were given back to `key`: it may fit sooner than its refusal said.
+    pub fn forget(&mut self, key: &str) {
+        self.cache.forget(key);
     }
 }
 

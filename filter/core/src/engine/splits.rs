@@ -8,6 +8,9 @@
 //! limit would have had room (a false refusal), never allowed beyond the limit. A refund that
 //! is lost (the bridge fails) leaves the units spent until they refill.
 
+use std::collections::HashMap;
+
+use super::queue::Origin;
 use crate::bridge::{BridgeFailure, Decision, LimitResult, Refund};
 use crate::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
@@ -171,6 +174,73 @@ impl Split {
                 (!refunds.is_empty()).then_some(refunds)
             })
             .collect()
+    }
+}
+
+/// The requests of a worker being decided in parts, by number.
+#[derive(Debug, Default)]
+pub struct Splits {
+    open: HashMap<u64, Split>,
+    next: u64,
+}
+
+impl Splits {
+    /// Starts deciding the plan of stream `ctx` (arrived at `now`) in the parts `groups`
+    /// (from [`by_slot`]): each part's origin, plan and slot, to wait for a call.
+    pub fn start(
+        &mut self,
+        ctx: u32,
+        plan: Plan,
+        now: u128,
+        groups: Vec<(u16, Vec<usize>)>,
+    ) -> Vec<(Origin, Plan, u16)> {
+        let id = self.next;
+        self.next = self.next.wrapping_add(1);
+        let (slots, parts): (Vec<u16>, Vec<Vec<usize>>) = groups.into_iter().unzip();
+        let split = Split::new(ctx, plan, now, parts);
+        let parts = slots
+            .into_iter()
+            .enumerate()
+            .map(|(part, slot)| {
+                let origin = Origin::Part {
+                    ctx,
+                    split: id,
+                    part,
+                };
+                (origin, split.part_plan(part), slot)
+            })
+            .collect();
+        self.open.insert(id, split);
+        parts
+    }
+
+    /// Records what part `part` of split `id` got (see [`Split::record`]; `stale`: decided
+    /// by a call sent before a Redis restart). The split, taken, once every part is in; None
+    /// before, or if its stream is gone.
+    pub fn record(
+        &mut self,
+        id: u64,
+        part: usize,
+        outcome: Result<Decision, BridgeFailure>,
+        sent_ns: u128,
+        stale: bool,
+    ) -> Option<Split> {
+        let split = self.open.get_mut(&id)?;
+        split.stale |= stale;
+        if !split.record(part, outcome, sent_ns) {
+            return None;
+        }
+        self.open.remove(&id)
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// The stream of `ctx` ended: its splits are dropped (their parts' outcomes go nowhere).
+    pub fn forget(&mut self, ctx: u32) {
+        self.open.retain(|_, s| s.ctx != ctx);
     }
 }
 
