@@ -5,8 +5,10 @@
 //! call goes out but one probe per `probe_interval`, and the first probe answered closes it.
 
 use std::fmt::Display;
+use std::time::Duration;
 
-use crate::config::Breaker as Settings;
+use crate::bridge::{parse_eval_reply, BridgeReply, BridgeRequest, DecideCall};
+use crate::config::{Breaker as Settings, Config};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -94,6 +96,25 @@ impl Breaker {
     /// Whether a probe is due at `now` (open, none in flight, its interval passed).
     pub fn probe_due(&self, now: u128) -> bool {
         matches!(self.state, State::Open { next_probe_ns, probe: None, .. } if now >= next_probe_ns)
+    }
+
+    /// The probe to send at `now`, if one is due, and its timeout: an empty decision call,
+    /// which answers only if Webdis, Redis and the script all do.
+    pub fn probe(&self, config: &Config, now: u128) -> Option<(BridgeRequest, Duration)> {
+        let settings = config.breaker?;
+        if !self.probe_due(now) {
+            return None;
+        }
+        let interval = settings.probe_interval;
+        let deadline_ms = (now + interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
+        let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
+        Some((BridgeRequest::evalsha(&config.script_sha, &call), interval))
+    }
+
+    /// The probe's reply came at `now`: answered (a missing script is the next call's to
+    /// load), the bridge is back and the breaker closes, and says why.
+    pub fn probe_reply(&mut self, reply: BridgeReply<'_>, now: u128) -> Option<String> {
+        self.probe_replied(parse_eval_reply(reply, &[]).is_ok(), now)
     }
 
     /// A probe was sent at `now` (`token`: its call, None if it could not be sent); the next

@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::time::Duration;
 
 use crate::bridge::{call_bytes, Decision, LimitResult, Refund};
 use crate::config::Config;
@@ -207,13 +208,14 @@ impl Leases {
 
     /// The give-backs to send now, as calls: one per slot on a Redis Cluster, each within
     /// `max_bytes` (starting from `fixed_bytes`, a call's own part), at most
-    /// [`MAX_GIVE_BACK_CALLS`]; the rest waits for the next time.
+    /// [`MAX_GIVE_BACK_CALLS`]; the rest waits for the next time. Each with its timeout: as
+    /// long as a decision on its keys may take (the longest of their rules').
     pub fn give_backs(
         &mut self,
         config: &Config,
         fixed_bytes: usize,
         max_bytes: usize,
-    ) -> Vec<Vec<Refund>> {
+    ) -> Vec<(Vec<Refund>, Duration)> {
         if self.returns.is_empty() {
             return Vec::new();
         }
@@ -247,7 +249,21 @@ impl Leases {
             }
         }
         self.keep_returns(left);
-        calls.into_iter().map(|(_, group)| group).collect()
+        let timeout = |group: &[Refund]| {
+            group
+                .iter()
+                .filter_map(|r| config.rules.get(r.check.rule).map(|rule| rule.timeout))
+                .max()
+                .unwrap_or(config.clock_skew)
+                .max(Duration::from_millis(1))
+        };
+        calls
+            .into_iter()
+            .map(|(_, group)| {
+                let timeout = timeout(&group);
+                (group, timeout)
+            })
+            .collect()
     }
 
     /// Serves a request from leased units if every limit of `plan` holds enough unexpired

@@ -16,10 +16,7 @@
 
 use std::time::Duration;
 
-use crate::bridge::{
-    parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply,
-    BridgeRequest, DecideCall, EvalOutcome, Refund, RequestShape,
-};
+use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, DecideCall, Refund};
 use crate::config::Config;
 use crate::identity::RequestView;
 use crate::metrics::{Counter, Gauge, Histogram};
@@ -30,7 +27,7 @@ use breaker::Breaker;
 use delivery::Delivery;
 use leases::Leases;
 use policy::{Conclusion, Outcome, Policy};
-use queue::{call_fixed_bytes, Call, Origin, Queue, Sent, Stage, Waiting};
+use queue::{call_fixed_bytes, Call, Origin, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
 use splits::{by_slot, Splits};
 use tally::Tally;
@@ -102,67 +99,62 @@ impl Engine {
         view: &dyn RequestView,
     ) -> Verdict {
         self.delivery.begin(ctx);
-        self.admit(config, host, ctx, view);
+        if let Some(conclusion) = self.admit(config, host, ctx, view) {
+            self.delivery.deliver(host, ctx, conclusion, None);
+        }
         self.delivery.end()
     }
 
-    fn admit(&mut self, config: &Config, host: &mut impl Host, ctx: u32, view: &dyn RequestView) {
+    /// What is decided for a request at once (None: it waits for a call).
+    fn admit(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        ctx: u32,
+        view: &dyn RequestView,
+    ) -> Option<Conclusion> {
         self.turn = self.turn.wrapping_add(1);
         let plan = match plan_memo(config, view, self.turn, &mut self.memo) {
             Ok(plan) => plan,
             Err(bad) => {
                 host.count(Counter::BadRequests);
-                let answer = Conclusion::Answer(response::bad_request(&bad.0));
-                return self.delivery.deliver(host, ctx, answer, None);
+                return Some(Conclusion::Answer(response::bad_request(&bad.0)));
             }
         };
         // Measurement only (feature `phase-plan-only`, built by `make bench` for its
         // `filter-plan-only` scenario, never shipped): the plan's cost alone, then continue.
-        if cfg!(feature = "phase-plan-only") {
-            std::hint::black_box(&plan); // the plan is made in full, not optimised away
-            let resume = Conclusion::Resume(Headers::new());
-            return self.delivery.deliver(host, ctx, resume, None);
-        }
-        if plan.checks.is_empty() {
-            let resume = Conclusion::Resume(Headers::new());
-            return self.delivery.deliver(host, ctx, resume, None);
+        // (black_box: the plan is made in full, not optimised away.)
+        if cfg!(feature = "phase-plan-only") || plan.checks.is_empty() {
+            std::hint::black_box(&plan);
+            return Some(Conclusion::Resume(Headers::new()));
         }
         let Some(now) = host.now_unix_ns() else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
-            let conclusion = self.conclude(config, host, &plan, outcome, None);
-            return self.delivery.deliver(host, ctx, conclusion, None);
+            return Some(self.conclude(config, host, &plan, outcome, None));
         };
         if let Some(conclusion) = self.serve_locally(config, &plan, now) {
-            let leased = matches!(conclusion, Conclusion::Resume(_));
-            self.delivery.deliver(host, ctx, conclusion, None);
-            if leased {
+            if matches!(conclusion, Conclusion::Resume(_)) {
                 self.prefetch(config, host, ctx, plan, now);
             }
-            return;
+            return Some(conclusion);
         }
         self.check_stall(config, host, now);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
-            let conclusion = self.conclude(config, host, &plan, outcome, None);
-            return self.delivery.deliver(host, ctx, conclusion, None);
+            return Some(self.conclude(config, host, &plan, outcome, None));
         }
-        if config.redis_cluster {
-            let groups = by_slot(&plan.checks);
-            if groups.len() > 1 {
-                // Redis Cluster: a request whose keys live on several slots waits as one part
-                // per slot.
-                for (origin, plan, slot) in self.splits.start(ctx, plan, now, groups) {
-                    self.queue.push(Waiting {
-                        origin,
-                        plan,
-                        arrived_ns: now,
-                        slot: Some(slot),
-                        lease: None,
-                        checked: Some(self.replies),
-                    });
-                }
-                return self.dispatch_later(config, host, ctx);
+        let groups = match config.redis_cluster {
+            true => by_slot(&plan.checks),
+            false => Vec::new(),
+        };
+        if groups.len() > 1 {
+            // Redis Cluster: a request whose keys live on several slots waits as one part per
+            // slot.
+            for part in self.splits.start(ctx, plan, now, groups, self.replies) {
+                self.queue.push(part);
             }
+            self.dispatch_later(config, host, ctx);
+            return None;
         }
         self.queue.push(Waiting {
             origin: Origin::Stream(ctx),
@@ -179,6 +171,7 @@ impl Engine {
         } else {
             self.dispatch_later(config, host, ctx);
         }
+        None
     }
 
     /// A request of `plan` the worker answers without Redis at `now`, counted: allowed from
@@ -233,10 +226,7 @@ impl Engine {
         now: u128,
     ) {
         if let Some(ticket) = member.lease.take() {
-            let decided = match (&mut outcome, sent) {
-                (Outcome::Decided(decision), Some(sent)) => Some((decision, sent.at_ns)),
-                _ => None,
-            };
+            let decided = outcome.decision_mut().zip(sent.map(|s| s.at_ns));
             let skew = config.clock_skew.as_nanos();
             if self.leases.settle(ticket, &member.plan, decided, skew) {
                 host.count(Counter::LeaseGrants);
@@ -257,25 +247,12 @@ impl Engine {
                 }
             }
             Origin::Part { split, part, .. } => {
-                let stale = sent.is_some_and(|s| s.epoch != self.refusals.epoch());
-                let result = match outcome {
-                    Outcome::Decided(decision) => Ok(decision),
-                    Outcome::Failed(failure) => Err(failure),
-                };
-                let sent_ns = sent.map_or(0, |s| s.at_ns);
-                let Some(split) = self.splits.record(split, part, result, sent_ns, stale) else {
+                let epoch = self.refusals.epoch();
+                let Some(done) = self.splits.settle(split, part, outcome, sent, epoch) else {
                     return; // parts still out, or its stream is gone
                 };
-                let (plan, result, at) = split.outcome();
-                let outcome = match result {
-                    Ok(decision) => Outcome::Decided(decision),
-                    Err(failure) => Outcome::Failed(failure),
-                };
-                let sent = (!split.stale).then_some(Sent {
-                    at_ns: at,
-                    epoch: self.refusals.epoch(),
-                });
-                let conclusion = self.conclude(config, host, &plan, outcome, sent);
+                let conclusion = self.conclude(config, host, &done.plan, done.outcome, done.sent);
+                let split = done.split;
                 if matches!(conclusion, Conclusion::Answer(_)) {
                     // Gives back what the parts that charged took: one call per slot, whose
                     // reply is not waited for (a lost refund leaves units spent, never extra).
@@ -362,10 +339,8 @@ impl Engine {
         reply: BridgeReply<'_>,
     ) {
         if self.breaker.is_probe(token) {
-            let answered = parse_eval_reply(reply, &[]).is_ok();
             let now = host.now_unix_ns().unwrap_or(0);
-            // Answered (a missing script is the next call's to load): the bridge is back.
-            if let Some(why) = self.breaker.probe_replied(answered, now) {
+            if let Some(why) = self.breaker.probe_reply(reply, now) {
                 host.gauge_add(Gauge::BreakerOpen, -1);
                 host.report_breaker(false, &why);
             }
@@ -376,37 +351,8 @@ impl Engine {
         };
         self.tally.flush(host);
         let now = host.now_unix_ns().unwrap_or(call.sent.at_ns);
-        match call.stage {
-            Stage::Deciding { reloaded } => self.decided(config, host, call, reloaded, reply, now),
-            Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
-                Ok(()) => {
-                    self.breaker.answered();
-                    host.count(Counter::ScriptLoads);
-                    let stage = Stage::Deciding { reloaded: true };
-                    self.send(config, host, Call { stage, ..call }, now);
-                }
-                Err(failure) => self.fail_call(config, host, call.members, failure, now),
-            },
-        }
-        match at {
-            None => self.dispatch_ready(config, host, None),
-            Some(ctx) => self.dispatch_later(config, host, ctx),
-        }
-    }
-
-    /// The reply to a decision call: each member settled, or the script loaded first.
-    fn decided(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        call: Call,
-        reloaded: bool,
-        reply: BridgeReply<'_>,
-        now: u128,
-    ) {
-        let shape: Vec<RequestShape> = call.members.iter().map(Waiting::shape).collect();
-        match parse_batch_reply(reply, &shape) {
-            Ok(EvalOutcome::Decided(results)) => {
+        match call.read(config, reply) {
+            Reply::Decided(results) => {
                 self.breaker.answered();
                 self.replies = self.replies.wrapping_add(1);
                 for (member, result) in call.members.into_iter().zip(results) {
@@ -417,7 +363,7 @@ impl Engine {
                     self.settle(config, host, member, outcome, Some(call.sent), now);
                 }
             }
-            Ok(EvalOutcome::NoScript) if !reloaded => {
+            Reply::NoScript => {
                 self.breaker.answered();
                 // Redis restarted: what it refused before may fit again, here and (at their
                 // next tick) in the other workers. (Leases stay: they were charged, and the
@@ -429,10 +375,17 @@ impl Engine {
                 let stage = Stage::LoadingScript;
                 self.send(config, host, Call { stage, ..call }, now);
             }
-            Ok(EvalOutcome::NoScript) => {
-                self.fail_call(config, host, call.members, BridgeFailure::NoScript, now)
+            Reply::Loaded => {
+                self.breaker.answered();
+                host.count(Counter::ScriptLoads);
+                let stage = Stage::Deciding { reloaded: true };
+                self.send(config, host, Call { stage, ..call }, now);
             }
-            Err(failure) => self.fail_call(config, host, call.members, failure, now),
+            Reply::Failed(failure) => self.fail_call(config, host, call.members, failure, now),
+        }
+        match at {
+            None => self.dispatch_ready(config, host, None),
+            Some(ctx) => self.dispatch_later(config, host, ctx),
         }
     }
 
@@ -463,14 +416,7 @@ impl Engine {
     /// never extra.
     fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
         let fixed = call_fixed_bytes(config);
-        for refunds in self.leases.give_backs(config, fixed, MAX_CALL_BYTES) {
-            // As long as a decision on these keys may take (the longest of their rules').
-            let timeout = refunds
-                .iter()
-                .filter_map(|r| config.rules.get(r.check.rule).map(|rule| rule.timeout))
-                .max()
-                .unwrap_or(config.clock_skew)
-                .max(Duration::from_millis(1));
+        for (refunds, timeout) in self.leases.give_backs(config, fixed, MAX_CALL_BYTES) {
             let units: u64 = refunds.iter().map(|r| r.check.cost).sum();
             host.count_n(Counter::LeaseUnitsReturned, units);
             self.refund(config, host, &refunds, timeout, now);
@@ -487,22 +433,14 @@ impl Engine {
     /// was made from its context: that reply is lost with the stream, so the call's slot is
     /// freed at once and any other request on it fails by policy.
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        for gone in self.queue.take_stream(ctx) {
+        let (gone, orphans) = self.queue.forget(ctx);
+        for gone in gone {
             self.leave(gone);
         }
         self.splits.forget(ctx);
         self.delivery.forget(ctx);
-        while let Some(call) = self.queue.take_call_of(ctx) {
-            let (gone, others): (Vec<Waiting>, Vec<Waiting>) = call
-                .members
-                .into_iter()
-                .partition(|m| m.origin.ctx() == Some(ctx));
-            for gone in gone {
-                self.leave(gone);
-            }
-            let now = host.now_unix_ns().unwrap_or(0);
-            self.fail_all(config, host, others, BridgeFailure::Orphaned, now);
-        }
+        let now = host.now_unix_ns().unwrap_or(0);
+        self.fail_all(config, host, orphans, BridgeFailure::Orphaned, now);
         if self.queue.is_waiting()
             && self.queue.calls() < config.batch.max_in_flight
             && !self.wake_pending
@@ -589,15 +527,7 @@ impl Engine {
         let Some(timeout) = call.timeout(now) else {
             return self.fail_all(config, host, call.members, BridgeFailure::Expired, now);
         };
-        let script_load;
-        let request = match call.stage {
-            Stage::Deciding { .. } => &call.eval,
-            Stage::LoadingScript => {
-                script_load = BridgeRequest::script_load();
-                &script_load
-            }
-        };
-        match host.dispatch(&config.bridge, request, timeout) {
+        match host.dispatch(&config.bridge, &call.request(), timeout) {
             Ok(token) => {
                 // A reply to a call sent again after a restart decides on the new state.
                 call.sent.epoch = self.refusals.epoch();
@@ -659,23 +589,12 @@ impl Engine {
         self.fail_all(config, host, members, BridgeFailure::BreakerOpen, now);
     }
 
-    /// While open, one probe per `breaker.probe_interval`: an empty decision call, which
-    /// answers only if Webdis, Redis and the script all do.
+    /// While open, one probe per `breaker.probe_interval` (see [`Breaker::probe`]).
     fn probe_if_due(&mut self, config: &Config, host: &mut impl Host, now: u128) {
-        let Some(settings) = config.breaker else {
-            return;
-        };
-        if !self.breaker.probe_due(now) {
-            return;
+        if let Some((request, timeout)) = self.breaker.probe(config, now) {
+            let probe = host.dispatch(&config.bridge, &request, timeout).ok();
+            self.breaker.probe_sent(config.breaker, probe, now);
         }
-        let deadline_ms =
-            (now + settings.probe_interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
-        let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
-        let request = BridgeRequest::evalsha(&config.script_sha, &call);
-        let probe = host
-            .dispatch(&config.bridge, &request, settings.probe_interval)
-            .ok();
-        self.breaker.probe_sent(config.breaker, probe, now);
     }
 }
 

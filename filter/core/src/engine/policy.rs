@@ -17,6 +17,15 @@ pub enum Outcome {
     Failed(BridgeFailure),
 }
 
+impl Outcome {
+    pub fn decision_mut(&mut self) -> Option<&mut Decision> {
+        match self {
+            Outcome::Decided(decision) => Some(decision),
+            Outcome::Failed(_) => None,
+        }
+    }
+}
+
 /// What the policy decided for a request.
 pub enum Conclusion {
     Resume(Headers),

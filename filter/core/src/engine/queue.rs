@@ -7,7 +7,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::leases::Ticket;
-use crate::bridge::{call_bytes, lease_units, BridgeRequest, DecideCall, RequestShape};
+use crate::bridge::{
+    call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
+    BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, RequestShape,
+};
 use crate::config::{Clock, Config};
 use crate::plan::Plan;
 
@@ -140,6 +143,34 @@ impl Call {
         }
     }
 
+    /// The request to send for its stage: the decision, or the script load before it.
+    pub fn request(&self) -> std::borrow::Cow<'_, BridgeRequest> {
+        match self.stage {
+            Stage::Deciding { .. } => std::borrow::Cow::Borrowed(&self.eval),
+            Stage::LoadingScript => std::borrow::Cow::Owned(BridgeRequest::script_load()),
+        }
+    }
+
+    /// What `reply` says for the call's stage (a second `NOSCRIPT` for the same call is a
+    /// failure, not a loop).
+    pub fn read(&self, config: &Config, reply: BridgeReply<'_>) -> Reply {
+        match self.stage {
+            Stage::Deciding { reloaded } => {
+                let shape: Vec<RequestShape> = self.members.iter().map(Waiting::shape).collect();
+                match parse_batch_reply(reply, &shape) {
+                    Ok(EvalOutcome::Decided(results)) => Reply::Decided(results),
+                    Ok(EvalOutcome::NoScript) if !reloaded => Reply::NoScript,
+                    Ok(EvalOutcome::NoScript) => Reply::Failed(BridgeFailure::NoScript),
+                    Err(failure) => Reply::Failed(failure),
+                }
+            }
+            Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
+                Ok(()) => Reply::Loaded,
+                Err(failure) => Reply::Failed(failure),
+            },
+        }
+    }
+
     /// What is left of its members' soonest deadline at `now`; None once it has passed.
     pub fn timeout(&self, now: u128) -> Option<Duration> {
         let deadline = self
@@ -153,6 +184,17 @@ impl Call {
                 .max(Duration::from_millis(1))
         })
     }
+}
+
+/// What a call's reply says, for its stage.
+pub enum Reply {
+    /// Each member's decision, or why Redis could not decide that one alone.
+    Decided(Vec<Result<Decision, BridgeFailure>>),
+    /// Redis had lost the script (it restarted): load it, then send the call again.
+    NoScript,
+    /// The script is loaded: send the call again.
+    Loaded,
+    Failed(BridgeFailure),
 }
 
 /// A call in flight.
@@ -270,7 +312,7 @@ impl Queue {
     }
 
     /// A call in flight made from the context `ctx`, taken.
-    pub fn take_call_of(&mut self, ctx: u32) -> Option<Call> {
+    fn take_call_of(&mut self, ctx: u32) -> Option<Call> {
         let i = self
             .in_flight
             .iter()
@@ -297,9 +339,11 @@ impl Queue {
         all
     }
 
-    /// The waiting requests of stream `ctx` (not the prefetches it started), taken.
-    pub fn take_stream(&mut self, ctx: u32) -> Vec<Waiting> {
-        let mut gone = Vec::new();
+    /// The stream `ctx` ended: its requests (not the prefetches it started), taken from the
+    /// queue and from the calls it made (whose replies are lost with it, so those calls are
+    /// abandoned); and the other requests of those calls, taken too.
+    pub fn forget(&mut self, ctx: u32) -> (Vec<Waiting>, Vec<Waiting>) {
+        let (mut gone, mut orphans) = (Vec::new(), Vec::new());
         let mut i = 0;
         while i < self.waiting.len() {
             match self.waiting.get(i) {
@@ -307,7 +351,15 @@ impl Queue {
                 _ => i += 1,
             }
         }
-        gone
+        while let Some(call) = self.take_call_of(ctx) {
+            for member in call.members {
+                match member.origin.ctx() == Some(ctx) {
+                    true => gone.push(member),
+                    false => orphans.push(member),
+                }
+            }
+        }
+        (gone, orphans)
     }
 }
 

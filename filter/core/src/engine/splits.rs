@@ -10,7 +10,8 @@
 
 use std::collections::HashMap;
 
-use super::queue::Origin;
+use super::policy::Outcome;
+use super::queue::{Origin, Sent, Waiting};
 use crate::bridge::{BridgeFailure, Decision, LimitResult, Refund};
 use crate::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
@@ -177,6 +178,15 @@ impl Split {
     }
 }
 
+/// A split request whose parts are all in: its plan and outcome as one request, and when
+/// the decision was sent (None: nothing to remember in the deny cache).
+pub struct Finished {
+    pub split: Split,
+    pub plan: Plan,
+    pub outcome: Outcome,
+    pub sent: Option<Sent>,
+}
+
 /// The requests of a worker being decided in parts, by number.
 #[derive(Debug, Default)]
 pub struct Splits {
@@ -185,15 +195,16 @@ pub struct Splits {
 }
 
 impl Splits {
-    /// Starts deciding the plan of stream `ctx` (arrived at `now`) in the parts `groups`
-    /// (from [`by_slot`]): each part's origin, plan and slot, to wait for a call.
+    /// Starts deciding the plan of stream `ctx` (arrived at `now`, asked about leases and
+    /// refusals when `checked`) in the parts `groups` (from [`by_slot`]), which wait for calls.
     pub fn start(
         &mut self,
         ctx: u32,
         plan: Plan,
         now: u128,
         groups: Vec<(u16, Vec<usize>)>,
-    ) -> Vec<(Origin, Plan, u16)> {
+        checked: u64,
+    ) -> Vec<Waiting> {
         let id = self.next;
         self.next = self.next.wrapping_add(1);
         let (slots, parts): (Vec<u16>, Vec<Vec<usize>>) = groups.into_iter().unzip();
@@ -207,30 +218,54 @@ impl Splits {
                     split: id,
                     part,
                 };
-                (origin, split.part_plan(part), slot)
+                Waiting {
+                    origin,
+                    plan: split.part_plan(part),
+                    arrived_ns: now,
+                    slot: Some(slot),
+                    lease: None,
+                    checked: Some(checked),
+                }
             })
             .collect();
         self.open.insert(id, split);
         parts
     }
 
-    /// Records what part `part` of split `id` got (see [`Split::record`]; `stale`: decided
-    /// by a call sent before a Redis restart). The split, taken, once every part is in; None
-    /// before, or if its stream is gone.
-    pub fn record(
+    /// The outcome of part `part` of split `id`, decided by a call sent at `sent` (the deny
+    /// cache is at `epoch`). Once every part is in, the split is taken and concluded as one
+    /// request; None before, or if its stream is gone.
+    pub fn settle(
         &mut self,
         id: u64,
         part: usize,
-        outcome: Result<Decision, BridgeFailure>,
-        sent_ns: u128,
-        stale: bool,
-    ) -> Option<Split> {
+        outcome: Outcome,
+        sent: Option<Sent>,
+        epoch: u64,
+    ) -> Option<Finished> {
         let split = self.open.get_mut(&id)?;
-        split.stale |= stale;
-        if !split.record(part, outcome, sent_ns) {
+        // Decided by a call sent before a Redis restart: no refusal of it is remembered.
+        split.stale |= sent.is_some_and(|s| s.epoch != epoch);
+        let result = match outcome {
+            Outcome::Decided(decision) => Ok(decision),
+            Outcome::Failed(failure) => Err(failure),
+        };
+        if !split.record(part, result, sent.map_or(0, |s| s.at_ns)) {
             return None;
         }
-        self.open.remove(&id)
+        let split = self.open.remove(&id)?;
+        let (plan, result, at_ns) = split.outcome();
+        let outcome = match result {
+            Ok(decision) => Outcome::Decided(decision),
+            Err(failure) => Outcome::Failed(failure),
+        };
+        let sent = (!split.stale).then_some(Sent { at_ns, epoch });
+        Some(Finished {
+            split,
+            plan,
+            outcome,
+            sent,
+        })
     }
 
     #[cfg(test)]
