@@ -22,11 +22,10 @@ use crate::identity::RequestView;
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::plan::{plan_memo, Plan, PlanMemo};
 use crate::response::{self, Headers};
-use crate::slot::key_slot;
 use breaker::Breaker;
 use delivery::Delivery;
 use leases::Leases;
-use policy::{Conclusion, Outcome, Policy};
+use policy::{serve_locally, Conclusion, Outcome, Policy};
 use queue::{call_fixed_bytes, Call, Origin, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
 use splits::{by_slot, Splits};
@@ -121,9 +120,8 @@ impl Engine {
                 return Some(Conclusion::Answer(response::bad_request(&bad.0)));
             }
         };
-        // Measurement only (feature `phase-plan-only`, built by `make bench` for its
-        // `filter-plan-only` scenario, never shipped): the plan's cost alone, then continue.
-        // (black_box: the plan is made in full, not optimised away.)
+        // Measurement only (feature `phase-plan-only`, built by `make bench`, never shipped):
+        // the plan's cost alone (made in full, not optimised away), then continue.
         if cfg!(feature = "phase-plan-only") || plan.checks.is_empty() {
             std::hint::black_box(&plan);
             return Some(Conclusion::Resume(Headers::new()));
@@ -132,7 +130,8 @@ impl Engine {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
             return Some(self.conclude(config, host, &plan, outcome, None));
         };
-        if let Some(conclusion) = self.serve_locally(config, &plan, now) {
+        let parts = (&mut self.leases, &self.refusals, &mut self.tally);
+        if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
             if matches!(conclusion, Conclusion::Resume(_)) {
                 self.prefetch(config, host, ctx, plan, now);
             }
@@ -143,27 +142,23 @@ impl Engine {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
             return Some(self.conclude(config, host, &plan, outcome, None));
         }
-        let groups = match config.redis_cluster {
-            true => by_slot(&plan.checks),
-            false => Vec::new(),
+        let groups = if config.redis_cluster {
+            by_slot(&plan.checks)
+        } else {
+            Vec::new()
         };
         if groups.len() > 1 {
-            // Redis Cluster: a request whose keys live on several slots waits as one part per
-            // slot.
+            // Redis Cluster: keys on several slots: one part per slot, each waits for a call.
             for part in self.splits.start(ctx, plan, now, groups, self.replies) {
                 self.queue.push(part);
             }
             self.dispatch_later(config, host, ctx);
             return None;
         }
-        self.queue.push(Waiting {
-            origin: Origin::Stream(ctx),
-            slot: slot_of(config, &plan),
-            lease: self.leases.ticket(&plan, now),
-            plan,
-            arrived_ns: now,
-            checked: Some(self.replies),
-        });
+        let lease = self.leases.ticket(&plan, now);
+        let origin = Origin::Stream(ctx);
+        let waiting = Waiting::new(config, origin, plan, now, lease, Some(self.replies));
+        self.queue.push(waiting);
         if self.queue.only() {
             // An idle worker: this request alone goes at once, from its own context (no hop
             // through the root). Only its own verdict rides on the call.
@@ -174,44 +169,19 @@ impl Engine {
         None
     }
 
-    /// A request of `plan` the worker answers without Redis at `now`, counted: allowed from
-    /// leased units, or refused from the deny cache.
-    fn serve_locally(&mut self, config: &Config, plan: &Plan, now: u128) -> Option<Conclusion> {
-        if plan.leasable() && !self.leases.is_empty() {
-            if let Some(decision) = self.leases.spend(plan, now) {
-                self.tally.lease_hit(plan);
-                let headers = response::rate_limit_headers(config, &plan.checks, &decision);
-                return Some(Conclusion::Resume(headers));
-            }
-        }
-        let (checks, decision) = self.refusals.refusal(plan, now)?;
-        // Counted in the stats at the next tick or reply: two host calls fewer on the hot path.
-        self.tally.deny_hit(&checks);
-        Some(Conclusion::Answer(response::denied(
-            config, &checks, &decision,
-        )))
-    }
-
     /// After a request served from leases: asks for the next lease of `plan`'s limits before
-    /// these run out, so the requests after it do not wait at the boundary. Sent like a
-    /// request, from the root; not while the breaker is open.
+    /// these run out, so the requests after it do not wait at the boundary (see
+    /// [`Leases::prefetch`]). Sent like a request, from the root; not while the breaker is open.
     fn prefetch(&mut self, config: &Config, host: &mut impl Host, ctx: u32, plan: Plan, now: u128) {
         if self.breaker.is_open() {
             return;
         }
-        let Some(ticket) = self.leases.prefetch(config, &plan, now) else {
-            return;
-        };
-        host.count(Counter::LeasePrefetches);
-        self.queue.push(Waiting {
-            origin: Origin::Prefetch,
-            slot: slot_of(config, &plan),
-            lease: Some(ticket),
-            plan,
-            arrived_ns: now,
-            checked: None,
-        });
-        self.dispatch_later(config, host, ctx);
+        if let Some(ticket) = self.leases.prefetch(config, &plan, now) {
+            host.count(Counter::LeasePrefetches);
+            let prefetch = Waiting::new(config, Origin::Prefetch, plan, now, Some(ticket), None);
+            self.queue.push(prefetch);
+            self.dispatch_later(config, host, ctx);
+        }
     }
 
     /// Where a waiting request's outcome goes: its lease ticket, then its stream, or (one
@@ -232,19 +202,17 @@ impl Engine {
                 host.count(Counter::LeaseGrants);
             }
         }
-        match member.origin {
+        let (ctx, arrived_ns, conclusion) = match member.origin {
             Origin::Stream(ctx) => {
                 let conclusion = self.conclude(config, host, &member.plan, outcome, sent);
-                let waited = Some((member.arrived_ns, now));
-                self.delivery.deliver(host, ctx, conclusion, waited);
+                (ctx, member.arrived_ns, conclusion)
             }
             // No stream to answer; a refusal still tells the next prefetch not to go.
             Origin::Prefetch => {
-                if let (Outcome::Decided(decision), Some(sent)) = (&outcome, sent) {
-                    if !decision.allowed {
-                        self.refusals.remember(&member.plan, decision, sent);
-                    }
+                if let Outcome::Decided(decision) = &outcome {
+                    self.refusals.remember(&member.plan, decision, sent);
                 }
+                return;
             }
             Origin::Part { split, part, .. } => {
                 let epoch = self.refusals.epoch();
@@ -252,19 +220,20 @@ impl Engine {
                     return; // parts still out, or its stream is gone
                 };
                 let conclusion = self.conclude(config, host, &done.plan, done.outcome, done.sent);
-                let split = done.split;
                 if matches!(conclusion, Conclusion::Answer(_)) {
-                    // Gives back what the parts that charged took: one call per slot, whose
-                    // reply is not waited for (a lost refund leaves units spent, never extra).
-                    for refunds in split.refunds() {
+                    // What the parts that charged took goes back: a call per slot, whose reply
+                    // is not waited for (a lost refund leaves units spent, never extra).
+                    for refunds in done.split.refunds() {
                         host.count(Counter::Refunds);
-                        self.refund(config, host, &refunds, split.plan.timeout, now);
+                        let timeout = done.split.plan.timeout;
+                        refund(config, host, &mut self.refusals, &refunds, timeout, now);
                     }
                 }
-                let waited = Some((split.arrived_ns, now));
-                self.delivery.deliver(host, split.ctx, conclusion, waited);
+                (done.split.ctx, done.split.arrived_ns, conclusion)
             }
-        }
+        };
+        self.delivery
+            .deliver(host, ctx, conclusion, Some((arrived_ns, now)));
     }
 
     /// What the policy makes of `outcome`; a refusal decided by a call sent at `sent` is
@@ -277,47 +246,28 @@ impl Engine {
         outcome: Outcome,
         sent: Option<Sent>,
     ) -> Conclusion {
-        if let (Outcome::Decided(decision), Some(sent)) = (&outcome, sent) {
-            if !decision.allowed {
-                self.refusals.remember(plan, decision, sent);
-            }
+        if let Outcome::Decided(decision) = &outcome {
+            self.refusals.remember(plan, decision, sent);
         }
-        self.policy
-            .conclude(config, host, &mut self.tally, plan, outcome)
+        let tally = &mut self.tally;
+        self.policy.conclude(config, host, tally, plan, outcome)
     }
 
-    /// Sends a call giving `refunds` back (a split's refund or a lease's give-back), without
-    /// waiting for its reply; the deny cache forgets their keys' refusals.
-    fn refund(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        refunds: &[Refund],
-        timeout: Duration,
-        now: u128,
-    ) {
-        for refund in refunds {
-            self.refusals.forget(&refund.check.key);
-        }
-        let request = refund_request(config, refunds, timeout, now);
-        if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
-            host.report_failure(&BridgeFailure::Dispatch(why));
-        }
-    }
-
-    /// Asks the root to send what waits (once), when a call slot is free.
+    /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
+    /// be reached, sends from the context `ctx` (if given) rather than not at all.
     fn dispatch_later(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        if !self.queue.is_waiting()
-            || self.queue.calls() >= config.batch.max_in_flight
-            || self.wake_pending
-        {
+        self.wake(config, host, Some(ctx));
+    }
+
+    fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
+        let free = self.queue.calls() < config.batch.max_in_flight;
+        if !self.queue.is_waiting() || !free || self.wake_pending {
             return;
         }
         if host.wake() {
             self.wake_pending = true;
-        } else {
-            // No way to reach the root: send from here rather than not at all.
-            self.dispatch_ready(config, host, Some(ctx));
+        } else if from.is_some() {
+            self.dispatch_ready(config, host, from);
         }
     }
 
@@ -339,8 +289,10 @@ impl Engine {
         reply: BridgeReply<'_>,
     ) {
         if self.breaker.is_probe(token) {
-            let now = host.now_unix_ns().unwrap_or(0);
-            if let Some(why) = self.breaker.probe_reply(reply, now) {
+            if let Some(why) = self
+                .breaker
+                .probe_reply(reply, host.now_unix_ns().unwrap_or(0))
+            {
                 host.gauge_add(Gauge::BreakerOpen, -1);
                 host.report_breaker(false, &why);
             }
@@ -356,10 +308,7 @@ impl Engine {
                 self.breaker.answered();
                 self.replies = self.replies.wrapping_add(1);
                 for (member, result) in call.members.into_iter().zip(results) {
-                    let outcome = match result {
-                        Ok(decision) => Outcome::Decided(decision),
-                        Err(failure) => Outcome::Failed(failure),
-                    };
+                    let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
                     self.settle(config, host, member, outcome, Some(call.sent), now);
                 }
             }
@@ -367,8 +316,7 @@ impl Engine {
                 self.breaker.answered();
                 // Redis restarted: what it refused before may fit again, here and (at their
                 // next tick) in the other workers. (Leases stay: they were charged, and the
-                // restart forgot far more than they hold; a fresh Redis answers NOSCRIPT too,
-                // so dropping them would lose the first.)
+                // restart forgot far more than they hold; a fresh Redis answers NOSCRIPT too.)
                 if self.refusals.restarted(host.redis_restarts(true)) {
                     host.count(Counter::DenyCacheResets);
                 }
@@ -395,31 +343,29 @@ impl Engine {
         self.tally.flush(host);
         if let Some(now) = host.now_unix_ns() {
             self.check_stall(config, host, now);
-            self.probe_if_due(config, host, now);
+            if let Some((request, timeout)) = self.breaker.probe(config, now) {
+                let probe = host.dispatch(&config.bridge, &request, timeout).ok();
+                self.breaker.probe_sent(config.breaker, probe, now);
+            }
             self.leases.expire(now);
-            // Not while the breaker is open (the calls would fail): the units wait for the
-            // first tick after it closes (the script gives back only what each charge still
-            // holds back, however late).
-            if !self.breaker.is_open() {
-                self.give_back(config, host, now);
+            // What leases held past their end goes back, without waiting for the replies (a
+            // lost give-back leaves units spent, never extra); not while the breaker is open:
+            // the units wait for the first tick after it closes.
+            let fixed = call_fixed_bytes(config);
+            let calls = match self.breaker.is_open() {
+                false => self.leases.give_backs(config, fixed, MAX_CALL_BYTES),
+                true => Vec::new(),
+            };
+            for (refunds, timeout) in calls {
+                let units = refunds.iter().map(|r| r.check.cost).sum();
+                host.count_n(Counter::LeaseUnitsReturned, units);
+                refund(config, host, &mut self.refusals, &refunds, timeout, now);
             }
         }
         if let Some(n) = host.redis_restarts(false) {
             if self.refusals.sync(n) {
                 host.count(Counter::DenyCacheResets);
             }
-        }
-    }
-
-    /// Gives back what leases held past their end, in as few calls as fit (one per slot on a
-    /// Redis Cluster), without waiting for the replies: a lost give-back leaves units spent,
-    /// never extra.
-    fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
-        let fixed = call_fixed_bytes(config);
-        for (refunds, timeout) in self.leases.give_backs(config, fixed, MAX_CALL_BYTES) {
-            let units: u64 = refunds.iter().map(|r| r.check.cost).sum();
-            host.count_n(Counter::LeaseUnitsReturned, units);
-            self.refund(config, host, &refunds, timeout, now);
         }
     }
 
@@ -435,26 +381,13 @@ impl Engine {
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         let (gone, orphans) = self.queue.forget(ctx);
         for gone in gone {
-            self.leave(gone);
+            gone.leave(&mut self.leases);
         }
         self.splits.forget(ctx);
         self.delivery.forget(ctx);
         let now = host.now_unix_ns().unwrap_or(0);
         self.fail_all(config, host, orphans, BridgeFailure::Orphaned, now);
-        if self.queue.is_waiting()
-            && self.queue.calls() < config.batch.max_in_flight
-            && !self.wake_pending
-            && host.wake()
-        {
-            self.wake_pending = true;
-        }
-    }
-
-    /// A request leaves without an outcome: its lease ticket (if any) is given back.
-    fn leave(&mut self, mut gone: Waiting) {
-        if let Some(ticket) = gone.lease.take() {
-            self.leases.cancel(ticket, &gone.plan);
-        }
+        self.wake(config, host, None);
     }
 
     /// Sends batches while a call slot is free and requests wait; `from` is the request
@@ -466,21 +399,16 @@ impl Engine {
                 return self.fail_all(config, host, members, BridgeFailure::Clock, 0);
             };
             if from.is_some() && self.queue.calls() > 0 {
-                // One call from a request context at most: the root sends the rest.
-                break;
+                break; // one call from a request context at most: the root sends the rest
             }
             let members = self.next_batch(config, host, now);
-            if members.is_empty() {
-                continue;
+            if !members.is_empty() {
+                let epoch = self.refusals.epoch();
+                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
+                host.count(Counter::BridgeCalls);
+                host.record(Histogram::BatchSize, call.members.len() as u64);
+                self.send(config, host, call, now);
             }
-            let sent = Sent {
-                at_ns: now,
-                epoch: self.refusals.epoch(),
-            };
-            let call = Call::decide(config, members, sent, from);
-            host.count(Counter::BridgeCalls);
-            host.record(Histogram::BatchSize, call.members.len() as u64);
-            self.send(config, host, call, now);
         }
     }
 
@@ -500,17 +428,18 @@ impl Engine {
             }
             if w.checked != Some(self.replies) {
                 w.checked = Some(self.replies);
+                let parts = (&mut self.leases, &self.refusals, &mut self.tally);
                 match w.origin {
                     Origin::Stream(ctx) => {
-                        if let Some(conclusion) = self.serve_locally(config, &w.plan, now) {
+                        if let Some(conclusion) = serve_locally(config, parts, &w.plan, now) {
                             let waited = Some((w.arrived_ns, now));
-                            self.leave(w);
+                            w.leave(&mut self.leases);
                             self.delivery.deliver(host, ctx, conclusion, waited);
                             continue;
                         }
                     }
                     Origin::Prefetch if self.refusals.refuses(&w.plan, now) => {
-                        self.leave(w);
+                        w.leave(&mut self.leases);
                         continue;
                     }
                     Origin::Prefetch | Origin::Part { .. } => {}
@@ -521,8 +450,8 @@ impl Engine {
         batch.into_members()
     }
 
-    /// Sends `call` in its stage: the decision, or the script load before it. The timeout is
-    /// what is left of its members' soonest deadline.
+    /// Sends `call` in its stage (see [`Call::request`]), with what is left of its members'
+    /// soonest deadline as its timeout.
     fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
         let Some(timeout) = call.timeout(now) else {
             return self.fail_all(config, host, call.members, BridgeFailure::Expired, now);
@@ -588,40 +517,32 @@ impl Engine {
         let members = self.queue.take_all();
         self.fail_all(config, host, members, BridgeFailure::BreakerOpen, now);
     }
-
-    /// While open, one probe per `breaker.probe_interval` (see [`Breaker::probe`]).
-    fn probe_if_due(&mut self, config: &Config, host: &mut impl Host, now: u128) {
-        if let Some((request, timeout)) = self.breaker.probe(config, now) {
-            let probe = host.dispatch(&config.bridge, &request, timeout).ok();
-            self.breaker.probe_sent(config.breaker, probe, now);
-        }
-    }
 }
 
-/// Redis Cluster: the hash slot of a plan's keys (the first's: the caller knows they share it).
-fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
-    config
-        .redis_cluster
-        .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
-        .flatten()
-}
-
-/// A call giving `refunds` back, sent at `now` with `timeout`. Its clock must be no earlier
-/// than any decision on these keys made before it reaches Redis, and Redis must drop it past
-/// that clock: the clock (and deadline) is `now` plus the timeout plus the clock skew allowed
-/// between replicas. A later clock only gives back less (the refill up to it is counted as
-/// the bucket's), never more; with the skew alone most give-backs came too late to count.
-fn refund_request(
+/// Sends a call giving `refunds` back (a split's refund or a lease's give-back) at `now`,
+/// without waiting for its reply; the deny cache forgets their keys' refusals. Its clock must
+/// be no earlier than any decision on these keys made before it reaches Redis, and Redis must
+/// drop it past that clock: the clock (and deadline) is `now` plus the timeout plus the clock
+/// skew allowed between replicas. A later clock only gives back less (the refill up to it is
+/// counted as the bucket's), never more; with the skew alone most give-backs came too late.
+fn refund(
     config: &Config,
+    host: &mut impl Host,
+    refusals: &mut Refusals,
     refunds: &[Refund],
     timeout: Duration,
     now: u128,
-) -> BridgeRequest {
-    let clock = now
-        .saturating_add(timeout.as_nanos())
-        .saturating_add(config.clock_skew.as_nanos());
+) {
+    for refund in refunds {
+        refusals.forget(&refund.check.key);
+    }
+    let skew = config.clock_skew.as_nanos();
+    let clock = now.saturating_add(timeout.as_nanos()).saturating_add(skew);
     let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
-    BridgeRequest::evalsha(&config.script_sha, &call)
+    let request = BridgeRequest::evalsha(&config.script_sha, &call);
+    if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
+        host.report_failure(&BridgeFailure::Dispatch(why));
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! alone while the bridge fails.
 
 use super::host::Host;
+use super::leases::Leases;
 use super::local::{scaled, LocalLimits};
+use super::refusals::Refusals;
 use super::tally::Tally;
 use crate::bridge::{BridgeFailure, Decision};
 use crate::config::{Config, FailureMode};
@@ -127,6 +129,29 @@ impl Policy {
             Conclusion::Answer(response::denied(config, &checks, &decision))
         }
     }
+}
+
+/// A request of `plan` the worker answers without Redis at `now`, counted: allowed from
+/// leased units, or refused from the deny cache (counted in the stats at the next tick or
+/// reply: host calls fewer on the hot path).
+pub fn serve_locally(
+    config: &Config,
+    (leases, refusals, tally): (&mut Leases, &Refusals, &mut Tally),
+    plan: &Plan,
+    now: u128,
+) -> Option<Conclusion> {
+    if plan.leasable() && !leases.is_empty() {
+        if let Some(decision) = leases.spend(plan, now) {
+            tally.lease_hit(plan);
+            let headers = response::rate_limit_headers(config, &plan.checks, &decision);
+            return Some(Conclusion::Resume(headers));
+        }
+    }
+    let (checks, decision) = refusals.refusal(plan, now)?;
+    tally.deny_hit(&checks);
+    Some(Conclusion::Answer(response::denied(
+        config, &checks, &decision,
+    )))
 }
 
 /// Per-rule counts of a decision from Redis: what each limit did, and the rules whose key

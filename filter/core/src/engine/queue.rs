@@ -6,13 +6,14 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::leases::Ticket;
+use super::leases::{Leases, Ticket};
 use crate::bridge::{
     call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
     BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, RequestShape,
 };
 use crate::config::{Clock, Config};
 use crate::plan::Plan;
+use crate::slot::key_slot;
 
 /// Whom a waiting request's outcome goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +54,32 @@ pub struct Waiting {
 }
 
 impl Waiting {
+    /// A request of `origin` arrived at `now`, waiting (`checked`: see the field).
+    pub fn new(
+        config: &Config,
+        origin: Origin,
+        plan: Plan,
+        now: u128,
+        lease: Option<Ticket>,
+        checked: Option<u64>,
+    ) -> Self {
+        Waiting {
+            origin,
+            slot: slot_of(config, &plan),
+            plan,
+            arrived_ns: now,
+            lease,
+            checked,
+        }
+    }
+
+    /// It leaves without an outcome: its lease ticket (if any) is given back.
+    pub fn leave(self, leases: &mut Leases) {
+        if let Some(ticket) = self.lease {
+            leases.cancel(ticket, &self.plan);
+        }
+    }
+
     pub fn deadline_ns(&self) -> u128 {
         self.arrived_ns.saturating_add(self.plan.timeout.as_nanos())
     }
@@ -77,6 +104,14 @@ impl Waiting {
             most_leased,
         }
     }
+}
+
+/// Redis Cluster: the hash slot of a plan's keys (the first's: the caller knows they share it).
+fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
+    config
+        .redis_cluster
+        .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
+        .flatten()
 }
 
 /// When a call was sent: the clock its decisions were made with, and the deny cache's epoch

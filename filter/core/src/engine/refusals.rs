@@ -172,13 +172,13 @@ impl Refusals {
     }
 
     /// Remembers what Redis refused of `plan` in `decision`, until the instant it would fit
-    /// (from the clock the call was sent with). Not from a call sent before the latest
+    /// (from the clock the call was `sent` with). Not from a call sent before the latest
     /// restart: its reply can come after the cache was emptied and put back what the restart
     /// undid.
-    pub fn remember(&mut self, plan: &Plan, decision: &Decision, sent: Sent) {
-        if sent.epoch != self.epoch {
+    pub fn remember(&mut self, plan: &Plan, decision: &Decision, sent: Option<Sent>) {
+        let Some(sent) = sent.filter(|s| s.epoch == self.epoch && !decision.allowed) else {
             return;
-        }
+        };
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
             if !result.allowed && !check.shadow {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);

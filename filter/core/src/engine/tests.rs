@@ -4,6 +4,7 @@ use super::*;
 use crate::bridge::call_bytes;
 use crate::identity::tests::FakeRequest;
 use crate::response::LocalResponse;
+use crate::slot::key_slot;
 use crate::testing::host::{FakeHost, T0};
 use std::collections::HashSet;
 #[cfg(target_arch = "wasm32")]
