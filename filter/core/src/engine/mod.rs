@@ -132,12 +132,24 @@ impl Engine {
         };
         let parts = (&mut self.leases, &self.refusals, &mut self.tally);
         if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
-            if matches!(conclusion, Conclusion::Resume(_)) {
-                self.prefetch(config, host, ctx, plan, now);
+            // Served from leases: the next lease is asked for before these run out, so the
+            // requests after it do not wait at the boundary (sent like a request, from the
+            // root; not while the breaker is open).
+            let leased = matches!(conclusion, Conclusion::Resume(_)) && !self.breaker.is_open();
+            let ticket = leased.then(|| self.leases.prefetch(config, &plan, now));
+            if let Some(ticket) = ticket.flatten() {
+                host.count(Counter::LeasePrefetches);
+                let prefetch =
+                    Waiting::new(config, Origin::Prefetch, plan, now, Some(ticket), None);
+                self.queue.push(prefetch);
+                self.wake(config, host, Some(ctx));
             }
             return Some(conclusion);
         }
-        self.check_stall(config, host, now);
+        let stalled = self
+            .breaker
+            .stalled(config.breaker, self.queue.oldest_dispatch(), now);
+        self.opened(config, host, now, stalled);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
             return Some(self.conclude(config, host, &plan, outcome, None));
@@ -152,7 +164,7 @@ impl Engine {
             for part in self.splits.start(ctx, plan, now, groups, self.replies) {
                 self.queue.push(part);
             }
-            self.dispatch_later(config, host, ctx);
+            self.wake(config, host, Some(ctx));
             return None;
         }
         let lease = self.leases.ticket(&plan, now);
@@ -164,24 +176,9 @@ impl Engine {
             // through the root). Only its own verdict rides on the call.
             self.dispatch_ready(config, host, Some(ctx));
         } else {
-            self.dispatch_later(config, host, ctx);
+            self.wake(config, host, Some(ctx));
         }
         None
-    }
-
-    /// After a request served from leases: asks for the next lease of `plan`'s limits before
-    /// these run out, so the requests after it do not wait at the boundary (see
-    /// [`Leases::prefetch`]). Sent like a request, from the root; not while the breaker is open.
-    fn prefetch(&mut self, config: &Config, host: &mut impl Host, ctx: u32, plan: Plan, now: u128) {
-        if self.breaker.is_open() {
-            return;
-        }
-        if let Some(ticket) = self.leases.prefetch(config, &plan, now) {
-            host.count(Counter::LeasePrefetches);
-            let prefetch = Waiting::new(config, Origin::Prefetch, plan, now, Some(ticket), None);
-            self.queue.push(prefetch);
-            self.dispatch_later(config, host, ctx);
-        }
     }
 
     /// Where a waiting request's outcome goes: its lease ticket, then its stream, or (one
@@ -254,11 +251,7 @@ impl Engine {
     }
 
     /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
-    /// be reached, sends from the context `ctx` (if given) rather than not at all.
-    fn dispatch_later(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        self.wake(config, host, Some(ctx));
-    }
-
+    /// be reached, sends from the request context `from` (if any) rather than not at all.
     fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
         let free = self.queue.calls() < config.batch.max_in_flight;
         if !self.queue.is_waiting() || !free || self.wake_pending {
@@ -329,11 +322,11 @@ impl Engine {
                 let stage = Stage::Deciding { reloaded: true };
                 self.send(config, host, Call { stage, ..call }, now);
             }
-            Reply::Failed(failure) => self.fail_call(config, host, call.members, failure, now),
+            Reply::Failed(failure) => self.fail(config, host, call.members, failure, now, true),
         }
         match at {
             None => self.dispatch_ready(config, host, None),
-            Some(ctx) => self.dispatch_later(config, host, ctx),
+            Some(ctx) => self.wake(config, host, Some(ctx)),
         }
     }
 
@@ -342,24 +335,18 @@ impl Engine {
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
         self.tally.flush(host);
         if let Some(now) = host.now_unix_ns() {
-            self.check_stall(config, host, now);
+            let stalled = self
+                .breaker
+                .stalled(config.breaker, self.queue.oldest_dispatch(), now);
+            self.opened(config, host, now, stalled);
             if let Some((request, timeout)) = self.breaker.probe(config, now) {
                 let probe = host.dispatch(&config.bridge, &request, timeout).ok();
                 self.breaker.probe_sent(config.breaker, probe, now);
             }
             self.leases.expire(now);
-            // What leases held past their end goes back, without waiting for the replies (a
-            // lost give-back leaves units spent, never extra); not while the breaker is open:
-            // the units wait for the first tick after it closes.
-            let fixed = call_fixed_bytes(config);
-            let calls = match self.breaker.is_open() {
-                false => self.leases.give_backs(config, fixed, MAX_CALL_BYTES),
-                true => Vec::new(),
-            };
-            for (refunds, timeout) in calls {
-                let units = refunds.iter().map(|r| r.check.cost).sum();
-                host.count_n(Counter::LeaseUnitsReturned, units);
-                refund(config, host, &mut self.refusals, &refunds, timeout, now);
+            // Not while the breaker is open: the units wait for the first tick after it closes.
+            if !self.breaker.is_open() {
+                give_back(config, host, (&mut self.leases, &mut self.refusals), now);
             }
         }
         if let Some(n) = host.redis_restarts(false) {
@@ -386,7 +373,7 @@ impl Engine {
         self.splits.forget(ctx);
         self.delivery.forget(ctx);
         let now = host.now_unix_ns().unwrap_or(0);
-        self.fail_all(config, host, orphans, BridgeFailure::Orphaned, now);
+        self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
         self.wake(config, host, None);
     }
 
@@ -396,7 +383,7 @@ impl Engine {
         while self.queue.calls() < config.batch.max_in_flight && self.queue.is_waiting() {
             let Some(now) = host.now_unix_ns() else {
                 let members = self.queue.take_waiting();
-                return self.fail_all(config, host, members, BridgeFailure::Clock, 0);
+                return self.fail(config, host, members, BridgeFailure::Clock, 0, false);
             };
             if from.is_some() && self.queue.calls() > 0 {
                 break; // one call from a request context at most: the root sends the rest
@@ -454,7 +441,14 @@ impl Engine {
     /// soonest deadline as its timeout.
     fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
         let Some(timeout) = call.timeout(now) else {
-            return self.fail_all(config, host, call.members, BridgeFailure::Expired, now);
+            return self.fail(
+                config,
+                host,
+                call.members,
+                BridgeFailure::Expired,
+                now,
+                false,
+            );
         };
         match host.dispatch(&config.bridge, &call.request(), timeout) {
             Ok(token) => {
@@ -464,58 +458,65 @@ impl Engine {
             }
             Err(why) => {
                 let failure = BridgeFailure::Dispatch(why);
-                self.fail_call(config, host, call.members, failure, now)
+                self.fail(config, host, call.members, failure, now, true)
             }
         }
     }
 
-    /// A call failed: its requests follow their policy, and the breaker counts it.
-    fn fail_call(
+    /// `members` failed: they follow their policy; if a call failed (`call`), the breaker
+    /// counts it.
+    fn fail(
         &mut self,
         config: &Config,
         host: &mut impl Host,
         members: Vec<Waiting>,
         failure: BridgeFailure,
         now: u128,
+        call: bool,
     ) {
-        let opens = self.breaker.failed(config.breaker, &failure, now);
-        self.fail_all(config, host, members, failure, now);
-        if let Some(why) = opens {
-            self.opened(config, host, now, &why);
-        }
-    }
-
-    fn fail_all(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        members: Vec<Waiting>,
-        failure: BridgeFailure,
-        now: u128,
-    ) {
+        let opens = call.then(|| self.breaker.failed(config.breaker, &failure, now));
         for member in members {
             let outcome = Outcome::Failed(failure.clone());
             self.settle(config, host, member, outcome, None, now);
         }
+        self.opened(config, host, now, opens.flatten());
     }
 
-    /// Opens the breaker if a call has been in flight for `breaker.stall`.
-    fn check_stall(&mut self, config: &Config, host: &mut impl Host, now: u128) {
-        let oldest = self.queue.oldest_dispatch();
-        if let Some(why) = self.breaker.stalled(config.breaker, oldest, now) {
-            self.opened(config, host, now, &why);
-        }
-    }
-
-    /// The breaker opened: every request waiting for the bridge, or in a call in flight, is
-    /// decided now by its failure policy; until a probe is answered none waits for a call.
-    /// (Replies to the abandoned calls that still come are ignored.)
-    fn opened(&mut self, config: &Config, host: &mut impl Host, now: u128, why: &str) {
+    /// The breaker opened (for `why`; None: it did not): every request waiting for the
+    /// bridge, or in a call in flight, is decided now by its failure policy; until a probe is
+    /// answered none waits for a call. (Replies to abandoned calls that still come are ignored.)
+    fn opened(&mut self, config: &Config, host: &mut impl Host, now: u128, why: Option<String>) {
+        let Some(why) = why else {
+            return;
+        };
         host.count(Counter::BreakerTrips);
         host.gauge_add(Gauge::BreakerOpen, 1);
-        host.report_breaker(true, why);
+        host.report_breaker(true, &why);
         let members = self.queue.take_all();
-        self.fail_all(config, host, members, BridgeFailure::BreakerOpen, now);
+        self.fail(
+            config,
+            host,
+            members,
+            BridgeFailure::BreakerOpen,
+            now,
+            false,
+        );
+    }
+}
+
+/// Gives back what leases held past their end (see [`Leases::give_backs`]), without waiting
+/// for the replies: a lost give-back leaves units spent, never extra.
+fn give_back(
+    config: &Config,
+    host: &mut impl Host,
+    (leases, refusals): (&mut Leases, &mut Refusals),
+    now: u128,
+) {
+    let fixed = call_fixed_bytes(config);
+    for (refunds, timeout) in leases.give_backs(config, fixed, MAX_CALL_BYTES) {
+        let units = refunds.iter().map(|r| r.check.cost).sum();
+        host.count_n(Counter::LeaseUnitsReturned, units);
+        refund(config, host, refusals, &refunds, timeout, now);
     }
 }
 
