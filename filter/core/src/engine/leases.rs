@@ -185,7 +185,7 @@ impl Leases {
         ticket: Ticket,
         plan: &Plan,
         decided: Option<(&mut Decision, u128)>,
-        skew_ns: u128,
+        skew: Duration,
     ) -> bool {
         self.asking(plan, false);
         let Some((decision, charged_at_ns)) = decided else {
@@ -196,7 +196,7 @@ impl Leases {
         if !decision.allowed || requests == 0 {
             return false;
         }
-        self.grant(plan, decision, requests, charged_at_ns, skew_ns);
+        self.grant(plan, decision, requests, charged_at_ns, skew.as_nanos());
         true
     }
 

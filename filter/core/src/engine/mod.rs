@@ -25,10 +25,10 @@ use crate::response::{self, Headers};
 use breaker::Breaker;
 use delivery::Delivery;
 use leases::Leases;
-use policy::{serve_locally, Conclusion, Outcome, Policy};
-use queue::{call_fixed_bytes, Call, Origin, Queue, Reply, Sent, Stage, Waiting};
+use policy::{serve_locally, Conclusion, Policy};
+use queue::{call_fixed_bytes, Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
-use splits::{by_slot, Splits};
+use splits::{slot_groups, Splits};
 use tally::Tally;
 
 pub use host::{Host, Verdict};
@@ -139,26 +139,21 @@ impl Engine {
             let ticket = leased.then(|| self.leases.prefetch(config, &plan, now));
             if let Some(ticket) = ticket.flatten() {
                 host.count(Counter::LeasePrefetches);
-                let prefetch =
-                    Waiting::new(config, Origin::Prefetch, plan, now, Some(ticket), None);
-                self.queue.push(prefetch);
+                let origin = Origin::Prefetch;
+                self.queue
+                    .push(Waiting::new(config, origin, plan, now, Some(ticket), None));
                 self.wake(config, host, Some(ctx));
             }
             return Some(conclusion);
         }
-        let stalled = self
-            .breaker
-            .stalled(config.breaker, self.queue.oldest_dispatch(), now);
+        let oldest = self.queue.oldest_dispatch();
+        let stalled = self.breaker.stalled(config.breaker, oldest, now);
         self.opened(config, host, now, stalled);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
             return Some(self.conclude(config, host, &plan, outcome, None));
         }
-        let groups = if config.redis_cluster {
-            by_slot(&plan.checks)
-        } else {
-            Vec::new()
-        };
+        let groups = slot_groups(config, &plan);
         if groups.len() > 1 {
             // Redis Cluster: keys on several slots: one part per slot, each waits for a call.
             for part in self.splits.start(ctx, plan, now, groups, self.replies) {
@@ -168,9 +163,9 @@ impl Engine {
             return None;
         }
         let lease = self.leases.ticket(&plan, now);
-        let origin = Origin::Stream(ctx);
-        let waiting = Waiting::new(config, origin, plan, now, lease, Some(self.replies));
-        self.queue.push(waiting);
+        let (origin, checked) = (Origin::Stream(ctx), Some(self.replies));
+        self.queue
+            .push(Waiting::new(config, origin, plan, now, lease, checked));
         if self.queue.only() {
             // An idle worker: this request alone goes at once, from its own context (no hop
             // through the root). Only its own verdict rides on the call.
@@ -194,8 +189,10 @@ impl Engine {
     ) {
         if let Some(ticket) = member.lease.take() {
             let decided = outcome.decision_mut().zip(sent.map(|s| s.at_ns));
-            let skew = config.clock_skew.as_nanos();
-            if self.leases.settle(ticket, &member.plan, decided, skew) {
+            if self
+                .leases
+                .settle(ticket, &member.plan, decided, config.clock_skew)
+            {
                 host.count(Counter::LeaseGrants);
             }
         }
@@ -205,12 +202,7 @@ impl Engine {
                 (ctx, member.arrived_ns, conclusion)
             }
             // No stream to answer; a refusal still tells the next prefetch not to go.
-            Origin::Prefetch => {
-                if let Outcome::Decided(decision) = &outcome {
-                    self.refusals.remember(&member.plan, decision, sent);
-                }
-                return;
-            }
+            Origin::Prefetch => return self.refusals.remember(&member.plan, &outcome, sent),
             Origin::Part { split, part, .. } => {
                 let epoch = self.refusals.epoch();
                 let Some(done) = self.splits.settle(split, part, outcome, sent, epoch) else {
@@ -233,8 +225,7 @@ impl Engine {
             .deliver(host, ctx, conclusion, Some((arrived_ns, now)));
     }
 
-    /// What the policy makes of `outcome`; a refusal decided by a call sent at `sent` is
-    /// remembered in the deny cache first.
+    /// What the policy makes of `outcome`, a refusal (from a call sent at `sent`) remembered.
     fn conclude(
         &mut self,
         config: &Config,
@@ -243,9 +234,7 @@ impl Engine {
         outcome: Outcome,
         sent: Option<Sent>,
     ) -> Conclusion {
-        if let Outcome::Decided(decision) = &outcome {
-            self.refusals.remember(plan, decision, sent);
-        }
+        self.refusals.remember(plan, &outcome, sent);
         let tally = &mut self.tally;
         self.policy.conclude(config, host, tally, plan, outcome)
     }
@@ -253,8 +242,7 @@ impl Engine {
     /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
     /// be reached, sends from the request context `from` (if any) rather than not at all.
     fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
-        let free = self.queue.calls() < config.batch.max_in_flight;
-        if !self.queue.is_waiting() || !free || self.wake_pending {
+        if !self.queue.ready(config.batch.max_in_flight) || self.wake_pending {
             return;
         }
         if host.wake() {
@@ -282,10 +270,8 @@ impl Engine {
         reply: BridgeReply<'_>,
     ) {
         if self.breaker.is_probe(token) {
-            if let Some(why) = self
-                .breaker
-                .probe_reply(reply, host.now_unix_ns().unwrap_or(0))
-            {
+            let now = host.now_unix_ns().unwrap_or(0);
+            if let Some(why) = self.breaker.probe_reply(reply, now) {
                 host.gauge_add(Gauge::BreakerOpen, -1);
                 host.report_breaker(false, &why);
             }
@@ -307,9 +293,8 @@ impl Engine {
             }
             Reply::NoScript => {
                 self.breaker.answered();
-                // Redis restarted: what it refused before may fit again, here and (at their
-                // next tick) in the other workers. (Leases stay: they were charged, and the
-                // restart forgot far more than they hold; a fresh Redis answers NOSCRIPT too.)
+                // Redis restarted: what it refused may fit again, here and (at their next tick)
+                // in the other workers. Leases stay: they were charged (a fresh Redis too).
                 if self.refusals.restarted(host.redis_restarts(true)) {
                     host.count(Counter::DenyCacheResets);
                 }
@@ -335,9 +320,8 @@ impl Engine {
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
         self.tally.flush(host);
         if let Some(now) = host.now_unix_ns() {
-            let stalled = self
-                .breaker
-                .stalled(config.breaker, self.queue.oldest_dispatch(), now);
+            let oldest = self.queue.oldest_dispatch();
+            let stalled = self.breaker.stalled(config.breaker, oldest, now);
             self.opened(config, host, now, stalled);
             if let Some((request, timeout)) = self.breaker.probe(config, now) {
                 let probe = host.dispatch(&config.bridge, &request, timeout).ok();
@@ -349,10 +333,11 @@ impl Engine {
                 give_back(config, host, (&mut self.leases, &mut self.refusals), now);
             }
         }
-        if let Some(n) = host.redis_restarts(false) {
-            if self.refusals.sync(n) {
-                host.count(Counter::DenyCacheResets);
-            }
+        if host
+            .redis_restarts(false)
+            .is_some_and(|n| self.refusals.sync(n))
+        {
+            host.count(Counter::DenyCacheResets);
         }
     }
 
@@ -377,10 +362,9 @@ impl Engine {
         self.wake(config, host, None);
     }
 
-    /// Sends batches while a call slot is free and requests wait; `from` is the request
-    /// context running, if not the root.
+    /// Sends batches while a call slot is free and requests wait, from context `from` or root.
     fn dispatch_ready(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
-        while self.queue.calls() < config.batch.max_in_flight && self.queue.is_waiting() {
+        while self.queue.ready(config.batch.max_in_flight) {
             let Some(now) = host.now_unix_ns() else {
                 let members = self.queue.take_waiting();
                 return self.fail(config, host, members, BridgeFailure::Clock, 0, false);
@@ -399,11 +383,9 @@ impl Engine {
         }
     }
 
-    /// Takes the next batch from the queue (see [`Queue::next`]). Requests past their
-    /// deadline fail by policy; a request that waited while a reply came is asked about
-    /// leases and the deny cache again (that reply may have brought a lease or a refusal),
-    /// a prefetch about the deny cache (no call Redis would refuse for units that may not be
-    /// spent). A part of a split request always goes (its request was asked when it came).
+    /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
+    /// policy. One that waited while a reply came is asked again about leases and refusals
+    /// (that reply may have brought either), a prefetch about refusals; a part always goes.
     fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
         let mut batch = self.queue.batch(call_fixed_bytes(config));
         let max = config.batch.max_requests;
@@ -437,18 +419,11 @@ impl Engine {
         batch.into_members()
     }
 
-    /// Sends `call` in its stage (see [`Call::request`]), with what is left of its members'
-    /// soonest deadline as its timeout.
+    /// Sends `call` in its stage, its timeout what is left of its soonest deadline.
     fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
         let Some(timeout) = call.timeout(now) else {
-            return self.fail(
-                config,
-                host,
-                call.members,
-                BridgeFailure::Expired,
-                now,
-                false,
-            );
+            let expired = BridgeFailure::Expired;
+            return self.fail(config, host, call.members, expired, now, false);
         };
         match host.dispatch(&config.bridge, &call.request(), timeout) {
             Ok(token) => {
@@ -463,8 +438,7 @@ impl Engine {
         }
     }
 
-    /// `members` failed: they follow their policy; if a call failed (`call`), the breaker
-    /// counts it.
+    /// `members` failed: they follow their policy; a failed `call` counts for the breaker.
     fn fail(
         &mut self,
         config: &Config,
@@ -482,9 +456,8 @@ impl Engine {
         self.opened(config, host, now, opens.flatten());
     }
 
-    /// The breaker opened (for `why`; None: it did not): every request waiting for the
-    /// bridge, or in a call in flight, is decided now by its failure policy; until a probe is
-    /// answered none waits for a call. (Replies to abandoned calls that still come are ignored.)
+    /// The breaker opened (for `why`; None: it did not): every request waiting or in flight is
+    /// decided now by its policy; none waits for a call until a probe is answered.
     fn opened(&mut self, config: &Config, host: &mut impl Host, now: u128, why: Option<String>) {
         let Some(why) = why else {
             return;
@@ -492,15 +465,8 @@ impl Engine {
         host.count(Counter::BreakerTrips);
         host.gauge_add(Gauge::BreakerOpen, 1);
         host.report_breaker(true, &why);
-        let members = self.queue.take_all();
-        self.fail(
-            config,
-            host,
-            members,
-            BridgeFailure::BreakerOpen,
-            now,
-            false,
-        );
+        let (members, open) = (self.queue.take_all(), BridgeFailure::BreakerOpen);
+        self.fail(config, host, members, open, now, false);
     }
 }
 

@@ -5,6 +5,7 @@
 use super::host::Host;
 use super::leases::Leases;
 use super::local::{scaled, LocalLimits};
+use super::queue::Outcome;
 use super::refusals::Refusals;
 use super::tally::Tally;
 use crate::bridge::{BridgeFailure, Decision};
@@ -12,21 +13,6 @@ use crate::config::{Config, FailureMode};
 use crate::metrics::{Counter, RuleEvent};
 use crate::plan::{LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
-
-/// What became of a request's call.
-pub enum Outcome {
-    Decided(Decision),
-    Failed(BridgeFailure),
-}
-
-impl Outcome {
-    pub fn decision_mut(&mut self) -> Option<&mut Decision> {
-        match self {
-            Outcome::Decided(decision) => Some(decision),
-            Outcome::Failed(_) => None,
-        }
-    }
-}
 
 /// What the policy decided for a request.
 pub enum Conclusion {

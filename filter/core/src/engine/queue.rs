@@ -232,6 +232,21 @@ pub enum Reply {
     Failed(BridgeFailure),
 }
 
+/// What became of a request's call.
+pub enum Outcome {
+    Decided(Decision),
+    Failed(BridgeFailure),
+}
+
+impl Outcome {
+    pub fn decision_mut(&mut self) -> Option<&mut Decision> {
+        match self {
+            Outcome::Decided(decision) => Some(decision),
+            Outcome::Failed(_) => None,
+        }
+    }
+}
+
 /// A call in flight.
 #[derive(Debug)]
 struct InFlight {
@@ -336,8 +351,9 @@ impl Queue {
         self.in_flight.len()
     }
 
-    pub fn is_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+    /// Whether requests wait and a call slot is free (fewer than `max_in_flight` in flight).
+    pub fn ready(&self, max_in_flight: usize) -> bool {
+        !self.waiting.is_empty() && self.in_flight.len() < max_in_flight
     }
 
     /// The call in flight with `token`, taken.

@@ -17,7 +17,7 @@
 //! a key (a lease's give-back, a split's refund) make its refusal forgotten, and a reply to a
 //! call sent before the latest restart puts no refusal back.
 
-use super::queue::Sent;
+use super::queue::{Outcome, Sent};
 use crate::bridge::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
 use crate::plan::{LimitCheck, Plan};
@@ -175,10 +175,13 @@ impl Refusals {
     /// (from the clock the call was `sent` with). Not from a call sent before the latest
     /// restart: its reply can come after the cache was emptied and put back what the restart
     /// undid.
-    pub fn remember(&mut self, plan: &Plan, decision: &Decision, sent: Option<Sent>) {
-        let Some(sent) = sent.filter(|s| s.epoch == self.epoch && !decision.allowed) else {
+    pub fn remember(&mut self, plan: &Plan, outcome: &Outcome, sent: Option<Sent>) {
+        let (Outcome::Decided(decision), Some(sent)) = (outcome, sent) else {
             return;
         };
+        if sent.epoch != self.epoch || decision.allowed {
+            return;
+        }
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
             if !result.allowed && !check.shadow {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);

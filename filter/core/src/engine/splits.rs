@@ -10,11 +10,19 @@
 
 use std::collections::HashMap;
 
-use super::policy::Outcome;
-use super::queue::{Origin, Sent, Waiting};
+use super::queue::{Origin, Outcome, Sent, Waiting};
 use crate::bridge::{BridgeFailure, Decision, LimitResult, Refund};
+use crate::config::Config;
 use crate::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
+
+/// Redis Cluster: a plan's checks grouped by hash slot (see [`by_slot`]); none otherwise.
+pub fn slot_groups(config: &Config, plan: &Plan) -> Vec<(u16, Vec<usize>)> {
+    match config.redis_cluster {
+        true => by_slot(&plan.checks),
+        false => Vec::new(),
+    }
+}
 
 /// A plan's checks grouped by hash slot, in order of first appearance: (slot, indexes).
 pub fn by_slot(checks: &[LimitCheck]) -> Vec<(u16, Vec<usize>)> {
