@@ -1460,3 +1460,17 @@ fn a_grant_given_back_at_once_is_not_counted_in_the_headers() {
         "what Redis left, nothing held here"
     );
 }
+
+#[test]
+fn a_call_lost_with_its_stream_leaves_its_keys_free_to_ask_for_a_lease() {
+    let (c, mut e, mut h) = setup(LEASING);
+    // Sent from its own context, asking for a lease; the stream ends before the reply.
+    assert_eq!(ask_k(&mut e, &c, &mut h, 1), Verdict::Pause);
+    assert!(h.dispatched[0].1.path.contains("/lease/"));
+    e.forget(&c, &mut h, 1);
+    assert_eq!(e.load(), (0, 0));
+    // The next request of the key asks for a lease again.
+    ask_k(&mut e, &c, &mut h, 2);
+    let (_, call, _) = h.dispatched.last().cloned().unwrap();
+    assert!(call.path.contains("/lease/"), "{}", call.path);
+}
