@@ -214,8 +214,8 @@ impl Engine {
                     // is not waited for (a lost refund leaves units spent, never extra).
                     for refunds in done.split.refunds() {
                         host.count(Counter::Refunds);
-                        let timeout = done.split.plan.timeout;
-                        refund(config, host, &mut self.refusals, &refunds, timeout, now);
+                        let times = (config.clock_skew, done.split.plan.timeout);
+                        refund(config, host, &mut self.refusals, &refunds, times, now);
                     }
                 }
                 (done.split.ctx, done.split.arrived_ns, conclusion)
@@ -482,29 +482,31 @@ fn give_back(
     for (refunds, timeout) in leases.give_backs(config, fixed, MAX_CALL_BYTES) {
         let units = refunds.iter().map(|r| r.check.cost).sum();
         host.count_n(Counter::LeaseUnitsReturned, units);
-        refund(config, host, refusals, &refunds, timeout, now);
+        // As long to reach Redis as a decision on these keys (with a small clock skew alone,
+        // most came too late to give anything back).
+        let window = timeout.max(config.clock_skew);
+        refund(config, host, refusals, &refunds, (window, window), now);
     }
 }
 
 /// Sends a call giving `refunds` back (a split's refund or a lease's give-back) at `now`,
-/// without waiting for its reply; the deny cache forgets their keys' refusals. Its clock must
-/// be no earlier than any decision on these keys made before it reaches Redis, and Redis must
-/// drop it past that clock: the clock (and deadline) is `now` plus the timeout plus the clock
-/// skew allowed between replicas. A later clock only gives back less (the refill up to it is
-/// counted as the bucket's), never more; with the skew alone most give-backs came too late.
+/// without waiting for its reply (within `timeout`); the deny cache forgets their keys'
+/// refusals. Its clock must be no earlier than any decision on these keys made before it
+/// reaches Redis, and Redis must drop it past that clock: the clock (and deadline) is `now`
+/// plus `window`, at least the clock skew allowed between replicas. A later clock only gives
+/// back less (the refill up to it is counted as the bucket's), never more.
 fn refund(
     config: &Config,
     host: &mut impl Host,
     refusals: &mut Refusals,
     refunds: &[Refund],
-    timeout: Duration,
+    (window, timeout): (Duration, Duration),
     now: u128,
 ) {
     for refund in refunds {
         refusals.forget(&refund.check.key);
     }
-    let skew = config.clock_skew.as_nanos();
-    let clock = now.saturating_add(timeout.as_nanos()).saturating_add(skew);
+    let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
     let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
     let request = BridgeRequest::evalsha(&config.script_sha, &call);
     if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {

@@ -110,12 +110,12 @@ fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back
     assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Pause);
     let calls = h.dispatched.len();
     // The next tick gives the 2 unspent units back, charged at T0 with 1 left, by a refund
-    // whose clock and deadline are the tick's time plus the rule's timeout and the skew.
+    // whose clock and deadline are the tick's time plus the rule's timeout (more than the skew).
     h.now = Some(T0 + 45 * MS);
     e.on_tick(&c, &mut h);
     assert_eq!(h.dispatched.len(), calls + 1);
     let (_, call, timeout) = h.dispatched[calls].clone();
-    let clock = T0 + 205 * MS;
+    let clock = T0 + 195 * MS;
     assert!(
         call.path
             .contains(&format!("/{clock}/{}/1/0/1/", clock / MS)),
