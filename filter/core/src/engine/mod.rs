@@ -351,14 +351,16 @@ impl Engine {
     /// was made from its context: that reply is lost with the stream, so the call's slot is
     /// freed at once and any other request on it fails by policy.
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        let (gone, orphans) = self.queue.forget(ctx);
-        for gone in gone {
-            gone.leave(&mut self.leases);
-        }
-        self.splits.forget(ctx);
         self.delivery.forget(ctx);
-        let now = host.now_unix_ns().unwrap_or(0);
-        self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
+        self.splits.forget(ctx);
+        if self.queue.load() == (0, 0) {
+            return; // nothing waits nor is in flight (most streams end so)
+        }
+        let orphans = self.queue.forget(ctx, &mut self.leases);
+        if !orphans.is_empty() {
+            let now = host.now_unix_ns().unwrap_or(0);
+            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
+        }
         self.wake(config, host, None);
     }
 

@@ -390,27 +390,31 @@ impl Queue {
         all
     }
 
-    /// The stream `ctx` ended: its requests (not the prefetches it started), taken from the
-    /// queue and from the calls it made (whose replies are lost with it, so those calls are
-    /// abandoned); and the other requests of those calls, taken too.
-    pub fn forget(&mut self, ctx: u32) -> (Vec<Waiting>, Vec<Waiting>) {
-        let (mut gone, mut orphans) = (Vec::new(), Vec::new());
+    /// The stream `ctx` ended: its requests (not the prefetches it started) leave the queue
+    /// and the calls it made (whose replies are lost with it, so those calls are abandoned),
+    /// their lease tickets given back to `leases`. The other requests of those calls, taken.
+    pub fn forget(&mut self, ctx: u32, leases: &mut Leases) -> Vec<Waiting> {
+        let mut orphans = Vec::new();
         let mut i = 0;
         while i < self.waiting.len() {
             match self.waiting.get(i) {
-                Some(w) if w.origin.ctx() == Some(ctx) => gone.extend(self.waiting.remove(i)),
+                Some(w) if w.origin.ctx() == Some(ctx) => {
+                    if let Some(gone) = self.waiting.remove(i) {
+                        gone.leave(leases);
+                    }
+                }
                 _ => i += 1,
             }
         }
         while let Some(call) = self.take_call_of(ctx) {
             for member in call.members {
                 match member.origin.ctx() == Some(ctx) {
-                    true => gone.push(member),
+                    true => member.leave(leases),
                     false => orphans.push(member),
                 }
             }
         }
-        (gone, orphans)
+        orphans
     }
 }
 
