@@ -566,4 +566,85 @@ mod tests {
         leases.expire(2);
         assert_eq!(leases.len(), 1, "only the key still asking");
     }
+
+    #[test]
+    fn a_ticket_holds_its_keys_until_it_is_settled_or_cancelled() {
+        let config = Config::parse(
+            br#"{"lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000}, "rules": [{"name": "r", "limits": [{"name": "l", "limit": 10, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let mut leases = Leases::default();
+        let p = plan_of(&config, "k");
+        let ticket = leases.ticket(&p, 1).unwrap();
+        assert_eq!(ticket.requests(), FIRST_ASK);
+        assert!(leases.ticket(&p, 1).is_none(), "one ask in flight per key");
+        leases.cancel(ticket, &p);
+        let ticket = leases.ticket(&p, 2).unwrap();
+        // Settled without a decision (the call failed): nothing granted, the key free again.
+        assert!(!leases.settle(ticket, &p, None, Duration::ZERO));
+        assert!(leases.spend(&p, 3).is_none());
+        // Settled with a grant of 4 requests' worth: 3 held for later requests, counted in
+        // the headers' remaining.
+        let ticket = leases.ticket(&p, 4).unwrap();
+        let mut decision = Decision {
+            allowed: true,
+            limits: vec![LimitResult {
+                allowed: true,
+                remaining: 6.0,
+                reset_ms: 30_000.0,
+                retry_ms: 0.0,
+                over_budget: false,
+            }],
+            leased: 3,
+        };
+        assert!(leases.settle(ticket, &p, Some((&mut decision, 4)), Duration::ZERO));
+        assert_eq!(decision.limits[0].remaining, 9.0);
+        for now in 5..8 {
+            assert!(leases.spend(&p, now).is_some());
+        }
+        assert!(leases.spend(&p, 8).is_none(), "3 units, 3 requests");
+    }
+
+    #[test]
+    fn a_plan_on_two_slots_is_served_from_leases_but_asks_for_no_prefetch() {
+        let config = Config::parse(
+            br#"{"bridge": {"redis_cluster": true}, "lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000}, "rules": [
+                {"name": "a", "key": {"from": ["header:x-api-key"]}, "limits": [{"name": "l", "limit": 100, "window": "1m"}]},
+                {"name": "b", "key": {"from": ["header:x-other"]}, "limits": [{"name": "l", "limit": 100, "window": "1m"}]}]}"#,
+        )
+        .unwrap();
+        let request = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"k")
+            .with("x-other", b"o");
+        let both = plan(&config, &request).unwrap();
+        assert!(spans_slots(&config, &both));
+        let mut leases = Leases::default();
+        // Each key leased by a plan of its own slot (4 requests' worth, 3 held).
+        for check in &both.checks {
+            let own = Plan {
+                checks: vec![check.clone()],
+                ..both.clone()
+            };
+            let ticket = leases.ticket(&own, 1).unwrap();
+            let mut decision = Decision {
+                allowed: true,
+                limits: vec![LimitResult {
+                    allowed: true,
+                    remaining: 90.0,
+                    reset_ms: 30_000.0,
+                    retry_ms: 0.0,
+                    over_budget: false,
+                }],
+                leased: 3,
+            };
+            assert!(leases.settle(ticket, &own, Some((&mut decision, 1)), Duration::ZERO));
+        }
+        assert!(leases.spend(&both, 2).is_some());
+        assert!(leases.spend(&both, 3).is_some());
+        assert!(leases.runs_low(&both, 3));
+        assert!(
+            leases.prefetch(&config, &both, 3).is_none(),
+            "no cross-slot call"
+        );
+    }
 }

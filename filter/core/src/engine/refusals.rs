@@ -272,4 +272,88 @@ mod tests {
         assert!(cache.is_empty());
         assert_eq!(cache.covering("k", 1, 0), None);
     }
+
+    /// A plan of one enforced limit on `key`, cost 1.
+    fn plan_on(key: &str) -> Plan {
+        use crate::config::{Algorithm, FailureMode};
+        Plan {
+            checks: vec![LimitCheck {
+                rule: 0,
+                limit: 0,
+                key: key.into(),
+                algorithm: Algorithm::TokenBucket,
+                per_window: 10,
+                quota: 10,
+                window_ms: 1000,
+                burst: 10,
+                cost: 1,
+                shadow: false,
+                budget: None,
+                lease: None,
+            }],
+            timeout: std::time::Duration::from_millis(150),
+            failure_mode: FailureMode::Open,
+        }
+    }
+
+    fn refused(retry_ms: f64) -> Outcome {
+        Outcome::Decided(Decision {
+            allowed: false,
+            limits: vec![LimitResult {
+                allowed: false,
+                remaining: 0.0,
+                reset_ms: 2.0 * retry_ms,
+                retry_ms,
+                over_budget: false,
+            }],
+            leased: 0,
+        })
+    }
+
+    #[test]
+    fn refusals_hold_until_a_restart_a_give_back_or_their_retry_time() {
+        let mut r = Refusals::new(10);
+        let (a, b) = (plan_on("a"), plan_on("b"));
+        let sent = Sent {
+            at_ns: 1_000,
+            epoch: r.epoch(),
+        };
+        r.remember(&a, &refused(1.0), Some(sent));
+        r.remember(&b, &refused(1.0), Some(sent));
+        assert!(r.refuses(&a, 1_000_999) && !r.refuses(&a, 1_001_000));
+        let (checks, decision) = r.refusal(&a, 500_000).unwrap();
+        assert_eq!(checks.len(), 1);
+        assert_eq!(decision.limits[0].retry_ms, 0.501);
+        // Units given back to a key: its refusal is forgotten, the other's kept.
+        r.forget("a");
+        assert!(!r.refuses(&a, 2_000) && r.refuses(&b, 2_000));
+        // Another worker saw a restart: everything is forgotten once, ...
+        assert!(r.sync(1));
+        assert!(!r.sync(1), "once per restart");
+        assert!(!r.refuses(&b, 2_000));
+        // ... and a reply to a call sent before it puts nothing back.
+        r.remember(&b, &refused(1.0), Some(sent));
+        assert!(!r.refuses(&b, 2_000));
+        let now = Sent {
+            at_ns: 1_000,
+            epoch: r.epoch(),
+        };
+        r.remember(&b, &refused(1.0), Some(now));
+        assert!(r.refuses(&b, 2_000));
+        // Seen here (NOSCRIPT): forgotten too, the shared count taken.
+        assert!(r.restarted(Some(2)));
+        assert!(!r.sync(2));
+        assert!(!r.restarted(None), "nothing left to forget");
+        // A failure is not a refusal.
+        let failed = Outcome::Failed(crate::bridge::BridgeFailure::NoResponse);
+        r.remember(
+            &a,
+            &failed,
+            Some(Sent {
+                at_ns: 0,
+                epoch: r.epoch(),
+            }),
+        );
+        assert_eq!(r.refused_keys(), 0);
+    }
 }
