@@ -6,57 +6,20 @@
 //! Natively: `cargo run --release -p ratelimit-core --features testing --example engine_cost`.
 //! Under V8, as `plan_cost` (build for wasm32-wasip1, run the `.wasm` with node's WASI).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ratelimit_core::config::Bridge;
-use ratelimit_core::response::LocalResponse;
-use ratelimit_core::{
-    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
-};
+use ratelimit_core::testing::host::FakeHost;
+use ratelimit_core::{BridgeReply, Config, Engine};
 
 mod common;
 use common::view;
 use ratelimit_core::testing::request::FakeRequest;
 
-/// A host with a fixed clock that remembers the last call, and counts answers.
+/// The shared fake host, with what it recorded dropped after each request; `answers` counts
+/// the refusals it was asked to send.
 struct CountingHost {
-    now: u128,
-    tokens: u32,
-    /// The last call not yet answered: its token and its path.
-    pending: Option<(u32, String)>,
-    woken: bool,
+    host: FakeHost,
     answers: u64,
-}
-
-impl Host for CountingHost {
-    fn now_unix_ns(&self) -> Option<u128> {
-        Some(self.now)
-    }
-    fn dispatch(&mut self, _: &Bridge, call: &BridgeRequest, _: Duration) -> Result<u32, String> {
-        self.tokens += 1;
-        self.pending = Some((self.tokens, call.path.clone()));
-        Ok(self.tokens)
-    }
-    fn wake(&mut self) -> bool {
-        self.woken = true;
-        true
-    }
-    fn resume(&mut self, _: u32) -> bool {
-        true
-    }
-    fn answer(&mut self, _: u32, response: LocalResponse) -> bool {
-        self.answers += u64::from(response.status == 429);
-        true
-    }
-    fn count_n(&mut self, _: Counter, _: u64) {}
-    fn count_rule(&mut self, _: usize, _: u64) {}
-    fn record(&mut self, _: Histogram, _: u64) {}
-    fn gauge_add(&mut self, _: Gauge, _: i64) {}
-    fn report_breaker(&mut self, _: bool, _: &str) {}
-    fn redis_restarts(&mut self, _: bool) -> Option<u64> {
-        Some(0)
-    }
-    fn report_failure(&mut self, _: &BridgeFailure) {}
 }
 
 fn config(extra: &str) -> Config {
@@ -77,16 +40,18 @@ fn config(extra: &str) -> Config {
 fn one(
     engine: &mut Engine,
     config: &Config,
-    host: &mut CountingHost,
+    counting: &mut CountingHost,
     ctx: u32,
     view: &FakeRequest,
 ) {
+    let host = &mut counting.host;
+    let wakes = host.wakes;
     engine.on_request(config, host, ctx, view);
-    if std::mem::take(&mut host.woken) {
+    if host.wakes > wakes {
         engine.on_wakeup(config, host);
     }
-    if let Some((token, path)) = host.pending.take() {
-        let mut segments = path.split('/').skip_while(|s| *s != "lease");
+    if let Some((token, call, _)) = host.dispatched.pop() {
+        let mut segments = call.path.split('/').skip_while(|s| *s != "lease");
         let units = segments.nth(1).unwrap_or("1");
         let reply = format!(r#"{{"EVALSHA":[1,{units},1,1,"9990000","600000","0"]}}"#);
         let reply = BridgeReply {
@@ -97,19 +62,33 @@ fn one(
     }
     std::hint::black_box(engine.take_headers(ctx));
     engine.forget(config, host, ctx);
+    counting.answers += host
+        .answered
+        .iter()
+        .filter(|(_, r)| r.status == 429)
+        .count() as u64;
+    host.clear_log();
 }
 
 /// A first request whose call gets `reply`: the deny cache entry or the lease the rest use.
-fn primed(config: &Config, host: &mut CountingHost, view: &FakeRequest, reply: &str) -> Engine {
+fn primed(
+    config: &Config,
+    counting: &mut CountingHost,
+    view: &FakeRequest,
+    reply: &str,
+) -> Engine {
+    let host = &mut counting.host;
     let mut engine = Engine::new(config);
     engine.on_request(config, host, 1, view);
     let reply = BridgeReply {
         status: Some(200),
         body: reply.as_bytes(),
     };
-    host.pending = None;
-    engine.on_reply(config, host, Some(1), host.tokens, reply);
+    let token = host.last_token();
+    host.clear_log();
+    engine.on_reply(config, host, Some(1), token, reply);
     engine.forget(config, host, 1);
+    host.clear_log();
     engine
 }
 
@@ -135,7 +114,7 @@ fn time(
     }
     println!(
         "{name:<44} {best:>8.0} ns/request ({} calls, {} refused)",
-        host.tokens, host.answers
+        host.host.next_token, host.answers
     );
 }
 
@@ -143,10 +122,10 @@ fn main() {
     let abuser = view(Some("bench-abuser"));
     let now = 1_000_000_000_000_000_000;
     let fresh = || CountingHost {
-        now,
-        tokens: 0,
-        pending: None,
-        woken: false,
+        host: FakeHost {
+            now: Some(now),
+            ..FakeHost::default()
+        },
         answers: 0,
     };
     // Refused, retry in 10 minutes: every later request is a deny-cache hit.

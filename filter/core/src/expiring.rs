@@ -58,6 +58,12 @@ impl<V> ExpiringMap<V> {
         self.entries.insert(key.to_string(), (expires, value));
     }
 
+    pub fn remove(&mut self, key: &str) {
+        if let Some((expires, _)) = self.entries.remove(key) {
+            self.by_expiry.remove(&(expires, key.to_string()));
+        }
+    }
+
     pub fn clear(&mut self) {
         self.entries.clear();
         self.by_expiry.clear();

@@ -8,18 +8,14 @@ pub mod bounds;
 pub mod bridge;
 pub mod config;
 pub mod decision;
-pub mod deny_cache;
 pub mod encode;
 pub mod engine;
 pub mod expiring;
-pub mod lease;
-pub mod local;
 pub mod metrics;
 pub mod request;
 pub mod response;
 pub mod sha1;
 pub mod slot;
-pub mod split;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod throttle;
@@ -39,6 +35,9 @@ pub const DECISION_LUA: &str = concat!(
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};
+/// The `local` failure mode's algorithms' clock (`ratelimit_core::local::unix_ms`, used by the
+/// property tests).
+pub use engine::local;
 pub use engine::{Engine, Host, Verdict};
 pub use metrics::{Counter, Gauge, Histogram, RuleStats};
 pub use request::view::RequestView;

@@ -1,4 +1,6 @@
-//! Test support shared by the core's unit tests, its examples and the e2e crate's tests
-//! (feature `testing`): stand-ins for what the host provides.
+//! What the core's tests, its cost examples and the e2e crate's tests share (built for tests,
+//! or with the `testing` feature; never in the filter): stand-ins for what the host provides.
 
+pub mod host;
+pub mod random;
 pub mod request;

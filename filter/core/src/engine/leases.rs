@@ -12,12 +12,20 @@
 //! clocks also refill the bucket) and never longer than `lease.max_ms`. What is left after that
 //! is given back by the script's refund, which gives back only what the charge still holds
 //! back (see `lua/lib.lua`).
+//!
+//! The table owns the whole ask cycle: a waiting request that asks for a lease holds a
+//! [`Ticket`] (no second ask for its keys meanwhile) that its call's outcome settles, a lease
+//! that runs low asks for the next ahead (a prefetch), and what grants held past their end is
+//! grouped into give-back calls.
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::time::Duration;
 
-use crate::bridge::{Decision, LimitResult, Refund};
+use crate::bridge::{call_bytes, Decision, LimitResult, Refund};
+use crate::config::Config;
 use crate::plan::{LimitCheck, Plan};
+use crate::slot::key_slot;
 
 /// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
 /// (beyond it, requests are decided one by one).
@@ -36,6 +44,38 @@ const MOST_ASK: u64 = 1 << 30;
 /// A key without a lease is remembered this long after its last lease ended (its ask, so a
 /// client that comes back at its own pace gets a lease of its size, not the first one).
 const KEEP_IDLE_NS: u128 = 10_000_000_000;
+
+/// Give-back calls one worker sends per tick at most: the rest waits for the next tick (a
+/// Redis Cluster spreads keys over many slots).
+const MAX_GIVE_BACK_CALLS: usize = 4;
+
+/// A lease asked for by a waiting request: no other ask for its keys goes while it is held,
+/// and it is given back with its call's outcome ([`Leases::settle`]) or without a call
+/// ([`Leases::cancel`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Ticket {
+    requests: u64,
+    /// Asked for no request: units for the next requests of a lease that runs low.
+    prefetch: bool,
+}
+
+impl Ticket {
+    /// The requests' worth asked for (the worker's estimate of what the identity will spend).
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+}
+
+/// Redis Cluster: whether a plan's keys live on more than one slot (it cannot go as one call).
+pub fn spans_slots(config: &Config, plan: &Plan) -> bool {
+    if !config.redis_cluster {
+        return false;
+    }
+    let mut slots = plan.checks.iter().map(|c| key_slot(c.key.as_bytes()));
+    let first = slots.next();
+    slots.any(|s| Some(s) != first)
+}
 
 /// Units of one limit granted by one call.
 #[derive(Debug, Clone)]
@@ -109,6 +149,123 @@ pub struct Leases {
 }
 
 impl Leases {
+    /// A request of `plan` asks for a lease, if every limit takes one, no ask for its keys is
+    /// in flight and the table has room.
+    pub fn ticket(&mut self, plan: &Plan, now: u128) -> Option<Ticket> {
+        if !plan.leasable() || !self.may_ask(plan) {
+            return None;
+        }
+        self.asking(plan, true);
+        Some(Ticket {
+            requests: self.ask(plan, now),
+            prefetch: false,
+        })
+    }
+
+    /// After a request of `plan` was served from leases: the ask for the next lease before
+    /// these run out, so the requests after it do not wait at the boundary, if they run low.
+    /// Redis Cluster: only for a plan on one slot (a call holds one slot's keys); the keys of a
+    /// plan on several slots are refilled by their own single-slot requests.
+    pub fn prefetch(&mut self, config: &Config, plan: &Plan, now: u128) -> Option<Ticket> {
+        if !self.runs_low(plan, now) || spans_slots(config, plan) {
+            return None;
+        }
+        self.asking(plan, true);
+        Some(Ticket {
+            requests: self.ask(plan, now),
+            prefetch: true,
+        })
+    }
+
+    /// The call of `ticket` (asked for `plan`) is over: `decided` is its decision and the
+    /// clock it was made with, if it was decided. What an allowed decision granted is
+    /// recorded (true), the units held for later requests counted in its `remaining`.
+    pub fn settle(
+        &mut self,
+        ticket: Ticket,
+        plan: &Plan,
+        decided: Option<(&mut Decision, u128)>,
+        skew: Duration,
+    ) -> bool {
+        self.asking(plan, false);
+        let Some((decision, charged_at_ns)) = decided else {
+            return false;
+        };
+        // A prefetch's own request's worth is units too.
+        let requests = decision.leased + u64::from(ticket.prefetch);
+        if !decision.allowed || requests == 0 {
+            return false;
+        }
+        self.grant(plan, decision, requests, charged_at_ns, skew.as_nanos());
+        true
+    }
+
+    /// The request holding `ticket` leaves without a call: its keys may ask again.
+    pub fn cancel(&mut self, ticket: Ticket, plan: &Plan) {
+        let Ticket { .. } = ticket;
+        self.asking(plan, false);
+    }
+
+    /// The give-backs to send now, as calls: one per slot on a Redis Cluster, each within
+    /// `max_bytes` (starting from `fixed_bytes`, a call's own part), at most
+    /// [`MAX_GIVE_BACK_CALLS`]; the rest waits for the next time. Each with its timeout: as
+    /// long as a decision on its keys may take (the longest of their rules').
+    pub fn give_backs(
+        &mut self,
+        config: &Config,
+        fixed_bytes: usize,
+        max_bytes: usize,
+    ) -> Vec<(Vec<Refund>, Duration)> {
+        if self.returns.is_empty() {
+            return Vec::new();
+        }
+        let mut returns: Vec<(Option<u16>, Refund)> = self
+            .take_returns()
+            .into_iter()
+            .map(|r| {
+                let slot = config
+                    .redis_cluster
+                    .then(|| key_slot(r.check.key.as_bytes()));
+                (slot, r)
+            })
+            .collect();
+        returns.sort_by_key(|(slot, _)| *slot);
+        let mut calls: Vec<(usize, Vec<Refund>)> = Vec::new();
+        let mut last_slot = None;
+        let mut left = Vec::new();
+        for (slot, refund) in returns {
+            let size = call_bytes(std::slice::from_ref(&refund.check));
+            let room = calls.len() < MAX_GIVE_BACK_CALLS;
+            match calls.last_mut() {
+                Some((bytes, group)) if last_slot == slot && *bytes + size <= max_bytes => {
+                    *bytes += size;
+                    group.push(refund);
+                }
+                _ if room => {
+                    calls.push((fixed_bytes + size, vec![refund]));
+                    last_slot = slot;
+                }
+                _ => left.push(refund),
+            }
+        }
+        self.keep_returns(left);
+        let timeout = |group: &[Refund]| {
+            group
+                .iter()
+                .filter_map(|r| config.rules.get(r.check.rule).map(|rule| rule.timeout))
+                .max()
+                .unwrap_or(config.clock_skew)
+                .max(Duration::from_millis(1))
+        };
+        calls
+            .into_iter()
+            .map(|(_, group)| {
+                let timeout = timeout(&group);
+                (group, timeout)
+            })
+            .collect()
+    }
+
     /// Serves a request from leased units if every limit of `plan` holds enough unexpired
     /// units for its cost: spends them and returns what the headers say (the lease's view of
     /// Redis: what its grant left, plus the units still held here).
@@ -162,7 +319,7 @@ impl Leases {
     /// How many requests' worth a request of `plan` asks for at `now`: the smallest ask of
     /// its keys. A key whose last lease served nothing asks for a lease again when it comes
     /// back within half a lease's `max_ms`.
-    pub fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
+    fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
         let mut ask = u64::MAX;
         let crowded = self.crowded();
         for check in &plan.checks {
@@ -193,7 +350,7 @@ impl Leases {
 
     /// Whether a request of `plan` may ask for a lease: no ask for its keys is in flight, and
     /// the table has room for them.
-    pub fn may_ask(&self, plan: &Plan) -> bool {
+    fn may_ask(&self, plan: &Plan) -> bool {
         let new = plan
             .checks
             .iter()
@@ -210,7 +367,7 @@ impl Leases {
     /// they run out. On some limit, half of the last grant or less is left, and at the pace
     /// it was spent so far the rest goes before the grant ends (a client that comes back now
     /// and then is not sent units it would not spend in time).
-    pub fn runs_low(&self, plan: &Plan, now: u128) -> bool {
+    fn runs_low(&self, plan: &Plan, now: u128) -> bool {
         plan.checks.iter().any(|c| {
             let Some(lease) = self.keys.get(&c.key) else {
                 return false;
@@ -228,7 +385,7 @@ impl Leases {
     }
 
     /// A call asking for a lease of `plan`'s limits is on its way (`true`) or over.
-    pub fn asking(&mut self, plan: &Plan, asking: bool) {
+    fn asking(&mut self, plan: &Plan, asking: bool) {
         for check in &plan.checks {
             match self.keys.get_mut(&check.key) {
                 Some(lease) => lease.asking = asking,
@@ -244,16 +401,17 @@ impl Leases {
 
     /// Records what `decision` (decided with the clock `charged_at_ns`) granted: `requests`
     /// requests' worth of each limit's cost. A grant that could not be spent before its
-    /// bucket may be full again is given back at once.
-    pub fn grant(
+    /// bucket may be full again is given back at once. The decision's `remaining` then counts
+    /// the units held here (what the client's headers say is left).
+    fn grant(
         &mut self,
         plan: &Plan,
-        decision: &Decision,
+        decision: &mut Decision,
         requests: u64,
         charged_at_ns: u128,
         skew_ns: u128,
     ) {
-        for (check, result) in plan.checks.iter().zip(&decision.limits) {
+        for (check, result) in plan.checks.iter().zip(&mut decision.limits) {
             let Some(lease_config) = check.lease else {
                 continue;
             };
@@ -283,6 +441,9 @@ impl Leases {
             if usable_ns == 0 {
                 self.returns.push(refund_of(&lease.check, &grant));
             } else {
+                // What the headers of the request that asked count as held for later ones.
+                let held = decision.leased.saturating_mul(check.cost).min(units);
+                result.remaining += held as f64;
                 lease.grants.push_back(grant);
             }
         }
@@ -327,13 +488,13 @@ impl Leases {
     }
 
     /// The units to give back, taken.
-    pub fn take_returns(&mut self) -> Vec<Refund> {
+    fn take_returns(&mut self) -> Vec<Refund> {
         std::mem::take(&mut self.returns)
     }
 
     /// Give-backs not sent yet, for the next time; beyond [`MAX_LEASED_KEYS`] the oldest are
     /// dropped (a give-back not made leaves units spent, never extra).
-    pub fn keep_returns(&mut self, mut unsent: Vec<Refund>) {
+    fn keep_returns(&mut self, mut unsent: Vec<Refund>) {
         unsent.append(&mut self.returns);
         let excess = unsent.len().saturating_sub(MAX_LEASED_KEYS);
         unsent.drain(..excess);
@@ -404,5 +565,86 @@ mod tests {
         // The idle keys are forgotten at the next expiry pass.
         leases.expire(2);
         assert_eq!(leases.len(), 1, "only the key still asking");
+    }
+
+    #[test]
+    fn a_ticket_holds_its_keys_until_it_is_settled_or_cancelled() {
+        let config = Config::parse(
+            br#"{"lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000}, "rules": [{"name": "r", "limits": [{"name": "l", "limit": 10, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let mut leases = Leases::default();
+        let p = plan_of(&config, "k");
+        let ticket = leases.ticket(&p, 1).unwrap();
+        assert_eq!(ticket.requests(), FIRST_ASK);
+        assert!(leases.ticket(&p, 1).is_none(), "one ask in flight per key");
+        leases.cancel(ticket, &p);
+        let ticket = leases.ticket(&p, 2).unwrap();
+        // Settled without a decision (the call failed): nothing granted, the key free again.
+        assert!(!leases.settle(ticket, &p, None, Duration::ZERO));
+        assert!(leases.spend(&p, 3).is_none());
+        // Settled with a grant of 4 requests' worth: 3 held for later requests, counted in
+        // the headers' remaining.
+        let ticket = leases.ticket(&p, 4).unwrap();
+        let mut decision = Decision {
+            allowed: true,
+            limits: vec![LimitResult {
+                allowed: true,
+                remaining: 6.0,
+                reset_ms: 30_000.0,
+                retry_ms: 0.0,
+                over_budget: false,
+            }],
+            leased: 3,
+        };
+        assert!(leases.settle(ticket, &p, Some((&mut decision, 4)), Duration::ZERO));
+        assert_eq!(decision.limits[0].remaining, 9.0);
+        for now in 5..8 {
+            assert!(leases.spend(&p, now).is_some());
+        }
+        assert!(leases.spend(&p, 8).is_none(), "3 units, 3 requests");
+    }
+
+    #[test]
+    fn a_plan_on_two_slots_is_served_from_leases_but_asks_for_no_prefetch() {
+        let config = Config::parse(
+            br#"{"bridge": {"redis_cluster": true}, "lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000}, "rules": [
+                {"name": "a", "key": {"from": ["header:x-api-key"]}, "limits": [{"name": "l", "limit": 100, "window": "1m"}]},
+                {"name": "b", "key": {"from": ["header:x-other"]}, "limits": [{"name": "l", "limit": 100, "window": "1m"}]}]}"#,
+        )
+        .unwrap();
+        let request = FakeRequest::new("GET", "/")
+            .with("x-api-key", b"k")
+            .with("x-other", b"o");
+        let both = plan(&config, &request).unwrap();
+        assert!(spans_slots(&config, &both));
+        let mut leases = Leases::default();
+        // Each key leased by a plan of its own slot (4 requests' worth, 3 held).
+        for check in &both.checks {
+            let own = Plan {
+                checks: vec![check.clone()],
+                ..both.clone()
+            };
+            let ticket = leases.ticket(&own, 1).unwrap();
+            let mut decision = Decision {
+                allowed: true,
+                limits: vec![LimitResult {
+                    allowed: true,
+                    remaining: 90.0,
+                    reset_ms: 30_000.0,
+                    retry_ms: 0.0,
+                    over_budget: false,
+                }],
+                leased: 3,
+            };
+            assert!(leases.settle(ticket, &own, Some((&mut decision, 1)), Duration::ZERO));
+        }
+        assert!(leases.spend(&both, 2).is_some());
+        assert!(leases.spend(&both, 3).is_some());
+        assert!(leases.runs_low(&both, 3));
+        assert!(
+            leases.prefetch(&config, &both, 3).is_none(),
+            "no cross-slot call"
+        );
     }
 }

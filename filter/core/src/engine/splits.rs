@@ -8,9 +8,21 @@
 //! limit would have had room (a false refusal), never allowed beyond the limit. A refund that
 //! is lost (the bridge fails) leaves the units spent until they refill.
 
+use std::collections::HashMap;
+
+use super::queue::{Origin, Outcome, Sent, Waiting};
 use crate::bridge::{BridgeFailure, Decision, LimitResult, Refund};
+use crate::config::Config;
 use crate::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
+
+/// Redis Cluster: a plan's checks grouped by hash slot (see [`by_slot`]); none otherwise.
+pub fn slot_groups(config: &Config, plan: &Plan) -> Vec<(u16, Vec<usize>)> {
+    match config.redis_cluster {
+        true => by_slot(&plan.checks),
+        false => Vec::new(),
+    }
+}
 
 /// A plan's checks grouped by hash slot, in order of first appearance: (slot, indexes).
 pub fn by_slot(checks: &[LimitCheck]) -> Vec<(u16, Vec<usize>)> {
@@ -40,6 +52,9 @@ pub struct Split {
     /// The clock of the first part refused.
     refused_at: Option<u128>,
     failure: Option<BridgeFailure>,
+    /// A part was decided by a call sent before a Redis restart this worker learnt of since:
+    /// its refusals are not remembered.
+    pub stale: bool,
 }
 
 impl Split {
@@ -54,6 +69,7 @@ impl Split {
             charged: Vec::new(),
             refused_at: None,
             failure: None,
+            stale: false,
         }
     }
 
@@ -167,6 +183,107 @@ impl Split {
                 (!refunds.is_empty()).then_some(refunds)
             })
             .collect()
+    }
+}
+
+/// A split request whose parts are all in: its plan and outcome as one request, and when
+/// the decision was sent (None: nothing to remember in the deny cache).
+pub struct Finished {
+    pub split: Split,
+    pub plan: Plan,
+    pub outcome: Outcome,
+    pub sent: Option<Sent>,
+}
+
+/// The requests of a worker being decided in parts, by number.
+#[derive(Debug, Default)]
+pub struct Splits {
+    open: HashMap<u64, Split>,
+    next: u64,
+}
+
+impl Splits {
+    /// Starts deciding the plan of stream `ctx` (arrived at `now`, asked about leases and
+    /// refusals when `checked`) in the parts `groups` (from [`by_slot`]), which wait for calls.
+    pub fn start(
+        &mut self,
+        ctx: u32,
+        plan: Plan,
+        now: u128,
+        groups: Vec<(u16, Vec<usize>)>,
+        checked: u64,
+    ) -> Vec<Waiting> {
+        let id = self.next;
+        self.next = self.next.wrapping_add(1);
+        let (slots, parts): (Vec<u16>, Vec<Vec<usize>>) = groups.into_iter().unzip();
+        let split = Split::new(ctx, plan, now, parts);
+        let parts = slots
+            .into_iter()
+            .enumerate()
+            .map(|(part, slot)| {
+                let origin = Origin::Part {
+                    ctx,
+                    split: id,
+                    part,
+                };
+                Waiting {
+                    origin,
+                    plan: split.part_plan(part),
+                    arrived_ns: now,
+                    slot: Some(slot),
+                    lease: None,
+                    checked: Some(checked),
+                }
+            })
+            .collect();
+        self.open.insert(id, split);
+        parts
+    }
+
+    /// The outcome of part `part` of split `id`, decided by a call sent at `sent` (the deny
+    /// cache is at `epoch`). Once every part is in, the split is taken and concluded as one
+    /// request; None before, or if its stream is gone.
+    pub fn settle(
+        &mut self,
+        id: u64,
+        part: usize,
+        outcome: Outcome,
+        sent: Option<Sent>,
+        epoch: u64,
+    ) -> Option<Finished> {
+        let split = self.open.get_mut(&id)?;
+        // Decided by a call sent before a Redis restart: no refusal of it is remembered.
+        split.stale |= sent.is_some_and(|s| s.epoch != epoch);
+        let result = match outcome {
+            Outcome::Decided(decision) => Ok(decision),
+            Outcome::Failed(failure) => Err(failure),
+        };
+        if !split.record(part, result, sent.map_or(0, |s| s.at_ns)) {
+            return None;
+        }
+        let split = self.open.remove(&id)?;
+        let (plan, result, at_ns) = split.outcome();
+        let outcome = match result {
+            Ok(decision) => Outcome::Decided(decision),
+            Err(failure) => Outcome::Failed(failure),
+        };
+        let sent = (!split.stale).then_some(Sent { at_ns, epoch });
+        Some(Finished {
+            split,
+            plan,
+            outcome,
+            sent,
+        })
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// The stream of `ctx` ended: its splits are dropped (their parts' outcomes go nowhere).
+    pub fn forget(&mut self, ctx: u32) {
+        self.open.retain(|_, s| s.ctx != ctx);
     }
 }
 

@@ -1,0 +1,86 @@
+//! Carrying out a conclusion for a stream: returned as the verdict if the request's own
+//! callback is running, else resumed or answered through the host; the rate-limit headers of
+//! an allowed request are kept until its response headers pass.
+
+use std::collections::HashMap;
+
+use super::host::{Host, Verdict};
+use super::policy::Conclusion;
+use crate::metrics::Histogram;
+use crate::response::Headers;
+
+/// The request whose own callback is running: its verdict is returned, not resumed.
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    ctx: u32,
+    verdict: Option<Verdict>,
+}
+
+#[derive(Debug, Default)]
+pub struct Delivery {
+    /// Rate-limit headers for allowed requests, until their response headers pass.
+    headers: HashMap<u32, Headers>,
+    current: Option<Current>,
+}
+
+impl Delivery {
+    /// The callback of request `ctx` starts.
+    pub fn begin(&mut self, ctx: u32) {
+        self.current = Some(Current { ctx, verdict: None });
+    }
+
+    /// The callback ends: its verdict (paused unless it was concluded).
+    pub fn end(&mut self) -> Verdict {
+        let verdict = self.current.take().and_then(|c| c.verdict);
+        verdict.unwrap_or(Verdict::Pause)
+    }
+
+    /// Carries out `conclusion` for `ctx`. `waited` (arrived, now) gives the decision latency
+    /// of a request that waited (the clock is read once per callback by the caller, not once
+    /// per request); None: it did not wait.
+    pub fn deliver(
+        &mut self,
+        host: &mut impl Host,
+        ctx: u32,
+        conclusion: Conclusion,
+        waited: Option<(u128, u128)>,
+    ) {
+        let own = self.current.is_some_and(|c| c.ctx == ctx);
+        let verdict = match conclusion {
+            Conclusion::Answer(response) => {
+                host.answer(ctx, response);
+                Verdict::Pause
+            }
+            Conclusion::Resume(headers) => {
+                if !headers.is_empty() {
+                    self.headers.insert(ctx, headers);
+                }
+                Verdict::Continue
+            }
+        };
+        if own {
+            self.current = Some(Current {
+                ctx,
+                verdict: Some(verdict),
+            });
+            return;
+        }
+        if verdict == Verdict::Continue && !host.resume(ctx) {
+            self.headers.remove(&ctx);
+        }
+        if let Some((arrived_ns, now)) = waited.filter(|(arrived, now)| now >= arrived) {
+            let ms = (now - arrived_ns).div_ceil(1_000_000);
+            host.record(Histogram::DecisionMs, u64::try_from(ms).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// The rate-limit headers `ctx` was allowed with, taken.
+    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
+        self.headers.remove(&ctx)
+    }
+
+    /// The stream of `ctx` ended.
+    pub fn forget(&mut self, ctx: u32) {
+        self.headers.remove(&ctx);
+    }
+}

@@ -1,0 +1,520 @@
+//! One decision engine per worker (per wasm VM, owned by the root context). Request contexts
+//! hand it their plans; it answers what it can at once (a bad request, a request its leases
+//! or its deny cache can answer) and queues the rest. Whatever waits while a call is in flight
+//! goes together in the next call (group commit, no timer: a request that finds the worker
+//! idle is sent at once), and one `EVALSHA` decides the whole batch, each request all or
+//! nothing over its own limits, in arrival order.
+//!
+//! Calls are started from the root context (through [`Host::wake`]), so their replies come to
+//! the root and are never lost with the stream of whichever request happened to start them.
+//!
+//! The engine coordinates parts that each hold one concept: the [`queue`] (waiting requests
+//! and calls in flight), the [`breaker`], the [`refusals`] (deny cache and Redis restarts),
+//! the [`leases`] (their whole ask cycle), the cluster [`splits`], the [`policy`] (what an
+//! outcome does, the `local` failure mode), the [`tally`] (stats) and the [`delivery`] of
+//! verdicts to streams.
+
+use std::time::Duration;
+
+use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, DecideCall, Refund};
+use crate::config::Config;
+use crate::identity::RequestView;
+use crate::metrics::{Counter, Gauge, Histogram};
+use crate::plan::{plan_memo, Plan, PlanMemo};
+use crate::response::{self, Headers};
+use breaker::Breaker;
+use delivery::Delivery;
+use leases::Leases;
+use policy::{serve_locally, Conclusion, Policy};
+use queue::{call_fixed_bytes, Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
+use refusals::Refusals;
+use splits::{slot_groups, Splits};
+use tally::Tally;
+
+pub use host::{Host, Verdict};
+
+mod breaker;
+mod delivery;
+mod host;
+pub mod leases;
+pub mod local;
+mod policy;
+mod queue;
+pub mod refusals;
+pub mod splits;
+mod tally;
+
+/// A call's path stays within this many bytes (Webdis's shipped `http_max_request_size` is
+/// 64 KiB); a batch stops growing before it would pass it. The configuration is refused if a
+/// single request could need more.
+pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
+
+/// The period of each worker's timer ([`Engine::on_tick`]): a stalled call is seen at most
+/// this long after `breaker.stall` when no request comes to see it first, while every worker
+/// pays only 40 callbacks a second.
+pub const TICK: Duration = Duration::from_millis(25);
+
+#[derive(Debug, Default)]
+pub struct Engine {
+    queue: Queue,
+    wake_pending: bool,
+    breaker: Breaker,
+    refusals: Refusals,
+    leases: Leases,
+    splits: Splits,
+    policy: Policy,
+    tally: Tally,
+    delivery: Delivery,
+    /// Decision replies so far: a waiting request is asked about leases and refusals again
+    /// only if one came since it was last asked (`Waiting::checked`).
+    replies: u64,
+    /// Counts requests, so that sharded limits are spent from each shard in turn.
+    turn: u64,
+    /// Recent identities' Redis keys (bounded), for this engine's configuration.
+    memo: PlanMemo,
+}
+
+impl Engine {
+    /// A new engine for `config` (a new configuration starts with an empty deny cache).
+    pub fn new(config: &Config) -> Self {
+        Engine {
+            refusals: Refusals::new(config.deny_cache_entries),
+            tally: Tally::new(config),
+            ..Default::default()
+        }
+    }
+
+    /// Requests waiting for a call, and calls in flight (for tests and logs).
+    pub fn load(&self) -> (usize, usize) {
+        self.queue.load()
+    }
+
+    /// Request headers of `ctx` arrived (its own callback is running).
+    pub fn on_request(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        ctx: u32,
+        view: &dyn RequestView,
+    ) -> Verdict {
+        self.delivery.begin(ctx);
+        if let Some(conclusion) = self.admit(config, host, ctx, view) {
+            self.delivery.deliver(host, ctx, conclusion, None);
+        }
+        self.delivery.end()
+    }
+
+    /// What is decided for a request at once (None: it waits for a call).
+    fn admit(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        ctx: u32,
+        view: &dyn RequestView,
+    ) -> Option<Conclusion> {
+        self.turn = self.turn.wrapping_add(1);
+        let plan = match plan_memo(config, view, self.turn, &mut self.memo) {
+            Ok(plan) => plan,
+            Err(bad) => {
+                host.count(Counter::BadRequests);
+                return Some(Conclusion::Answer(response::bad_request(&bad.0)));
+            }
+        };
+        // Measurement only (feature `phase-plan-only`, built by `make bench`, never shipped):
+        // the plan's cost alone (made in full, not optimised away), then continue.
+        if cfg!(feature = "phase-plan-only") || plan.checks.is_empty() {
+            std::hint::black_box(&plan);
+            return Some(Conclusion::Resume(Headers::new()));
+        }
+        let Some(now) = host.now_unix_ns() else {
+            let outcome = Outcome::Failed(BridgeFailure::Clock);
+            return Some(self.conclude(config, host, &plan, outcome, None));
+        };
+        let parts = (&mut self.leases, &self.refusals, &mut self.tally);
+        if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
+            // Served from leases: the next lease is asked for before these run out, so the
+            // requests after it do not wait at the boundary (sent like a request, from the
+            // root; not while the breaker is open).
+            let leased = matches!(conclusion, Conclusion::Resume(_)) && !self.breaker.is_open();
+            let ticket = leased.then(|| self.leases.prefetch(config, &plan, now));
+            if let Some(ticket) = ticket.flatten() {
+                host.count(Counter::LeasePrefetches);
+                let origin = Origin::Prefetch;
+                self.queue
+                    .push(Waiting::new(config, origin, plan, now, Some(ticket), None));
+                self.wake(config, host, Some(ctx));
+            }
+            return Some(conclusion);
+        }
+        let oldest = self.queue.oldest_dispatch();
+        let stalled = self.breaker.stalled(config.breaker, oldest, now);
+        self.opened(config, host, now, stalled);
+        if self.breaker.is_open() {
+            let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
+            return Some(self.conclude(config, host, &plan, outcome, None));
+        }
+        let groups = slot_groups(config, &plan);
+        if groups.len() > 1 {
+            // Redis Cluster: keys on several slots: one part per slot, each waits for a call.
+            for part in self.splits.start(ctx, plan, now, groups, self.replies) {
+                self.queue.push(part);
+            }
+            self.wake(config, host, Some(ctx));
+            return None;
+        }
+        let lease = self.leases.ticket(&plan, now);
+        let (origin, checked) = (Origin::Stream(ctx), Some(self.replies));
+        self.queue
+            .push(Waiting::new(config, origin, plan, now, lease, checked));
+        if self.queue.only() {
+            // An idle worker: this request alone goes at once, from its own context (no hop
+            // through the root). Only its own verdict rides on the call.
+            self.dispatch_ready(config, host, Some(ctx));
+        } else {
+            self.wake(config, host, Some(ctx));
+        }
+        None
+    }
+
+    /// Where a waiting request's outcome goes: its lease ticket, then its stream, or (one
+    /// part of a split request) the split. `sent`: when its call was sent, if it was.
+    fn settle(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        mut member: Waiting,
+        mut outcome: Outcome,
+        sent: Option<Sent>,
+        now: u128,
+    ) {
+        if let Some(ticket) = member.lease.take() {
+            let decided = outcome.decision_mut().zip(sent.map(|s| s.at_ns));
+            if self
+                .leases
+                .settle(ticket, &member.plan, decided, config.clock_skew)
+            {
+                host.count(Counter::LeaseGrants);
+            }
+        }
+        let (ctx, arrived_ns, conclusion) = match member.origin {
+            Origin::Stream(ctx) => {
+                let conclusion = self.conclude(config, host, &member.plan, outcome, sent);
+                (ctx, member.arrived_ns, conclusion)
+            }
+            // No stream to answer; a refusal still tells the next prefetch not to go.
+            Origin::Prefetch => return self.refusals.remember(&member.plan, &outcome, sent),
+            Origin::Part { split, part, .. } => {
+                let epoch = self.refusals.epoch();
+                let Some(done) = self.splits.settle(split, part, outcome, sent, epoch) else {
+                    return; // parts still out, or its stream is gone
+                };
+                let conclusion = self.conclude(config, host, &done.plan, done.outcome, done.sent);
+                if matches!(conclusion, Conclusion::Answer(_)) {
+                    // What the parts that charged took goes back: a call per slot, whose reply
+                    // is not waited for (a lost refund leaves units spent, never extra).
+                    for refunds in done.split.refunds() {
+                        host.count(Counter::Refunds);
+                        let times = (config.clock_skew, done.split.plan.timeout);
+                        refund(config, host, &mut self.refusals, &refunds, times, now);
+                    }
+                }
+                (done.split.ctx, done.split.arrived_ns, conclusion)
+            }
+        };
+        self.delivery
+            .deliver(host, ctx, conclusion, Some((arrived_ns, now)));
+    }
+
+    /// What the policy makes of `outcome`, a refusal (from a call sent at `sent`) remembered.
+    fn conclude(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        plan: &Plan,
+        outcome: Outcome,
+        sent: Option<Sent>,
+    ) -> Conclusion {
+        self.refusals.remember(plan, &outcome, sent);
+        let tally = &mut self.tally;
+        self.policy.conclude(config, host, tally, plan, outcome)
+    }
+
+    /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
+    /// be reached, sends from the request context `from` (if any) rather than not at all.
+    fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
+        if !self.queue.ready(config.batch.max_in_flight) || self.wake_pending {
+            return;
+        }
+        if host.wake() {
+            self.wake_pending = true;
+        } else if from.is_some() {
+            self.dispatch_ready(config, host, from);
+        }
+    }
+
+    /// The wake-up asked for with [`Host::wake`] (the root context is running).
+    pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
+        self.wake_pending = false;
+        self.tally.flush(host);
+        self.dispatch_ready(config, host, None);
+    }
+
+    /// A call's reply (or its timeout) arrived, in the root context (`at` None) or in the
+    /// request context that made the call.
+    pub fn on_reply(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        at: Option<u32>,
+        token: u32,
+        reply: BridgeReply<'_>,
+    ) {
+        if self.breaker.is_probe(token) {
+            let now = host.now_unix_ns().unwrap_or(0);
+            if let Some(why) = self.breaker.probe_reply(reply, now) {
+                host.gauge_add(Gauge::BreakerOpen, -1);
+                host.report_breaker(false, &why);
+            }
+            return;
+        }
+        let Some(call) = self.queue.take_call(token) else {
+            return;
+        };
+        self.tally.flush(host);
+        let now = host.now_unix_ns().unwrap_or(call.sent.at_ns);
+        match call.read(config, reply) {
+            Reply::Decided(results) => {
+                self.breaker.answered();
+                self.replies = self.replies.wrapping_add(1);
+                for (member, result) in call.members.into_iter().zip(results) {
+                    let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
+                    self.settle(config, host, member, outcome, Some(call.sent), now);
+                }
+            }
+            Reply::NoScript => {
+                self.breaker.answered();
+                // Redis restarted: what it refused may fit again, here and (at their next tick)
+                // in the other workers. Leases stay: they were charged (a fresh Redis too).
+                if self.refusals.restarted(host.redis_restarts(true)) {
+                    host.count(Counter::DenyCacheResets);
+                }
+                let stage = Stage::LoadingScript;
+                self.send(config, host, Call { stage, ..call }, now);
+            }
+            Reply::Loaded => {
+                self.breaker.answered();
+                host.count(Counter::ScriptLoads);
+                let stage = Stage::Deciding { reloaded: true };
+                self.send(config, host, Call { stage, ..call }, now);
+            }
+            Reply::Failed(failure) => self.fail(config, host, call.members, failure, now, true),
+        }
+        match at {
+            None => self.dispatch_ready(config, host, None),
+            Some(ctx) => self.wake(config, host, Some(ctx)),
+        }
+    }
+
+    /// The worker's timer (every [`TICK`]), in the root context: sees a stalled call, sends
+    /// the breaker's probe and the give-backs, learns of Redis restarts other workers saw.
+    pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
+        self.tally.flush(host);
+        if let Some(now) = host.now_unix_ns() {
+            let oldest = self.queue.oldest_dispatch();
+            let stalled = self.breaker.stalled(config.breaker, oldest, now);
+            self.opened(config, host, now, stalled);
+            if let Some((request, timeout)) = self.breaker.probe(config, now) {
+                let probe = host.dispatch(&config.bridge, &request, timeout).ok();
+                self.breaker.probe_sent(config.breaker, probe, now);
+            }
+            self.leases.expire(now);
+            // Not while the breaker is open: the units wait for the first tick after it closes.
+            if !self.breaker.is_open() {
+                give_back(config, host, (&mut self.leases, &mut self.refusals), now);
+            }
+        }
+        if host
+            .redis_restarts(false)
+            .is_some_and(|n| self.refusals.sync(n))
+        {
+            host.count(Counter::DenyCacheResets);
+        }
+    }
+
+    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
+    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
+        self.delivery.take_headers(ctx)
+    }
+
+    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
+    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
+    /// was made from its context: that reply is lost with the stream, so the call's slot is
+    /// freed at once and any other request on it fails by policy.
+    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
+        self.delivery.forget(ctx);
+        self.splits.forget(ctx);
+        if self.queue.load() == (0, 0) {
+            return; // nothing waits nor is in flight (most streams end so)
+        }
+        let orphans = self.queue.forget(ctx, &mut self.leases);
+        if !orphans.is_empty() {
+            let now = host.now_unix_ns().unwrap_or(0);
+            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
+        }
+        self.wake(config, host, None);
+    }
+
+    /// Sends batches while a call slot is free and requests wait, from context `from` or root.
+    fn dispatch_ready(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
+        while self.queue.ready(config.batch.max_in_flight) {
+            let Some(now) = host.now_unix_ns() else {
+                let members = self.queue.take_waiting();
+                return self.fail(config, host, members, BridgeFailure::Clock, 0, false);
+            };
+            if from.is_some() && self.queue.calls() > 0 {
+                break; // one call from a request context at most: the root sends the rest
+            }
+            let members = self.next_batch(config, host, now);
+            if !members.is_empty() {
+                let epoch = self.refusals.epoch();
+                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
+                host.count(Counter::BridgeCalls);
+                host.record(Histogram::BatchSize, call.members.len() as u64);
+                self.send(config, host, call, now);
+            }
+        }
+    }
+
+    /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
+    /// policy. One that waited while a reply came is asked again about leases and refusals
+    /// (that reply may have brought either), a prefetch about refusals; a part always goes.
+    fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
+        let mut batch = self.queue.batch(call_fixed_bytes(config));
+        let max = config.batch.max_requests;
+        while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
+            if now >= w.deadline_ns() {
+                let outcome = Outcome::Failed(BridgeFailure::Expired);
+                self.settle(config, host, w, outcome, None, now);
+                continue;
+            }
+            if w.checked != Some(self.replies) {
+                w.checked = Some(self.replies);
+                let parts = (&mut self.leases, &self.refusals, &mut self.tally);
+                match w.origin {
+                    Origin::Stream(ctx) => {
+                        if let Some(conclusion) = serve_locally(config, parts, &w.plan, now) {
+                            let waited = Some((w.arrived_ns, now));
+                            w.leave(&mut self.leases);
+                            self.delivery.deliver(host, ctx, conclusion, waited);
+                            continue;
+                        }
+                    }
+                    Origin::Prefetch if self.refusals.refuses(&w.plan, now) => {
+                        w.leave(&mut self.leases);
+                        continue;
+                    }
+                    Origin::Prefetch | Origin::Part { .. } => {}
+                }
+            }
+            batch.join(w, size);
+        }
+        batch.into_members()
+    }
+
+    /// Sends `call` in its stage, its timeout what is left of its soonest deadline.
+    fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
+        let Some(timeout) = call.timeout(now) else {
+            let expired = BridgeFailure::Expired;
+            return self.fail(config, host, call.members, expired, now, false);
+        };
+        match host.dispatch(&config.bridge, &call.request(), timeout) {
+            Ok(token) => {
+                // A reply to a call sent again after a restart decides on the new state.
+                call.sent.epoch = self.refusals.epoch();
+                self.queue.in_flight(token, now, call);
+            }
+            Err(why) => {
+                let failure = BridgeFailure::Dispatch(why);
+                self.fail(config, host, call.members, failure, now, true)
+            }
+        }
+    }
+
+    /// `members` failed: they follow their policy; a failed `call` counts for the breaker.
+    fn fail(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        members: Vec<Waiting>,
+        failure: BridgeFailure,
+        now: u128,
+        call: bool,
+    ) {
+        let opens = call.then(|| self.breaker.failed(config.breaker, &failure, now));
+        for member in members {
+            let outcome = Outcome::Failed(failure.clone());
+            self.settle(config, host, member, outcome, None, now);
+        }
+        self.opened(config, host, now, opens.flatten());
+    }
+
+    /// The breaker opened (for `why`; None: it did not): every request waiting or in flight is
+    /// decided now by its policy; none waits for a call until a probe is answered.
+    fn opened(&mut self, config: &Config, host: &mut impl Host, now: u128, why: Option<String>) {
+        let Some(why) = why else {
+            return;
+        };
+        host.count(Counter::BreakerTrips);
+        host.gauge_add(Gauge::BreakerOpen, 1);
+        host.report_breaker(true, &why);
+        let (members, open) = (self.queue.take_all(), BridgeFailure::BreakerOpen);
+        self.fail(config, host, members, open, now, false);
+    }
+}
+
+/// Gives back what leases held past their end (see [`Leases::give_backs`]), without waiting
+/// for the replies: a lost give-back leaves units spent, never extra.
+fn give_back(
+    config: &Config,
+    host: &mut impl Host,
+    (leases, refusals): (&mut Leases, &mut Refusals),
+    now: u128,
+) {
+    let fixed = call_fixed_bytes(config);
+    for (refunds, timeout) in leases.give_backs(config, fixed, MAX_CALL_BYTES) {
+        let units = refunds.iter().map(|r| r.check.cost).sum();
+        host.count_n(Counter::LeaseUnitsReturned, units);
+        // As long to reach Redis as a decision on these keys (with a small clock skew alone,
+        // most came too late to give anything back).
+        let window = timeout.max(config.clock_skew);
+        refund(config, host, refusals, &refunds, (window, window), now);
+    }
+}
+
+/// Sends a call giving `refunds` back (a split's refund or a lease's give-back) at `now`,
+/// without waiting for its reply (within `timeout`); the deny cache forgets their keys'
+/// refusals. Its clock must be no earlier than any decision on these keys made before it
+/// reaches Redis, and Redis must drop it past that clock: the clock (and deadline) is `now`
+/// plus `window`, at least the clock skew allowed between replicas. A later clock only gives
+/// back less (the refill up to it is counted as the bucket's), never more.
+fn refund(
+    config: &Config,
+    host: &mut impl Host,
+    refusals: &mut Refusals,
+    refunds: &[Refund],
+    (window, timeout): (Duration, Duration),
+    now: u128,
+) {
+    for refund in refunds {
+        refusals.forget(&refund.check.key);
+    }
+    let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
+    let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
+    let request = BridgeRequest::evalsha(&config.script_sha, &call);
+    if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
+        host.report_failure(&BridgeFailure::Dispatch(why));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+//! The failure and decision policy: what an outcome (a decision from Redis, or a failure)
+//! does to a request, counted; and the `local` failure mode, which decides on this worker
+//! alone while the bridge fails.
+
+use super::host::Host;
+use super::leases::Leases;
+use super::local::{scaled, LocalLimits};
+use super::queue::Outcome;
+use super::refusals::Refusals;
+use super::tally::Tally;
+use crate::bridge::{BridgeFailure, Decision};
+use crate::config::{Config, FailureMode};
+use crate::metrics::{Counter, RuleEvent};
+use crate::plan::{LimitCheck, Plan};
+use crate::response::{self, Headers, LocalResponse};
+
+/// What the policy decided for a request.
+pub enum Conclusion {
+    Resume(Headers),
+    Answer(LocalResponse),
+}
+
+#[derive(Debug, Default)]
+pub struct Policy {
+    /// The state of the `local` failure mode.
+    local: LocalLimits,
+}
+
+impl Policy {
+    /// The one place an outcome becomes "let it through" or "answer it", counted.
+    pub fn conclude(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        tally: &mut Tally,
+        plan: &Plan,
+        outcome: Outcome,
+    ) -> Conclusion {
+        match outcome {
+            Outcome::Decided(decision) if decision.allowed => {
+                host.count(Counter::Allowed);
+                if decision.limits.iter().any(|l| !l.allowed) {
+                    host.count(Counter::ShadowDenied);
+                }
+                count_decision(host, tally, plan, &decision);
+                Conclusion::Resume(response::rate_limit_headers(
+                    config,
+                    &plan.checks,
+                    &decision,
+                ))
+            }
+            Outcome::Decided(decision) => {
+                host.count(Counter::Denied);
+                count_decision(host, tally, plan, &decision);
+                Conclusion::Answer(response::denied(config, &plan.checks, &decision))
+            }
+            Outcome::Failed(failure) => {
+                // An open breaker was logged once when it opened; no call failed here.
+                if failure != BridgeFailure::BreakerOpen {
+                    host.count(Counter::BridgeErrors);
+                    host.report_failure(&failure);
+                }
+                for check in &plan.checks {
+                    let local = plan.failure_mode == FailureMode::Local
+                        && config
+                            .rules
+                            .get(check.rule)
+                            .is_some_and(|r| r.failure_mode == FailureMode::Local);
+                    let event = match plan.failure_mode {
+                        FailureMode::Closed => RuleEvent::FailedClosed,
+                        _ if local => RuleEvent::FailedLocal,
+                        _ => RuleEvent::FailedOpen,
+                    };
+                    tally.rule(check, event);
+                }
+                match plan.failure_mode {
+                    FailureMode::Local => self.decide_locally(config, host, plan),
+                    FailureMode::Open => {
+                        host.count(Counter::FailureModeOpen);
+                        Conclusion::Resume(Headers::new())
+                    }
+                    FailureMode::Closed => {
+                        host.count(Counter::FailureModeClosed);
+                        Conclusion::Answer(response::unavailable())
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `local` failure mode: the limits of the request's rules that fail locally, decided
+    /// by this worker alone at `local_share` of each (the others let it through).
+    fn decide_locally(&mut self, config: &Config, host: &mut impl Host, plan: &Plan) -> Conclusion {
+        host.count(Counter::FailureModeLocal);
+        let checks: Vec<LimitCheck> = plan
+            .checks
+            .iter()
+            .filter(|c| {
+                config
+                    .rules
+                    .get(c.rule)
+                    .is_some_and(|r| r.failure_mode == FailureMode::Local)
+            })
+            .map(|c| scaled(c, config.local_share))
+            .collect();
+        let Some(now) = host.now_unix_ns() else {
+            return Conclusion::Resume(Headers::new());
+        };
+        let decision = self.local.decide(&checks, now);
+        if decision.allowed {
+            host.count(Counter::Allowed);
+            Conclusion::Resume(response::rate_limit_headers(config, &checks, &decision))
+        } else {
+            host.count(Counter::Denied);
+            Conclusion::Answer(response::denied(config, &checks, &decision))
+        }
+    }
+}
+
+/// A request of `plan` the worker answers without Redis at `now`, counted: allowed from
+/// leased units, or refused from the deny cache (counted in the stats at the next tick or
+/// reply: host calls fewer on the hot path).
+pub fn serve_locally(
+    config: &Config,
+    (leases, refusals, tally): (&mut Leases, &Refusals, &mut Tally),
+    plan: &Plan,
+    now: u128,
+) -> Option<Conclusion> {
+    if plan.leasable() && !leases.is_empty() {
+        if let Some(decision) = leases.spend(plan, now) {
+            tally.lease_hit(plan);
+            let headers = response::rate_limit_headers(config, &plan.checks, &decision);
+            return Some(Conclusion::Resume(headers));
+        }
+    }
+    let (checks, decision) = refusals.refusal(plan, now)?;
+    tally.deny_hit(&checks);
+    Some(Conclusion::Answer(response::denied(
+        config, &checks, &decision,
+    )))
+}
+
+/// Per-rule counts of a decision from Redis: what each limit did, and the rules whose key
+/// budget a new identity found used up (once per rule and request).
+fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision: &Decision) {
+    let mut budget_rule = None;
+    for (check, result) in plan.checks.iter().zip(&decision.limits) {
+        let event = match (result.allowed, check.shadow) {
+            (true, _) => RuleEvent::Allowed,
+            (false, true) => RuleEvent::ShadowDenied,
+            (false, false) => RuleEvent::Denied,
+        };
+        // A limit that allowed a request another limit refused did nothing to count.
+        if decision.allowed || event != RuleEvent::Allowed {
+            tally.rule(check, event);
+        }
+        if result.over_budget && budget_rule != Some(check.rule) {
+            if budget_rule.is_none() {
+                host.count(Counter::KeyBudgetExceeded);
+            }
+            budget_rule = Some(check.rule);
+            tally.budget_exceeded(check.rule);
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! The requests a worker has for Redis: those waiting for a call, in arrival order, and the
+//! calls in flight. A batch takes waiting requests from the front, of one hash slot (Redis
+//! Cluster), at most `batch.max_requests` of them and within the call's bytes; the others keep
+//! their place.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::leases::{Leases, Ticket};
+use crate::bridge::{
+    call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
+    BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, RequestShape,
+};
+use crate::config::{Clock, Config};
+use crate::plan::Plan;
+use crate::slot::key_slot;
+
+/// Whom a waiting request's outcome goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The stream (request context) `ctx`.
+    Stream(u32),
+    /// Redis Cluster: part `part` of the request `split` of stream `ctx`, decided on a slot of
+    /// its own; its outcome goes to the split, which concludes once every part is in.
+    Part { ctx: u32, split: u64, part: usize },
+    /// No stream: units for the next requests of a lease that runs low.
+    Prefetch,
+}
+
+impl Origin {
+    /// The stream it came from, if any.
+    pub fn ctx(self) -> Option<u32> {
+        match self {
+            Origin::Stream(ctx) | Origin::Part { ctx, .. } => Some(ctx),
+            Origin::Prefetch => None,
+        }
+    }
+}
+
+/// A request waiting for a call, or in one.
+#[derive(Debug)]
+pub struct Waiting {
+    pub origin: Origin,
+    pub plan: Plan,
+    pub arrived_ns: u128,
+    /// Redis Cluster: the hash slot of every key of `plan`; a call takes one slot's requests.
+    pub slot: Option<u16>,
+    /// The lease it asks for, if any.
+    pub lease: Option<Ticket>,
+    /// What the worker had learnt from replies (their number) when the leases and the deny
+    /// cache were last asked about it; None: never asked. They are asked again only when
+    /// replies came since.
+    pub checked: Option<u64>,
+}
+
+impl Waiting {
+    /// A request of `origin` arrived at `now`, waiting (`checked`: see the field).
+    pub fn new(
+        config: &Config,
+        origin: Origin,
+        plan: Plan,
+        now: u128,
+        lease: Option<Ticket>,
+        checked: Option<u64>,
+    ) -> Self {
+        Waiting {
+            origin,
+            slot: slot_of(config, &plan),
+            plan,
+            arrived_ns: now,
+            lease,
+            checked,
+        }
+    }
+
+    /// It leaves without an outcome: its lease ticket (if any) is given back.
+    pub fn leave(self, leases: &mut Leases) {
+        if let Some(ticket) = self.lease {
+            leases.cancel(ticket, &self.plan);
+        }
+    }
+
+    pub fn deadline_ns(&self) -> u128 {
+        self.arrived_ns.saturating_add(self.plan.timeout.as_nanos())
+    }
+
+    /// What its part of a reply may hold: a lease asked for is k requests' worth of each
+    /// limit's cost, k × cost within the limit's `max_units` (see `lua/decide.lua`).
+    pub fn shape(&self) -> RequestShape {
+        let most_leased = match self.lease.as_ref().map(Ticket::requests) {
+            None => 0,
+            Some(requests) => self
+                .plan
+                .checks
+                .iter()
+                .filter(|c| c.cost > 0)
+                .filter_map(|c| c.lease.map(|l| lease_units(l, c, requests) / c.cost))
+                .min()
+                .unwrap_or(1)
+                .saturating_sub(1),
+        };
+        RequestShape {
+            limits: self.plan.checks.len(),
+            most_leased,
+        }
+    }
+}
+
+/// Redis Cluster: the hash slot of a plan's keys (the first's: the caller knows they share it).
+fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
+    config
+        .redis_cluster
+        .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
+        .flatten()
+}
+
+/// When a call was sent: the clock its decisions were made with, and the deny cache's epoch
+/// then (the restarts it was reset for, see `Refusals::remember`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub at_ns: u128,
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for the `EVALSHA` reply; `reloaded` once the script was loaded for this call.
+    Deciding { reloaded: bool },
+    /// Redis had lost the script; waiting for `SCRIPT LOAD`, then the same call goes again.
+    LoadingScript,
+}
+
+/// A decision call: made, then in flight once dispatched (with its token).
+#[derive(Debug)]
+pub struct Call {
+    pub stage: Stage,
+    /// The decision call, kept to send again after a script load.
+    pub eval: BridgeRequest,
+    pub members: Vec<Waiting>,
+    /// The clock the script decides with: the instant the call was first sent; and the
+    /// deny cache's epoch when it was last sent.
+    pub sent: Sent,
+    /// The request context that made the call, if not the root: its reply comes there, and
+    /// is lost if that stream ends first.
+    pub owner: Option<u32>,
+}
+
+impl Call {
+    /// The call deciding `members` (a batch), sent at `now` from `owner`.
+    pub fn decide(config: &Config, members: Vec<Waiting>, sent: Sent, owner: Option<u32>) -> Call {
+        let now = sent.at_ns;
+        let clock = match config.clock {
+            Clock::Proxy => now.to_string(),
+            Clock::Redis => "redis".to_string(),
+        };
+        // Redis charges nothing once the soonest of these requests has given up (plus the
+        // clock skew allowed): their verdict is then the failure policy's.
+        let deadline_ns = members
+            .iter()
+            .map(Waiting::deadline_ns)
+            .min()
+            .unwrap_or(now);
+        let deadline_ms = deadline_ns.saturating_add(config.clock_skew.as_nanos()) / 1_000_000;
+        let call = DecideCall::leasing(
+            &clock,
+            deadline_ms,
+            members.iter().map(|m| {
+                let lease = m.lease.as_ref().map(Ticket::requests);
+                (m.plan.checks.as_slice(), lease)
+            }),
+        );
+        Call {
+            stage: Stage::Deciding { reloaded: false },
+            eval: BridgeRequest::evalsha(&config.script_sha, &call),
+            members,
+            sent,
+            owner,
+        }
+    }
+
+    /// The request to send for its stage: the decision, or the script load before it.
+    pub fn request(&self) -> std::borrow::Cow<'_, BridgeRequest> {
+        match self.stage {
+            Stage::Deciding { .. } => std::borrow::Cow::Borrowed(&self.eval),
+            Stage::LoadingScript => std::borrow::Cow::Owned(BridgeRequest::script_load()),
+        }
+    }
+
+    /// What `reply` says for the call's stage (a second `NOSCRIPT` for the same call is a
+    /// failure, not a loop).
+    pub fn read(&self, config: &Config, reply: BridgeReply<'_>) -> Reply {
+        match self.stage {
+            Stage::Deciding { reloaded } => {
+                let shape: Vec<RequestShape> = self.members.iter().map(Waiting::shape).collect();
+                match parse_batch_reply(reply, &shape) {
+                    Ok(EvalOutcome::Decided(results)) => Reply::Decided(results),
+                    Ok(EvalOutcome::NoScript) if !reloaded => Reply::NoScript,
+                    Ok(EvalOutcome::NoScript) => Reply::Failed(BridgeFailure::NoScript),
+                    Err(failure) => Reply::Failed(failure),
+                }
+            }
+            Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
+                Ok(()) => Reply::Loaded,
+                Err(failure) => Reply::Failed(failure),
+            },
+        }
+    }
+
+    /// What is left of its members' soonest deadline at `now`; None once it has passed.
+    pub fn timeout(&self, now: u128) -> Option<Duration> {
+        let deadline = self
+            .members
+            .iter()
+            .map(Waiting::deadline_ns)
+            .min()
+            .unwrap_or(now);
+        (deadline > now).then(|| {
+            Duration::from_nanos(u64::try_from(deadline - now).unwrap_or(u64::MAX))
+                .max(Duration::from_millis(1))
+        })
+    }
+}
+
+/// What a call's reply says, for its stage.
+pub enum Reply {
+    /// Each member's decision, or why Redis could not decide that one alone.
+    Decided(Vec<Result<Decision, BridgeFailure>>),
+    /// Redis had lost the script (it restarted): load it, then send the call again.
+    NoScript,
+    /// The script is loaded: send the call again.
+    Loaded,
+    Failed(BridgeFailure),
+}
+
+/// What became of a request's call.
+pub enum Outcome {
+    Decided(Decision),
+    Failed(BridgeFailure),
+}
+
+impl Outcome {
+    pub fn decision_mut(&mut self) -> Option<&mut Decision> {
+        match self {
+            Outcome::Decided(decision) => Some(decision),
+            Outcome::Failed(_) => None,
+        }
+    }
+}
+
+/// A call in flight.
+#[derive(Debug)]
+struct InFlight {
+    token: u32,
+    /// When its current stage was dispatched (Unix ns), for the stall check.
+    dispatched_ns: u128,
+    call: Call,
+}
+
+/// The bytes of a decision call's path besides its requests' (see [`call_bytes`]):
+/// `/EVALSHA/<sha>/<keys>` and the clock, deadline, request and budget counts, each number at
+/// its longest (20 digits).
+pub fn call_fixed_bytes(config: &Config) -> usize {
+    "/EVALSHA/".len() + config.script_sha.len() + 5 * (1 + 20)
+}
+
+/// A batch being taken from the queue.
+#[derive(Debug)]
+pub struct Batch {
+    slot: Option<u16>,
+    /// Where the next candidate is looked for.
+    at: usize,
+    bytes: usize,
+    members: Vec<Waiting>,
+}
+
+impl Batch {
+    /// `waiting` joins the call, with its `size` in bytes.
+    pub fn join(&mut self, waiting: Waiting, size: usize) {
+        self.bytes += size;
+        self.members.push(waiting);
+    }
+
+    pub fn into_members(self) -> Vec<Waiting> {
+        self.members
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Queue {
+    waiting: VecDeque<Waiting>,
+    in_flight: Vec<InFlight>,
+}
+
+impl Queue {
+    /// Requests waiting, and calls in flight.
+    pub fn load(&self) -> (usize, usize) {
+        (self.waiting.len(), self.in_flight.len())
+    }
+
+    pub fn push(&mut self, waiting: Waiting) {
+        self.waiting.push_back(waiting);
+    }
+
+    /// Whether no call is in flight and `waiting` is the only one waiting.
+    pub fn only(&self) -> bool {
+        self.in_flight.is_empty() && self.waiting.len() == 1
+    }
+
+    /// A batch starting at the front of the queue (of its slot), `fixed_bytes` in use.
+    pub fn batch(&self, fixed_bytes: usize) -> Batch {
+        Batch {
+            slot: self.waiting.front().and_then(|w| w.slot),
+            at: 0,
+            bytes: fixed_bytes,
+            members: Vec::new(),
+        }
+    }
+
+    /// The next waiting request of `batch`'s slot, taken from the queue with its size in
+    /// bytes, if the batch holds fewer than `max_requests` and it fits within `max_bytes`
+    /// (the first always does). The caller has it join the batch or answers it otherwise.
+    pub fn next(
+        &mut self,
+        batch: &mut Batch,
+        max_requests: usize,
+        max_bytes: usize,
+    ) -> Option<(Waiting, usize)> {
+        if batch.members.len() >= max_requests {
+            return None;
+        }
+        while self.waiting.get(batch.at)?.slot != batch.slot {
+            batch.at += 1;
+        }
+        let size = call_bytes(&self.waiting.get(batch.at)?.plan.checks);
+        if !batch.members.is_empty() && batch.bytes + size > max_bytes {
+            return None;
+        }
+        Some((self.waiting.remove(batch.at)?, size))
+    }
+
+    /// A call was dispatched at `now` with `token`.
+    pub fn in_flight(&mut self, token: u32, now: u128, call: Call) {
+        self.in_flight.push(InFlight {
+            token,
+            dispatched_ns: now,
+            call,
+        });
+    }
+
+    pub fn calls(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Whether requests wait and a call slot is free (fewer than `max_in_flight` in flight).
+    pub fn ready(&self, max_in_flight: usize) -> bool {
+        !self.waiting.is_empty() && self.in_flight.len() < max_in_flight
+    }
+
+    /// The call in flight with `token`, taken.
+    pub fn take_call(&mut self, token: u32) -> Option<Call> {
+        let i = self.in_flight.iter().position(|c| c.token == token)?;
+        Some(self.in_flight.swap_remove(i).call)
+    }
+
+    /// A call in flight made from the context `ctx`, taken.
+    fn take_call_of(&mut self, ctx: u32) -> Option<Call> {
+        let i = self
+            .in_flight
+            .iter()
+            .position(|c| c.call.owner == Some(ctx))?;
+        Some(self.in_flight.swap_remove(i).call)
+    }
+
+    /// When the oldest call in flight was dispatched.
+    pub fn oldest_dispatch(&self) -> Option<u128> {
+        self.in_flight.iter().map(|c| c.dispatched_ns).min()
+    }
+
+    /// Every waiting request, taken.
+    pub fn take_waiting(&mut self) -> Vec<Waiting> {
+        self.waiting.drain(..).collect()
+    }
+
+    /// Every request, waiting or in a call in flight, taken (the calls are abandoned).
+    pub fn take_all(&mut self) -> Vec<Waiting> {
+        let mut all = self.take_waiting();
+        for flight in self.in_flight.drain(..) {
+            all.extend(flight.call.members);
+        }
+        all
+    }
+
+    /// The stream `ctx` ended: its requests (not the prefetches it started) leave the queue
+    /// and the calls it made (whose replies are lost with it, so those calls are abandoned),
+    /// their lease tickets given back to `leases`. The other requests of those calls, taken.
+    pub fn forget(&mut self, ctx: u32, leases: &mut Leases) -> Vec<Waiting> {
+        let mut orphans = Vec::new();
+        let mut i = 0;
+        while i < self.waiting.len() {
+            match self.waiting.get(i) {
+                Some(w) if w.origin.ctx() == Some(ctx) => {
+                    if let Some(gone) = self.waiting.remove(i) {
+                        gone.leave(leases);
+                    }
+                }
+                _ => i += 1,
+            }
+        }
+        while let Some(call) = self.take_call_of(ctx) {
+            for member in call.members {
+                match member.origin.ctx() == Some(ctx) {
+                    true => member.leave(leases),
+                    false => orphans.push(member),
+                }
+            }
+        }
+        orphans
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Algorithm, FailureMode};
+    use crate::plan::LimitCheck;
+    use crate::testing::random::Rng;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// A waiting request numbered `n` (its arrival instant), with keys of `key_len` bytes.
+    fn waiting(n: u128, slot: Option<u16>, limits: usize, key_len: usize) -> Waiting {
+        let check = |i: usize| LimitCheck {
+            rule: 0,
+            limit: i,
+            key: "k".repeat(key_len).into(),
+            algorithm: Algorithm::TokenBucket,
+            per_window: 10,
+            quota: 10,
+            window_ms: 1000,
+            burst: 10,
+            cost: 1,
+            shadow: false,
+            budget: None,
+            lease: None,
+        };
+        Waiting {
+            origin: Origin::Stream(n as u32),
+            plan: Plan {
+                checks: (0..limits).map(check).collect(),
+                timeout: Duration::from_millis(150),
+                failure_mode: FailureMode::Open,
+            },
+            arrived_ns: n,
+            slot,
+            lease: None,
+            checked: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_the_front_slot_in_order_and_the_others_keep_their_place() {
+        let mut q = Queue::default();
+        for (n, slot) in [(1, 7), (2, 8), (3, 7), (4, 8), (5, 7)] {
+            q.push(waiting(n, Some(slot), 1, 10));
+        }
+        let mut batch = q.batch(0);
+        while let Some((w, size)) = q.next(&mut batch, 2, usize::MAX) {
+            batch.join(w, size);
+        }
+        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(taken, vec![1, 3]);
+        let left: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(left, vec![2, 4, 5]);
+    }
+
+    /// Random queues and batches: a batch holds requests of one slot (the front's), in
+    /// arrival order, at most `max_requests`, within the bytes unless it is one request; the
+    /// front always goes; every request comes out once.
+    #[test]
+    fn batches_keep_order_and_bounds_over_random_queues() {
+        for seed in 0..300 {
+            let mut rng = Rng::new(seed);
+            let mut q = Queue::default();
+            let mut next = 0u128;
+            let mut out: Vec<u128> = Vec::new();
+            let cluster = rng.one_in(2);
+            for _ in 0..40 {
+                for _ in 0..rng.below(6) {
+                    next += 1;
+                    let slot = cluster.then(|| rng.below(3) as u16);
+                    let (limits, key) = (1 + rng.below(3) as usize, 1 + rng.below(60) as usize);
+                    q.push(waiting(next, slot, limits, key));
+                }
+                let front = q.waiting.front().map(|w| (w.arrived_ns, w.slot));
+                let (max_requests, max_bytes) =
+                    (1 + rng.below(5) as usize, 200 + rng.below(800) as usize);
+                let fixed = rng.below(100) as usize;
+                let mut batch = q.batch(fixed);
+                let mut seen = Vec::new();
+                let mut bytes = fixed;
+                while let Some((w, size)) = q.next(&mut batch, max_requests, max_bytes) {
+                    assert_eq!(size, call_bytes(&w.plan.checks));
+                    seen.push((w.arrived_ns, w.slot));
+                    out.push(w.arrived_ns);
+                    // Some are answered without the call (a lease, the deny cache, expired).
+                    if rng.one_in(4) {
+                        continue;
+                    }
+                    bytes += size;
+                    batch.join(w, size);
+                }
+                let members = batch.into_members();
+                assert!(members.len() <= max_requests, "seed {seed}");
+                assert!(members.len() <= 1 || bytes <= max_bytes, "seed {seed}");
+                assert_eq!(seen.first().copied(), front, "seed {seed}: the front goes");
+                assert!(seen.windows(2).all(|p| p[0].0 < p[1].0), "seed {seed}");
+                assert!(seen.iter().all(|s| Some(s.1) == front.map(|f| f.1)));
+                // Nothing earlier of that slot was left behind.
+                let slot = front.map(|f| f.1);
+                if let Some(last) = seen.last() {
+                    assert!(q
+                        .waiting
+                        .iter()
+                        .all(|w| w.slot != slot.flatten() || w.arrived_ns > last.0));
+                }
+            }
+            out.extend(q.take_waiting().iter().map(|w| w.arrived_ns));
+            out.sort_unstable();
+            assert_eq!(out, (1..=next).collect::<Vec<u128>>(), "seed {seed}");
+        }
+    }
+}
