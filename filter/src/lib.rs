@@ -11,7 +11,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_core::config::Bridge;
-use ratelimit_core::identity::{first_header, header_count};
+use ratelimit_core::request::view::{first_header, header_count};
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
     BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,

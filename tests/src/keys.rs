@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use ratelimit_core::config::{Limit, Rule};
-use ratelimit_core::identity::{budget_counter_key, label, overflow_key, redis_key};
+use ratelimit_core::request::identity::label;
+use ratelimit_core::request::keys::{budget_counter_key, overflow_key, redis_key};
 use ratelimit_core::Config;
 
 use crate::procs::filter_json_block;

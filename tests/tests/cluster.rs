@@ -244,7 +244,7 @@ fn keyslot_follows_hash_tags() {
     );
     for i in 0..300u64 {
         keys.push(shipped.shipped_bucket(format!("user-{i}")));
-        keys.push(ratelimit_core::plan::shard_key(
+        keys.push(ratelimit_core::request::keys::shard_key(
             &shipped.shipped_bucket(format!("hot-{i}")),
             i % 7,
         ));
@@ -583,7 +583,7 @@ fn spread_identity(keys: &Keys, cluster: &RedisCluster) -> String {
 }
 
 fn shard_key(keys: &Keys, api_key: &str, shard: u64) -> String {
-    ratelimit_core::plan::shard_key(&keys.shipped_bucket(api_key), shard)
+    ratelimit_core::request::keys::shard_key(&keys.shipped_bucket(api_key), shard)
 }
 
 /// A hot key split in 3 shards is decided on 3 masters, each holding a third of its limit:

@@ -3,9 +3,10 @@
 //! algorithm do its work), with the clock injected: exhaust, advance, check. No sleeps.
 
 use e2e::{Redis, RedisConn, Resp, WorkDir};
-use ratelimit_core::bridge::{DecideCall, Refund};
+use ratelimit_core::bridge::DecideCall;
 use ratelimit_core::config::{Algorithm, Lease, OverBudget};
-use ratelimit_core::plan::{BudgetCheck, LimitCheck};
+use ratelimit_core::decision::Refund;
+use ratelimit_core::request::plan::{BudgetCheck, LimitCheck};
 use std::rc::Rc;
 
 const T0: u128 = 1_764_489_600_000_000_000; // a whole second (and minute) in Unix ns

@@ -21,7 +21,7 @@ use e2e::procs::filter_config_edit;
 use e2e::{wait_for, Envoy, Keys, Redis, RedisConn, Resp, Response, Stack};
 use ratelimit_core::bridge::DecideCall;
 use ratelimit_core::config::Algorithm;
-use ratelimit_core::plan::LimitCheck;
+use ratelimit_core::request::plan::LimitCheck;
 
 const MB: u64 = 1 << 20;
 /// The shipped bound, which the tests check and put back.

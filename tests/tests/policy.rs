@@ -415,7 +415,7 @@ fn the_largest_accepted_values_are_decided_exactly() {
         MAX_KEY_SOURCE_BYTES, MAX_LIMITS_PER_REQUEST, MAX_LIMITS_PER_RULE, MAX_STATE_LIFETIME,
         MAX_WINDOW,
     };
-    use ratelimit_core::identity::MAX_READABLE_IDENTITY;
+    use ratelimit_core::request::keys::MAX_READABLE_IDENTITY;
     // A 128-byte key source, 64-character rule and limit names, 4 rules of 16 limits that all
     // apply to every request: 64 limits in one call, each with the largest values.
     let header = format!("x-{}", "k".repeat(MAX_KEY_SOURCE_BYTES - "header:x-".len()));

@@ -16,7 +16,7 @@ use ratelimit_core::algorithms::{evaluate, Params, State};
 use ratelimit_core::bridge::DecideCall;
 use ratelimit_core::config::Algorithm;
 use ratelimit_core::local::unix_ms;
-use ratelimit_core::plan::LimitCheck;
+use ratelimit_core::request::plan::LimitCheck;
 
 const T0: u128 = 1_764_489_600_000_000_000;
 const MS: u128 = 1_000_000;

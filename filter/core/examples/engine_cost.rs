@@ -71,12 +71,7 @@ fn one(
 }
 
 /// A first request whose call gets `reply`: the deny cache entry or the lease the rest use.
-fn primed(
-    config: &Config,
-    counting: &mut CountingHost,
-    view: &FakeRequest,
-    reply: &str,
-) -> Engine {
+fn primed(config: &Config, counting: &mut CountingHost, view: &FakeRequest, reply: &str) -> Engine {
     let host = &mut counting.host;
     let mut engine = Engine::new(config);
     engine.on_request(config, host, 1, view);

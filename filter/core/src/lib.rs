@@ -42,22 +42,3 @@ pub use engine::{Engine, Host, Verdict};
 pub use metrics::{Counter, Gauge, Histogram, RuleStats};
 pub use request::view::RequestView;
 pub use throttle::LogThrottle;
-
-/// The request modules' former paths (`identity`, `plan`), kept while code written against
-/// them is moved to `request::*`.
-pub mod identity {
-    #[cfg(test)]
-    pub(crate) use crate::request::identity::tests;
-    pub use crate::request::identity::*;
-    pub use crate::request::keys::{
-        budget_counter_key, overflow_key, redis_key, MAX_READABLE_IDENTITY,
-    };
-    pub use crate::request::view::{first_header, header_count, RequestView};
-}
-
-/// See [`identity`].
-pub mod plan {
-    pub use crate::request::keys::shard_key;
-    pub use crate::request::plan::*;
-    pub use crate::request::view::BadRequest;
-}

@@ -14,7 +14,3 @@ pub use reply::{
     parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply, EvalOutcome,
     RequestShape,
 };
-
-/// The decision types' former paths, kept while code written against them moves to
-/// `crate::decision`.
-pub use crate::decision::{Decision, LimitResult, Refund};

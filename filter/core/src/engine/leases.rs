@@ -22,9 +22,10 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::bridge::{call_bytes, Decision, LimitResult, Refund};
+use crate::bridge::call_bytes;
 use crate::config::Config;
-use crate::plan::{LimitCheck, Plan};
+use crate::decision::{Decision, LimitResult, Refund};
+use crate::request::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
 
 /// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
@@ -527,8 +528,8 @@ fn refund_of(check: &LimitCheck, grant: &Grant) -> Refund {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::identity::tests::FakeRequest;
-    use crate::plan::plan;
+    use crate::request::plan::plan;
+    use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

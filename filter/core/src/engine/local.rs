@@ -4,9 +4,9 @@
 //! 1 / (replicas × workers), the fleet together lets through about what one Redis would.
 
 use crate::algorithms::{evaluate, Params, State};
-use crate::bridge::{Decision, LimitResult};
+use crate::decision::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
-use crate::plan::LimitCheck;
+use crate::request::plan::LimitCheck;
 
 /// Keys one worker keeps state for; when full, the state that stops mattering first goes.
 pub const LOCAL_MAX_ENTRIES: usize = 10_000;

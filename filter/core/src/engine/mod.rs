@@ -16,11 +16,12 @@
 
 use std::time::Duration;
 
-use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, DecideCall, Refund};
+use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, DecideCall};
 use crate::config::Config;
-use crate::identity::RequestView;
+use crate::decision::Refund;
 use crate::metrics::{Counter, Gauge, Histogram};
-use crate::plan::{plan_memo, Plan, PlanMemo};
+use crate::request::plan::{plan_memo, Plan, PlanMemo};
+use crate::request::view::RequestView;
 use crate::response::{self, Headers};
 use breaker::Breaker;
 use delivery::Delivery;

@@ -8,10 +8,11 @@ use super::local::{scaled, LocalLimits};
 use super::queue::Outcome;
 use super::refusals::Refusals;
 use super::tally::Tally;
-use crate::bridge::{BridgeFailure, Decision};
+use crate::bridge::BridgeFailure;
 use crate::config::{Config, FailureMode};
+use crate::decision::Decision;
 use crate::metrics::{Counter, RuleEvent};
-use crate::plan::{LimitCheck, Plan};
+use crate::request::plan::{LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
 
 /// What the policy decided for a request.

@@ -9,10 +9,11 @@ use std::time::Duration;
 use super::leases::{Leases, Ticket};
 use crate::bridge::{
     call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
-    BridgeReply, BridgeRequest, DecideCall, Decision, EvalOutcome, RequestShape,
+    BridgeReply, BridgeRequest, DecideCall, EvalOutcome, RequestShape,
 };
 use crate::config::{Clock, Config};
-use crate::plan::Plan;
+use crate::decision::Decision;
+use crate::request::plan::Plan;
 use crate::slot::key_slot;
 
 /// Whom a waiting request's outcome goes to.
@@ -422,7 +423,7 @@ impl Queue {
 mod tests {
     use super::*;
     use crate::config::{Algorithm, FailureMode};
-    use crate::plan::LimitCheck;
+    use crate::request::plan::LimitCheck;
     use crate::testing::random::Rng;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;

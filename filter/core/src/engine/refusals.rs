@@ -18,9 +18,9 @@
 //! call sent before the latest restart puts no refusal back.
 
 use super::queue::{Outcome, Sent};
-use crate::bridge::{Decision, LimitResult};
+use crate::decision::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
-use crate::plan::{LimitCheck, Plan};
+use crate::request::plan::{LimitCheck, Plan};
 
 /// What Redis said about one refused limit, and until when it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,9 +11,10 @@
 use std::collections::HashMap;
 
 use super::queue::{Origin, Outcome, Sent, Waiting};
-use crate::bridge::{BridgeFailure, Decision, LimitResult, Refund};
+use crate::bridge::BridgeFailure;
 use crate::config::Config;
-use crate::plan::{LimitCheck, Plan};
+use crate::decision::{Decision, LimitResult, Refund};
+use crate::request::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
 
 /// Redis Cluster: a plan's checks grouped by hash slot (see [`by_slot`]); none otherwise.

@@ -5,7 +5,7 @@
 use super::host::Host;
 use crate::config::Config;
 use crate::metrics::{Counter, PendingCounts, RuleEvent, RuleStats};
-use crate::plan::{LimitCheck, Plan};
+use crate::request::plan::{LimitCheck, Plan};
 
 #[derive(Debug, Default)]
 pub struct Tally {

@@ -189,11 +189,10 @@ pub fn label(spec: &KeySpec, alternative: usize) -> &str {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::config::Config;
-    /// Kept at this path for the tests that still name it here.
-    pub(crate) use crate::testing::request::FakeRequest;
+    use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -177,7 +177,7 @@ pub fn run(b: &Bench, rounds: usize) -> ClusterSection {
             let base = format!("rl:{{header:x-api-key:{digest}}}:token_bucket-sharded:bench");
             let owners: std::collections::HashSet<u16> = (0..3)
                 .map(|s| {
-                    let key = ratelimit_core::plan::shard_key(&base, s);
+                    let key = ratelimit_core::request::keys::shard_key(&base, s);
                     stack
                         .cluster
                         .master_of_slot(ratelimit_core::slot::key_slot(key.as_bytes()))

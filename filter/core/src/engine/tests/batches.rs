@@ -54,7 +54,11 @@ fn a_batch_leaves_room_for_the_fixed_part_of_the_call() {
             rules(pad)
         );
         let c = Config::parse(json.as_bytes()).unwrap();
-        let size = call_bytes(&crate::plan::plan(&c, &req("/", "k0")).unwrap().checks);
+        let size = call_bytes(
+            &crate::request::plan::plan(&c, &req("/", "k0"))
+                .unwrap()
+                .checks,
+        );
         (c, size)
     };
     // Each byte of padding adds one to a request's size.
@@ -70,7 +74,10 @@ fn a_batch_leaves_room_for_the_fixed_part_of_the_call() {
     arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
     for ctx in 2..(fit as u32 + 3) {
         let r = req("/", &format!("k{ctx}"));
-        assert_eq!(call_bytes(&crate::plan::plan(&c, &r).unwrap().checks), size);
+        assert_eq!(
+            call_bytes(&crate::request::plan::plan(&c, &r).unwrap().checks),
+            size
+        );
         arrive(&mut e, &c, &mut h, ctx, &r);
     }
     e.on_reply(&c, &mut h, None, 1, ok(&reply(&[R::Allow(9)])));

@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::bridge::call_bytes;
-use crate::identity::tests::FakeRequest;
 use crate::response::LocalResponse;
 use crate::slot::key_slot;
 use crate::testing::host::{FakeHost, T0};
+use crate::testing::request::FakeRequest;
 use std::collections::HashSet;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
