@@ -20,8 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use e2e::procs::filter_config_edit;
 use e2e::{wait_for, Envoy, Keys, Redis, RedisConn, Resp, Response, Stack};
 use ratelimit_core::bridge::DecideCall;
-use ratelimit_core::config::Algorithm;
 use ratelimit_core::request::plan::LimitCheck;
+use ratelimit_core::testing::plan::token_bucket_check;
 
 const MB: u64 = 1 << 20;
 /// The shipped bound, which the tests check and put back.
@@ -115,18 +115,8 @@ fn filler_identity(i: usize) -> String {
 /// The demo rule's limit (token bucket, 10 per minute) on `key`, as the filter sends it.
 fn demo_check(key: String) -> LimitCheck {
     LimitCheck {
-        rule: 0,
-        limit: 0,
-        key: key.into(),
-        algorithm: Algorithm::TokenBucket,
-        per_window: 10,
-        quota: 10,
         window_ms: 60_000,
-        burst: 10,
-        cost: 1,
-        shadow: false,
-        budget: None,
-        lease: None,
+        ..token_bucket_check(&key)
     }
 }
 

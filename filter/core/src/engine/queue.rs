@@ -422,35 +422,22 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Algorithm, FailureMode};
     use crate::request::plan::LimitCheck;
+    use crate::testing::plan::{plan_of, token_bucket_check};
     use crate::testing::random::Rng;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A waiting request numbered `n` (its arrival instant), with keys of `key_len` bytes.
     fn waiting(n: u128, slot: Option<u16>, limits: usize, key_len: usize) -> Waiting {
+        let key = "k".repeat(key_len);
         let check = |i: usize| LimitCheck {
-            rule: 0,
             limit: i,
-            key: "k".repeat(key_len).into(),
-            algorithm: Algorithm::TokenBucket,
-            per_window: 10,
-            quota: 10,
-            window_ms: 1000,
-            burst: 10,
-            cost: 1,
-            shadow: false,
-            budget: None,
-            lease: None,
+            ..token_bucket_check(&key)
         };
         Waiting {
             origin: Origin::Stream(n as u32),
-            plan: Plan {
-                checks: (0..limits).map(check).collect(),
-                timeout: Duration::from_millis(150),
-                failure_mode: FailureMode::Open,
-            },
+            plan: plan_of((0..limits).map(check).collect()),
             arrived_ns: n,
             slot,
             lease: None,

@@ -210,6 +210,7 @@ impl Refusals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::plan::{plan_of, token_bucket_check};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -275,25 +276,7 @@ mod tests {
 
     /// A plan of one enforced limit on `key`, cost 1.
     fn plan_on(key: &str) -> Plan {
-        use crate::config::{Algorithm, FailureMode};
-        Plan {
-            checks: vec![LimitCheck {
-                rule: 0,
-                limit: 0,
-                key: key.into(),
-                algorithm: Algorithm::TokenBucket,
-                per_window: 10,
-                quota: 10,
-                window_ms: 1000,
-                burst: 10,
-                cost: 1,
-                shadow: false,
-                budget: None,
-                lease: None,
-            }],
-            timeout: std::time::Duration::from_millis(150),
-            failure_mode: FailureMode::Open,
-        }
+        plan_of(vec![token_bucket_check(key)])
     }
 
     fn refused(retry_ms: f64) -> Outcome {

@@ -291,34 +291,12 @@ impl Splits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Algorithm, FailureMode};
-    use std::time::Duration;
+    use crate::testing::plan::{plan_of, token_bucket_check};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn check(key: &str) -> LimitCheck {
-        LimitCheck {
-            rule: 0,
-            limit: 0,
-            key: key.into(),
-            algorithm: Algorithm::TokenBucket,
-            per_window: 10,
-            quota: 10,
-            window_ms: 1000,
-            burst: 10,
-            cost: 1,
-            shadow: false,
-            budget: None,
-            lease: None,
-        }
-    }
-
     fn plan(keys: &[&str]) -> Plan {
-        Plan {
-            checks: keys.iter().map(|k| check(k)).collect(),
-            timeout: Duration::from_millis(150),
-            failure_mode: FailureMode::Open,
-        }
+        plan_of(keys.iter().map(|k| token_bucket_check(k)).collect())
     }
 
     fn result(allowed: bool, remaining: f64) -> LimitResult {

@@ -2,5 +2,6 @@
 //! or with the `testing` feature; never in the filter): stand-ins for what the host provides.
 
 pub mod host;
+pub mod plan;
 pub mod random;
 pub mod request;

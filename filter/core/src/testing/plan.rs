@@ -1,0 +1,33 @@
+//! Limit checks and plans written by hand, for tests of the engine's parts and of the scripts.
+
+use std::time::Duration;
+
+use crate::config::{Algorithm, FailureMode};
+use crate::request::plan::{LimitCheck, Plan};
+
+/// An enforced token bucket of 10 a second (burst 10) on `key`, cost 1, no lease or budget.
+pub fn token_bucket_check(key: &str) -> LimitCheck {
+    LimitCheck {
+        rule: 0,
+        limit: 0,
+        key: key.into(),
+        algorithm: Algorithm::TokenBucket,
+        per_window: 10,
+        quota: 10,
+        window_ms: 1000,
+        burst: 10,
+        cost: 1,
+        shadow: false,
+        budget: None,
+        lease: None,
+    }
+}
+
+/// A plan of `checks` that fails open, with a 150 ms timeout.
+pub fn plan_of(checks: Vec<LimitCheck>) -> Plan {
+    Plan {
+        checks,
+        timeout: Duration::from_millis(150),
+        failure_mode: FailureMode::Open,
+    }
+}
