@@ -186,14 +186,7 @@ mod tests {
                     &(0..4)
                         .map(|i| {
                             let name = format!("{i}{}", "r".repeat(63));
-                            let limits: Vec<String> = (0..16)
-                                .map(|j| {
-                                    limit_json(
-                                        &format!("{j:02}{}", "l".repeat(62)),
-                                        r#""limit": 1, "window": "1s""#,
-                                    )
-                                })
-                                .collect();
+                            let limits = widest_limits(|_| r#""limit": 1, "window": "1s""#.to_string());
                             format!(
                                 r#"{{"name": "{name}", "key": {{"from": ["{max_source}"]}}, "limits": [{}]}}"#,
                                 limits.join(", ")

@@ -229,15 +229,10 @@ mod tests {
         let label = format!("header:x-{}", "k".repeat(MAX_KEY_SOURCE_BYTES - 9));
         let rules: Vec<String> = (0..4)
             .map(|i| {
-                let limits: Vec<String> = (0..16)
-                    .map(|j| {
-                        let algorithm = ["token_bucket", "gcra", "fixed_window", "sliding_window_counter"][j % 4];
-                        limit_json(
-                            &format!("{j:02}{}", "l".repeat(62)),
-                            &format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#),
-                        )
-                    })
-                    .collect();
+                let limits = widest_limits(|j| {
+let algorithm = ["token_bucket", "gcra", "fixed_window", "sliding_window_counter"][j % 4];
+format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
+});
                 format!(
                     r#"{{"name": "{i}{}", "key": {{"from": ["{label}"], "when_missing": "skip"}}, "cost": {MAX_COST}, "limits": [{}]}}"#,
                     "r".repeat(63),
@@ -282,14 +277,7 @@ mod tests {
         let budgeted = |rules: usize| {
             let rules: Vec<String> = (0..rules)
                 .map(|i| {
-                    let limits: Vec<String> = (0..16)
-                        .map(|j| {
-                            limit_json(
-                                &format!("{j:02}{}", "l".repeat(62)),
-                                &format!(r#""limit": {MAX_LIMIT}, "window": "366d""#),
-                            )
-                        })
-                        .collect();
+                    let limits = widest_limits(|_| format!(r#""limit": {MAX_LIMIT}, "window": "366d""#));
                     format!(
                         r#"{{"name": "{i}{}", "key": {{"from": ["header:x-k"]}}, "key_budget": {{"new_keys": {MAX_LIMIT}, "window": "366d", "over_budget": "shared"}}, "limits": [{}]}}"#,
                         "r".repeat(63),
@@ -340,14 +328,7 @@ mod tests {
     /// longest, so it still covers the real call.
     #[test]
     fn the_call_size_bound_covers_key_budgets_per_slot() {
-        let limits: Vec<String> = (0..16)
-            .map(|j| {
-                limit_json(
-                    &format!("{j:02}{}", "l".repeat(62)),
-                    r#""limit": 1000, "window": "1s""#,
-                )
-            })
-            .collect();
+        let limits = widest_limits(|_| r#""limit": 1000, "window": "1s""#.to_string());
         let rule = format!(
             r#"{{"name": "{}", "key": {{"from": ["header:x-k"]}}, "key_budget": {{"new_keys": 1000000, "window": "1h"}}, "limits": [{}]}}"#,
             "r".repeat(64),
@@ -394,14 +375,7 @@ mod tests {
         let leased = |prefix: usize, fraction: &str| {
             let rules: Vec<String> = (0..4)
                 .map(|i| {
-                    let limits: Vec<String> = (0..16)
-                        .map(|j| {
-                            limit_json(
-                                &format!("{j:02}{}", "l".repeat(62)),
-                                &format!(r#""limit": {MAX_LIMIT}, "window": "366d""#),
-                            )
-                        })
-                        .collect();
+                    let limits = widest_limits(|_| format!(r#""limit": {MAX_LIMIT}, "window": "366d""#));
                     format!(
                         r#"{{"name": "{i}{}", "key": {{"from": ["{label}"], "when_missing": "skip"}}, "cost": {MAX_COST}, "limits": [{}]}}"#,
                         "r".repeat(63),

@@ -32,3 +32,10 @@ pub(crate) fn limits(n: usize) -> Vec<String> {
 pub(crate) fn one_limit(fields: &str) -> String {
     config_json("", &[rule_json("r", "", &[limit_json("l", fields)])])
 }
+
+/// The most limits a rule may hold, each with the longest name, and `fields(j)` for limit `j`.
+pub(crate) fn widest_limits(fields: impl Fn(usize) -> String) -> Vec<String> {
+    (0..crate::bounds::MAX_LIMITS_PER_RULE)
+        .map(|j| limit_json(&format!("{j:02}{}", "l".repeat(62)), &fields(j)))
+        .collect()
+}
