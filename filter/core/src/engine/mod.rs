@@ -129,7 +129,7 @@ impl Engine {
         }
         let Some(now) = host.now_unix_ns() else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
-            return Some(self.conclude(config, host, &plan, outcome, None));
+            return Some(self.conclude_now(config, host, &plan, outcome));
         };
         let parts = (&mut self.leases, &self.refusals, &mut self.tally);
         if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
@@ -152,7 +152,7 @@ impl Engine {
         self.opened(config, host, now, stalled);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
-            return Some(self.conclude(config, host, &plan, outcome, None));
+            return Some(self.conclude_now(config, host, &plan, outcome));
         }
         let groups = slot_groups(config, &plan);
         if groups.len() > 1 {
@@ -240,6 +240,21 @@ impl Engine {
         self.policy.conclude(config, host, tally, plan, outcome)
     }
 
+    /// A failure decided by policy in the request's own callback, its per-rule counts handed
+    /// over with the global ones (lease and deny-cache hits, the hot path, wait for the tick on
+    /// both sides).
+    fn conclude_now(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        plan: &Plan,
+        outcome: Outcome,
+    ) -> Conclusion {
+        let conclusion = self.conclude(config, host, plan, outcome, None);
+        self.tally.flush(host);
+        conclusion
+    }
+
     /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
     /// be reached, sends from the request context `from` (if any) rather than not at all.
     fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
@@ -256,8 +271,8 @@ impl Engine {
     /// The wake-up asked for with [`Host::wake`] (the root context is running).
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
-        self.tally.flush(host);
         self.dispatch_ready(config, host, None);
+        self.tally.flush(host);
     }
 
     /// A call's reply (or its timeout) arrived, in the root context (`at` None) or in the
@@ -281,7 +296,6 @@ impl Engine {
         let Some(call) = self.queue.take_call(token) else {
             return;
         };
-        self.tally.flush(host);
         let now = host.now_unix_ns().unwrap_or(call.sent.at_ns);
         match call.read(config, reply) {
             Reply::Decided(results) => {
@@ -314,12 +328,14 @@ impl Engine {
             None => self.dispatch_ready(config, host, None),
             Some(ctx) => self.wake(config, host, Some(ctx)),
         }
+        // The per-rule counts of what this reply decided go with the global ones (counted at
+        // once): a scrape between callbacks sees both or neither.
+        self.tally.flush(host);
     }
 
     /// The worker's timer (every [`TICK`]), in the root context: sees a stalled call, sends
     /// the breaker's probe and the give-backs, learns of Redis restarts other workers saw.
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
-        self.tally.flush(host);
         if let Some(now) = host.now_unix_ns() {
             let oldest = self.queue.oldest_dispatch();
             let stalled = self.breaker.stalled(config.breaker, oldest, now);
@@ -340,6 +356,7 @@ impl Engine {
         {
             host.count(Counter::DenyCacheResets);
         }
+        self.tally.flush(host);
     }
 
     /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.

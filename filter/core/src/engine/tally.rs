@@ -1,6 +1,7 @@
 //! The engine's stats not yet handed to the host: the requests answered from leases and the
 //! deny cache (counted on the hot path without a host call, handed over at the next tick or
-//! reply) and the per-rule counts.
+//! reply) and the per-rule counts (handed over when the callback that counted them returns,
+//! with their global twins).
 
 use super::host::Host;
 use crate::config::Config;

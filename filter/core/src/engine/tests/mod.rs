@@ -202,9 +202,45 @@ fn per_rule_counts_say_what_each_limit_did_and_reach_the_stats_on_the_tick() {
     ];
     want.sort();
     assert_eq!(h.rule_counts(&c), want);
-    assert!(before.len() < want.len(), "the last ones wait for the tick");
+    // The batch's counts came with its reply; the deny-cache hit's wait for the tick.
+    let mut then = want.clone();
+    then[1].1 = 1;
+    assert_eq!(before, then, "the deny-cache hit waits for the tick");
     e.on_tick(&c, &mut h);
     assert_eq!(h.rule_counts(&c), want, "handed over once");
+}
+
+/// A stat counted for the whole filter and its per-rule twin agree once the callback that
+/// counted them returns: a scrape between callbacks never sees one without the other.
+#[test]
+fn global_and_per_rule_counts_agree_when_a_callback_returns() {
+    let c = Config::parse(
+        br#"{"rules": [{"name": "ip", "key": {"from": ["client_ip"]},
+            "key_budget": {"new_keys": 100, "window": "1m", "over_budget": "deny"},
+            "limits": [{"name": "second", "limit": 5, "window": "1s"}]}]}"#,
+    )
+    .unwrap();
+    let mut e = Engine::new(&c);
+    let mut h = FakeHost::new();
+    arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+    let over = r#"{"EVALSHA":[1,0,1,2,"0","30000","30000"]}"#;
+    e.on_reply(&c, &mut h, Some(1), 1, ok(over));
+    assert_eq!(h.count_of(Counter::KeyBudgetExceeded), 1);
+    assert_eq!(
+        h.rule_counts(&c),
+        vec![
+            ("ratelimit_rule.ip.key_budget_exceeded".to_string(), 1),
+            ("ratelimit_rule.ip.second.denied".to_string(), 1),
+        ],
+        "counted with the global ones, not at the next tick"
+    );
+    // A request decided by policy at once (no clock): its per-rule count comes with it too.
+    h.now = None;
+    arrive(&mut e, &c, &mut h, 2, &req("/", "b"));
+    assert_eq!(h.count_of(Counter::FailureModeOpen), 1);
+    assert!(h
+        .rule_counts(&c)
+        .contains(&("ratelimit_rule.ip.second.failed_open".to_string(), 1)));
 }
 
 #[test]
