@@ -22,7 +22,8 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::bridge::call_bytes;
+use crate::bounds::MAX_CALL_PATH_BYTES;
+use crate::bridge::{CallSize, LimitShape};
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::{LimitCheck, Plan};
@@ -207,16 +208,11 @@ impl Leases {
         self.asking(plan, false);
     }
 
-    /// The give-backs to send now, as calls: one per slot on a Redis Cluster, each within
-    /// `max_bytes` (starting from `fixed_bytes`, a call's own part), at most
+    /// The give-backs to send now, as calls: one per slot on a Redis Cluster, each within the
+    /// call size bound (counted by the size model, [`CallSize`]), at most
     /// [`MAX_GIVE_BACK_CALLS`]; the rest waits for the next time. Each with its timeout: as
     /// long as a decision on its keys may take (the longest of their rules').
-    pub fn give_backs(
-        &mut self,
-        config: &Config,
-        fixed_bytes: usize,
-        max_bytes: usize,
-    ) -> Vec<(Vec<Refund>, Duration)> {
+    pub fn give_backs(&mut self, config: &Config) -> Vec<(Vec<Refund>, Duration)> {
         if self.returns.is_empty() {
             return Vec::new();
         }
@@ -231,19 +227,24 @@ impl Leases {
             })
             .collect();
         returns.sort_by_key(|(slot, _)| *slot);
+        // A give-back call is one request of many limits, each in refund mode.
+        let call = CallSize::batch();
+        let fixed = call.with_request(MAX_CALL_PATH_BYTES / 2, 0).bytes();
         let mut calls: Vec<(usize, Vec<Refund>)> = Vec::new();
         let mut last_slot = None;
         let mut left = Vec::new();
         for (slot, refund) in returns {
-            let size = call_bytes(std::slice::from_ref(&refund.check));
+            let size = call.limit_bytes(&LimitShape::refund(&refund));
             let room = calls.len() < MAX_GIVE_BACK_CALLS;
             match calls.last_mut() {
-                Some((bytes, group)) if last_slot == slot && *bytes + size <= max_bytes => {
+                Some((bytes, group))
+                    if last_slot == slot && *bytes + size <= MAX_CALL_PATH_BYTES =>
+                {
                     *bytes += size;
                     group.push(refund);
                 }
                 _ if room => {
-                    calls.push((fixed_bytes + size, vec![refund]));
+                    calls.push((fixed + size, vec![refund]));
                     last_slot = slot;
                 }
                 _ => left.push(refund),
@@ -527,6 +528,7 @@ fn refund_of(check: &LimitCheck, grant: &Grant) -> Refund {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bridge::{BridgeRequest, DecideCall};
     use crate::config::Config;
     use crate::request::plan::plan;
     use crate::testing::request::FakeRequest;
@@ -566,6 +568,37 @@ mod tests {
         // The idle keys are forgotten at the next expiry pass.
         leases.expire(2);
         assert_eq!(leases.len(), 1, "only the key still asking");
+    }
+
+    /// Give-backs are grouped by what their calls really carry: a refund's clock and the
+    /// remaining it replied are longer than a decision's mode arguments.
+    #[test]
+    fn each_give_back_call_stays_within_the_call_size_bound() {
+        let config = Config::parse(
+            br#"{"lease": true, "rules": [{"name": "r", "limits": [{"name": "l", "limit": 10, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let mut leases = Leases::default();
+        for i in 0..3000 {
+            let check = plan_of(&config, &format!("k{i}")).checks[0].clone();
+            leases.returns.push(Refund {
+                check,
+                charged_at_ns: u128::from(u64::MAX),
+                left: 1.0 / 3.0,
+            });
+        }
+        let calls = leases.give_backs(&config);
+        assert!(calls.len() > 1, "more than one call's worth");
+        for (refunds, _) in calls {
+            let call = DecideCall::refund(u128::from(u64::MAX), u128::from(u64::MAX), &refunds);
+            let path = BridgeRequest::evalsha(&config.script_sha, &call).path;
+            assert!(
+                path.len() <= MAX_CALL_PATH_BYTES,
+                "a give-back call of {} refunds is {} bytes",
+                refunds.len(),
+                path.len()
+            );
+        }
     }
 
     #[test]

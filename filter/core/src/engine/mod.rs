@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, DecideCall};
+use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
 use crate::config::Config;
 use crate::decision::Refund;
 use crate::metrics::{Counter, Gauge, Histogram};
@@ -27,7 +27,7 @@ use breaker::Breaker;
 use delivery::Delivery;
 use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
-use queue::{call_fixed_bytes, Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
+use queue::{Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
 use splits::{slot_groups, Splits};
 use tally::Tally;
@@ -407,7 +407,7 @@ impl Engine {
     /// policy. One that waited while a reply came is asked again about leases and refusals
     /// (that reply may have brought either), a prefetch about refusals; a part always goes.
     fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
-        let mut batch = self.queue.batch(call_fixed_bytes(config));
+        let mut batch = self.queue.batch(CallSize::batch().bytes());
         let max = config.batch.max_requests;
         while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
             if now >= w.deadline_ns() {
@@ -498,8 +498,7 @@ fn give_back(
     (leases, refusals): (&mut Leases, &mut Refusals),
     now: u128,
 ) {
-    let fixed = call_fixed_bytes(config);
-    for (refunds, timeout) in leases.give_backs(config, fixed, MAX_CALL_BYTES) {
+    for (refunds, timeout) in leases.give_backs(config) {
         let units = refunds.iter().map(|r| r.check.cost).sum();
         host.count_n(Counter::LeaseUnitsReturned, units);
         // As long to reach Redis as a decision on these keys (with a small clock skew alone,

@@ -257,13 +257,6 @@ struct InFlight {
     call: Call,
 }
 
-/// The bytes of a decision call's path besides its requests' (see [`call_bytes`]):
-/// `/EVALSHA/<sha>/<keys>` and the clock, deadline, request and budget counts, each number at
-/// its longest (20 digits).
-pub fn call_fixed_bytes(config: &Config) -> usize {
-    "/EVALSHA/".len() + config.script_sha.len() + 5 * (1 + 20)
-}
-
 /// A batch being taken from the queue.
 #[derive(Debug)]
 pub struct Batch {
