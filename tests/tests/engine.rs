@@ -259,9 +259,20 @@ fn clients_that_leave_while_their_call_is_in_flight_take_no_other_decision_with_
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
     // B, C and D were decided in one call; A's call ran too, its answer went nowhere. All
     // four were charged, as Redis decided them.
-    wait_for_value("the batch decided", PATIENCE, 1 + 3, || {
-        s.envoy.counter("ratelimit_allowed")
-    });
+    // Read with the counts that tell a stray decision apart (a call more, a request more).
+    wait_for_value(
+        "the batch decided (allowed, calls, requests, engine busy)",
+        PATIENCE,
+        (1 + 3, calls_before + 2, 1 + 4, 0),
+        || {
+            (
+                s.envoy.counter("ratelimit_allowed"),
+                calls(),
+                s.envoy.stat("http.ingress.downstream_rq_total"),
+                s.envoy.counter("ratelimit_engine_busy"),
+            )
+        },
+    );
     let tokens = tokens(&s, "shared", "hour");
     assert!((96.0..97.0).contains(&tokens), "4 charged: {tokens}");
 }
