@@ -35,6 +35,8 @@ use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
 
+use super::sightings::{Sightings, SEEN};
+
 /// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
 /// (beyond it, requests are decided one by one).
 pub const MAX_LEASED_KEYS: usize = 10_000;
@@ -44,7 +46,7 @@ pub const MAX_LEASED_KEYS: usize = 10_000;
 /// often (say a client back about once a `max_ms`, at random gaps) would be granted units
 /// it mostly gives back: each grant costs a lease-mode decision and a give-back, and saves a
 /// batched decision at most.
-pub const EARN: usize = 4;
+pub const EARN: usize = SEEN + 1;
 
 /// What a worker asks for the first time it leases a key, in requests' worth: what the
 /// identity just showed it spends within a lease's time.
@@ -130,7 +132,7 @@ struct KeyLease {
     /// When this entry may be forgotten once it holds no grant.
     keep_until_ns: u128,
     /// When the key's last requests came (served from a lease or not), newest first; 0: none.
-    seen: [u128; EARN - 1],
+    seen: [u128; SEEN],
 }
 
 impl KeyLease {
@@ -142,13 +144,13 @@ impl KeyLease {
             last_units: 0,
             ask: FIRST_ASK,
             keep_until_ns: 0,
-            seen: [0; EARN - 1],
+            seen: [0; SEEN],
         }
     }
 
     /// A request of this key came at `now`: whether it is the [`EARN`]th within `max_ns`.
     fn sighted(&mut self, now: u128, max_ns: u128) -> bool {
-        let oldest = self.seen[EARN - 2];
+        let oldest = self.seen[SEEN - 1];
         self.seen.rotate_right(1);
         self.seen[0] = now;
         oldest > 0 && now.saturating_sub(oldest) <= max_ns
@@ -167,7 +169,10 @@ impl KeyLease {
 /// The leases of one worker, by key.
 #[derive(Debug, Default)]
 pub struct Leases {
+    /// Keys that earned a lease (until forgotten, see `expire`).
     keys: HashMap<Rc<str>, KeyLease>,
+    /// The last requests of the keys not in `keys`: which of them earn a lease.
+    sightings: Sightings,
     /// Given-back units waiting for the next give-back call.
     returns: Vec<Refund>,
 }
@@ -356,33 +361,39 @@ impl Leases {
 
     /// How many requests' worth a request of `plan` asks for at `now` (1: none beyond
     /// itself): the smallest ask of its keys, each counting the request. A key that has not
-    /// earned a lease (see [`EARN`]) asks for none; one whose last lease served nothing asks
-    /// for [`LEAST_ASK`] once it earns one again. A key the full table has no room for asks
-    /// for none.
+    /// earned a lease (see [`EARN`]) asks for none (a key not in the table is counted in the
+    /// sightings; once it earns one, it takes an entry if the table has room); one whose last
+    /// lease served nothing asks for [`LEAST_ASK`] once it earns one again.
     fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
         let mut ask = u64::MAX;
         for check in &plan.checks {
-            if !self.keys.contains_key(&check.key) {
-                if self.keys.len() >= MAX_LEASED_KEYS {
-                    ask = 1;
-                    continue;
-                }
-                self.keys.insert(check.key.clone(), KeyLease::new(check));
-            }
-            let Some(lease) = self.keys.get_mut(&check.key) else {
-                continue;
-            };
             let max_ns = check.lease.map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
-            let key_ask = if lease.sighted(now, max_ns) {
-                if lease.ask <= 1 {
-                    lease.ask = LEAST_ASK;
+            let room = self.keys.len() < MAX_LEASED_KEYS;
+            let key_ask = match self.keys.get_mut(&check.key) {
+                Some(lease) => {
+                    // Kept while its requests may earn it a lease again (and after a lease,
+                    // see `grant`).
+                    lease.keep_until_ns = lease.keep_until_ns.max(now.saturating_add(max_ns));
+                    match lease.sighted(now, max_ns) {
+                        true => {
+                            lease.ask = lease.ask.max(LEAST_ASK);
+                            lease.ask
+                        }
+                        false => 1,
+                    }
                 }
-                lease.ask
-            } else {
-                1
+                None if room => match self.sightings.sighted(&check.key, now, max_ns) {
+                    None => 1,
+                    Some(seen) => {
+                        let mut lease = KeyLease::new(check);
+                        lease.seen = seen;
+                        lease.keep_until_ns = now.saturating_add(max_ns);
+                        self.keys.insert(check.key.clone(), lease);
+                        FIRST_ASK
+                    }
+                },
+                None => 1,
             };
-            // Kept while its requests may earn it a lease (and after a lease, see `grant`).
-            lease.keep_until_ns = lease.keep_until_ns.max(now.saturating_add(max_ns));
             ask = ask.min(key_ask);
         }
         ask.clamp(1, MOST_ASK)
@@ -586,28 +597,35 @@ mod tests {
     }
 
     #[test]
-    fn keys_seen_once_get_no_lease_and_the_table_stays_bounded() {
+    fn keys_seen_once_take_no_entry_and_the_table_stays_bounded() {
         let config = Config::parse(
             br#"{"lease": true, "rules": [{"name": "r", "limits": [{"name": "l", "limit": 10, "window": "1s"}]}]}"#,
         )
         .unwrap();
         let mut leases = Leases::default();
+        // A flood of keys seen once each: none asks, none takes an entry.
+        for i in 0..MAX_LEASED_KEYS {
+            let p = plan_of(&config, &format!("once{i}"));
+            assert!(leases.ticket(&p, 1).is_none());
+        }
+        assert!(leases.is_empty());
+        // Keys that earn a lease take entries, up to the table's size.
         let first = plan_of(&config, "first");
         earn(&mut leases, &first);
         assert_eq!(leases.ask(&first, 10), FIRST_ASK, "earned: 4 in 1 s");
-        // A flood of keys seen once each: none asks, each is remembered (to count it) while
-        // there is room.
-        for i in 0..MAX_LEASED_KEYS {
+        for i in 1..MAX_LEASED_KEYS {
             let p = plan_of(&config, &format!("k{i}"));
-            assert!(leases.ticket(&p, 11).is_none());
+            earn(&mut leases, &p);
+            assert_eq!(leases.ask(&p, 10), FIRST_ASK);
         }
-        assert_eq!(leases.len(), MAX_LEASED_KEYS, "full, never more");
-        let late = plan_of(&config, "late");
-        assert_eq!(leases.ask(&late, 12), 1, "no room: no lease");
         assert_eq!(leases.len(), MAX_LEASED_KEYS);
-        // The crowded table forgets the idle keys at the next expiry pass; one asking stays.
+        let late = plan_of(&config, "late");
+        earn(&mut leases, &late);
+        assert_eq!(leases.ask(&late, 10), 1, "no room: no lease");
+        assert_eq!(leases.len(), MAX_LEASED_KEYS, "full, never more");
+        // The crowded table forgets its idle keys at the next expiry pass; one asking stays.
         leases.asking(&first, true);
-        leases.expire(13);
+        leases.expire(11);
         assert_eq!(leases.len(), 1, "only the key still asking");
     }
 
