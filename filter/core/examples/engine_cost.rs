@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use ratelimit_core::engine::leases::EARN;
 use ratelimit_core::testing::host::FakeHost;
 use ratelimit_core::{BridgeReply, Config, Engine};
 
@@ -72,10 +73,19 @@ fn one(
     host.clear_log();
 }
 
-/// A first request whose call gets `reply`: the deny cache entry or the lease the rest use.
-fn primed(config: &Config, counting: &mut CountingHost, view: &FakeRequest, reply: &str) -> Engine {
-    let host = &mut counting.host;
+/// `plain` requests decided alone (allowed), then one whose call gets `reply`: the deny cache
+/// entry or the lease the rest use.
+fn primed(
+    config: &Config,
+    counting: &mut CountingHost,
+    view: &FakeRequest,
+    (plain, reply): (u32, &str),
+) -> Engine {
     let mut engine = Engine::new(config);
+    for ctx in 0..plain {
+        one(&mut engine, config, counting, 1_000_000_000 + ctx, view);
+    }
+    let host = &mut counting.host;
     engine.on_request(config, host, 1, view);
     let reply = BridgeReply {
         status: Some(200),
@@ -176,10 +186,11 @@ fn main() {
     ] {
         let c = config(extra);
         let mut host = fresh();
-        let mut engine = primed(&c, &mut host, &abuser, refused);
+        let mut engine = primed(&c, &mut host, &abuser, (0, refused));
         time(name, &c, &mut host, &mut engine, &abuser);
     }
-    // Allowed with a first lease of 4 requests' worth (the first ask), then the prefetches.
+    // The key earns a lease (3 requests decided alone), then is allowed with a first lease
+    // of 4 requests' worth (the first ask), then the prefetches.
     let leased = r#"{"EVALSHA":[1,4,1,1,"9990000","600000","0"]}"#;
     for (name, extra) in [
         ("lease hit, X-RateLimit headers", ""),
@@ -190,7 +201,8 @@ fn main() {
         );
         let c = config(&extra);
         let mut host = fresh();
-        let mut engine = primed(&c, &mut host, &abuser, leased);
+        let plain = EARN as u32 - 1;
+        let mut engine = primed(&c, &mut host, &abuser, (plain, leased));
         time(name, &c, &mut host, &mut engine, &abuser);
     }
     for (name, extra) in [
