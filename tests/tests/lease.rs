@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::{get, wait_for, wait_until, Envoy, Redis, Webdis, WorkDir};
+use ratelimit_core::engine::leases::EARN;
 
 /// A bucket of `burst` that refills 10 per hour (nothing comes back during a test), leases of
 /// at most 10 units, half of what is left, given back after 1 s. The replicas share one clock
@@ -28,6 +29,15 @@ fn envoy(dir: &WorkDir, webdis: &Webdis, burst: u64, workers: u32) -> Envoy {
 
 fn status(envoy: &Envoy, key: &str) -> u16 {
     envoy.keyed(key).status
+}
+
+/// `key` earns a lease on `envoy`'s worker: its first [`EARN`] - 1 requests go as plain
+/// decisions (each allowed here), so its next one asks for a lease. Returns them.
+fn earn(envoy: &Envoy, key: &str) -> u64 {
+    for _ in 1..EARN {
+        assert_eq!(status(envoy, key), 200);
+    }
+    EARN as u64 - 1
 }
 
 /// Asks on each replica in turn (paced, while leases end and give their units back) until
@@ -97,10 +107,13 @@ fn units_a_lease_did_not_spend_go_back_to_redis_when_it_ends() {
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
     let e = envoy(&dir, &webdis, 100, 1);
-    // A lease taken (the first request and a few for later), and 2 of them spent.
+    // The key earns a lease; then a lease taken (the next request and a few for later), and
+    // 2 of them spent.
+    let spent = earn(&e, "idle") + 3;
     for _ in 0..3 {
         assert_eq!(status(&e, "idle"), 200);
     }
+    let left = 100.0 - spent as f64;
     // A prefetch may still be in flight after the third answer: read Redis only once every
     // lease asked for has come back (each is granted here, the bucket being nearly full).
     wait_for("the prefetched lease", Duration::from_secs(5), || {
@@ -108,20 +121,20 @@ fn units_a_lease_did_not_spend_go_back_to_redis_when_it_ends() {
         (e.counter("ratelimit_lease_grants") == asked).then_some(())
     });
     let held = tokens(&e, &redis, "idle");
-    assert!(held < 97.0, "{held} left in Redis while units are leased");
+    assert!(held < left, "{held} left in Redis while units are leased");
     // The lease ends after 1 s: its unspent units come back, all of them (the bucket cannot
-    // have been full since), and only they: the 3 requests stay spent.
+    // have been full since), and only they: the requests stay spent.
     let back = wait_for("the unspent units back", Duration::from_secs(5), || {
         let now = tokens(&e, &redis, "idle");
-        (now >= 96.99).then_some(now)
+        (now >= left - 0.01).then_some(now)
     });
     assert!(
-        back < 97.01,
-        "{back}: 100 less the 3 spent (refill: 10 an hour)"
+        back < left + 0.01,
+        "{back}: 100 less the {spent} spent (refill: 10 an hour)"
     );
     let returned = e.counter("ratelimit_lease_units_returned");
     println!("{held} in Redis while leased, {back} after; {returned} units given back");
-    assert!((97.0 - held - returned as f64).abs() < 0.01);
+    assert!((left - held - returned as f64).abs() < 0.01);
 }
 
 #[test]
@@ -132,12 +145,14 @@ fn a_second_replica_is_admitted_while_the_first_holds_a_lease_and_the_limit_hold
     let webdis = Webdis::start(&dir, redis.port);
     let a = envoy(&dir, &webdis, BURST, 1);
     let b = envoy(&dir, &webdis, BURST, 1);
-    // A takes 10 of 20 (itself and 9 more); B is still admitted, from what is left.
+    // The key earns a lease on A, which then takes 4 of the 17 left (its request and 3 more);
+    // B is still admitted, from what is left.
+    let earned = earn(&a, "shared");
     assert_eq!(status(&a, "shared"), 200);
     assert_eq!(status(&b, "shared"), 200);
     assert_eq!(a.counter("ratelimit_lease_grants"), 1);
     // Both keep asking: never more than the 20 in all.
-    let mut allowed = 2;
+    let mut allowed = earned + 2;
     for _ in 0..30 {
         for e in [&a, &b] {
             if status(e, "shared") == 200 {

@@ -13,6 +13,12 @@
 //! is given back by the script's refund, which gives back only what the charge still holds
 //! back (see `lua/lib.lua`).
 //!
+//! A key earns a lease: a request asks for one only once its identity came [`EARN`] times
+//! within one lease's `max_ms` (so a lease is likely to be spent); until then, and while the
+//! key's last lease came back unspent, its requests go as plain decisions, with no lease
+//! mode on the wire and no ask held. An identity that comes back now and then so costs no
+//! more with leases on than with them off.
+//!
 //! The table owns the whole ask cycle: a waiting request that asks for a lease holds a
 //! [`Ticket`] (no second ask for its keys meanwhile) that its call's outcome settles, a lease
 //! that runs low asks for the next ahead (a prefetch), and what grants held past their end is
@@ -29,13 +35,22 @@ use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::{LimitCheck, Plan};
 use crate::slot::key_slot;
 
+use super::sightings::{Sightings, SEEN};
+
 /// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
 /// (beyond it, requests are decided one by one).
 pub const MAX_LEASED_KEYS: usize = 10_000;
 
-/// What a worker asks for the first time it leases a key, in requests' worth: enough to learn
-/// whether the identity comes back, little to hold back if it does not.
-const FIRST_ASK: u64 = 4;
+/// Requests of a key, within one lease's `max_ms`, that earn it a lease (the last of them
+/// asks): an identity seen this often spends a lease's units before it ends. One seen less
+/// often (say a client back about once a `max_ms`, at random gaps) would be granted units
+/// it mostly gives back: each grant costs a lease-mode decision and a give-back, and saves a
+/// batched decision at most.
+pub const EARN: usize = SEEN + 1;
+
+/// What a worker asks for the first time it leases a key, in requests' worth: what the
+/// identity just showed it spends within a lease's time.
+const FIRST_ASK: u64 = EARN as u64;
 
 /// The smallest ask after a lease that was not spent: the request and one more.
 const LEAST_ASK: u64 = 2;
@@ -44,7 +59,8 @@ const LEAST_ASK: u64 = 2;
 const MOST_ASK: u64 = 1 << 30;
 
 /// A key without a lease is remembered this long after its last lease ended (its ask, so a
-/// client that comes back at its own pace gets a lease of its size, not the first one).
+/// client that comes back at its own pace gets a lease of its size, not the first one). A key
+/// never leased is remembered only as long as its requests may still earn it one.
 const KEEP_IDLE_NS: u128 = 10_000_000_000;
 
 /// Give-back calls one worker sends per tick at most: the rest waits for the next tick (a
@@ -115,8 +131,8 @@ struct KeyLease {
     ask: u64,
     /// When this entry may be forgotten once it holds no grant.
     keep_until_ns: u128,
-    /// When a request of this key last asked for a lease.
-    last_seen_ns: u128,
+    /// When the key's last requests came (served from a lease or not), newest first; 0: none.
+    seen: [u128; SEEN],
 }
 
 impl KeyLease {
@@ -128,8 +144,16 @@ impl KeyLease {
             last_units: 0,
             ask: FIRST_ASK,
             keep_until_ns: 0,
-            last_seen_ns: 0,
+            seen: [0; SEEN],
         }
+    }
+
+    /// A request of this key came at `now`: whether it is the [`EARN`]th within `max_ns`.
+    fn sighted(&mut self, now: u128, max_ns: u128) -> bool {
+        let oldest = self.seen[SEEN - 1];
+        self.seen.rotate_right(1);
+        self.seen[0] = now;
+        oldest > 0 && now.saturating_sub(oldest) <= max_ns
     }
 
     /// Units of unexpired grants.
@@ -145,21 +169,29 @@ impl KeyLease {
 /// The leases of one worker, by key.
 #[derive(Debug, Default)]
 pub struct Leases {
+    /// Keys that earned a lease (until forgotten, see `expire`).
     keys: HashMap<Rc<str>, KeyLease>,
+    /// The last requests of the keys not in `keys`: which of them earn a lease.
+    sightings: Sightings,
     /// Given-back units waiting for the next give-back call.
     returns: Vec<Refund>,
 }
 
 impl Leases {
-    /// A request of `plan` asks for a lease, if every limit takes one, no ask for its keys is
-    /// in flight and the table has room.
+    /// A request of `plan` (not served from leases) asks for a lease, if every limit takes
+    /// one, its keys earned one and would take more than the request alone, and no ask for
+    /// them is in flight. None: it goes as a plain decision.
     pub fn ticket(&mut self, plan: &Plan, now: u128) -> Option<Ticket> {
-        if !plan.leasable() || !self.may_ask(plan) {
+        if !plan.leasable() {
+            return None;
+        }
+        let requests = self.ask(plan, now);
+        if requests <= 1 || !self.may_ask(plan) {
             return None;
         }
         self.asking(plan, true);
         Some(Ticket {
-            requests: self.ask(plan, now),
+            requests,
             prefetch: false,
         })
     }
@@ -173,8 +205,15 @@ impl Leases {
             return None;
         }
         self.asking(plan, true);
+        // The request served just now was counted (`spend`): the size its keys learnt.
+        let requests = plan
+            .checks
+            .iter()
+            .filter_map(|c| self.keys.get(&c.key).map(|l| l.ask))
+            .min()
+            .unwrap_or(1);
         Some(Ticket {
-            requests: self.ask(plan, now),
+            requests: requests.clamp(1, MOST_ASK),
             prefetch: true,
         })
     }
@@ -281,6 +320,8 @@ impl Leases {
         let mut limits = Vec::with_capacity(plan.checks.len());
         for check in &plan.checks {
             let lease = self.keys.get_mut(&check.key)?;
+            let max_ns = check.lease.map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
+            lease.sighted(now, max_ns);
             let mut owed = check.cost;
             for grant in lease.grants.iter_mut().filter(|g| g.expires_ns > now) {
                 let take = owed.min(grant.units);
@@ -318,32 +359,40 @@ impl Leases {
         })
     }
 
-    /// How many requests' worth a request of `plan` asks for at `now`: the smallest ask of
-    /// its keys. A key whose last lease served nothing asks for a lease again when it comes
-    /// back within half a lease's `max_ms`.
+    /// How many requests' worth a request of `plan` asks for at `now` (1: none beyond
+    /// itself): the smallest ask of its keys, each counting the request. A key that has not
+    /// earned a lease (see [`EARN`]) asks for none (a key not in the table is counted in the
+    /// sightings; once it earns one, it takes an entry if the table has room); one whose last
+    /// lease served nothing asks for [`LEAST_ASK`] once it earns one again.
     fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
         let mut ask = u64::MAX;
-        let crowded = self.crowded();
         for check in &plan.checks {
+            let max_ns = check.lease.map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
+            let room = self.keys.len() < MAX_LEASED_KEYS;
             let key_ask = match self.keys.get_mut(&check.key) {
-                None => FIRST_ASK,
                 Some(lease) => {
-                    if lease.last_seen_ns == 0 && crowded {
-                        // A new key while the table is crowded: it may be forgotten before
-                        // its lease could teach anything, so no lease until it comes back.
-                        lease.ask = 1;
+                    // Kept while its requests may earn it a lease again (and after a lease,
+                    // see `grant`).
+                    lease.keep_until_ns = lease.keep_until_ns.max(now.saturating_add(max_ns));
+                    match lease.sighted(now, max_ns) {
+                        true => {
+                            lease.ask = lease.ask.max(LEAST_ASK);
+                            lease.ask
+                        }
+                        false => 1,
                     }
-                    let max_ms = check.lease.map_or(0, |l| u128::from(l.max_ms));
-                    // Back within half a lease's time: a lease of one more would be spent.
-                    let back_soon = lease.last_seen_ns > 0
-                        && now < lease.last_seen_ns.saturating_add(max_ms * 500_000);
-                    if lease.ask <= 1 && back_soon {
-                        lease.ask = LEAST_ASK;
-                    }
-                    lease.last_seen_ns = now;
-                    lease.keep_until_ns = lease.keep_until_ns.max(now.saturating_add(KEEP_IDLE_NS));
-                    lease.ask
                 }
+                None if room => match self.sightings.sighted(&check.key, now, max_ns) {
+                    None => 1,
+                    Some(seen) => {
+                        let mut lease = KeyLease::new(check);
+                        lease.seen = seen;
+                        lease.keep_until_ns = now.saturating_add(max_ns);
+                        self.keys.insert(check.key.clone(), lease);
+                        FIRST_ASK
+                    }
+                },
+                None => 1,
             };
             ask = ask.min(key_ask);
         }
@@ -483,8 +532,8 @@ impl Leases {
         });
     }
 
-    /// Three quarters of the table are used: idle keys are forgotten at once, and new keys
-    /// get no lease before they come back.
+    /// Three quarters of the table are used: idle keys are forgotten at once (a new key must
+    /// then earn its lease before the next expiry pass).
     fn crowded(&self) -> bool {
         self.keys.len() > MAX_LEASED_KEYS / 4 * 3
     }
@@ -540,33 +589,43 @@ mod tests {
         plan(config, &request).unwrap()
     }
 
+    /// `plan`'s keys earn a lease: [`EARN`] - 1 requests (at 1, 2, ... ns) that ask for none.
+    fn earn(leases: &mut Leases, plan: &Plan) {
+        for now in 1..EARN as u128 {
+            assert!(leases.ticket(plan, now).is_none(), "request {now} asks");
+        }
+    }
+
     #[test]
-    fn new_keys_get_no_lease_while_the_table_is_crowded() {
+    fn keys_seen_once_take_no_entry_and_the_table_stays_bounded() {
         let config = Config::parse(
             br#"{"lease": true, "rules": [{"name": "r", "limits": [{"name": "l", "limit": 10, "window": "1s"}]}]}"#,
         )
         .unwrap();
         let mut leases = Leases::default();
-        let first = plan_of(&config, "first");
-        leases.asking(&first, true);
-        assert_eq!(leases.ask(&first, 1), FIRST_ASK);
-        leases.asking(&first, false);
-        for i in 0..MAX_LEASED_KEYS / 4 * 3 {
-            let p = plan_of(&config, &format!("k{i}"));
-            leases.asking(&p, true);
-            leases.ask(&p, 1);
-            leases.asking(&p, false);
+        // A flood of keys seen once each: none asks, none takes an entry.
+        for i in 0..MAX_LEASED_KEYS {
+            let p = plan_of(&config, &format!("once{i}"));
+            assert!(leases.ticket(&p, 1).is_none());
         }
+        assert!(leases.is_empty());
+        // Keys that earn a lease take entries, up to the table's size.
+        let first = plan_of(&config, "first");
+        earn(&mut leases, &first);
+        assert_eq!(leases.ask(&first, 10), FIRST_ASK, "earned: 4 in 1 s");
+        for i in 1..MAX_LEASED_KEYS {
+            let p = plan_of(&config, &format!("k{i}"));
+            earn(&mut leases, &p);
+            assert_eq!(leases.ask(&p, 10), FIRST_ASK);
+        }
+        assert_eq!(leases.len(), MAX_LEASED_KEYS);
         let late = plan_of(&config, "late");
-        assert!(leases.may_ask(&late));
-        leases.asking(&late, true);
-        assert_eq!(
-            leases.ask(&late, 1),
-            1,
-            "no lease for a key met while crowded"
-        );
-        // The idle keys are forgotten at the next expiry pass.
-        leases.expire(2);
+        earn(&mut leases, &late);
+        assert_eq!(leases.ask(&late, 10), 1, "no room: no lease");
+        assert_eq!(leases.len(), MAX_LEASED_KEYS, "full, never more");
+        // The crowded table forgets its idle keys at the next expiry pass; one asking stays.
+        leases.asking(&first, true);
+        leases.expire(11);
         assert_eq!(leases.len(), 1, "only the key still asking");
     }
 
@@ -609,6 +668,7 @@ mod tests {
         .unwrap();
         let mut leases = Leases::default();
         let p = plan_of(&config, "k");
+        earn(&mut leases, &p);
         let ticket = leases.ticket(&p, 1).unwrap();
         assert_eq!(ticket.requests(), FIRST_ASK);
         assert!(leases.ticket(&p, 1).is_none(), "one ask in flight per key");
@@ -659,6 +719,7 @@ mod tests {
                 checks: vec![check.clone()],
                 ..both.clone()
             };
+            earn(&mut leases, &own);
             let ticket = leases.ticket(&own, 1).unwrap();
             let mut decision = Decision {
                 allowed: true,

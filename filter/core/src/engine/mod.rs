@@ -42,6 +42,7 @@ pub mod local;
 mod policy;
 mod queue;
 pub mod refusals;
+mod sightings;
 pub mod splits;
 mod tally;
 

@@ -149,7 +149,10 @@ fn in_cluster_mode_a_plan_on_two_slots_served_from_leases_sends_no_cross_slot_ca
     .unwrap();
     let mut e = Engine::new(&c);
     let mut h = FakeHost::new();
-    // Each key gets a lease of its own (3 units held) from a plan of its own slot alone.
+    // Each key earns a lease, and gets one of its own (3 units held) from a plan of its own
+    // slot alone.
+    earn(&mut e, &c, "k");
+    earn_with(&mut e, &c, &FakeRequest::new("GET", "/both"));
     arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
     e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 60, 30_000)));
     arrive(&mut e, &c, &mut h, 2, &FakeRequest::new("GET", "/both"));

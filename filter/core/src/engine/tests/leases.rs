@@ -6,7 +6,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 #[test]
 fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_runs_out() {
-    let (c, mut e, mut h) = setup(LEASING);
+    let (c, mut e, mut h) = earned(LEASING);
     assert_eq!(ask_k(&mut e, &c, &mut h, 1), Verdict::Pause);
     let (token, call, _) = h.dispatched[0].clone();
     // A key it has not leased before: 4 requests' worth at most (of max_units 10).
@@ -76,28 +76,84 @@ fn a_lease_spent_slowly_is_not_refilled_ahead() {
 }
 
 #[test]
-fn after_a_lease_that_served_nothing_a_key_asks_again_only_when_it_comes_back_soon() {
+fn after_a_lease_that_served_nothing_a_key_asks_again_only_when_it_earns_one_again() {
     let (c, mut e, mut h) = leasing_k(4, 6, 30_000);
-    // Nothing spent in its second: all 3 go back, and the next request asks for no lease.
+    // Nothing spent in its second: all 3 go back, and the next requests ask for no lease.
     h.now = Some(T0 + 1000 * MS);
     e.on_tick(&c, &mut h);
     assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 3);
-    h.now = Some(T0 + 1500 * MS);
-    ask_k(&mut e, &c, &mut h, 2);
-    let (token, call, _) = h.dispatched.last().cloned().unwrap();
-    assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
-    e.on_reply(&c, &mut h, Some(2), token, ok(&reply(&[R::Allow(5)])));
-    // Not back within half a lease's time (500 ms): still none.
-    h.now = Some(T0 + 2100 * MS);
-    ask_k(&mut e, &c, &mut h, 3);
-    let (token, call, _) = h.dispatched.last().cloned().unwrap();
-    assert!(call.path.contains("/1/lease/1/0%2E5"), "{}", call.path);
-    e.on_reply(&c, &mut h, Some(3), token, ok(&reply(&[R::Allow(4)])));
-    // Back within it: a lease of 2 again.
-    h.now = Some(T0 + 2500 * MS);
-    ask_k(&mut e, &c, &mut h, 4);
+    // Back about once a second: plain decisions (the request alone, no lease mode).
+    for (ctx, at) in [(2, 1500), (3, 2100), (4, 2300)] {
+        h.now = Some(T0 + at * MS);
+        ask_k(&mut e, &c, &mut h, ctx);
+        let (token, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(!call.path.contains("/lease/"), "{ctx}: {}", call.path);
+        e.on_reply(&c, &mut h, Some(ctx), token, ok(&reply(&[R::Allow(5)])));
+    }
+    // The fourth request within a lease's time (1,500 to 2,400 ms): a lease of 2 again.
+    h.now = Some(T0 + 2400 * MS);
+    ask_k(&mut e, &c, &mut h, 5);
     let (_, call, _) = h.dispatched.last().cloned().unwrap();
     assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
+}
+
+#[test]
+fn a_key_back_about_once_a_lease_time_sends_plain_decisions_and_a_busy_key_gets_leases() {
+    let (c, mut e, mut h) = setup(LEASING);
+    // "slow" comes back every 300 to 700 ms (at most 3 requests in any 1 s), "busy" every
+    // 100 ms; each call is answered before the next request.
+    let mut slow_at = 0;
+    for (i, gap) in [300, 700, 400, 600, 300, 700, 500, 500]
+        .into_iter()
+        .enumerate()
+    {
+        slow_at += gap;
+        h.now = Some(T0 + slow_at * MS);
+        let ctx = 100 + i as u32;
+        assert_eq!(
+            arrive(&mut e, &c, &mut h, ctx, &req("/", "slow")),
+            Verdict::Pause
+        );
+        let (token, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(
+            !call.path.contains("/lease/"),
+            "request {i} of the slow key asks for a lease: {}",
+            call.path
+        );
+        e.on_reply(&c, &mut h, Some(ctx), token, ok(&reply(&[R::Allow(9)])));
+    }
+    assert_eq!(h.count_of(Counter::LeaseGrants), 0);
+    assert!(
+        e.load() == (0, 0) && h.resumed.len() == 8,
+        "nothing held for the slow key"
+    );
+    // The busy key: its first 3 requests are plain decisions, the 4th (300 ms after the
+    // first) asks for a lease of 4, and the next 3 are served from it.
+    let mut leases = Vec::new();
+    for ctx in 1..=7u32 {
+        h.now = Some(T0 + 5000 * MS + u128::from(ctx) * 100 * MS);
+        let calls = h.dispatched.len();
+        if arrive(&mut e, &c, &mut h, ctx, &req("/", "busy")) == Verdict::Pause {
+            assert_eq!(h.dispatched.len(), calls + 1);
+            let (token, call, _) = h.dispatched.last().cloned().unwrap();
+            let leasing = call.path.contains("/1/lease/4/");
+            leases.push(leasing);
+            let body = if leasing {
+                leased(4, 6, 30_000)
+            } else {
+                reply(&[R::Allow(9)])
+            };
+            e.on_reply(&c, &mut h, Some(ctx), token, ok(&body));
+        }
+    }
+    assert_eq!(
+        leases,
+        vec![false, false, false, true],
+        "plain, plain, plain, lease"
+    );
+    assert_eq!(h.count_of(Counter::LeaseGrants), 1);
+    e.on_tick(&c, &mut h);
+    assert_eq!(h.count_of(Counter::LeaseHits), 3);
 }
 
 #[test]
@@ -143,7 +199,8 @@ fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back
 
 #[test]
 fn near_the_limit_a_decision_is_the_request_alone_and_a_refusal_leases_nothing() {
-    let (c, mut e, mut h) = setup(LEASING);
+    let (c, mut e, mut h) = earned(LEASING);
+    earn(&mut e, &c, "other");
     ask_k(&mut e, &c, &mut h, 1);
     e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(1)])));
     // No lease: the next request is decided in Redis, and asks again.
@@ -183,7 +240,7 @@ fn a_reply_granting_more_than_was_asked_is_a_bridge_failure_and_leases_nothing()
 
 #[test]
 fn while_the_breaker_is_open_or_after_a_restart_leased_units_are_still_spent() {
-    let (c, mut e, mut h) = setup(&format!(r#"{LEASING} "breaker": {{"failures": 1}},"#));
+    let (c, mut e, mut h) = earned(&format!(r#"{LEASING} "breaker": {{"failures": 1}},"#));
     ask_k(&mut e, &c, &mut h, 1);
     e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 5, 30_000)));
     // Another key's call fails: the breaker opens.
@@ -215,7 +272,7 @@ fn while_the_breaker_is_open_or_after_a_restart_leased_units_are_still_spent() {
 #[test]
 fn give_backs_due_while_the_breaker_is_open_are_sent_once_it_closes() {
     let breaker = r#""breaker": {"failures": 1, "probe_interval": "500ms"},"#;
-    let (c, mut e, mut h) = setup(&format!("{LEASING} {breaker}"));
+    let (c, mut e, mut h) = earned(&format!("{LEASING} {breaker}"));
     ask_k(&mut e, &c, &mut h, 1);
     // 3 units held here, for 1 s.
     e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(4, 6, 30_000)));
@@ -274,7 +331,7 @@ fn a_grant_given_back_at_once_is_not_counted_in_the_headers() {
 
 #[test]
 fn a_call_lost_with_its_stream_leaves_its_keys_free_to_ask_for_a_lease() {
-    let (c, mut e, mut h) = setup(LEASING);
+    let (c, mut e, mut h) = earned(LEASING);
     // Sent from its own context, asking for a lease; the stream ends before the reply.
     assert_eq!(ask_k(&mut e, &c, &mut h, 1), Verdict::Pause);
     assert!(h.dispatched[0].1.path.contains("/lease/"));

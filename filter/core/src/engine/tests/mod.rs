@@ -16,6 +16,8 @@ mod cluster;
 mod leases;
 mod refusals;
 
+use crate::engine::leases::EARN;
+
 const MS: u128 = 1_000_000;
 
 fn config(extra: &str) -> Config {
@@ -497,10 +499,38 @@ fn ask_k(e: &mut Engine, c: &Config, h: &mut FakeHost, ctx: u32) -> Verdict {
     arrive(e, c, h, ctx, &req("/", "k"))
 }
 
-/// With [`LEASING`], request 1 of key "k" was decided and took `k` requests' worth,
-/// `left` left in Redis, whole again in `reset_ms`.
+/// Key `key` earns a lease (see [`earn_with`]).
+fn earn(e: &mut Engine, c: &Config, key: &str) {
+    earn_with(e, c, &req("/", key));
+}
+
+/// The identity of `request` earns a lease: [`EARN`] - 1 requests like it are decided (plain,
+/// each alone) in the 30 ms before T0, on a host of their own, so the next one asks for a
+/// lease.
+fn earn_with(e: &mut Engine, c: &Config, request: &FakeRequest) {
+    let mut h = FakeHost::new();
+    for i in 1..EARN {
+        h.now = Some(T0 - 10 * MS * (EARN - i) as u128);
+        arrive(e, c, &mut h, 1000 + i as u32, request);
+        let (token, call, _) = h.dispatched.last().cloned().unwrap();
+        assert!(!call.path.contains("/lease/"), "{}", call.path);
+        e.on_reply(c, &mut h, None, token, ok(&reply(&[R::Allow(9)])));
+    }
+    e.on_tick(c, &mut h);
+    assert_eq!(e.load(), (0, 0));
+}
+
+/// A config with `extra`, an engine where key "k" earned a lease, and a fake host at T0.
+fn earned(extra: &str) -> (Config, Engine, FakeHost) {
+    let (c, mut e, h) = setup(extra);
+    earn(&mut e, &c, "k");
+    (c, e, h)
+}
+
+/// With [`LEASING`], request 1 of key "k" (which earned a lease) was decided and took `k`
+/// requests' worth, `left` left in Redis, whole again in `reset_ms`.
 fn leasing_k(k: u64, left: u32, reset_ms: u32) -> (Config, Engine, FakeHost) {
-    let (c, mut e, mut h) = setup(LEASING);
+    let (c, mut e, mut h) = earned(LEASING);
     ask_k(&mut e, &c, &mut h, 1);
     e.on_reply(&c, &mut h, Some(1), 1, ok(&leased(k, left, reset_ms)));
     (c, e, h)
