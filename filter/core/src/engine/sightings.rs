@@ -1,6 +1,7 @@
 //! Sightings: when the last requests of each recent identity came, in a fixed table with no
 //! allocation per key, so that a worker learns which identities come often enough to earn a
-//! lease (`EARN` sightings within a lease's time, in the lease table's module) without keeping a lease entry for every key it sees.
+//! lease (`EARN` sightings within a lease's time, defined with the lease table) without
+//! keeping a lease entry for every key it sees.
 //!
 //! A key's slot is chosen by a hash of the key; another key that takes the slot forgets the
 //! first one's sightings (it must then earn its lease again: fewer leases, never a wrong
