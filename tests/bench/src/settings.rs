@@ -55,7 +55,7 @@ impl Settings {
             out,
             rounds: value_of("--rounds")
                 .and_then(|n| n.parse().ok())
-                .unwrap_or(if quick { 3 } else { 5 }),
+                .unwrap_or(if quick { 3 } else { 7 }),
             wrk_s: if quick { 1 } else { 2 },
             warmup_s: if quick { 0 } else { 2 },
             threads: 2,
