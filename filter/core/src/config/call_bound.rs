@@ -137,6 +137,7 @@ mod tests {
     use crate::config::fixtures::*;
     use crate::config::MAX_COST;
     use crate::request::plan::plan;
+    use crate::request::plan::LimitCheck;
     use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -144,6 +145,14 @@ mod tests {
     /// The bound on one request of `limits` limits of `bytes` bytes in all.
     fn request_bytes(limits: usize, bytes: usize) -> usize {
         one_request_call().with_request(limits, bytes).bytes()
+    }
+
+    /// The call `checks` make with the longest clock and deadline, asking for a lease of
+    /// `lease_asked` requests' worth (None: decided per request).
+    fn longest_call(c: &Config, checks: &[LimitCheck], lease_asked: Option<u64>) -> BridgeRequest {
+        let clock = "9".repeat(MAX_CLOCK_DIGITS);
+        let call = DecideCall::leasing(&clock, u128::from(u64::MAX), [(checks, lease_asked)]);
+        BridgeRequest::evalsha(&c.script_sha, &call)
     }
 
     #[test]
@@ -246,14 +255,7 @@ format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
         let p = plan(&c, &request).unwrap();
         assert_eq!(p.checks.len(), MAX_LIMITS_PER_REQUEST);
         assert!(p.checks[0].key.contains(&format!("={identity}}}")));
-        let call = BridgeRequest::evalsha(
-            &c.script_sha,
-            &DecideCall::new(
-                &"9".repeat(MAX_CLOCK_DIGITS),
-                u128::from(u64::MAX),
-                [&p.checks[..]],
-            ),
-        );
+        let call = longest_call(&c, &p.checks, None);
         let per_rule: usize = c.rules[0]
             .limits
             .iter()
@@ -294,14 +296,7 @@ format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
         let request = FakeRequest::new("GET", "/").with("x-k", b"client");
         let p = plan(&c, &request).unwrap();
         assert_eq!(p.checks.len(), 32);
-        let call = BridgeRequest::evalsha(
-            &c.script_sha,
-            &DecideCall::new(
-                &"9".repeat(MAX_CLOCK_DIGITS),
-                u128::from(u64::MAX),
-                [&p.checks[..]],
-            ),
-        );
+        let call = longest_call(&c, &p.checks, None);
         let bound: usize = c
             .rules
             .iter()
@@ -353,14 +348,7 @@ format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
                 .unwrap()
                 .counter_key
                 .contains("}:key_budget:"));
-            let call = BridgeRequest::evalsha(
-                &c.script_sha,
-                &DecideCall::new(
-                    &"9".repeat(MAX_CLOCK_DIGITS),
-                    u128::from(u64::MAX),
-                    [&p.checks[..]],
-                ),
-            );
+            let call = longest_call(&c, &p.checks, None);
             assert!(call.path.len() <= request_bytes(16, bound), "{id}");
         }
     }
@@ -405,14 +393,7 @@ format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
             };
             let p = plan(&c, &request).unwrap();
             assert_eq!(p.checks.len(), MAX_LIMITS_PER_REQUEST);
-            let call = BridgeRequest::evalsha(
-                &c.script_sha,
-                &DecideCall::leasing(
-                    &"9".repeat(20),
-                    u128::from(u64::MAX),
-                    [(&p.checks[..], Some(u64::MAX))],
-                ),
-            );
+            let call = longest_call(&c, &p.checks, Some(u64::MAX));
             assert_eq!(call.path.matches("/lease/").count(), MAX_LIMITS_PER_REQUEST);
             assert!(
                 call.path.len() <= MAX_CALL_PATH_BYTES,
