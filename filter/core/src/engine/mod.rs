@@ -29,7 +29,7 @@ use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
 use queue::{Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
-use splits::{slot_groups, Splits};
+use splits::{slot_groups, Split, Splits};
 use tally::Tally;
 
 pub use host::{Host, Verdict};
@@ -130,7 +130,9 @@ impl Engine {
         }
         let Some(now) = host.now_unix_ns() else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
-            return Some(self.conclude_now(config, host, &plan, outcome));
+            let conclusion = self.conclude(config, host, &plan, outcome, None);
+            self.tally.flush(host); // the per-rule counts with the global ones
+            return Some(conclusion);
         };
         let parts = (&mut self.leases, &self.refusals, &mut self.tally);
         if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
@@ -153,7 +155,9 @@ impl Engine {
         self.opened(config, host, now, stalled);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
-            return Some(self.conclude_now(config, host, &plan, outcome));
+            let conclusion = self.conclude(config, host, &plan, outcome, None);
+            self.tally.flush(host);
+            return Some(conclusion);
         }
         let groups = slot_groups(config, &plan);
         if groups.len() > 1 {
@@ -212,13 +216,7 @@ impl Engine {
                 };
                 let conclusion = self.conclude(config, host, &done.plan, done.outcome, done.sent);
                 if matches!(conclusion, Conclusion::Answer(_)) {
-                    // What the parts that charged took goes back: a call per slot, whose reply
-                    // is not waited for (a lost refund leaves units spent, never extra).
-                    for refunds in done.split.refunds() {
-                        host.count(Counter::Refunds);
-                        let times = (config.clock_skew, done.split.plan.timeout);
-                        refund(config, host, &mut self.refusals, &refunds, times, now);
-                    }
+                    refund_split(config, host, &mut self.refusals, &done.split, now);
                 }
                 (done.split.ctx, done.split.arrived_ns, conclusion)
             }
@@ -239,21 +237,6 @@ impl Engine {
         self.refusals.remember(plan, &outcome, sent);
         let tally = &mut self.tally;
         self.policy.conclude(config, host, tally, plan, outcome)
-    }
-
-    /// A failure decided by policy in the request's own callback, its per-rule counts handed
-    /// over with the global ones (lease and deny-cache hits, the hot path, wait for the tick on
-    /// both sides).
-    fn conclude_now(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        plan: &Plan,
-        outcome: Outcome,
-    ) -> Conclusion {
-        let conclusion = self.conclude(config, host, plan, outcome, None);
-        self.tally.flush(host);
-        conclusion
     }
 
     /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
@@ -506,6 +489,22 @@ fn give_back(
         // most came too late to give anything back).
         let window = timeout.max(config.clock_skew);
         refund(config, host, refusals, &refunds, (window, window), now);
+    }
+}
+
+/// Gives back what the parts of a refused `split` charged: a call per slot, whose reply is
+/// not waited for (a lost refund leaves units spent, never extra).
+fn refund_split(
+    config: &Config,
+    host: &mut impl Host,
+    refusals: &mut Refusals,
+    split: &Split,
+    now: u128,
+) {
+    for refunds in split.refunds() {
+        host.count(Counter::Refunds);
+        let times = (config.clock_skew, split.plan.timeout);
+        refund(config, host, refusals, &refunds, times, now);
     }
 }
 
