@@ -431,7 +431,7 @@ impl Envoy {
         concurrency: u32,
     ) -> Envoy {
         let config_path = dir.file(&format!("envoy-{port}.yaml"));
-        fs::write(&config_path, config).expect("write envoy config");
+        fs::write(&config_path, without_reuse_port(config)).expect("write envoy config");
         let mut command = Command::new(envoy_bin());
         command.arg("-c").arg(&config_path).args([
             "--concurrency",
@@ -586,6 +586,38 @@ fn on_a_free_port<T>(mut start: impl FnMut(u16) -> Result<T, String>) -> T {
     }
 }
 
+/// `config` with `enable_reuse_port: false` on every listener. Envoy binds its listeners with
+/// SO_REUSEPORT by default, so two Envoys of two test processes that drew the same free port
+/// would both start and share its connections silently; without it the second one exits with
+/// "Address already in use" and is started again on another port.
+pub fn without_reuse_port(config: &str) -> String {
+    let mut out = String::with_capacity(config.len() + 64);
+    // The indent of the `listeners:` key while inside its list, and of the list's items.
+    let (mut listeners, mut item) = (None::<usize>, None::<usize>);
+    for line in config.lines() {
+        out.push_str(line);
+        out.push('\n');
+        let (indent, text) = (indent_of(line), line.trim_start());
+        if text == "listeners:" {
+            (listeners, item) = (Some(indent), None);
+            continue;
+        }
+        let Some(key) = listeners else { continue };
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        if indent < key || (indent == key && !text.starts_with('-')) {
+            listeners = None;
+            continue;
+        }
+        if text.starts_with("- ") && *item.get_or_insert(indent) == indent {
+            out.push_str(&" ".repeat(indent + 2));
+            out.push_str("enable_reuse_port: false\n");
+        }
+    }
+    out
+}
+
 /// `config` (an Envoy config) with `port_value: from` made `port_value: to`.
 fn move_port(config: &str, from: u16, to: u16) -> String {
     apply_edits(
@@ -706,4 +738,32 @@ pub fn filter_json_block(yaml: &str) -> (String, String) {
 
 pub fn indent_of(line: &str) -> usize {
     line.len() - line.trim_start().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every listener of every shipped Envoy config gets the setting once, at its own level.
+    #[test]
+    fn each_listener_of_the_shipped_configs_binds_without_reuse_port() {
+        for (file, listeners) in [("envoy/envoy.yaml", 1), ("envoy/cluster/envoy.yaml", 2)] {
+            let config = fs::read_to_string(root().join(file)).expect("read config");
+            let edited = without_reuse_port(&config);
+            assert_eq!(
+                edited.matches("enable_reuse_port: false").count(),
+                listeners,
+                "{file}"
+            );
+            let lines: Vec<&str> = edited.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if line.trim_start() == "enable_reuse_port: false" {
+                    let item = lines[i - 1];
+                    assert!(item.trim_start().starts_with("- name:"), "{file}: {item}");
+                    assert_eq!(indent_of(line), indent_of(item) + 2, "{file}");
+                }
+            }
+            assert_eq!(edited.replace("    enable_reuse_port: false\n", ""), config);
+        }
+    }
 }
