@@ -18,7 +18,7 @@ RUST_MIN := 1.80
 need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
 	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim
+.PHONY: help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -127,14 +127,44 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
 	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
-e2e-test: setup setup-prom build ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
-	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease -- --test-threads 2
+e2e-test: setup setup-prom build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
+	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
 	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \
 	  out=$$("$(ENVOY_BIN)" --mode validate -c "$$f" 2>&1) || { echo "$$out" | tail -5; echo "validate: $$f is refused" >&2; exit 1; }; \
 	  echo "$$out" | tail -1; \
 	done
+
+# The module for users: a checksummed download and a Wasm OCI image (docs/deploy.md).
+# The version is the workspace's ([workspace.package] version in Cargo.toml).
+VERSION = $(shell awk '/^\[/ {p = ($$0 == "[workspace.package]")} p && /^version *=/ {sub(/^version *= *"/, ""); sub(/".*/, ""); print}' Cargo.toml)
+OCI_LAYOUT := target/oci
+DIST := target/dist
+
+setup-oci: ## umoci, skopeo and docker-registry (Debian packages, for make oci and its test)
+	@missing=""; \
+	for pkg in umoci:umoci skopeo:skopeo docker-registry:docker-registry; do \
+	  command -v $${pkg%%:*} >/dev/null || missing="$$missing $${pkg#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  $(call need_apt,$$missing); \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  if [ -d /run/systemd/system ]; then systemctl disable --now docker-registry >/dev/null 2>&1 || true; fi; \
+	fi
+
+oci: setup-oci build ## the module as target/dist/ratelimit_filter.wasm (+ .sha256) and a Wasm OCI image in target/oci, tagged with the version
+	@[ -n "$(VERSION)" ] || { echo "oci: no version in Cargo.toml [workspace.package]" >&2; exit 1; }
+	@mkdir -p $(DIST)
+	install -m 0644 $(WASM) $(DIST)/ratelimit_filter.wasm
+	cd $(DIST) && sha256sum ratelimit_filter.wasm > ratelimit_filter.wasm.sha256
+	tools/oci-image.sh $(DIST)/ratelimit_filter.wasm $(VERSION) $(OCI_LAYOUT)
+	@echo "wrote $(OCI_LAYOUT):$(VERSION), manifest $$(skopeo inspect --raw oci:$(OCI_LAYOUT):$(VERSION) | sha256sum | cut -d' ' -f1 | sed 's/^/sha256:/')"
+
+oci-push: oci ## push target/oci to a registry: make oci-push IMAGE=registry.example.com/ratelimit-filter:0.1.0
+	@[ -n "$(IMAGE)" ] || { echo "oci-push: set IMAGE=host/repo:tag" >&2; exit 1; }
+	skopeo copy $(SKOPEO_FLAGS) oci:$(OCI_LAYOUT):$(VERSION) docker://$(IMAGE)
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
