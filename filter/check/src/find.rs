@@ -82,13 +82,7 @@ impl Walker {
 
     fn value(&mut self, value: &Value, path: String, nesting: usize) {
         match value {
-            Value::Object(map) => {
-                if !self.known_object(map, &path) {
-                    for (k, v) in map {
-                        self.value(v, field(&path, k), nesting);
-                    }
-                }
-            }
+            Value::Object(map) => self.object(map, &path, nesting),
             Value::Array(items) => {
                 for (i, v) in items.iter().enumerate() {
                     self.value(v, index(&path, i), nesting);
@@ -98,6 +92,14 @@ impl Walker {
                 self.string(text, &path, nesting + 1);
             }
             _ => {}
+        }
+    }
+
+    fn object(&mut self, map: &Map<String, Value>, path: &str, nesting: usize) {
+        if !self.known_object(map, path) {
+            for (k, v) in map {
+                self.value(v, field(path, k), nesting);
+            }
         }
     }
 
@@ -127,10 +129,12 @@ impl Walker {
     fn known_object(&mut self, map: &Map<String, Value>, path: &str) -> bool {
         match map.get("@type").and_then(Value::as_str) {
             Some(WASM | WASM_SERVICE) => {
-                if let Some(Value::Object(plugin)) = map.get("config") {
-                    return self.plugin_config(plugin, &field(path, "config"));
-                }
-                return false;
+                return match map.get("config") {
+                    Some(Value::Object(plugin)) => {
+                        self.plugin_config(plugin, &field(path, "config"))
+                    }
+                    _ => true,
+                };
             }
             Some(PLUGIN_CONFIG) => return self.plugin_config(map, path),
             _ => {}
@@ -167,8 +171,8 @@ impl Walker {
         false
     }
 
-    /// An Envoy `PluginConfig`: its `configuration` when it loads this module. True when
-    /// it is this module's (then nothing else in it is a config).
+    /// An Envoy `PluginConfig`: its `configuration` when it loads this module. Nothing else in
+    /// a plugin's config is searched.
     fn plugin_config(&mut self, plugin: &Map<String, Value>, path: &str) -> bool {
         let code = plugin
             .get("vm_config")
@@ -184,7 +188,8 @@ impl Walker {
         .any(|name| name.contains(MODULE_FILE))
             || plugin.get("root_id").and_then(Value::as_str) == Some(MODULE_WORD);
         if !ours {
-            return false;
+            // Another module's configuration is its own business, whatever it holds.
+            return true;
         }
         let path = field(path, "configuration");
         let Some(configuration) = plugin.get("configuration") else {

@@ -53,7 +53,7 @@ fn check_file(file: &str, allow_none: bool) -> u8 {
     let found = match find(&text) {
         Ok(found) => found,
         Err(error) => {
-            eprintln!("{file}: neither JSON nor YAML: {error}");
+            eprintln!("{file}: not valid YAML or JSON: {error}");
             return 2;
         }
     };
