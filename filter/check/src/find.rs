@@ -71,6 +71,8 @@ impl Walker {
 
     fn document(&mut self, doc: &Document, path: String, nesting: usize) {
         if is_bare_config(&doc.value) {
+            // A string that is the config itself is named by where the string is.
+            let path = path.strip_suffix(" >").map_or(path.clone(), str::to_string);
             match &doc.json_text {
                 Some(text) => self.config(path, text.as_bytes()),
                 None => self.config_value(path, Some(&doc.value)),

@@ -60,7 +60,7 @@ fn a_broken_config_in_a_config_map_names_file_document_object_and_field() {
     assert_eq!(
         err,
         format!(
-            "{}: document 2 (ConfigMap ratelimit-filter): data[\"filter.json\"] >: invalid filter configuration: rules[0].limits[0].limit: must be >= 1\n",
+            "{}: document 2 (ConfigMap ratelimit-filter): data[\"filter.json\"]: invalid filter configuration: rules[0].limits[0].limit: must be >= 1\n",
             path.display()
         )
     );

@@ -219,7 +219,7 @@ data:
         found[0].object.as_deref(),
         Some("ConfigMap ratelimit-filter")
     );
-    assert_eq!(found[0].path, r#"data["filter.json"] >"#);
+    assert_eq!(found[0].path, r#"data["filter.json"]"#);
     assert!(found[0].result.is_ok());
     assert_eq!(
         found[1].path,
@@ -236,7 +236,7 @@ fn compose_inline_config_is_found() {
     );
     let f = only(find(&yaml).unwrap());
     assert_eq!(f.object, None);
-    assert_eq!(f.path, "configs.filter.content >");
+    assert_eq!(f.path, "configs.filter.content");
     assert!(f.result.is_ok());
 }
 
