@@ -147,8 +147,9 @@ check-config: ## check the rate-limit filter configs in CONFIG=path (filter JSON
 	@[ -n "$(CONFIG)" ] || { echo "usage: make check-config CONFIG=path [CONFIG='a.yaml b.yaml']" >&2; exit 2; }
 	@cargo run -q -p ratelimit-check -- $(CONFIG)
 
-config-test: setup-rust ## the config checker's tests, and the checker over every shipped Envoy config
+config-test: setup-envoy build ## the config checker's tests, its verdicts against Envoy's, and the checker over every shipped Envoy config
 	cargo test -p ratelimit-check
+	cargo test -p e2e --test checker
 	cargo run -q -p ratelimit-check -- envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml
 
 setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-test

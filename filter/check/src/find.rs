@@ -10,6 +10,7 @@ const PLUGIN_CONFIG: &str = "type.googleapis.com/envoy.extensions.wasm.v3.Plugin
 const WASM_SERVICE: &str = "type.googleapis.com/envoy.extensions.wasm.v3.WasmService";
 const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
 const STRUCT: &str = "type.googleapis.com/google.protobuf.Struct";
+const STRUCT_NOTE: &str = "Envoy passes a google.protobuf.Struct configuration to the filter as protobuf bytes, not JSON: give the JSON as a google.protobuf.StringValue";
 /// The module's file name, in a local path or a remote URL.
 const MODULE_FILE: &str = "ratelimit_filter.wasm";
 /// Istio and Envoy Gateway name the module by an image URL or a plugin name.
@@ -28,6 +29,8 @@ pub struct Found {
     /// ` > ` enters a string's content. Empty: the document is the config.
     pub path: String,
     pub result: Result<Config, ConfigError>,
+    /// Why a config the filter would refuse looks valid.
+    pub note: Option<&'static str>,
 }
 
 /// Every filter config in `text`, in document order; Err: the text is neither JSON nor YAML
@@ -40,23 +43,29 @@ pub fn find(text: &str) -> Result<Vec<Found>, String> {
         };
         walker.document(doc, String::new(), 0);
         let object = object_name(&doc.value);
-        found.extend(walker.configs.into_iter().map(|(path, result)| Found {
-            document: i + 1,
-            object: object.clone(),
-            path,
-            result,
-        }));
+        found.extend(
+            walker
+                .configs
+                .into_iter()
+                .map(|(path, result, note)| Found {
+                    document: i + 1,
+                    object: object.clone(),
+                    path,
+                    result,
+                    note,
+                }),
+        );
     }
     Ok(found)
 }
 
 struct Walker {
-    configs: Vec<(String, Result<Config, ConfigError>)>,
+    configs: Vec<(String, Result<Config, ConfigError>, Option<&'static str>)>,
 }
 
 impl Walker {
     fn config(&mut self, path: String, json: &[u8]) {
-        self.configs.push((path, Config::parse(json)));
+        self.configs.push((path, Config::parse(json), None));
     }
 
     /// A config given as an object (a `Struct`, a `pluginConfig`): the filter gets its JSON.
@@ -205,16 +214,26 @@ impl Walker {
                 Some(Value::String(json)) => self.config(value_path, json.as_bytes()),
                 _ => self.config(value_path, b""),
             },
-            Some(STRUCT) => self.config_value(value_path, value),
+            // Envoy hands the filter a Struct's protobuf bytes, not JSON: the filter refuses
+            // every Struct (seen with Envoy 1.40), so the checker does too, and says why.
+            Some(STRUCT) => self.configs.push((
+                path,
+                Err(ConfigError {
+                    field: String::new(),
+                    message: "the configuration must be a JSON object".to_string(),
+                }),
+                Some(STRUCT_NOTE),
+            )),
             other => self.configs.push((
                 field(&path, "@type"),
                 Err(ConfigError {
                     field: String::new(),
                     message: format!(
-                        "the configuration's @type is {}: this checker reads {STRING_VALUE} and {STRUCT}",
+                        "the configuration's @type is {}: ratelimit-check reads a {STRING_VALUE}",
                         other.unwrap_or("missing")
                     ),
                 }),
+                None,
             )),
         }
         true

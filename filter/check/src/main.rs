@@ -78,6 +78,9 @@ fn check_file(file: &str, allow_none: bool) -> u8 {
             Ok(parsed) => print!("{place}: OK\n{}", summary(parsed)),
             Err(error) => {
                 eprintln!("{place}: invalid filter configuration: {error}");
+                if let Some(note) = config.note {
+                    eprintln!("  note: {note}");
+                }
                 status = 1;
             }
         }

@@ -111,7 +111,8 @@ fn a_module_known_by_root_id_or_remote_uri_is_this_filter() {
 }
 
 #[test]
-fn envoy_struct_config_is_given_to_the_filter_as_json() {
+fn envoy_struct_config_is_refused_as_the_filter_refuses_it() {
+    // Envoy hands the filter a Struct's protobuf bytes: even a valid policy is refused.
     let yaml = r#"
 "@type": type.googleapis.com/envoy.extensions.wasm.v3.WasmService
 config:
@@ -122,11 +123,12 @@ config:
       bridge: { cluster: webdis }
       rules:
       - name: r
-        limits: [{ name: m, limit: 0, window: 1m }]
+        limits: [{ name: m, limit: 10, window: 1m }]
 "#;
     let f = only(find(yaml).unwrap());
-    assert_eq!(f.path, "config.configuration.value");
-    assert_eq!(error_of(&f), BROKEN_MESSAGE);
+    assert_eq!(f.path, "config.configuration");
+    assert_eq!(error_of(&f), "the configuration must be a JSON object");
+    assert_eq!(f.note, Some(STRUCT_NOTE));
 }
 
 #[test]
