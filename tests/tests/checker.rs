@@ -5,10 +5,12 @@
 use e2e::procs::{validate_config, WorkDir};
 use e2e::root;
 
-/// The shipped config with one edit, and whether that edit is expected to break it.
+/// The shipped config, and variants of it each with one edit, by name.
 fn cases(shipped: &str) -> Vec<(&'static str, String)> {
     let value_start = shipped.find("                configuration:").unwrap();
-    let value_end = shipped.find("          - name: envoy.filters.http.router").unwrap();
+    let value_end = shipped
+        .find("          - name: envoy.filters.http.router")
+        .unwrap();
     let as_struct = format!(
         "{}{}{}",
         &shipped[..value_start],
@@ -29,7 +31,10 @@ fn cases(shipped: &str) -> Vec<(&'static str, String)> {
     vec![
         ("shipped", shipped.to_string()),
         ("limit 0", edit(r#""limit": 10"#, r#""limit": 0"#)),
-        ("bad window", edit(r#""window": "1m""#, r#""window": "fortnight""#)),
+        (
+            "bad window",
+            edit(r#""window": "1m""#, r#""window": "fortnight""#),
+        ),
         ("unknown algorithm", edit("token_bucket", "leaky_bucket")),
         ("unknown field", edit(r#""key_prefix""#, r#""key_prefixx""#)),
         ("a Struct", as_struct),
@@ -51,9 +56,15 @@ fn checker_and_envoy_agree_on_each_config() {
         match &found[0].result {
             Ok(_) => assert!(envoy_ok, "{name}: checked OK, Envoy refuses it:\n{output}"),
             Err(error) => {
-                assert!(!envoy_ok, "{name}: the checker refuses it ({error}), Envoy accepts it");
+                assert!(
+                    !envoy_ok,
+                    "{name}: the checker refuses it ({error}), Envoy accepts it"
+                );
                 let line = format!("invalid filter configuration: {error}");
-                assert!(output.contains(&line), "{name}: Envoy's log lacks `{line}`:\n{output}");
+                assert!(
+                    output.contains(&line),
+                    "{name}: Envoy's log lacks `{line}`:\n{output}"
+                );
                 refused += 1;
             }
         }
