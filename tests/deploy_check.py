@@ -142,6 +142,15 @@ CRDS = {
         "rules": list_of(ANY_OBJECT)})),
 }
 
+# Kustomize's file has its fields at the top level, not under spec.
+KUSTOMIZATION = obj(optional={
+    "apiVersion": enum("kustomize.config.k8s.io/v1beta1"), "kind": enum("Kustomization"),
+    "metadata": ANY_OBJECT, "namespace": STRING, "namePrefix": STRING, "nameSuffix": STRING,
+    "resources": list_of(STRING), "components": list_of(STRING), "labels": list_of(ANY_OBJECT),
+    "commonLabels": LABELS, "commonAnnotations": LABELS, "images": list_of(ANY_OBJECT),
+    "configMapGenerator": list_of(ANY_OBJECT), "secretGenerator": list_of(ANY_OBJECT),
+    "generatorOptions": ANY_OBJECT, "patches": list_of(ANY_OBJECT), "replicas": list_of(ANY_OBJECT)})
+
 COMPOSE = obj({"services": map_of(obj(one_of=("image", "build"), open_=True))}, {
     "name": STRING, "version": STRING, "configs": map_of(obj(
         optional={"content": STRING, "file": STRING, "environment": STRING, "name": STRING})),
@@ -157,6 +166,8 @@ def check_document(doc, k8s_versions):
         name = (doc.get("metadata") or {}).get("name")
         label = f"{kind} {name}"
         group, _, version = api.rpartition("/")
+        if kind == "Kustomization":
+            return KUSTOMIZATION(doc, "kustomization"), "Kustomization (structure)"
         if (group, kind) in CRDS:
             versions, spec = CRDS[(group, kind)]
             errors = [] if version in versions else [f"apiVersion {api}: checked versions are {versions}"]

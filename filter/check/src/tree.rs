@@ -47,12 +47,16 @@ fn to_json(yaml: &Yaml) -> Value {
     }
 }
 
-/// A YAML float as a JSON number; `.inf` and `.nan`, which JSON cannot hold, stay text.
+/// A YAML float as a JSON number; `.inf` and `.nan`, which JSON cannot hold, stay text. A
+/// whole one is written as an integer, as Istio (protobuf Struct to JSON) and Kubernetes (YAML
+/// to JSON) pass `10.0` on: `10`.
 fn real(text: &str) -> Value {
-    text.parse::<f64>()
-        .ok()
-        .and_then(Number::from_f64)
-        .map_or_else(|| Value::String(text.to_string()), Value::Number)
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole f64 below is exact
+    match text.parse::<f64>() {
+        Ok(v) if v.fract() == 0.0 && v.abs() < EXACT => Value::from(v as i64),
+        Ok(v) => Number::from_f64(v).map_or_else(|| Value::String(text.to_string()), Value::Number),
+        Err(_) => Value::String(text.to_string()),
+    }
 }
 
 /// JSON keys are strings: a YAML key `8080` or `true` becomes its text.
@@ -62,5 +66,19 @@ fn key(yaml: &Yaml) -> String {
         Yaml::Integer(i) => i.to_string(),
         Yaml::Boolean(b) => b.to_string(),
         other => to_json(other).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_numbers_become_the_json_the_filter_gets() {
+        let docs = documents("a: 10.0\nb: 0.125\nc: .inf\nd: 1e3\n8080: x\n").unwrap();
+        assert_eq!(
+            docs[0].value.to_string(),
+            r#"{"8080":"x","a":10,"b":0.125,"c":".inf","d":1000}"#
+        );
     }
 }
