@@ -7,9 +7,8 @@ For each YAML file under the given directories:
   check of the fields these recipes use (CRDS below); any other kind is an error;
 - compose files get a structural check of their services and configs; Envoy configs are left
   to the filter-config check and to `make validate`;
-- every file is run through ratelimit-check: each must hold at least one valid filter config,
-  unless a line `# ratelimit-check: none` marks it as holding none by nature. JSON files are
-  checked too, none required.
+- every YAML and JSON file is run through ratelimit-check: every filter config in it must be
+  valid, and each recipe (directory) must hold at least one.
 Before that, each check is shown to fail on a broken input (a bad Deployment, a WasmPlugin
 without its url, a copy of a shipped manifest whose first limit is 0).
 """
@@ -24,9 +23,6 @@ import tempfile
 
 import kubernetes_validate
 import yaml
-
-NONE_MARKER = "# ratelimit-check: none"
-
 
 # A small schema language for the custom kinds: a check is a function (value, path) -> errors.
 def typed(kind, name):
@@ -108,6 +104,31 @@ CRDS = {
         "configPatches": list_of(obj({"applyTo": STRING, "patch": obj(
             {"operation": STRING}, {"value": ANY_OBJECT, "filterClass": STRING})},
             {"match": ANY_OBJECT}))})),
+    ("networking.istio.io", "ServiceEntry"): (("v1", "v1beta1"), obj({"hosts": list_of(STRING)}, {
+        "addresses": list_of(STRING), "exportTo": list_of(STRING), "subjectAltNames": list_of(STRING),
+        "location": enum("MESH_EXTERNAL", "MESH_INTERNAL"),
+        "resolution": enum("NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN"),
+        "ports": list_of(obj({"number": INTEGER, "name": STRING},
+                             {"protocol": STRING, "targetPort": INTEGER})),
+        "endpoints": list_of(obj(optional={"address": STRING, "ports": map_of(INTEGER),
+                                           "labels": LABELS, "network": STRING,
+                                           "locality": STRING, "weight": INTEGER})),
+        "workloadSelector": obj(optional={"labels": LABELS})})),
+    ("networking.istio.io", "DestinationRule"): (("v1", "v1beta1"), obj({"host": STRING}, {
+        "exportTo": list_of(STRING), "trafficPolicy": ANY_OBJECT, "subsets": list_of(ANY_OBJECT),
+        "workloadSelector": obj(optional={"matchLabels": LABELS})})),
+    ("networking.istio.io", "Gateway"): (("v1", "v1beta1"), obj({"servers": list_of(obj(
+        {"port": obj({"number": INTEGER, "protocol": STRING}, {"name": STRING, "targetPort": INTEGER}),
+         "hosts": list_of(STRING)}, {"tls": ANY_OBJECT, "name": STRING, "bind": STRING,
+                                     "defaultEndpoint": STRING}))}, {"selector": LABELS})),
+    ("networking.istio.io", "VirtualService"): (("v1", "v1beta1"), obj(optional={
+        "hosts": list_of(STRING), "gateways": list_of(STRING), "exportTo": list_of(STRING),
+        "http": list_of(ANY_OBJECT), "tcp": list_of(ANY_OBJECT), "tls": list_of(ANY_OBJECT)})),
+    ("gateway.envoyproxy.io", "HTTPRouteFilter"): (("v1alpha1",), obj(optional={
+        "directResponse": obj(optional={"contentType": STRING, "statusCode": INTEGER,
+                                        "body": obj({"type": enum("Inline", "ValueRef")},
+                                                    {"inline": STRING, "valueRef": OBJECT_REF})}),
+        "urlRewrite": ANY_OBJECT, "credentialInjection": ANY_OBJECT})),
     ("gateway.envoyproxy.io", "EnvoyExtensionPolicy"): (("v1alpha1",), obj(
         optional={"targetRef": OBJECT_REF, "targetRefs": list_of(OBJECT_REF),
                   "targetSelectors": list_of(ANY_OBJECT), "extProc": list_of(ANY_OBJECT),
@@ -250,19 +271,17 @@ def main():
             if not errors:
                 print(f"ok   {path}: document {i}: {what}")
 
-    marked = [f for f in yaml_files if NONE_MARKER in f.read_text()]
-    required = [f for f in yaml_files if f not in marked]
-    for files, allow_none in ((required, False), (marked + json_files, True)):
-        if not files:
-            continue
-        result = run_checker(args.checker, files, allow_none)
+    # Each recipe (a directory) holds at least one filter config; a file may hold none.
+    for recipe in sorted({f.parent for f in yaml_files}):
+        files = [f for f in yaml_files + json_files if f.parent == recipe]
+        result = run_checker(args.checker, files, allow_none=True)
         sys.stdout.write(result.stdout)
         sys.stdout.write(result.stderr)
         failures += result.returncode != 0
 
     print("the checks fail on broken input:")
     # A ConfigMap's filter JSON first, as a user's edit would break it.
-    breakable = [f for f in required if re.search(r'"?\blimit"?\s*:\s*\d', f.read_text())]
+    breakable = [f for f in yaml_files if re.search(r'"?\blimit"?\s*:\s*\d', f.read_text())]
     breakable.sort(key=lambda f: "kind: ConfigMap" not in f.read_text())
     first = next(iter(breakable), None)
     if first is None:

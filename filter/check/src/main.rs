@@ -1,6 +1,7 @@
 //! `ratelimit-check [--allow-none] FILE...`: checks every rate-limit filter config in each file
 //! with the filter's own validation. Exit status: 0 all valid; 1 a config is invalid, or a file
-//! holds none (unless `--allow-none`); 2 a file cannot be read or is neither JSON nor YAML.
+//! holds none (with `--allow-none`: the files all together hold none); 2 a file cannot be read
+//! or is neither JSON nor YAML.
 
 use std::process::ExitCode;
 
@@ -9,7 +10,8 @@ use ratelimit_check::{find, summary};
 const USAGE: &str = "usage: ratelimit-check [--allow-none] FILE...
 Checks every rate-limit filter config in each FILE (the filter's JSON, an Envoy config,
 Kubernetes manifests) with the filter's own validation, and prints what each policy does.
-  --allow-none  a file without any filter config is not an error
+  --allow-none  a file may hold no filter config, as long as the files together hold one
+                (a set of manifests where only some files carry the config)
 Exit status: 0 all valid, 1 an invalid config or a file without one, 2 an unreadable file.";
 
 fn main() -> ExitCode {
@@ -33,37 +35,43 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     }
-    let worst = files
-        .iter()
-        .map(|file| check_file(file, allow_none))
-        .max()
-        .unwrap_or(0);
+    let mut worst = 0;
+    let mut configs = 0;
+    for file in &files {
+        let (status, found) = check_file(file, allow_none);
+        worst = worst.max(status);
+        configs += found;
+    }
+    if allow_none && configs == 0 && worst < 2 {
+        eprintln!("no rate-limit filter config in any of the files");
+        worst = 1;
+    }
     ExitCode::from(worst)
 }
 
-/// Checks one file and prints its findings; returns its exit status.
-fn check_file(file: &str, allow_none: bool) -> u8 {
+/// Checks one file and prints its findings; returns its exit status and how many configs it holds.
+fn check_file(file: &str, allow_none: bool) -> (u8, usize) {
     let text = match std::fs::read_to_string(file) {
         Ok(text) => text,
         Err(error) => {
             eprintln!("{file}: cannot read: {error}");
-            return 2;
+            return (2, 0);
         }
     };
     let found = match find(&text) {
         Ok(found) => found,
         Err(error) => {
             eprintln!("{file}: not valid YAML or JSON: {error}");
-            return 2;
+            return (2, 0);
         }
     };
     if found.is_empty() {
         if allow_none {
-            println!("{file}: no rate-limit filter config (allowed)");
-            return 0;
+            println!("{file}: no rate-limit filter config");
+            return (0, 0);
         }
         eprintln!("{file}: no rate-limit filter config found");
-        return 1;
+        return (1, 0);
     }
     let mut status = 0;
     for config in &found {
@@ -85,5 +93,5 @@ fn check_file(file: &str, allow_none: bool) -> u8 {
             }
         }
     }
-    status
+    (status, found.len())
 }

@@ -67,26 +67,30 @@ fn a_broken_config_in_a_config_map_names_file_document_object_and_field() {
 }
 
 #[test]
-fn a_file_without_a_config_fails_unless_allowed() {
+fn a_file_without_a_config_fails_unless_another_holds_one() {
     let path = file(
         "none.yaml",
         "apiVersion: v1\nkind: Namespace\nmetadata: { name: shop }\n",
     );
-    let (code, _, err) = check(&[], &[&path]);
+    let good = file("good3.json", GOOD);
+    let (code, _, err) = check(&[], &[&path, &good]);
     assert_eq!(code, 1);
     assert_eq!(
         err,
         format!("{}: no rate-limit filter config found\n", path.display())
     );
-    let (code, out, _) = check(&["--allow-none"], &[&path]);
-    assert_eq!(code, 0);
-    assert_eq!(
-        out,
-        format!(
-            "{}: no rate-limit filter config (allowed)\n",
+    let (code, out, err) = check(&["--allow-none"], &[&path, &good]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(
+        out.starts_with(&format!(
+            "{}: no rate-limit filter config\n",
             path.display()
-        )
+        )),
+        "{out}"
     );
+    let (code, _, err) = check(&["--allow-none"], &[&path]);
+    assert_eq!(code, 1);
+    assert_eq!(err, "no rate-limit filter config in any of the files\n");
 }
 
 #[test]
