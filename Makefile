@@ -18,7 +18,7 @@ RUST_MIN := 1.80
 need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
 	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push
+.PHONY: check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -94,7 +94,7 @@ run: setup build ## run Redis, Webdis and Envoy (127.0.0.1:10000, admin :9901) i
 run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) behind Envoy's redis_proxy
 	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-cluster.sh
 
-test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick ## run every test (what CI runs)
+test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick config-test deploy-test ## run every test (what CI runs)
 	@echo "all test layers passed"
 
 lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links
@@ -165,6 +165,36 @@ oci: setup-oci build ## the module as target/dist/ratelimit_filter.wasm (+ .sha2
 oci-push: oci ## push target/oci to a registry: make oci-push IMAGE=registry.example.com/ratelimit-filter:0.1.0
 	@[ -n "$(IMAGE)" ] || { echo "oci-push: set IMAGE=host/repo:tag" >&2; exit 1; }
 	skopeo copy $(SKOPEO_FLAGS) oci:$(OCI_LAYOUT):$(VERSION) docker://$(IMAGE)
+
+# --- Checking filter configs and deployment manifests (docs/deploy.md) ---
+TOOLS_VENV := $(CURDIR)/.venv-tools
+KUBERNETES_VALIDATE_VERSION := 1.37.0
+# Each manifest is validated against the oldest and the newest Kubernetes these recipes are for.
+K8S_VERSIONS := 1.33.0 1.37.0
+CHECKER := target/debug/ratelimit-check
+
+check-config: ## check the rate-limit filter configs in CONFIG=path (filter JSON, Envoy config, Kubernetes manifests)
+	@[ -n "$(CONFIG)" ] || { echo "usage: make check-config CONFIG=path [CONFIG='a.yaml b.yaml']" >&2; exit 2; }
+	@cargo run -q -p ratelimit-check -- $(CONFIG)
+
+config-test: setup-envoy build ## the config checker's tests, its verdicts against Envoy's, and the checker over every shipped Envoy config
+	cargo test -p ratelimit-check
+	cargo test -p e2e --test checker
+	cargo run -q -p ratelimit-check -- envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml
+
+setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-test
+	@if [ "$$("$(TOOLS_VENV)/bin/kubernetes-validate" --version 2>/dev/null)" != "$(KUBERNETES_VALIDATE_VERSION)" ]; then \
+	  command -v python3 >/dev/null || { echo "setup-tools: python3 is missing: apt-get install python3 python3-venv" >&2; exit 1; }; \
+	  python3 -c 'import venv, ensurepip' 2>/dev/null || { echo "setup-tools: python3 cannot make a venv: apt-get install python3-venv" >&2; exit 1; }; \
+	  echo "installing kubernetes-validate $(KUBERNETES_VALIDATE_VERSION) from PyPI into .venv-tools"; \
+	  python3 -m venv "$(TOOLS_VENV)"; \
+	  "$(TOOLS_VENV)/bin/pip" install -q "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"; \
+	fi
+
+deploy-test: setup-rust setup-tools ## every manifest under deploy/ (and tests/deploy-fixtures/): schemas, custom kinds, embedded filter configs
+	cargo build -q -p ratelimit-check
+	"$(TOOLS_VENV)/bin/python" tests/deploy_check.py --checker $(CHECKER) \
+	  $(foreach v,$(K8S_VERSIONS),--k8s-version $(v)) $(wildcard deploy) tests/deploy-fixtures
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean

@@ -1,0 +1,148 @@
+//! What a valid config makes the filter do, in a few lines a reviewer can read.
+
+use ratelimit_core::config::{
+    show_duration, Algorithm, Clock, Config, Cost, FailureMode, KeySpec, Limit, Match, PathMatch,
+    Rule, WhenMissing,
+};
+
+/// The policy, one line for the bridge, then per rule a line and a line per limit; each line
+/// starts with two spaces.
+pub fn summary(config: &Config) -> String {
+    let mut out = String::new();
+    let bridge = &config.bridge;
+    let mut line = format!(
+        "  bridge: cluster {}, authority {}, {}",
+        bridge.cluster,
+        bridge.authority,
+        if bridge.authorization.is_some() {
+            "basic auth"
+        } else {
+            "no auth"
+        }
+    );
+    let timeouts: Vec<_> = config.rules.iter().map(|r| r.timeout).collect();
+    let same_timeout = timeouts.windows(2).all(|w| w[0] == w[1]);
+    if let (true, Some(timeout)) = (same_timeout, timeouts.first()) {
+        line.push_str(&format!(", timeout {}", show_duration(*timeout)));
+    }
+    if config.redis_cluster {
+        line.push_str(", Redis Cluster");
+    }
+    if config.clock == Clock::Redis {
+        line.push_str(", Redis clock");
+    }
+    out.push_str(&line);
+    out.push('\n');
+    for rule in &config.rules {
+        out.push_str(&rule_line(rule, !same_timeout));
+        for limit in &rule.limits {
+            out.push_str(&limit_line(limit, &rule.cost));
+        }
+    }
+    out
+}
+
+fn rule_line(rule: &Rule, with_timeout: bool) -> String {
+    let mut line = format!(
+        "  rule {}: {}; key {}; failure mode {}",
+        rule.name,
+        matcher(&rule.matcher),
+        key(&rule.key),
+        failure_mode(rule.failure_mode)
+    );
+    if with_timeout {
+        line.push_str(&format!(", timeout {}", show_duration(rule.timeout)));
+    }
+    if rule.shadow {
+        line.push_str("; shadow (counts, never denies)");
+    }
+    if let Some(budget) = &rule.key_budget {
+        line.push_str(&format!(
+            "; key budget {} new keys per {} (over budget: {})",
+            budget.new_keys,
+            show_duration(budget.window),
+            budget.over_budget.name()
+        ));
+    }
+    line.push('\n');
+    line
+}
+
+fn limit_line(limit: &Limit, cost: &Cost) -> String {
+    let mut line = format!(
+        "    limit {}: {} {} per {}",
+        limit.name,
+        limit.algorithm.name(),
+        limit.limit,
+        show_duration(limit.window)
+    );
+    if matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+        line.push_str(&format!(", burst {}", limit.burst));
+    }
+    if limit.shards > 1 {
+        line.push_str(&format!(", {} shards", limit.shards));
+    }
+    match cost {
+        Cost::Fixed(units) => line.push_str(&format!(", cost {units}")),
+        Cost::Header {
+            name,
+            min,
+            max,
+            default,
+        } => line.push_str(&format!(
+            ", cost from header {name} ({min}..={max}, default {default})"
+        )),
+    }
+    match &limit.lease {
+        Some(lease) => line.push_str(&format!(
+            ", lease up to {} units ({} of what is left, returned after {} ms)",
+            lease.max_units, lease.fraction, lease.max_ms
+        )),
+        None => line.push_str(", no lease"),
+    }
+    line.push('\n');
+    line
+}
+
+fn matcher(matcher: &Match) -> String {
+    let mut parts = Vec::new();
+    match &matcher.path {
+        Some(PathMatch::Exact(path)) => parts.push(format!("path = {path}")),
+        Some(PathMatch::Prefix(path)) => parts.push(format!("path prefix {path}")),
+        None => {}
+    }
+    if !matcher.methods.is_empty() {
+        parts.push(format!("method {}", matcher.methods.join("|")));
+    }
+    if let Some(header) = &matcher.header {
+        match &header.value {
+            Some(value) => parts.push(format!("header {} = {value}", header.name)),
+            None => parts.push(format!("header {} present", header.name)),
+        }
+    }
+    if parts.is_empty() {
+        "every request".to_string()
+    } else {
+        parts.join(" and ")
+    }
+}
+
+fn key(key: &KeySpec) -> String {
+    let mut parts: Vec<String> = key.alternatives.iter().map(|a| a.label.clone()).collect();
+    parts.push(
+        match key.when_missing {
+            WhenMissing::Anonymous => "one shared anonymous key",
+            WhenMissing::Skip => "rule skipped",
+        }
+        .to_string(),
+    );
+    parts.join(", else ")
+}
+
+fn failure_mode(mode: FailureMode) -> &'static str {
+    match mode {
+        FailureMode::Open => "open",
+        FailureMode::Closed => "closed",
+        FailureMode::Local => "local",
+    }
+}
