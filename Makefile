@@ -207,3 +207,10 @@ bench-quick: setup build ## every bench scenario, short, 3 rounds (about 3.5 min
 
 sim: ## the fleet simulation (docs/scaling.md): 1,000 proxies, 10 million identities, with and without shards
 	python3 tests/sim/fleet.py --proxies 1000 --workers 2 --nodes 48 --identities 10000000 --zipf 1.1 --hot 3 --hot-share 0.05 --rate 1000000 --shards 1,8
+
+# The deployment recipes (deploy/, docs/deploy.md) checked across their files: passwords,
+# the filter's Webdis cluster, the stats tags, what the manifests mount.
+.PHONY: deploy-recipes-test
+deploy-recipes-test: ## deploy/: each recipe's files fit together (bridge cluster and passwords, Redis user, stats tags, mounts)
+	@python3 -c 'import yaml' 2>/dev/null || { $(call need_apt, python3-yaml); apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-yaml >/dev/null; }
+	python3 tests/check_deploy_recipes.py

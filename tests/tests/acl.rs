@@ -1,7 +1,7 @@
 //! The Redis users that run the decision script may call every command the scripts call: Redis
 //! checks ACLs inside scripts, so a command missing from a shipped ACL fails every decision (or
 //! refund) that reaches it, and only on the setup that ships that ACL. No processes: this reads
-//! the scripts and the shipped Redis configs.
+//! the scripts and the shipped Redis configs, the deployment recipes' included.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -43,11 +43,13 @@ fn commands_the_scripts_call() -> BTreeSet<String> {
 }
 
 /// The commands the `default` user of a Redis config may run (its `+cmd` rules, lower case).
+/// The line may be indented: in a Kubernetes manifest it is inside a YAML block string.
 fn default_user_commands(config: &str) -> BTreeSet<String> {
     let path = repo().join(config);
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let line = text
         .lines()
+        .map(str::trim_start)
         .find(|l| l.starts_with("user default "))
         .unwrap_or_else(|| panic!("{config}: no `user default` line"));
     line.split_whitespace()
@@ -71,7 +73,12 @@ fn the_scripts_call_the_commands_this_test_knows() {
 #[test]
 fn every_shipped_redis_acl_allows_every_command_the_scripts_call() {
     let called = commands_the_scripts_call();
-    for config in ["envoy/redis.conf", "envoy/cluster/redis-node.conf"] {
+    for config in [
+        "envoy/redis.conf",
+        "envoy/cluster/redis-node.conf",
+        "deploy/kubernetes/10-redis.yaml",
+        "deploy/compose/redis.conf",
+    ] {
         let allowed = default_user_commands(config);
         let missing: Vec<&String> = called.iter().filter(|c| !allowed.contains(*c)).collect();
         assert!(
