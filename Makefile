@@ -191,10 +191,11 @@ setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-
 	  "$(TOOLS_VENV)/bin/pip" install -q "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"; \
 	fi
 
-deploy-test: setup-rust setup-tools ## every manifest under deploy/ (and tests/deploy-fixtures/): schemas, custom kinds, embedded filter configs
+deploy-test: setup-rust setup-tools ## every manifest under deploy/ (and tests/deploy-fixtures/): schemas, custom kinds, embedded filter configs, and that each recipe's files fit together
 	cargo build -q -p ratelimit-check
 	"$(TOOLS_VENV)/bin/python" tests/deploy_check.py --checker $(CHECKER) \
 	  $(foreach v,$(K8S_VERSIONS),--k8s-version $(v)) $(wildcard deploy) tests/deploy-fixtures
+	"$(TOOLS_VENV)/bin/python" tests/check_deploy_recipes.py
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
@@ -208,9 +209,3 @@ bench-quick: setup build ## every bench scenario, short, 3 rounds (about 3.5 min
 sim: ## the fleet simulation (docs/scaling.md): 1,000 proxies, 10 million identities, with and without shards
 	python3 tests/sim/fleet.py --proxies 1000 --workers 2 --nodes 48 --identities 10000000 --zipf 1.1 --hot 3 --hot-share 0.05 --rate 1000000 --shards 1,8
 
-# The deployment recipes (deploy/, docs/deploy.md) checked across their files: passwords,
-# the filter's Webdis cluster, the stats tags, what the manifests mount.
-.PHONY: deploy-recipes-test
-deploy-recipes-test: ## deploy/: each recipe's files fit together (bridge cluster and passwords, Redis user, stats tags, mounts)
-	@python3 -c 'import yaml' 2>/dev/null || { $(call need_apt, python3-yaml); apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-yaml >/dev/null; }
-	python3 tests/check_deploy_recipes.py
