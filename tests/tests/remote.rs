@@ -20,6 +20,8 @@ const MODULE_PATH: &str = "/ratelimit_filter.wasm";
 /// Fetches of a module that never passes its check: the first and the shipped
 /// `retry_policy.num_retries` (3, asserted by an edit below).
 const ATTEMPTS: usize = 4;
+/// What the filter logs once its configuration is read (at info level).
+const CONFIGURED: &str = "wasm log ratelimit ratelimit: configured:";
 /// How long Envoy may take to fetch, retry (a jittered back-off of about a second each) and
 /// start on a loaded machine.
 const START: Duration = Duration::from_secs(120);
@@ -205,6 +207,8 @@ fn the_module_fetched_once_with_its_sha256_limits_requests() {
     assert_eq!(server.gets(), 1);
     assert_eq!(envoy.stat("wasm.remote_load_fetch_successes"), 1);
     assert_eq!(envoy.stat("wasm.remote_load_fetch_failures"), 0);
+    // The filter logs this when it starts (what the wrong-sha256 tests look for in vain).
+    assert!(envoy.process.log_text().contains(CONFIGURED));
     for i in 0..10 {
         let r = envoy.keyed("alice");
         assert_eq!(r.status, 200, "request {i}");
@@ -263,7 +267,7 @@ fn started_with_a_wrong_sha256(
         assert!(log.contains(line), "the log lacks {line:?}:\n{log}");
     }
     // The filter never ran: it logs its configuration when it starts.
-    assert!(!log.contains("ratelimit: configured:"), "{log}");
+    assert!(!log.contains(CONFIGURED), "{log}");
     (envoy, server, webdis, redis, dir)
 }
 
