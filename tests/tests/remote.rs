@@ -20,6 +20,8 @@ const MODULE_PATH: &str = "/ratelimit_filter.wasm";
 /// Fetches of a module that never passes its check: the first and the shipped
 /// `retry_policy.num_retries` (3, asserted by an edit below).
 const ATTEMPTS: usize = 4;
+/// How many times Envoy is started on new ports when another process took one first.
+const PORT_ATTEMPTS: u32 = 5;
 /// What the filter logs once its configuration is read (at info level).
 const CONFIGURED: &str = "wasm log ratelimit ratelimit: configured:";
 /// How long Envoy may take to fetch, retry (a jittered back-off of about a second each) and
@@ -184,6 +186,27 @@ fn example_config(
     (port, admin_port, apply_edits(&shipped, &edits))
 }
 
+/// Runs `start` (a module server, and an Envoy fetching from it that is LIVE or has exited)
+/// until Envoy is LIVE. Should another test process bind one of Envoy's ports first, Envoy
+/// exits, and `start` runs again: on new ports, with a fresh count of fetches.
+fn with_ports_retried(
+    mut start: impl FnMut() -> (ModuleServer, Result<Envoy, Envoy>),
+) -> (Envoy, ModuleServer) {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            (server, Ok(envoy)) => return (envoy, server),
+            (_, Err(envoy))
+                if attempt < PORT_ATTEMPTS
+                    && envoy.process.log_text().contains("Address already in use") =>
+            {
+                attempt += 1
+            }
+            (_, Err(mut envoy)) => envoy.process.fail_exited(),
+        }
+    }
+}
+
 #[test]
 fn the_example_validates_as_shipped() {
     // Validation does not fetch the module: it checks the Envoy config around it (the shipped
@@ -197,12 +220,16 @@ fn the_example_validates_as_shipped() {
 fn the_module_fetched_once_with_its_sha256_limits_requests() {
     let module = std::fs::read(wasm_path()).expect("read the module");
     let sha256 = module_sha256();
-    let server = ModuleServer::start(module, usize::MAX);
     let dir = WorkDir::new("remote-module");
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
-    let (port, admin_port, yaml) = example_config(server.port, webdis.port, &sha256, "FAIL_OPEN");
-    let envoy = Envoy::start_config(&dir, port, admin_port, &yaml, 2);
+    let (envoy, server) = with_ports_retried(|| {
+        let server = ModuleServer::start(module.clone(), usize::MAX);
+        let (port, admin_port, yaml) =
+            example_config(server.port, webdis.port, &sha256, "FAIL_OPEN");
+        let started = Envoy::launch_config(&dir, port, admin_port, &yaml, 2).wait_live();
+        (server, started)
+    });
     // One fetch, on the main thread; the workers' VMs are made from it.
     assert_eq!(server.gets(), 1);
     assert_eq!(envoy.stat("wasm.remote_load_fetch_successes"), 1);
@@ -233,29 +260,16 @@ fn started_with_a_wrong_sha256(
     let right = module_sha256();
     let last = if right.ends_with('0') { "1" } else { "0" };
     let wrong = format!("{}{last}", &right[..63]);
-    let server = ModuleServer::start(module, ATTEMPTS);
     let dir = WorkDir::new(name);
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
-    let (port, admin_port, yaml) = example_config(server.port, webdis.port, &wrong, failure_policy);
-    let mut launched = Envoy::launch_config(&dir, port, admin_port, &yaml, 2);
-    wait_for("every fetch attempt", START, || {
-        launched.process.assert_running();
-        (server.gets() == ATTEMPTS).then_some(())
+    let (envoy, server) = with_ports_retried(|| {
+        let server = ModuleServer::start(module.clone(), ATTEMPTS);
+        let (port, admin_port, yaml) =
+            example_config(server.port, webdis.port, &wrong, failure_policy);
+        let started = watch_the_fetches(&dir, &server, port, admin_port, &yaml);
+        (server, started)
     });
-    // The last attempt is held: Envoy is still initializing, its listener not bound yet.
-    let ready = wait_for("the admin to answer", START, || {
-        get(admin_port, "/ready", &[]).ok()
-    });
-    assert_eq!(ready.text().trim(), "INITIALIZING");
-    assert!(
-        TcpStream::connect(("127.0.0.1", port)).is_err(),
-        "the listener accepts before the module is fetched"
-    );
-    server.release();
-    let envoy = launched
-        .wait_live()
-        .unwrap_or_else(|mut envoy| envoy.process.fail_exited());
     assert_eq!(server.gets(), ATTEMPTS, "no fetch after the last retry");
     assert_eq!(envoy.stat("wasm.remote_load_fetch_failures"), 1);
     assert_eq!(envoy.stat("wasm.remote_load_fetch_successes"), 0);
@@ -269,6 +283,40 @@ fn started_with_a_wrong_sha256(
     // The filter never ran: it logs its configuration when it starts.
     assert!(!log.contains(CONFIGURED), "{log}");
     (envoy, server, webdis, redis, dir)
+}
+
+/// Launches Envoy on `yaml` and checks its state while the last fetch is held: still
+/// initializing, its listener not bound. Then lets the fetch fail and waits until it is LIVE
+/// (Ok) or has exited (Err).
+fn watch_the_fetches(
+    dir: &WorkDir,
+    server: &ModuleServer,
+    port: u16,
+    admin_port: u16,
+    yaml: &str,
+) -> Result<Envoy, Envoy> {
+    let mut launched = Envoy::launch_config(dir, port, admin_port, yaml, 2);
+    let fetched = wait_for("every fetch attempt", START, || {
+        if launched.process.exited().is_some() {
+            return Some(false);
+        }
+        (server.gets() == ATTEMPTS).then_some(true)
+    });
+    if !fetched {
+        return Err(launched);
+    }
+    let ready = wait_for("the admin to answer", START, || {
+        get(admin_port, "/ready", &[]).ok()
+    });
+    // The answer was this Envoy's, not another process's on a port it failed to bind.
+    launched.process.assert_running();
+    assert_eq!(ready.text().trim(), "INITIALIZING");
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the listener accepts before the module is fetched"
+    );
+    server.release();
+    launched.wait_live()
 }
 
 #[test]
