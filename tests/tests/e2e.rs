@@ -508,7 +508,8 @@ fn shipped_envoy_configs_validate() {
             "envoy.yaml",
             "examples/internal_shadow.yaml",
             "examples/login_per_ip.yaml",
-            "examples/public_api_tiers.yaml"
+            "examples/public_api_tiers.yaml",
+            "examples/remote_module.yaml"
         ]
     );
 }
