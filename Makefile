@@ -159,7 +159,7 @@ oci: setup-oci build ## the module as target/dist/ratelimit_filter.wasm (+ .sha2
 	@mkdir -p $(DIST)
 	install -m 0644 $(WASM) $(DIST)/ratelimit_filter.wasm
 	cd $(DIST) && sha256sum ratelimit_filter.wasm > ratelimit_filter.wasm.sha256
-	tools/oci-image.sh $(DIST)/ratelimit_filter.wasm $(VERSION) $(OCI_LAYOUT)
+	deploy/oci-image.sh $(DIST)/ratelimit_filter.wasm $(VERSION) $(OCI_LAYOUT)
 	@echo "wrote $(OCI_LAYOUT):$(VERSION), manifest $$(skopeo inspect --raw oci:$(OCI_LAYOUT):$(VERSION) | sha256sum | cut -d' ' -f1 | sed 's/^/sha256:/')"
 
 oci-push: oci ## push target/oci to a registry: make oci-push IMAGE=registry.example.com/ratelimit-filter:0.1.0

@@ -304,7 +304,7 @@ fn clock_second() -> u64 {
 fn a_rebuild_from_the_same_module_gives_the_same_digest() {
     let shipped = manifest_digest(&layout(), VERSION);
     let dir = WorkDir::new("oci-reproducible");
-    let script = root().join("tools/oci-image.sh");
+    let script = root().join("deploy/oci-image.sh");
 
     let first_second = clock_second();
     run(Command::new(&script)

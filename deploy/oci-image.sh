@@ -11,7 +11,7 @@
 # time too, there is no history, and os/architecture are fixed (linux/amd64: the module itself
 # runs on any CPU, and a host-dependent value would change the digest).
 #
-# Usage: tools/oci-image.sh MODULE.wasm VERSION LAYOUT_DIR   (LAYOUT_DIR is replaced)
+# Usage: deploy/oci-image.sh MODULE.wasm VERSION LAYOUT_DIR   (LAYOUT_DIR is replaced)
 set -euo pipefail
 
 [ $# -eq 3 ] || { echo "usage: $0 MODULE.wasm VERSION LAYOUT_DIR" >&2; exit 2; }
