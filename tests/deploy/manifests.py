@@ -201,7 +201,7 @@ def check_document(doc, k8s_versions):
             except kubernetes_validate.ValidationError as e:
                 errors.append(f"Kubernetes {k8s}: {'.'.join(map(str, e.path))}: {e.message}")
             except kubernetes_validate.SchemaNotFoundError:
-                return [f"{api} {kind}: no schema, and no structural check in tests/deploy_check.py"], label
+                return [f"{api} {kind}: no schema, and no structural check in tests/deploy/manifests.py"], label
         return errors, f"{label} (schema {', '.join(k8s_versions)})"
     if "services" in doc:
         return COMPOSE(doc, "compose"), "compose file (structure)"

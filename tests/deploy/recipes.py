@@ -4,7 +4,7 @@ Webdis beside it; the bridge credentials are a basic-auth user of that Webdis; W
 redis_auth is the password of the recipe's Redis `default` user and its redis_host the recipe's
 Redis; Webdis keeps the shipped lock-down (envoy/webdis.json); the stats tags are those of
 envoy/envoy.yaml; what the manifests mount exists. Every check is first shown to fail on a
-broken copy of a recipe. Run from anywhere: python3 tests/check_deploy_recipes.py"""
+broken copy of a recipe. Run from anywhere: python3 tests/deploy/recipes.py"""
 
 import copy
 import json
@@ -14,7 +14,7 @@ import sys
 
 import yaml
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 WASM_FILTER = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 
 
