@@ -342,7 +342,8 @@ fn start_node(dir: &WorkDir) -> Node {
                 return Some(true);
             }
             let mut conn = admin_login(port).ok()?;
-            conn.cmd(&["PING"]).ok().map(|_| false)
+            conn.cmd(&["PING"]).ok()?;
+            node.process.listens_on(port).then_some(false)
         });
         if !exited {
             return node;

@@ -67,6 +67,33 @@ impl Process {
         }
     }
 
+    /// Whether this process itself holds the listening socket on 127.0.0.1:`port`. An answer
+    /// on the port is not enough: every test process on the machine draws ports from one range,
+    /// and a server that lost the port to another process's server answers for a moment before
+    /// it exits, while the other one answers for good (Linux: /proc/net/tcp and the fds).
+    pub fn listens_on(&self, port: u16) -> bool {
+        let local = format!("0100007F:{port:04X}");
+        let Ok(table) = fs::read_to_string("/proc/net/tcp") else {
+            return false;
+        };
+        // Fields: sl local_address rem_address st ... inode (the tenth).
+        let inodes: Vec<String> = table
+            .lines()
+            .skip(1)
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .filter(|f| f.len() > 9 && f[1] == local && f[3] == "0A")
+            .map(|f| format!("socket:[{}]", f[9]))
+            .collect();
+        let Ok(fds) = fs::read_dir(format!("/proc/{}/fd", self.child.id())) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            fs::read_link(fd.path())
+                .map(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+                .unwrap_or(false)
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -180,7 +207,8 @@ impl Redis {
                 return Some(true);
             }
             let mut conn = RedisConn::login(port, REDIS_ADMIN.0, REDIS_ADMIN.1).ok()?;
-            conn.cmd(&["PING"]).ok().map(|_| false)
+            conn.cmd(&["PING"]).ok()?;
+            process.listens_on(port).then_some(false)
         });
         if exited {
             return Err(process.exit_report());
@@ -297,7 +325,8 @@ impl Webdis {
             if process.exited().is_some() {
                 return Some(true);
             }
-            get(port, "/PING", &[]).ok().map(|_| false)
+            get(port, "/PING", &[]).ok()?;
+            process.listens_on(port).then_some(false)
         });
         if exited {
             let log = fs::read_to_string(&logfile).unwrap_or_default();
@@ -767,5 +796,31 @@ mod tests {
             }
             assert_eq!(edited.replace("    enable_reuse_port: false\n", ""), config);
         }
+    }
+
+    /// A server is told apart from another process that merely answers on its port: only the
+    /// process holding the listening socket is said to listen on it.
+    #[test]
+    fn only_the_process_holding_the_socket_listens_on_its_port() {
+        let dir = WorkDir::new("procs-listens-on");
+        let port = free_port();
+        let script = format!(
+            "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', {port}))\ns.listen()\ntime.sleep(30)"
+        );
+        let server = Process::spawn(
+            "python3",
+            Command::new("python3").args(["-c", &script]),
+            dir.file("listener.log"),
+        );
+        let other = Process::spawn(
+            "sleep",
+            Command::new("sleep").arg("30"),
+            dir.file("sleep.log"),
+        );
+        wait_for("the listener to hold its port", START_TIMEOUT, || {
+            server.listens_on(port).then_some(())
+        });
+        assert!(!other.listens_on(port), "a process without the socket");
+        assert!(!server.listens_on(port.wrapping_add(1)), "another port");
     }
 }
