@@ -207,7 +207,8 @@ impl Events {
     /// The last dispatched event with a value at the path gives the verdict; a partial event
     /// at the end is ignored. With none: `Missing` if the stream ended whole, else `Truncated`.
     pub(crate) fn finish(&mut self, complete: bool) -> UsageRead {
-        let cut_in_event = self.has_data || self.line != Line::Start;
+        let partial_bom = self.bom > 0 && usize::from(self.bom) < BOM.len();
+        let cut_in_event = self.has_data || self.line != Line::Start || partial_bom;
         match self.last {
             Some(read) => read,
             None if !complete || cut_in_event => UsageRead::Invalid(Unreadable::Truncated),

@@ -30,7 +30,7 @@ pub const MAX_SEGMENTS: usize = 8;
 pub const MAX_SEGMENT_LEN: usize = 64;
 /// The most a [`UsageReader`] holds: its own size plus its path (at most 8 segments of 64
 /// bytes, stored joined). Measured by the unit tests; no body, string or event is buffered.
-pub const READER_BYTES: usize = 256 + MAX_SEGMENTS * (MAX_SEGMENT_LEN + 1);
+pub const READER_BYTES: usize = 160 + MAX_SEGMENTS * MAX_SEGMENT_LEN;
 
 /// How a response body is read, from its `content-type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
