@@ -42,6 +42,7 @@ impl RequestEstimate {
         }
     }
 
+    /// Counts and scans a chunk; never fails, never allocates.
     pub fn feed(&mut self, chunk: &[u8]) {
         self.bytes = self.bytes.saturating_add(chunk.len() as u64);
         if self.bytes > self.max_body {
@@ -49,6 +50,12 @@ impl RequestEstimate {
         }
         self.completion.feed(chunk, &self.completion_path);
         self.tokens.feed(chunk, &self.tokens_path);
+    }
+
+    /// True once the body went over `max_body`: the request can be answered 413 without
+    /// waiting for its end.
+    pub fn too_large(&self) -> bool {
+        self.bytes > self.max_body
     }
 
     /// The bytes plus the first usable of `max_completion_tokens` and `max_tokens` (a whole

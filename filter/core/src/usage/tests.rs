@@ -1,4 +1,6 @@
 use super::*;
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use Unreadable::*;
 use UsageRead::{Found, Invalid, Missing};
@@ -365,10 +367,10 @@ fn event_streams_each_case() {
         // Data that is not JSON: unreadable unless a later event has the usage.
         (format!("data: {}\n\ndata: hello\n\n", u("5")), true, Invalid(NotJson)),
         (format!("data: hello\n\ndata: {}\n\n", u("5")), true, Found(5)),
-        (format!("data: [DONE] \n\n"), true, Invalid(NotJson)),
+        ("data: [DONE] \n\n".into(), true, Invalid(NotJson)),
         (format!("data: {}\n\ndata: {{\"usage\":\n\n", u("5")), true, Invalid(NotJson)),
         (format!("data: {}{}\n\n", u("5"), u("5")), true, Invalid(NotJson)),
-        (format!("data: {{\"usage\":{{\"total_tokens\":1,\"total_tokens\":1}}}}\n\n"), true, Invalid(DuplicateKey)),
+        ("data: {\"usage\":{\"total_tokens\":1,\"total_tokens\":1}}\n\n".into(), true, Invalid(DuplicateKey)),
         // Cut streams: a partial event is ignored; what was dispatched stands.
         (format!("data: {}\n\ndata: {}", u("5"), u("7")), false, Found(5)),
         (format!("data: {}\n\ndata: {}\n", u("5"), u("7")), true, Found(5)),
@@ -456,6 +458,26 @@ fn body_kinds_by_media_type() {
 }
 
 #[test]
+fn reasons_have_distinct_metric_names() {
+    let all = [
+        NotJson,
+        Truncated,
+        BodyTooLarge,
+        TooDeep,
+        DuplicateKey,
+        NotANumber,
+        Negative,
+        NotAnInteger,
+        OutOfRange,
+    ];
+    let names: std::collections::BTreeSet<&str> = all.iter().map(|r| r.name()).collect();
+    assert_eq!(names.len(), all.len());
+    assert!(names
+        .iter()
+        .all(|n| n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
+}
+
+#[test]
 fn usage_paths_each_case() {
     assert_eq!(path("usage.total_tokens"), ["usage", "total_tokens"]);
     assert_eq!(path("a-b_C.9"), ["a-b_C", "9"]);
@@ -533,6 +555,12 @@ fn request_estimates_each_case() {
     let body = r#"{"max_tokens":5}"#;
     assert_eq!(estimate(body, n(body), 1), Ok(n(body) + 5));
     assert_eq!(estimate(body, n(body) - 1, 1), Err(EstimateError::TooLarge));
+    let mut partial = RequestEstimate::new(3);
+    partial.feed(b"{\"m");
+    assert!(!partial.too_large());
+    partial.feed(b"a");
+    assert!(partial.too_large());
+    assert_eq!(EstimateError::TooLarge.name(), "too_large");
     assert_eq!(estimate("{}", 1 << 20, u64::MAX), Ok(u64::MAX));
 }
 
