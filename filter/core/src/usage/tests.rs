@@ -585,3 +585,25 @@ fn a_reader_holds_a_constant_number_of_bytes() {
         std::mem::size_of::<RequestEstimate>()
     );
 }
+
+#[test]
+fn every_split_in_two_gives_the_same_usage() {
+    let crlf = OPENAI_STREAM.replace('\n', "\r\n");
+    let escaped = CHAT_COMPLETION
+        .replace("\"usage\"", "\"\\u0075sage\"")
+        .replace("Hello", "H\\u00e9llo \\ud83d\\ude00");
+    for (kind, body, expected) in [
+        (BodyKind::Json, CHAT_COMPLETION, Found(29)),
+        (BodyKind::Json, escaped.as_str(), Found(29)),
+        (BodyKind::EventStream, OPENAI_STREAM, Found(11)),
+        (BodyKind::EventStream, crlf.as_str(), Found(11)),
+    ] {
+        let body = body.as_bytes();
+        for at in 0..=body.len() {
+            let mut reader = UsageReader::new(kind, &path("usage.total_tokens"), 1 << 20);
+            reader.feed(&body[..at]);
+            reader.feed(&body[at..]);
+            assert_eq!(reader.finish(true), expected, "{kind:?} split at {at}");
+        }
+    }
+}
