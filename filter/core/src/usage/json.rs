@@ -463,9 +463,9 @@ impl Scanner {
 
     fn close(&mut self, object: bool) {
         if object && self.chain == self.depth {
-            self.chain -= 1;
+            self.chain = self.chain.saturating_sub(1);
         }
-        self.depth -= 1;
+        self.depth = self.depth.saturating_sub(1);
         self.value_done();
     }
 
