@@ -504,9 +504,9 @@ fn json_usage_is_read_as_serde_json_reads_it_whatever_the_chunks() {
     let compared = std::cell::Cell::new(0u32);
     let classes = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
     let strategy = (json_document(), prop_oneof![Just(vec![]), edits()], cuts());
-    check(
+    let run = check(
         "usage, JSON bodies",
-        20_000,
+        10_000,
         strategy,
         |(document, edits, cuts)| {
             let body = mutate(document.into_bytes(), edits);
@@ -539,12 +539,14 @@ fn json_usage_is_read_as_serde_json_reads_it_whatever_the_chunks() {
         compared.get(),
         classes.borrow()
     );
-    assert!(compared.get() > 10_000);
-    assert_eq!(
-        classes.borrow().len(),
-        3,
-        "Found, Missing and Invalid each drawn"
-    );
+    assert!(compared.get() > run / 2, "most inputs compared");
+    if run >= 1_000 {
+        assert_eq!(
+            classes.borrow().len(),
+            3,
+            "Found, Missing and Invalid each drawn"
+        );
+    }
 }
 
 /// The event stream interpretation of the WHATWG HTML standard, on a whole stream at once;
@@ -666,9 +668,9 @@ fn event_streams_are_read_as_the_reference_parser_reads_them_whatever_the_chunks
         cuts(),
         prop::option::weighted(0.2, 0.0f64..1.0),
     );
-    check(
+    let run = check(
         "usage, event streams",
-        10_000,
+        5_000,
         strategy,
         |(stream, edits, cuts, cut)| {
             let mut body = mutate(stream, edits);
@@ -697,12 +699,14 @@ fn event_streams_are_read_as_the_reference_parser_reads_them_whatever_the_chunks
         compared.get(),
         classes.borrow()
     );
-    assert!(compared.get() > 5_000);
-    assert_eq!(
-        classes.borrow().len(),
-        4,
-        "Found, Missing, Invalid and truncated each drawn"
-    );
+    assert!(compared.get() > run / 2, "most inputs compared");
+    if run >= 1_000 {
+        assert_eq!(
+            classes.borrow().len(),
+            4,
+            "Found, Missing, Invalid and truncated each drawn"
+        );
+    }
 }
 
 #[test]
@@ -710,7 +714,7 @@ fn request_estimates_are_the_same_whatever_the_chunks() {
     let strategy = (json_document(), prop_oneof![Just(vec![]), edits()], cuts());
     check(
         "usage, request estimates",
-        10_000,
+        5_000,
         strategy,
         |(document, edits, cuts)| {
             let body = mutate(document.replace("usage", "max_tokens").into_bytes(), edits);
