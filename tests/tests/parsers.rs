@@ -1,5 +1,7 @@
 //! Every parser of outside input under random and mutated input (proptest, seeded): the
-//! config, the bridge's replies, the cost header, X-Forwarded-For and the percent-encoder.
+//! config, the bridge's replies, the cost header, X-Forwarded-For, the percent-encoder, and
+//! the usage readers (JSON bodies and event streams, against serde_json and a reference event
+//! parser, split into random chunks).
 //! None may panic, and each answers in its documented classes. `PROPTEST_CASES=N` runs N per
 //! parser (`make fuzz`); the counts are printed.
 
@@ -231,4 +233,594 @@ fn the_encoder_keeps_every_value_one_intact_segment() {
             Ok(())
         },
     );
+}
+
+// ---- Usage readers -------------------------------------------------------------------------
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use ratelimit_core::usage::{
+    body_kind, parse_usage_path, BodyKind, RequestEstimate, Unreadable, UsageRead, UsageReader,
+    MAX_USAGE, READER_BYTES,
+};
+use serde_json::{Map, Value};
+
+/// Counts the allocations of the current thread, to show that reading allocates nothing.
+struct CountingAlloc;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+const USAGE_PATH: &str = "usage.total_tokens";
+
+fn usage_path() -> Vec<String> {
+    parse_usage_path(USAGE_PATH).unwrap()
+}
+
+/// Reads `body` split at `cuts` (fractions of its length).
+fn read_usage(kind: BodyKind, body: &[u8], cuts: &[f64], complete: bool) -> UsageRead {
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|f| (f * body.len() as f64) as usize)
+        .collect();
+    at.push(0);
+    at.push(body.len());
+    at.sort_unstable();
+    let mut reader = UsageReader::new(kind, &usage_path(), u64::MAX);
+    for pair in at.windows(2) {
+        reader.feed(&body[pair[0]..pair[1]]);
+    }
+    reader.finish(complete)
+}
+
+/// Found and Missing exactly; every unreadable reason alike except a cut stream's.
+fn class(read: UsageRead) -> String {
+    match read {
+        UsageRead::Invalid(Unreadable::Truncated) => "truncated".into(),
+        UsageRead::Invalid(_) => "invalid".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn kind_of(read: UsageRead) -> String {
+    class(read).replace(|c: char| c.is_ascii_digit(), "")
+}
+
+/// What serde_json makes of a document: the usage read as the contract says, or `None` when
+/// the comparison does not apply (a number serde_json cannot hold, a duplicated key, which
+/// serde_json takes the last of).
+fn serde_usage(body: &[u8]) -> Option<UsageRead> {
+    match serde_json::from_slice::<Value>(body) {
+        Err(e) if e.to_string().contains("number out of range") => None,
+        Err(_) => Some(UsageRead::Invalid(Unreadable::NotJson)),
+        Ok(_) if serde_json::from_slice::<NoDuplicates>(body).is_err() => None,
+        Ok(value) => {
+            let mut at = Some(&value);
+            for segment in USAGE_PATH.split('.') {
+                at = at.and_then(|v| v.as_object()).and_then(|o| o.get(segment));
+            }
+            Some(match at {
+                None | Some(Value::Null) => UsageRead::Missing,
+                Some(v) => match v.as_u64() {
+                    Some(n) if n <= MAX_USAGE => UsageRead::Found(n),
+                    _ => UsageRead::Invalid(Unreadable::NotANumber),
+                },
+            })
+        }
+    }
+}
+
+/// Deserializes only JSON with no key twice in one object.
+struct NoDuplicates;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicates {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicates)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicates {
+    type Value = NoDuplicates;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON without duplicated keys")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_unit<E>(self) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self, A::Error> {
+        while seq.next_element::<NoDuplicates>()?.is_some() {}
+        Ok(self)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self, A::Error> {
+        let mut keys = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !keys.insert(key) {
+                return Err(serde::de::Error::custom("duplicated key"));
+            }
+            map.next_value::<NoDuplicates>()?;
+        }
+        Ok(self)
+    }
+}
+
+fn json_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z_]{0,8}",
+        Just("usage".to_string()),
+        Just("total_tokens".to_string()),
+        "[\"\\\\/\u{0}-\u{1f}é€😀a\u{7f}]{0,6}",
+        any::<String>(),
+    ]
+}
+
+fn json_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => Just("usage".to_string()),
+        3 => Just("total_tokens".to_string()),
+        1 => Just("prompt_tokens".to_string()),
+        3 => json_string(),
+    ]
+}
+
+/// What may stand at the path: numbers on both sides of each bound, and what is not one.
+fn usage_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        4 => (0u64..=100_000).prop_map(Value::from),
+        1 => (MAX_USAGE - 2..=MAX_USAGE + 2).prop_map(Value::from),
+        1 => any::<u64>().prop_map(Value::from),
+        1 => any::<i64>().prop_map(Value::from),
+        1 => (-3i64..3).prop_map(Value::from),
+        1 => prop_oneof![Just(12.0), Just(1.5), Just(-0.0), Just(1e300), any::<f64>()].prop_map(Value::from),
+        1 => Just(Value::Null),
+        1 => json_string().prop_map(Value::from),
+        1 => Just(serde_json::json!({"total_tokens": 3})),
+        1 => Just(serde_json::json!([3])),
+        1 => any::<bool>().prop_map(Value::from),
+    ]
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        json_string().prop_map(Value::from),
+        usage_value(),
+    ];
+    leaf.prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(json_key(), inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+/// A document: usually an object, often with a `usage` object holding `total_tokens`,
+/// compact or pretty, `usage` sometimes written with a `\u` escape.
+fn json_document() -> impl Strategy<Value = String> {
+    (
+        prop::collection::btree_map(json_key(), json_value(), 0..4),
+        prop::option::weighted(
+            0.8,
+            (
+                usage_value(),
+                prop::collection::btree_map(json_key(), json_value(), 0..3),
+            ),
+        ),
+        0u8..8,
+        any::<bool>(),
+        any::<bool>(),
+        json_value(),
+    )
+        .prop_map(|(top, usage, style, pretty, escaped, other)| {
+            let mut top: Map<String, Value> = top.into_iter().collect();
+            if let Some((value, mut rest)) = usage {
+                rest.insert("total_tokens".into(), value);
+                top.insert("usage".into(), Value::Object(rest.into_iter().collect()));
+            }
+            let document = if style == 0 {
+                other
+            } else {
+                Value::Object(top)
+            };
+            let text = if pretty {
+                serde_json::to_string_pretty(&document).unwrap()
+            } else {
+                serde_json::to_string(&document).unwrap()
+            };
+            if escaped {
+                text.replace("\"usage\"", "\"\\u0075sage\"")
+            } else {
+                text
+            }
+        })
+}
+
+fn mutate(mut bytes: Vec<u8>, edits: Vec<(usize, u8, u8)>) -> Vec<u8> {
+    for (at, byte, kind) in edits {
+        let at = at % (bytes.len() + 1);
+        match kind {
+            0 if at < bytes.len() => bytes[at] = byte,
+            1 => bytes.insert(at, byte),
+            _ if at < bytes.len() => {
+                bytes.remove(at);
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
+fn edits() -> impl Strategy<Value = Vec<(usize, u8, u8)>> {
+    let byte = prop_oneof![
+        any::<u8>(),
+        prop::sample::select(b"{}[]\",:\\0123456789.-+eEtrunflsa \n\r".to_vec()),
+    ];
+    prop::collection::vec((any::<usize>(), byte, 0u8..3), 0..4)
+}
+
+fn cuts() -> impl Strategy<Value = Vec<f64>> {
+    prop::collection::vec(0.0f64..1.0, 0..8)
+}
+
+#[test]
+fn json_usage_is_read_as_serde_json_reads_it_whatever_the_chunks() {
+    let compared = std::cell::Cell::new(0u32);
+    let classes = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
+    let strategy = (json_document(), prop_oneof![Just(vec![]), edits()], cuts());
+    let run = check(
+        "usage, JSON bodies",
+        10_000,
+        strategy,
+        |(document, edits, cuts)| {
+            let body = mutate(document.into_bytes(), edits);
+            let whole = read_usage(BodyKind::Json, &body, &[], true);
+            let split = read_usage(BodyKind::Json, &body, &cuts, true);
+            prop_assert_eq!(split, whole, "split at {:?}", cuts);
+            if let Some(expected) = serde_usage(&body) {
+                compared.set(compared.get() + 1);
+                // serde_json does not tell a cut document from a malformed one.
+                let invalid = |read| match read {
+                    UsageRead::Invalid(_) => UsageRead::Invalid(Unreadable::NotJson),
+                    read => read,
+                };
+                prop_assert_eq!(
+                    class(invalid(whole)),
+                    class(expected),
+                    "{}",
+                    String::from_utf8_lossy(&body)
+                );
+                *classes
+                    .borrow_mut()
+                    .entry(kind_of(invalid(whole)))
+                    .or_default() += 1;
+            }
+            Ok(())
+        },
+    );
+    println!(
+        "usage, JSON bodies: {} compared with serde_json: {:?}",
+        compared.get(),
+        classes.borrow()
+    );
+    assert!(compared.get() > run / 2, "most inputs compared");
+    if run >= 1_000 {
+        assert_eq!(
+            classes.borrow().len(),
+            3,
+            "Found, Missing and Invalid each drawn"
+        );
+    }
+}
+
+/// The event stream interpretation of the WHATWG HTML standard, on a whole stream at once;
+/// each event's data judged by serde_json. `None` when serde_json cannot judge.
+fn reference_stream(text: &[u8], complete: bool) -> Option<UsageRead> {
+    let text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
+    let mut lines = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while i < text.len() {
+        match text[i] {
+            b'\r' => {
+                lines.push(&text[start..i]);
+                if text.get(i + 1) == Some(&b'\n') {
+                    i += 1;
+                }
+                start = i + 1;
+            }
+            b'\n' => {
+                lines.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let partial_line = start < text.len();
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut last = None;
+    for line in lines {
+        if line.is_empty() {
+            if !buffer.is_empty() {
+                buffer.pop();
+                let data = std::mem::take(&mut buffer);
+                let blank = data.iter().all(|b| b" \t\r\n".contains(b));
+                if data != b"[DONE]" && !blank {
+                    match serde_usage(&data)? {
+                        UsageRead::Missing => {}
+                        read => last = Some(read),
+                    }
+                }
+            }
+            continue;
+        }
+        if line[0] == b':' {
+            continue;
+        }
+        let (name, value) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        if name == b"data" {
+            buffer.extend_from_slice(value);
+            buffer.push(b'\n');
+        }
+    }
+    let cut_in_event = !buffer.is_empty() || partial_line;
+    Some(match last {
+        Some(read) => read,
+        None if !complete || cut_in_event => UsageRead::Invalid(Unreadable::Truncated),
+        None => UsageRead::Missing,
+    })
+}
+
+/// Streams of events: JSON documents over one or several data lines, `[DONE]`, comments,
+/// other fields, blank data; each line ended by `\n`, `\r\n` or `\r`.
+fn event_stream() -> impl Strategy<Value = Vec<u8>> {
+    let event = prop_oneof![
+        6 => (json_document(), any::<bool>()).prop_map(|(doc, one_line)| {
+            let doc = if one_line { doc.replace('\n', " ") } else { doc };
+            doc.split('\n').map(|line| format!("data: {line}")).collect::<Vec<_>>()
+        }),
+        1 => Just(vec!["data: [DONE]".to_string()]),
+        1 => Just(vec![": keep-alive".to_string()]),
+        1 => Just(vec!["event: message".to_string(), "id: 7".to_string(), "data:{}".to_string()]),
+        1 => Just(vec!["data".to_string()]),
+        1 => "[a-z: ]{0,12}".prop_map(|line| vec![line]),
+    ];
+    let ending = prop::sample::select(vec!["\n", "\r\n", "\r"]);
+    (
+        any::<bool>(),
+        prop::collection::vec(
+            (
+                event,
+                prop::collection::vec(ending, 12),
+                prop::bool::weighted(0.8),
+            ),
+            0..6,
+        ),
+    )
+        .prop_map(|(bom, events)| {
+            let mut text = if bom {
+                "\u{feff}".to_string()
+            } else {
+                String::new()
+            };
+            for (lines, endings, blank_line) in events {
+                for (line, ending) in lines.iter().zip(endings.iter().cycle()) {
+                    text.push_str(line);
+                    text.push_str(ending);
+                }
+                if blank_line {
+                    text.push_str(endings[0]);
+                }
+            }
+            text.into_bytes()
+        })
+}
+
+#[test]
+fn event_streams_are_read_as_the_reference_parser_reads_them_whatever_the_chunks() {
+    let compared = std::cell::Cell::new(0u32);
+    let classes = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
+    let strategy = (
+        event_stream(),
+        prop_oneof![Just(vec![]), edits()],
+        cuts(),
+        prop::option::weighted(0.2, 0.0f64..1.0),
+    );
+    let run = check(
+        "usage, event streams",
+        5_000,
+        strategy,
+        |(stream, edits, cuts, cut)| {
+            let mut body = mutate(stream, edits);
+            let complete = cut.is_none();
+            if let Some(cut) = cut {
+                body.truncate((cut * body.len() as f64) as usize);
+            }
+            let whole = read_usage(BodyKind::EventStream, &body, &[], complete);
+            let split = read_usage(BodyKind::EventStream, &body, &cuts, complete);
+            prop_assert_eq!(split, whole, "split at {:?}", cuts);
+            if let Some(expected) = reference_stream(&body, complete) {
+                compared.set(compared.get() + 1);
+                prop_assert_eq!(
+                    class(whole),
+                    class(expected),
+                    "{:?}",
+                    String::from_utf8_lossy(&body)
+                );
+                *classes.borrow_mut().entry(kind_of(whole)).or_default() += 1;
+            }
+            Ok(())
+        },
+    );
+    println!(
+        "usage, event streams: {} compared with the reference: {:?}",
+        compared.get(),
+        classes.borrow()
+    );
+    assert!(compared.get() > run / 2, "most inputs compared");
+    if run >= 1_000 {
+        assert_eq!(
+            classes.borrow().len(),
+            4,
+            "Found, Missing, Invalid and truncated each drawn"
+        );
+    }
+}
+
+#[test]
+fn request_estimates_are_the_same_whatever_the_chunks() {
+    let strategy = (json_document(), prop_oneof![Just(vec![]), edits()], cuts());
+    check(
+        "usage, request estimates",
+        5_000,
+        strategy,
+        |(document, edits, cuts)| {
+            let body = mutate(document.replace("usage", "max_tokens").into_bytes(), edits);
+            let estimate = |cuts: &[f64]| {
+                let mut at: Vec<usize> = cuts
+                    .iter()
+                    .map(|f| (f * body.len() as f64) as usize)
+                    .collect();
+                at.extend([0, body.len()]);
+                at.sort_unstable();
+                let mut estimate = RequestEstimate::new(1 << 20);
+                for pair in at.windows(2) {
+                    estimate.feed(&body[pair[0]..pair[1]]);
+                }
+                estimate.finish(1024)
+            };
+            let whole = estimate(&[]);
+            prop_assert_eq!(estimate(&cuts), whole);
+            let expected = match serde_json::from_slice::<Value>(&body) {
+                Ok(Value::Object(o)) if serde_json::from_slice::<NoDuplicates>(&body).is_ok() => {
+                    match o.get("max_tokens").and_then(Value::as_u64) {
+                        Some(n) if n <= MAX_USAGE => n,
+                        _ => 1024,
+                    }
+                }
+                Err(e) if e.to_string().contains("number out of range") => return Ok(()),
+                Ok(Value::Object(_)) => return Ok(()),
+                _ => 1024,
+            };
+            prop_assert_eq!(whole, Ok(body.len() as u64 + expected));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn content_types_are_read_by_media_type_only() {
+    check(
+        "usage, content types",
+        20_000,
+        ("[a-zA-Z+/;=. -]{0,30}", any::<bool>()),
+        |(value, upper)| {
+            let value = if upper { value.to_uppercase() } else { value };
+            let media = value.split(';').next().unwrap().trim().to_ascii_lowercase();
+            let expected = if media == "text/event-stream" {
+                Some(BodyKind::EventStream)
+            } else if media == "application/json"
+                || (media.starts_with("application/")
+                    && media.ends_with("+json")
+                    && media != "application/+json")
+            {
+                Some(BodyKind::Json)
+            } else {
+                None
+            };
+            prop_assert_eq!(body_kind(value.as_bytes()), expected);
+            Ok(())
+        },
+    );
+}
+
+/// A 10 MB JSON body with a 1 MB string and a 10 MB event stream: the readers allocate
+/// nothing while reading and keep their size.
+#[test]
+fn usage_readers_hold_constant_memory_on_large_bodies() {
+    let string = "x".repeat(1 << 20);
+    let mut json = String::from("{\"a\":[");
+    while json.len() < 10 << 20 {
+        json.push_str(&format!(
+            "{{\"s\":\"{string}\",\"n\":[1,2.5,{{\"usage\":null}}]}},"
+        ));
+    }
+    json.push_str("0],\"usage\":{\"total_tokens\":42}}");
+    let mut events = String::new();
+    while events.len() < 10 << 20 {
+        events.push_str(&format!(
+            "data: {{\"s\":\"{}\",\"usage\":null}}\n\n",
+            &string[..1000]
+        ));
+    }
+    events.push_str("data: {\"usage\":{\"total_tokens\":42}}\n\ndata: [DONE]\n\n");
+    for (kind, body) in [
+        (BodyKind::Json, json.as_bytes()),
+        (BodyKind::EventStream, events.as_bytes()),
+    ] {
+        let mut reader = UsageReader::new(kind, &usage_path(), u64::MAX);
+        let size = reader.memory_bytes();
+        assert!(size <= READER_BYTES, "{size}");
+        let before = allocations();
+        let started = std::time::Instant::now();
+        for chunk in body.chunks(16 << 10) {
+            reader.feed(chunk);
+        }
+        let read = reader.finish(true);
+        let took = started.elapsed();
+        assert_eq!(allocations(), before, "{kind:?}: reading allocated");
+        assert_eq!(reader.memory_bytes(), size);
+        assert_eq!(read, UsageRead::Found(42), "{kind:?}");
+        println!(
+            "{kind:?}: {} MB read in {took:?} by a {size}-byte reader, no allocation",
+            body.len() >> 20
+        );
+    }
+    let mut estimate = RequestEstimate::new(u64::MAX);
+    let before = allocations();
+    estimate.feed(json.as_bytes());
+    assert_eq!(estimate.finish(5), Ok(json.len() as u64 + 5));
+    assert_eq!(allocations(), before, "estimating allocated");
 }

@@ -1,0 +1,630 @@
+//! A streaming JSON scanner: validates a document byte by byte (RFC 8259: strings with every
+//! escape, UTF-8, numbers, literals, nesting up to [`MAX_DEPTH`]) and extracts the value at a
+//! key path from the top-level object. It keeps only the chain of objects on the path (a bit
+//! per level), never a key or a value.
+
+use super::{Unreadable, UsageRead, MAX_DEPTH, MAX_SEGMENTS, MAX_SEGMENT_LEN, MAX_USAGE};
+
+/// A usage path, its segments joined in one allocation made when the reader is created.
+#[derive(Debug)]
+pub(crate) struct Path {
+    joined: Box<[u8]>,
+    ends: [u16; MAX_SEGMENTS],
+    count: u8,
+}
+
+impl Path {
+    /// A path outside [`super::parse_usage_path`]'s bounds keeps no segment: never found.
+    pub(crate) fn new(segments: &[String]) -> Self {
+        let mut path = Path {
+            joined: Box::default(),
+            ends: [0; MAX_SEGMENTS],
+            count: 0,
+        };
+        let usable = !segments.is_empty()
+            && segments.len() <= MAX_SEGMENTS
+            && segments
+                .iter()
+                .all(|s| !s.is_empty() && s.len() <= MAX_SEGMENT_LEN);
+        if !usable {
+            return path;
+        }
+        let mut joined = Vec::with_capacity(segments.iter().map(String::len).sum());
+        for (end, segment) in path.ends.iter_mut().zip(segments) {
+            joined.extend_from_slice(segment.as_bytes());
+            *end = joined.len() as u16;
+        }
+        path.joined = joined.into_boxed_slice();
+        path.count = segments.len() as u8;
+        path
+    }
+
+    /// A path of static segments (the request estimate's keys).
+    pub(crate) fn of(segments: &[&str]) -> Self {
+        let owned: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+        Path::new(&owned)
+    }
+
+    fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    fn segment(&self, i: usize) -> &[u8] {
+        if i >= self.len() {
+            return &[];
+        }
+        let start = match i.checked_sub(1).and_then(|p| self.ends.get(p)) {
+            Some(&end) => end as usize,
+            None => 0,
+        };
+        let end = self.ends.get(i).map_or(0, |&e| e as usize);
+        self.joined.get(start..end).unwrap_or_default()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.joined.len()
+    }
+}
+
+/// What a whole document gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Doc {
+    /// Only whitespace (or nothing) was scanned.
+    Empty,
+    Read(UsageRead),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Expecting a value; `]` too right after `[`.
+    Value {
+        array_start: bool,
+    },
+    /// Expecting a key; `}` too right after `{`.
+    Key {
+        object_start: bool,
+    },
+    Colon,
+    /// After a value: `,`, a closing bracket, or (at the top) whitespace only.
+    After,
+    Str,
+    Escape,
+    /// `\u`: hex digits read so far (into `hex`); `low` when it is a surrogate pair's second half.
+    Hex {
+        read: u8,
+        low: bool,
+    },
+    /// After a high surrogate: its `\` and `u` must follow.
+    LowBackslash,
+    LowU,
+    /// `true`, `false` or `null`: the literal and how much of it was read.
+    Literal {
+        word: Word,
+        read: u8,
+    },
+    Number(Num),
+    /// The top-level value is complete.
+    End,
+    Failed(Unreadable),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Word {
+    True,
+    False,
+    Null,
+}
+
+impl Word {
+    fn text(self) -> &'static [u8] {
+        match self {
+            Word::True => b"true",
+            Word::False => b"false",
+            Word::Null => b"null",
+        }
+    }
+}
+
+/// Where in a number: after `-`, after a leading `0`, in the integer digits, after `.`, in
+/// the fraction, after `e`, after the exponent's sign, in the exponent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    Minus,
+    Zero,
+    Int,
+    Dot,
+    Frac,
+    Exp,
+    ExpSign,
+    ExpDigits,
+}
+
+impl Num {
+    fn can_end(self) -> bool {
+        matches!(self, Num::Zero | Num::Int | Num::Frac | Num::ExpDigits)
+    }
+}
+
+/// What the next value is to the path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    None,
+    /// The value of an inner segment: the path goes on inside it if it is an object.
+    Inner,
+    /// The value at the path.
+    Target,
+}
+
+/// The value seen at the path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Absent,
+    Null,
+    Found(u64),
+    Bad(Unreadable),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Scanner {
+    state: State,
+    depth: u8,
+    /// Bit `d` set: the container at depth `d + 1` is an object.
+    objects: u64,
+    /// The depth of the deepest open object on the path (0: none).
+    chain: u8,
+    /// Bit `i` set: segment `i` was already a key of the path's object at depth `i + 1`.
+    seen: u8,
+    pending: Pending,
+    verdict: Verdict,
+    /// Inside a string: it is a key compared with the path's segment, matching so far, and
+    /// how many bytes of the segment it matched.
+    in_key: bool,
+    comparing: bool,
+    key_len: u8,
+    /// UTF-8 inside a string: continuation bytes still due and the range of the next one.
+    utf8_due: u8,
+    utf8_lo: u8,
+    utf8_hi: u8,
+    hex: u16,
+    high: u16,
+    /// The number being read is the path's value: its digits so far (capped above
+    /// [`MAX_USAGE`]), its sign, and whether it has a fraction or an exponent.
+    target_number: bool,
+    number: u64,
+    negative: bool,
+    fractional: bool,
+    started: bool,
+}
+
+impl Scanner {
+    pub(crate) fn new() -> Self {
+        Scanner {
+            state: State::Value { array_start: false },
+            depth: 0,
+            objects: 0,
+            chain: 0,
+            seen: 0,
+            pending: Pending::None,
+            verdict: Verdict::Absent,
+            in_key: false,
+            comparing: false,
+            key_len: 0,
+            utf8_due: 0,
+            utf8_lo: 0,
+            utf8_hi: 0,
+            hex: 0,
+            high: 0,
+            target_number: false,
+            number: 0,
+            negative: false,
+            fractional: false,
+            started: false,
+        }
+    }
+
+    pub(crate) fn failed(&self) -> bool {
+        matches!(self.state, State::Failed(_))
+    }
+
+    pub(crate) fn feed(&mut self, chunk: &[u8], path: &Path) {
+        let mut i = 0;
+        while let Some(&byte) = chunk.get(i) {
+            if self.state == State::Str && !self.comparing && self.utf8_due == 0 {
+                // Skip plain ASCII of a string in one go: most of a body is string content.
+                let rest = chunk.get(i..).unwrap_or_default();
+                let plain = rest
+                    .iter()
+                    .position(|&b| !(0x20..0x80).contains(&b) || b == b'"' || b == b'\\')
+                    .unwrap_or(rest.len());
+                i += plain;
+                if plain > 0 {
+                    continue;
+                }
+            }
+            if let State::Failed(_) = self.state {
+                return;
+            }
+            self.step(byte, path);
+            i += 1;
+        }
+    }
+
+    /// The document's verdict once its bytes ended.
+    pub(crate) fn end(&mut self) -> Doc {
+        if let State::Number(num) = self.state {
+            if self.depth == 0 && num.can_end() {
+                self.value_done();
+            }
+        }
+        match self.state {
+            State::Failed(reason) => Doc::Read(UsageRead::Invalid(reason)),
+            State::End => Doc::Read(match self.verdict {
+                Verdict::Absent | Verdict::Null => UsageRead::Missing,
+                Verdict::Found(n) => UsageRead::Found(n),
+                Verdict::Bad(reason) => UsageRead::Invalid(reason),
+            }),
+            _ if !self.started => Doc::Empty,
+            _ => Doc::Read(UsageRead::Invalid(Unreadable::Truncated)),
+        }
+    }
+
+    fn fail(&mut self, reason: Unreadable) {
+        self.state = State::Failed(reason);
+    }
+
+    fn step(&mut self, b: u8, path: &Path) {
+        match self.state {
+            State::Value { array_start } => self.value_start(b, array_start),
+            State::Key { object_start } => match b {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                b'"' => {
+                    self.in_key = true;
+                    self.comparing =
+                        self.depth == self.chain && (self.depth as usize) <= path.len();
+                    self.key_len = 0;
+                    self.state = State::Str;
+                }
+                b'}' if object_start => self.close(true),
+                _ => self.fail(Unreadable::NotJson),
+            },
+            State::Colon => match b {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                b':' => self.state = State::Value { array_start: false },
+                _ => self.fail(Unreadable::NotJson),
+            },
+            State::After => match b {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                b',' if self.depth > 0 => {
+                    self.state = if self.top_is_object() {
+                        State::Key {
+                            object_start: false,
+                        }
+                    } else {
+                        State::Value { array_start: false }
+                    }
+                }
+                b'}' if self.depth > 0 && self.top_is_object() => self.close(true),
+                b']' if self.depth > 0 && !self.top_is_object() => self.close(false),
+                _ => self.fail(Unreadable::NotJson),
+            },
+            State::End => match b {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                _ => self.fail(Unreadable::NotJson),
+            },
+            State::Str => self.string_byte(b, path),
+            State::Escape => {
+                let decoded = match b {
+                    b'"' => b'"',
+                    b'\\' => b'\\',
+                    b'/' => b'/',
+                    b'b' => 0x08,
+                    b'f' => 0x0c,
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    b'u' => {
+                        self.hex = 0;
+                        self.state = State::Hex {
+                            read: 0,
+                            low: false,
+                        };
+                        return;
+                    }
+                    _ => return self.fail(Unreadable::NotJson),
+                };
+                self.key_byte(decoded, path);
+                self.state = State::Str;
+            }
+            State::Hex { read, low } => {
+                let digit = match b {
+                    b'0'..=b'9' => b - b'0',
+                    b'a'..=b'f' => b - b'a' + 10,
+                    b'A'..=b'F' => b - b'A' + 10,
+                    _ => return self.fail(Unreadable::NotJson),
+                };
+                self.hex = (self.hex << 4) | u16::from(digit);
+                if read < 3 {
+                    self.state = State::Hex {
+                        read: read + 1,
+                        low,
+                    };
+                    return;
+                }
+                self.code_unit(low, path);
+            }
+            State::LowBackslash => match b {
+                b'\\' => self.state = State::LowU,
+                _ => self.fail(Unreadable::NotJson),
+            },
+            State::LowU => match b {
+                b'u' => {
+                    self.hex = 0;
+                    self.state = State::Hex { read: 0, low: true };
+                }
+                _ => self.fail(Unreadable::NotJson),
+            },
+            State::Literal { word, read } => {
+                let text = word.text();
+                if text.get(read as usize) != Some(&b) {
+                    return self.fail(Unreadable::NotJson);
+                }
+                if read as usize + 1 == text.len() {
+                    self.value_done();
+                } else {
+                    self.state = State::Literal {
+                        word,
+                        read: read + 1,
+                    };
+                }
+            }
+            State::Number(num) => self.number_byte(num, b, path),
+            State::Failed(_) => {}
+        }
+    }
+
+    fn top_is_object(&self) -> bool {
+        self.depth > 0 && self.objects & (1 << (self.depth - 1)) != 0
+    }
+
+    fn value_start(&mut self, b: u8, array_start: bool) {
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            return;
+        }
+        self.started = true;
+        let pending = std::mem::replace(&mut self.pending, Pending::None);
+        if pending == Pending::Target && !matches!(b, b'-' | b'0'..=b'9' | b'n') {
+            self.verdict = Verdict::Bad(Unreadable::NotANumber);
+        }
+        match b {
+            b'{' | b'[' => {
+                if self.depth >= MAX_DEPTH {
+                    return self.fail(Unreadable::TooDeep);
+                }
+                let object = b == b'{';
+                self.depth += 1;
+                let bit = 1u64 << (self.depth - 1);
+                if object {
+                    self.objects |= bit;
+                    if self.depth == 1 || pending == Pending::Inner {
+                        self.chain = self.depth;
+                        if let Some(seen_bit) = 1u8.checked_shl(u32::from(self.depth - 1)) {
+                            self.seen &= !seen_bit;
+                        }
+                    }
+                    self.state = State::Key { object_start: true };
+                } else {
+                    self.objects &= !bit;
+                    self.state = State::Value { array_start: true };
+                }
+            }
+            b']' if array_start => self.close(false),
+            b'"' => {
+                self.in_key = false;
+                self.comparing = false;
+                self.state = State::Str;
+            }
+            b't' => {
+                self.state = State::Literal {
+                    word: Word::True,
+                    read: 1,
+                }
+            }
+            b'f' => {
+                self.state = State::Literal {
+                    word: Word::False,
+                    read: 1,
+                }
+            }
+            b'n' => {
+                if pending == Pending::Target {
+                    self.verdict = Verdict::Null;
+                }
+                self.state = State::Literal {
+                    word: Word::Null,
+                    read: 1,
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                self.target_number = pending == Pending::Target;
+                self.number = 0;
+                self.negative = b == b'-';
+                self.fractional = false;
+                let num = match b {
+                    b'-' => Num::Minus,
+                    b'0' => Num::Zero,
+                    _ => Num::Int,
+                };
+                self.add_digit(b);
+                self.state = State::Number(num);
+            }
+            _ => self.fail(Unreadable::NotJson),
+        }
+    }
+
+    fn close(&mut self, object: bool) {
+        if object && self.chain == self.depth {
+            self.chain = self.chain.saturating_sub(1);
+        }
+        self.depth = self.depth.saturating_sub(1);
+        self.value_done();
+    }
+
+    /// A value ended: record it if it is the path's number, then expect what follows it.
+    fn value_done(&mut self) {
+        if let State::Number(_) = self.state {
+            if self.target_number {
+                self.target_number = false;
+                self.verdict = if self.negative {
+                    Verdict::Bad(Unreadable::Negative)
+                } else if self.fractional {
+                    Verdict::Bad(Unreadable::NotAnInteger)
+                } else if self.number > MAX_USAGE {
+                    Verdict::Bad(Unreadable::OutOfRange)
+                } else {
+                    Verdict::Found(self.number)
+                };
+            }
+        }
+        self.state = if self.depth == 0 {
+            State::End
+        } else {
+            State::After
+        };
+    }
+
+    fn add_digit(&mut self, b: u8) {
+        if self.target_number && !self.fractional && b.is_ascii_digit() {
+            // Capped just above the bound: only "over" matters past it.
+            self.number = self
+                .number
+                .saturating_mul(10)
+                .saturating_add(u64::from(b - b'0'))
+                .min(MAX_USAGE + 1);
+        }
+    }
+
+    fn number_byte(&mut self, num: Num, b: u8, path: &Path) {
+        let next = match (num, b) {
+            (Num::Minus, b'0') => Num::Zero,
+            (Num::Minus, b'1'..=b'9') => Num::Int,
+            (Num::Int, b'0'..=b'9') => Num::Int,
+            (Num::Zero | Num::Int, b'.') => Num::Dot,
+            (Num::Dot | Num::Frac, b'0'..=b'9') => Num::Frac,
+            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Num::Exp,
+            (Num::Exp, b'+' | b'-') => Num::ExpSign,
+            (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => Num::ExpDigits,
+            _ if num.can_end() => {
+                self.value_done();
+                return self.step(b, path);
+            }
+            _ => return self.fail(Unreadable::NotJson),
+        };
+        if matches!(next, Num::Dot | Num::Exp) {
+            self.fractional = true;
+        }
+        self.add_digit(b);
+        self.state = State::Number(next);
+    }
+
+    fn string_byte(&mut self, b: u8, path: &Path) {
+        if self.utf8_due > 0 {
+            if b < self.utf8_lo || b > self.utf8_hi {
+                return self.fail(Unreadable::NotJson);
+            }
+            self.utf8_due -= 1;
+            self.utf8_lo = 0x80;
+            self.utf8_hi = 0xbf;
+            return self.key_byte(b, path);
+        }
+        match b {
+            b'"' => self.string_end(path),
+            b'\\' => self.state = State::Escape,
+            0x00..=0x1f => self.fail(Unreadable::NotJson),
+            0x20..=0x7f => self.key_byte(b, path),
+            _ => {
+                let (due, lo, hi) = match b {
+                    0xc2..=0xdf => (1, 0x80, 0xbf),
+                    0xe0 => (2, 0xa0, 0xbf),
+                    0xed => (2, 0x80, 0x9f),
+                    0xe1..=0xef => (2, 0x80, 0xbf),
+                    0xf0 => (3, 0x90, 0xbf),
+                    0xf1..=0xf3 => (3, 0x80, 0xbf),
+                    0xf4 => (3, 0x80, 0x8f),
+                    _ => return self.fail(Unreadable::NotJson),
+                };
+                self.utf8_due = due;
+                self.utf8_lo = lo;
+                self.utf8_hi = hi;
+                self.key_byte(b, path);
+            }
+        }
+    }
+
+    /// A `\u` escape's 16 bits: a whole character, or half of a surrogate pair.
+    fn code_unit(&mut self, low: bool, path: &Path) {
+        let unit = self.hex;
+        let code = match (low, unit) {
+            (false, 0xd800..=0xdbff) => {
+                self.high = unit;
+                self.state = State::LowBackslash;
+                return;
+            }
+            (true, 0xdc00..=0xdfff) => {
+                0x10000 + ((u32::from(self.high) - 0xd800) << 10) + (u32::from(unit) - 0xdc00)
+            }
+            (true, _) | (false, 0xdc00..=0xdfff) => return self.fail(Unreadable::NotJson),
+            (false, _) => u32::from(unit),
+        };
+        self.state = State::Str;
+        if self.comparing {
+            let mut utf8 = [0u8; 4];
+            let encoded =
+                char::from_u32(code).map_or(&[][..], |c| c.encode_utf8(&mut utf8).as_bytes());
+            if encoded.is_empty() {
+                self.comparing = false;
+            }
+            for &byte in encoded {
+                self.key_byte(byte, path);
+            }
+        }
+    }
+
+    /// One decoded byte of a key compared with the path's segment at its depth.
+    fn key_byte(&mut self, b: u8, path: &Path) {
+        if !self.comparing {
+            return;
+        }
+        let segment = path.segment(usize::from(self.depth.saturating_sub(1)));
+        if segment.get(self.key_len as usize) == Some(&b) {
+            self.key_len += 1;
+        } else {
+            self.comparing = false;
+        }
+    }
+
+    fn string_end(&mut self, path: &Path) {
+        if !self.in_key {
+            return self.value_done();
+        }
+        self.in_key = false;
+        self.state = State::Colon;
+        if !self.comparing {
+            return;
+        }
+        self.comparing = false;
+        let index = usize::from(self.depth.saturating_sub(1));
+        if self.key_len as usize != path.segment(index).len() {
+            return;
+        }
+        let bit = 1u8 << index;
+        if self.seen & bit != 0 {
+            return self.fail(Unreadable::DuplicateKey);
+        }
+        self.seen |= bit;
+        self.pending = if index + 1 == path.len() {
+            Pending::Target
+        } else {
+            Pending::Inner
+        };
+    }
+}
