@@ -77,6 +77,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         shadow: false,
         budget: None,
         lease: None,
+        after: false,
     };
     let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();

@@ -19,6 +19,8 @@ pub mod slot;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod throttle;
+/// STAND-IN for the `usage` module (parsers), replaced at merge.
+pub mod usage_standin;
 
 /// The decision script Redis runs: the shared part, one part per algorithm, then the driver
 /// that decides all of a request's limits at once. Sent by hash (`EVALSHA`), loaded on

@@ -234,6 +234,7 @@ mod tests {
             shadow: false,
             budget: None,
             lease: None,
+            after: false,
         };
         vec![
             base.clone(),

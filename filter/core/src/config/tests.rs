@@ -63,6 +63,7 @@ fn minimal_config_takes_documented_defaults() {
             burst: 10,
             shards: 1,
             lease: None,
+            usage: None,
         }]
     );
     assert_eq!(c.script_sha.len(), 40);

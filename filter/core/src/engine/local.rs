@@ -117,6 +117,7 @@ mod tests {
             shadow,
             budget: None,
             lease: None,
+            after: false,
         }
     }
 

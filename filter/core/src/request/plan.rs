@@ -9,8 +9,8 @@ use super::identity::{label, resolve_into};
 use super::keys::{budget_counter_key, overflow_key, redis_key, shard_key};
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::config::{
-    cluster_budget, Algorithm, Config, Cost, FailureMode, KeyBudget, Lease, Limit, Match,
-    OverBudget, PathMatch, Rule,
+    cluster_budget, Admit, Algorithm, Config, Cost, Estimate, FailureMode, KeyBudget, Lease, Limit,
+    Match, OverBudget, PathMatch, Rule, MAX_USAGE,
 };
 use crate::slot::key_slot;
 
@@ -35,6 +35,10 @@ pub struct LimitCheck {
     pub budget: Option<Rc<BudgetCheck>>,
     /// How this limit's units may be leased (None: decided per request).
     pub lease: Option<Lease>,
+    /// A usage limit admitting in mode `after`: allowed while at least 1 unit is left and
+    /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot be
+    /// read.
+    pub after: bool,
 }
 
 /// What the script needs to apply a rule's key budget to one of its limits.
@@ -155,10 +159,17 @@ fn plan_into(
                 quota: limit.quota(),
                 window_ms: u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX),
                 burst: limit.shard_burst(),
-                cost,
+                cost: match &limit.usage {
+                    None => cost,
+                    Some(usage) => estimate(&usage.estimate, view)?,
+                },
                 shadow: rule.shadow,
                 budget,
                 lease: limit.lease,
+                after: limit
+                    .usage
+                    .as_ref()
+                    .is_some_and(|u| u.admit == Admit::After),
             });
         }
     }
@@ -361,6 +372,33 @@ fn matches(
             (Some(got), Some(want)) => got == want.as_bytes(),
         },
     })
+}
+
+/// A usage limit's cost for a request: its estimate.
+fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadRequest> {
+    match estimate {
+        Estimate::Fixed(n) => Ok(*n),
+        Estimate::Header {
+            name,
+            min,
+            max,
+            default,
+        } => {
+            let cost = Cost::Header {
+                name: name.clone(),
+                min: *min,
+                max: *max,
+                default: *default,
+            };
+            request_cost(&cost, view)
+        }
+        Estimate::Request {
+            completion_default, ..
+        } => Ok(view
+            .usage_estimate()
+            .unwrap_or(*completion_default)
+            .min(MAX_USAGE)),
+    }
 }
 
 fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> {

@@ -14,6 +14,11 @@ pub trait RequestView {
     fn source_address(&self) -> Option<String>;
     /// The name of the route Envoy picked, if it has one.
     fn route_name(&self) -> Option<String>;
+    /// The estimate of a usage limit with `estimate.request`, read from the request body
+    /// (None: no body was read; the estimate is then its completion default alone).
+    fn usage_estimate(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The first copy of header `name` in a request's whole header map as the host reads it
