@@ -165,6 +165,8 @@ pub struct Config {
     pub budget_slot_tags: crate::slot::SlotTags,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
+    /// Some limit is metered by usage: streams let through are followed to their response.
+    pub metered: bool,
 }
 
 /// How a worker groups decisions into bridge calls.

@@ -19,6 +19,7 @@ use std::time::Duration;
 use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
 use crate::config::Config;
 use crate::decision::Refund;
+use crate::metering::{Outcome as UsageOutcome, UsageMeter};
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::request::plan::{plan_memo, Plan, PlanMemo};
 use crate::request::view::RequestView;
@@ -30,6 +31,7 @@ use policy::{serve_locally, Conclusion, Policy};
 use queue::{Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
 use splits::{slot_groups, Split, Splits};
+use settlements::Settlements;
 use tally::Tally;
 
 pub use host::{Host, Verdict};
@@ -42,6 +44,7 @@ pub mod local;
 mod policy;
 mod queue;
 pub mod refusals;
+pub mod settlements;
 mod sightings;
 pub mod splits;
 mod tally;
@@ -67,6 +70,8 @@ pub struct Engine {
     policy: Policy,
     tally: Tally,
     delivery: Delivery,
+    /// Usage limits: the streams let through, and the settlements to send.
+    settlements: Settlements,
     /// Decision replies so far: a waiting request is asked about leases and refusals again
     /// only if one came since it was last asked (`Waiting::checked`).
     replies: u64,
@@ -130,7 +135,7 @@ impl Engine {
         }
         let Some(now) = host.now_unix_ns() else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
-            let conclusion = self.conclude(config, host, &plan, outcome, None);
+            let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
             self.tally.flush(host); // the per-rule counts with the global ones
             return Some(conclusion);
         };
@@ -155,7 +160,7 @@ impl Engine {
         self.opened(config, host, now, stalled);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
-            let conclusion = self.conclude(config, host, &plan, outcome, None);
+            let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
             self.tally.flush(host);
             return Some(conclusion);
         }
@@ -204,7 +209,7 @@ impl Engine {
         }
         let (ctx, arrived_ns, conclusion) = match member.origin {
             Origin::Stream(ctx) => {
-                let conclusion = self.conclude(config, host, &member.plan, outcome, sent);
+                let conclusion = self.conclude(config, host, ctx, &member.plan, outcome, sent);
                 (ctx, member.arrived_ns, conclusion)
             }
             // No stream to answer; a refusal still tells the next prefetch not to go.
@@ -214,7 +219,9 @@ impl Engine {
                 let Some(done) = self.splits.settle(split, part, outcome, sent, epoch) else {
                     return; // parts still out, or its stream is gone
                 };
-                let conclusion = self.conclude(config, host, &done.plan, done.outcome, done.sent);
+                let ctx = done.split.ctx;
+                let conclusion =
+                    self.conclude(config, host, ctx, &done.plan, done.outcome, done.sent);
                 if matches!(conclusion, Conclusion::Answer(_)) {
                     refund_split(config, host, &mut self.refusals, &done.split, now);
                 }
@@ -225,18 +232,25 @@ impl Engine {
             .deliver(host, ctx, conclusion, Some((arrived_ns, now)));
     }
 
-    /// What the policy makes of `outcome`, a refusal (from a call sent at `sent`) remembered.
+    /// What the policy makes of `outcome` for stream `ctx`, a refusal (from a call sent at
+    /// `sent`) remembered; a request let through waits for its usage limits' response.
     fn conclude(
         &mut self,
         config: &Config,
         host: &mut impl Host,
+        ctx: u32,
         plan: &Plan,
         outcome: Outcome,
         sent: Option<Sent>,
     ) -> Conclusion {
         self.refusals.remember(plan, &outcome, sent);
+        let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
         let tally = &mut self.tally;
-        self.policy.conclude(config, host, tally, plan, outcome)
+        let conclusion = self.policy.conclude(config, host, tally, plan, outcome);
+        if config.metered && matches!(conclusion, Conclusion::Resume(_)) {
+            self.settlements.admitted(config, ctx, plan, charged, tally);
+        }
+        conclusion
     }
 
     /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
@@ -256,6 +270,10 @@ impl Engine {
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
         self.dispatch_ready(config, host, None);
+        if !self.breaker.is_open() {
+            let now = host.now_unix_ns().unwrap_or(0);
+            settlements::send(config, host, &mut self.settlements, now);
+        }
         self.tally.flush(host);
     }
 
@@ -274,6 +292,18 @@ impl Engine {
             if let Some(why) = self.breaker.probe_reply(reply, now) {
                 host.gauge_add(Gauge::BreakerOpen, -1);
                 host.report_breaker(false, &why);
+            }
+            return;
+        }
+        if self.settlements.owns(token) {
+            let now = host.now_unix_ns().unwrap_or(0);
+            let sets = &mut self.settlements;
+            match settlements::on_reply(config, host, sets, token, reply, now) {
+                None => self.breaker.answered(),
+                Some(failure) => {
+                    let opens = self.breaker.failed(config.breaker, &failure, now);
+                    self.opened(config, host, now, opens);
+                }
             }
             return;
         }
@@ -332,6 +362,7 @@ impl Engine {
             // Not while the breaker is open: the units wait for the first tick after it closes.
             if !self.breaker.is_open() {
                 give_back(config, host, (&mut self.leases, &mut self.refusals), now);
+                settlements::send(config, host, &mut self.settlements, now);
             }
         }
         if host
@@ -339,6 +370,23 @@ impl Engine {
             .is_some_and(|n| self.refusals.sync(n))
         {
             host.count(Counter::DenyCacheResets);
+        }
+        self.tally.flush(host);
+    }
+
+    /// The usage limits stream `ctx` was let through on, to read its response for (taken;
+    /// None: it has none, or was not let through).
+    pub fn take_meter(&mut self, ctx: u32) -> Option<UsageMeter> {
+        self.settlements.take_meter(ctx)
+    }
+
+    /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
+    /// and their settlements sent from the root at its next wake-up (or tick).
+    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<UsageOutcome>) {
+        let sets = &mut self.settlements;
+        settlements::finished(&mut self.tally, sets, outcomes);
+        if sets.waiting() > 0 && !self.wake_pending && host.wake() {
+            self.wake_pending = true;
         }
         self.tally.flush(host);
     }
@@ -355,6 +403,7 @@ impl Engine {
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         self.delivery.forget(ctx);
         self.splits.forget(ctx);
+        self.settlements.forget(ctx);
         if self.queue.load() == (0, 0) {
             return; // nothing waits nor is in flight (most streams end so)
         }
