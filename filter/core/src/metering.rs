@@ -6,9 +6,7 @@
 use crate::config::{UsageSource, MAX_USAGE};
 use crate::decision::Settlement;
 use crate::request::plan::LimitCheck;
-use crate::usage_standin::{
-    body_kind, usage_from_header, BodyKind, UsageRead, UsageReader,
-};
+use crate::usage_standin::{body_kind, usage_from_header, BodyKind, UsageRead, UsageReader};
 
 /// Bytes of a response body read for its usage at most: past them the usage is unreadable
 /// (the estimate stands) and the rest of the body is not looked at.

@@ -30,8 +30,8 @@ use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
 use queue::{Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
-use splits::{slot_groups, Split, Splits};
 use settlements::Settlements;
+use splits::{slot_groups, Split, Splits};
 use tally::Tally;
 
 pub use host::{Host, Verdict};
@@ -385,6 +385,7 @@ impl Engine {
     pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<UsageOutcome>) {
         let sets = &mut self.settlements;
         settlements::finished(&mut self.tally, sets, outcomes);
+        settlements::count_lost(host, sets);
         if sets.waiting() > 0 && !self.wake_pending && host.wake() {
             self.wake_pending = true;
         }

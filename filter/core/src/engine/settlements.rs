@@ -14,13 +14,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::bounds::MAX_CALL_PATH_BYTES;
-use crate::bridge::{
-    parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
-    CallSize, DecideCall, EvalOutcome, LimitShape,
-};
 use super::host::Host;
 use super::tally::Tally;
+use crate::bounds::MAX_CALL_PATH_BYTES;
+use crate::bridge::{
+    parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest, CallSize,
+    DecideCall, EvalOutcome, LimitShape,
+};
 use crate::config::{Admit, Config};
 use crate::decision::Settlement;
 use crate::metering::{Outcome, UsageMeter};
@@ -280,7 +280,10 @@ impl Settlements {
                     loading: true,
                     ..call
                 };
-                (Settled::Reloading, Some((BridgeRequest::script_load(), again)))
+                (
+                    Settled::Reloading,
+                    Some((BridgeRequest::script_load(), again)),
+                )
             }
             Err(BridgeFailure::NoResponse) => {
                 // It may have been carried out: debts again, give-backs lost.
@@ -373,7 +376,7 @@ pub fn on_reply(
     }
 }
 
-fn count_lost(host: &mut impl Host, settlements: &mut Settlements) {
+pub fn count_lost(host: &mut impl Host, settlements: &mut Settlements) {
     let lost = settlements.take_lost();
     if lost > 0 {
         host.count_n(Counter::UsageSettlementsLost, lost);
