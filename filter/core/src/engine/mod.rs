@@ -11,15 +11,15 @@
 //! The engine coordinates parts that each hold one concept: the [`queue`] (waiting requests
 //! and calls in flight), the [`breaker`], the [`refusals`] (deny cache and Redis restarts),
 //! the [`leases`] (their whole ask cycle), the cluster [`splits`], the [`policy`] (what an
-//! outcome does, the `local` failure mode), the [`tally`] (stats) and the [`delivery`] of
-//! verdicts to streams.
+//! outcome does, the `local` failure mode), the [`tally`] (stats), the [`delivery`] of
+//! verdicts to streams, and the [`settlements`] of usage limits once their response is read
+//! (with the stream-facing calls after the decision: headers, meter, end of stream).
 
 use std::time::Duration;
 
 use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
 use crate::config::Config;
 use crate::decision::Refund;
-use crate::metering::{Outcome as UsageOutcome, UsageMeter};
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::request::plan::{plan_memo, Plan, PlanMemo};
 use crate::request::view::RequestView;
@@ -245,10 +245,12 @@ impl Engine {
     ) -> Conclusion {
         self.refusals.remember(plan, &outcome, sent);
         let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
-        let tally = &mut self.tally;
-        let conclusion = self.policy.conclude(config, host, tally, plan, outcome);
+        let conclusion = self
+            .policy
+            .conclude(config, host, &mut self.tally, plan, outcome);
         if config.metered && matches!(conclusion, Conclusion::Resume(_)) {
-            self.settlements.admitted(config, ctx, plan, charged, tally);
+            self.settlements
+                .admitted(config, ctx, plan, charged, &mut self.tally);
         }
         conclusion
     }
@@ -270,10 +272,7 @@ impl Engine {
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
         self.dispatch_ready(config, host, None);
-        if !self.breaker.is_open() {
-            let now = host.now_unix_ns().unwrap_or(0);
-            settlements::send(config, host, &mut self.settlements, now);
-        }
+        self.send_settlements(config, host);
         self.tally.flush(host);
     }
 
@@ -296,16 +295,7 @@ impl Engine {
             return;
         }
         if self.settlements.owns(token) {
-            let now = host.now_unix_ns().unwrap_or(0);
-            let sets = &mut self.settlements;
-            match settlements::on_reply(config, host, sets, token, reply, now) {
-                None => self.breaker.answered(),
-                Some(failure) => {
-                    let opens = self.breaker.failed(config.breaker, &failure, now);
-                    self.opened(config, host, now, opens);
-                }
-            }
-            return;
+            return self.settlement_reply(config, host, token, reply);
         }
         let Some(call) = self.queue.take_call(token) else {
             return;
@@ -362,8 +352,8 @@ impl Engine {
             // Not while the breaker is open: the units wait for the first tick after it closes.
             if !self.breaker.is_open() {
                 give_back(config, host, (&mut self.leases, &mut self.refusals), now);
-                settlements::send(config, host, &mut self.settlements, now);
             }
+            self.send_settlements(config, host);
         }
         if host
             .redis_restarts(false)
@@ -372,48 +362,6 @@ impl Engine {
             host.count(Counter::DenyCacheResets);
         }
         self.tally.flush(host);
-    }
-
-    /// The usage limits stream `ctx` was let through on, to read its response for (taken;
-    /// None: it has none, or was not let through).
-    pub fn take_meter(&mut self, ctx: u32) -> Option<UsageMeter> {
-        self.settlements.take_meter(ctx)
-    }
-
-    /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
-    /// and their settlements sent from the root at its next wake-up (or tick).
-    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<UsageOutcome>) {
-        let sets = &mut self.settlements;
-        settlements::finished(&mut self.tally, sets, outcomes);
-        settlements::count_lost(host, sets);
-        if sets.waiting() > 0 && !self.wake_pending && host.wake() {
-            self.wake_pending = true;
-        }
-        self.tally.flush(host);
-    }
-
-    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
-    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
-        self.delivery.take_headers(ctx)
-    }
-
-    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
-    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
-    /// was made from its context: that reply is lost with the stream, so the call's slot is
-    /// freed at once and any other request on it fails by policy.
-    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        self.delivery.forget(ctx);
-        self.splits.forget(ctx);
-        self.settlements.forget(ctx);
-        if self.queue.load() == (0, 0) {
-            return; // nothing waits nor is in flight (most streams end so)
-        }
-        let orphans = self.queue.forget(ctx, &mut self.leases);
-        if !orphans.is_empty() {
-            let now = host.now_unix_ns().unwrap_or(0);
-            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
-        }
-        self.wake(config, host, None);
     }
 
     /// Sends batches while a call slot is free and requests wait, from context `from` or root.

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::host::Host;
 use super::tally::Tally;
+use super::Engine;
 use crate::bounds::MAX_CALL_PATH_BYTES;
 use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest, CallSize,
@@ -26,6 +27,7 @@ use crate::decision::Settlement;
 use crate::metering::{Outcome, UsageMeter};
 use crate::metrics::{Counter, RuleEvent};
 use crate::request::plan::{LimitCheck, Plan};
+use crate::response::Headers;
 use crate::slot::key_slot;
 
 /// Settlements kept for a later call at most (about 200 bytes each); beyond, the oldest are
@@ -327,6 +329,79 @@ pub fn usage_of<'c>(config: &'c Config, check: &LimitCheck) -> Option<&'c crate:
         .get(check.limit)?
         .usage
         .as_ref()
+}
+
+/// What a stream let through gets back once its response comes: the rate-limit headers it
+/// was allowed with and the meter of its usage limits; what becomes of their usage; and the
+/// stream's end.
+impl Engine {
+    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
+    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
+        self.delivery.take_headers(ctx)
+    }
+
+    /// The usage limits stream `ctx` was let through on, to read its response for (taken;
+    /// None: it has none, or was not let through).
+    pub fn take_meter(&mut self, ctx: u32) -> Option<UsageMeter> {
+        self.settlements.take_meter(ctx)
+    }
+
+    /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
+    /// and their settlements sent from the root at its next wake-up (or tick). Callable from
+    /// any context: nothing is sent from it.
+    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<Outcome>) {
+        let sets = &mut self.settlements;
+        finished(&mut self.tally, sets, outcomes);
+        count_lost(host, sets);
+        if sets.waiting() > 0 && !self.wake_pending && host.wake() {
+            self.wake_pending = true;
+        }
+        self.tally.flush(host);
+    }
+
+    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
+    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
+    /// was made from its context: that reply is lost with the stream, so the call's slot is
+    /// freed at once and any other request on it fails by policy.
+    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
+        self.delivery.forget(ctx);
+        self.splits.forget(ctx);
+        self.settlements.forget(ctx);
+        if self.queue.load() == (0, 0) {
+            return; // nothing waits nor is in flight (most streams end so)
+        }
+        let orphans = self.queue.forget(ctx, &mut self.leases);
+        if !orphans.is_empty() {
+            let now = host.now_unix_ns().unwrap_or(0);
+            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
+        }
+        self.wake(config, host, None);
+    }
+
+    /// Sends the settlements that wait (from the root), unless the breaker is open.
+    pub(super) fn send_settlements(&mut self, config: &Config, host: &mut impl Host) {
+        if let Some(now) = host.now_unix_ns().filter(|_| !self.breaker.is_open()) {
+            send(config, host, &mut self.settlements, now);
+        }
+    }
+
+    /// The reply to settlement call `token`: a failure counts for the breaker.
+    pub(super) fn settlement_reply(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        token: u32,
+        reply: BridgeReply<'_>,
+    ) {
+        let now = host.now_unix_ns().unwrap_or(0);
+        match on_reply(config, host, &mut self.settlements, token, reply, now) {
+            None => self.breaker.answered(),
+            Some(failure) => {
+                let opens = self.breaker.failed(config.breaker, &failure, now);
+                self.opened(config, host, now, opens);
+            }
+        }
+    }
 }
 
 /// Sends the settlements that wait, from the root (their replies must come to it), when the
