@@ -374,6 +374,35 @@ fn matches(
     })
 }
 
+/// Whether the decision for this request waits for its body: some rule it matches has a
+/// usage limit estimated from the request (`estimate.request`). Returns the smallest of their
+/// `max_body`; None when no body is needed (or a header it matches on is bad: the decision
+/// then answers 400 at once).
+pub fn request_body_bound(config: &Config, view: &dyn RequestView) -> Option<u64> {
+    if !config.metered {
+        return None;
+    }
+    let method = view.header(":method").unwrap_or_default();
+    let path = path_only(view.header(":path").unwrap_or_default());
+    let mut bound: Option<u64> = None;
+    for rule in &config.rules {
+        let from_body = rule
+            .limits
+            .iter()
+            .filter_map(|l| match l.usage.as_ref()?.estimate {
+                Estimate::Request { max_body, .. } => Some(max_body),
+                _ => None,
+            });
+        let Some(max_body) = from_body.min() else {
+            continue;
+        };
+        if matches(&rule.matcher, view, method, path).ok()? {
+            bound = Some(bound.map_or(max_body, |b| b.min(max_body)));
+        }
+    }
+    bound
+}
+
 /// A usage limit's cost for a request: its estimate.
 fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadRequest> {
     match estimate {
@@ -395,7 +424,7 @@ fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadReque
         Estimate::Request {
             completion_default, ..
         } => Ok(view
-            .usage_estimate()
+            .usage_estimate(*completion_default)
             .unwrap_or(*completion_default)
             .min(MAX_USAGE)),
     }
