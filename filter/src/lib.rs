@@ -293,20 +293,17 @@ impl HttpContext for PassThrough {}
 struct Request {
     id: u32,
     worker: Rc<Worker>,
-    /// The request is held until its body ends (a usage limit estimated from it).
-    held: Option<HeldBody>,
+    /// The request is held until its body ends (a usage limit estimated from it), with its
+    /// headers as they came: Envoy lends them to the filter only in their own callback.
+    held: Option<(HeldBody, RequestHeaders)>,
     /// The response's usage being read (usage limits let through).
     reading: Option<Reading>,
 }
 
 impl Request {
-    /// Asks the engine about this request (`body`: its counted body, if it was held).
-    fn decide(&mut self, body: Option<RequestEstimate>) -> Action {
+    /// Asks the engine about this request, seen through `view`.
+    fn decide(&mut self, view: RequestHeaders) -> Action {
         let worker = &self.worker;
-        let view = RequestHeaders {
-            body: body.map(RefCell::new),
-            ..Default::default()
-        };
         let verdict = worker.with_engine(
             self.id,
             "a request (let through undecided)",
@@ -321,7 +318,10 @@ impl Request {
     /// The held request's body ended (its last chunk, or its trailers came).
     fn body_ended(&mut self) -> Action {
         match self.held.take() {
-            Some(held) => self.decide(Some(held.estimate)),
+            Some((held, mut view)) => {
+                view.body = Some(RefCell::new(held.estimate));
+                self.decide(view)
+            }
             None => Action::Continue,
         }
     }
@@ -349,20 +349,23 @@ impl Request {
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let view = RequestHeaders::default();
         if !end_of_stream {
-            if let Some(max_body) =
-                request_body_bound(&self.worker.config, &RequestHeaders::default())
-            {
-                // Held (headers paused, the body buffered by Envoy) until the body ends.
-                self.held = Some(HeldBody::new(max_body));
-                return Action::Pause;
+            if let Some(max_body) = request_body_bound(&self.worker.config, &view) {
+                // The body is held (buffered by Envoy) until it ends; the headers go on.
+                // Envoy's proxy-wasm host turns a pause of the headers into a pause of the
+                // whole stream, and no body callback would come while they are held. The
+                // upstream request then has no body before the decision; a refusal resets it.
+                view.all();
+                self.held = Some((HeldBody::new(max_body), view));
+                return Action::Continue;
             }
         }
-        self.decide(None)
+        self.decide(view)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(held) = self.held.as_mut() else {
+        let Some((held, _)) = self.held.as_mut() else {
             return Action::Continue;
         };
         if !held.feed_buffered(body_size) {
