@@ -131,12 +131,20 @@ impl Settlements {
         self.bound();
     }
 
+    /// Beyond [`MAX_KEPT_SETTLEMENTS`], give-backs go first (a give-back lost leaves units
+    /// spent), oldest first; then the oldest debts.
     fn bound(&mut self) {
-        let excess = self.kept.len().saturating_sub(MAX_KEPT_SETTLEMENTS);
-        if excess > 0 {
-            self.kept.drain(..excess);
-            self.lost += excess as u64;
+        let mut excess = self.kept.len().saturating_sub(MAX_KEPT_SETTLEMENTS);
+        if excess == 0 {
+            return;
         }
+        self.lost += excess as u64;
+        self.kept.retain(|s| {
+            let drop = excess > 0 && s.delta < 0;
+            excess -= usize::from(drop);
+            !drop
+        });
+        self.kept.drain(..excess);
     }
 
     /// Settlements waiting for a call.

@@ -376,3 +376,30 @@ fn percent_decoded(segment: &str) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn beyond_the_bound_give_backs_are_dropped_before_debts() {
+    use crate::decision::Settlement;
+    use crate::testing::plan::token_bucket_check;
+    let mut kept = settlements::Settlements::default();
+    let settlement = |delta| Settlement {
+        check: token_bucket_check("k"),
+        delta,
+    };
+    kept.push(settlement(-99));
+    for _ in 0..settlements::MAX_KEPT_SETTLEMENTS {
+        kept.push(settlement(7));
+    }
+    assert_eq!(kept.take_lost(), 1);
+    assert_eq!(kept.waiting(), settlements::MAX_KEPT_SETTLEMENTS);
+    kept.push(settlement(8));
+    assert_eq!(kept.take_lost(), 1, "then the oldest debt");
+    let (c, ..) = metered("");
+    let deltas: Vec<i64> = kept
+        .calls(&c)
+        .into_iter()
+        .flat_map(|(group, _)| group.into_iter().map(|s| s.delta))
+        .collect();
+    assert!(!deltas.contains(&-99));
+    assert_eq!(deltas.last(), Some(&8));
+}
