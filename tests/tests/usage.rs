@@ -1,6 +1,7 @@
 //! Usage limits end to end: real Envoy, Webdis and Redis, and a tiny upstream of this file
 //! answering like an OpenAI-compatible API (a JSON body with `usage.total_tokens`, as many as
-//! the request's `x-tokens` header asks).
+//! the request's `x-tokens` header asks; on a path with `/stream`, an event stream whose last
+//! data event carries the usage).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -32,6 +33,10 @@ fn serve(stream: TcpStream) {
     loop {
         let (mut length, mut tokens) = (0usize, 0u64);
         let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let stream = line.contains("/stream");
         loop {
             line.clear();
             match reader.read_line(&mut line) {
@@ -54,11 +59,21 @@ fn serve(stream: TcpStream) {
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        let answer = format!(
-            r#"{{"id": "chatcmpl-1", "choices": [{{"message": {{"content": "hi"}}}}], "usage": {{"prompt_tokens": 1, "completion_tokens": {tokens}, "total_tokens": {tokens}}}}}"#
+        let usage = format!(
+            r#""usage": {{"prompt_tokens": 1, "completion_tokens": {tokens}, "total_tokens": {tokens}}}"#
         );
+        let (kind, answer) = if stream {
+            let event = r#"{"choices": [{"delta": {"content": "hi"}}], "usage": null}"#;
+            let last = format!(r#"{{"choices": [], {usage}}}"#);
+            let text =
+                format!("data: {event}\n\ndata: {event}\n\ndata: {last}\n\ndata: [DONE]\n\n");
+            ("text/event-stream", text)
+        } else {
+            let text = format!(r#"{{"choices": [{{"message": {{"content": "hi"}}}}], {usage}}}"#);
+            ("application/json", text)
+        };
         let response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+            "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{answer}",
             answer.len()
         );
         if writer.write_all(response.as_bytes()).is_err() {
@@ -120,20 +135,19 @@ impl Llm {
 
     /// A chat completion for `api_key` whose answer says it used `tokens`.
     fn chat(&self, api_key: &str, body: &str, tokens: u64) -> Response {
+        self.post("/v1/chat/completions", api_key, body, tokens)
+    }
+
+    /// A POST of `body` to `path` for `api_key` whose answer says it used `tokens`.
+    fn post(&self, path: &str, api_key: &str, body: &str, tokens: u64) -> Response {
         let tokens = tokens.to_string();
         let headers: [(&str, &[u8]); 3] = [
             ("x-api-key", api_key.as_bytes()),
             ("x-tokens", tokens.as_bytes()),
             ("content-type", b"application/json"),
         ];
-        request(
-            self.envoy.port,
-            "POST",
-            "/v1/chat/completions",
-            &headers,
-            body.as_bytes(),
-        )
-        .expect("a request through envoy")
+        request(self.envoy.port, "POST", path, &headers, body.as_bytes())
+            .expect("a request through envoy")
     }
 
     fn field(&self, key: &str, field: &str) -> Option<String> {
@@ -217,4 +231,67 @@ fn debt_refuses_until_repaid_with_a_retry_after_that_counts_it() {
     // 100 tokens needed from about -300: about 40 s at 10 a second.
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((35..=40).contains(&retry), "Retry-After {retry}");
+}
+
+#[test]
+fn a_stream_charges_the_usage_of_its_last_event_and_a_body_too_large_is_answered_413() {
+    let s = Llm::start(
+        "usage-stream",
+        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100000, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens",
+                      "estimate": {"request": {"completion_default": 100, "max_body": "64B"}}}}"#,
+    );
+    let key = s
+        .keys
+        .limit_key("llm", "tokens", "header:x-api-key", b"carol");
+    let r = s.post("/v1/stream", "carol", r#"{"stream": true}"#, 77);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().ends_with("data: [DONE]\n\n"), "{}", r.text());
+    wait_until(
+        "the stream's usage settled in Redis",
+        Duration::from_secs(10),
+        || s.field(&key, "n"),
+        |n| n.as_deref() == Some("77"),
+    );
+    // 65 bytes of body: over max_body, answered by the filter, nothing charged.
+    let big = format!(r#"{{"messages": "{}"}}"#, "x".repeat(49));
+    assert_eq!(big.len(), 65);
+    let r = s.chat("dave", &big, 5);
+    assert_eq!(r.status, 413, "{}", r.text());
+    let dave = s
+        .keys
+        .limit_key("llm", "tokens", "header:x-api-key", b"dave");
+    let exists = s.redis.admin().cmd(&["EXISTS", &dave]).unwrap().int();
+    assert_eq!(exists, 0, "no state for a refused body");
+}
+
+#[test]
+fn after_mode_admits_while_a_unit_is_left_and_charges_the_usage() {
+    let s = Llm::start(
+        "usage-after",
+        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens", "admit": "after", "estimate": 1000}}"#,
+    );
+    let key = s
+        .keys
+        .limit_key("llm", "tokens", "header:x-api-key", b"erin");
+    // An estimate of 1,000 on a limit of 100: admitted all the same, charged its usage.
+    let r = s.chat("erin", "{}", 60);
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_until(
+        "the usage charged",
+        Duration::from_secs(10),
+        || s.field(&key, "n"),
+        |n| n.as_deref() == Some("60"),
+    );
+    assert_eq!(s.chat("erin", "{}", 60).status, 200, "40 left: admitted");
+    wait_until(
+        "the debt charged",
+        Duration::from_secs(10),
+        || s.field(&key, "n"),
+        |n| n.as_deref() == Some("120"),
+    );
+    let r = s.chat("erin", "{}", 60);
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
 }
