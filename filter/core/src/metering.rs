@@ -155,6 +155,8 @@ impl UsageMeter {
 mod tests {
     use super::*;
     use crate::testing::plan::token_bucket_check;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn meter(reserved: u64, source: UsageSource) -> UsageMeter {
         let mut m = UsageMeter::default();

@@ -761,4 +761,64 @@ mod tests {
             shard_key("rl:{h=a#1#2}:r:l", 0)
         );
     }
+
+    /// A request's body, as the adapter counted it: `bytes` plus a `max_tokens`, if any.
+    struct WithBody(FakeRequest, u64, Option<u64>);
+
+    impl RequestView for WithBody {
+        fn header(&self, name: &str) -> Option<&[u8]> {
+            self.0.header(name)
+        }
+        fn header_copies(&self, name: &str) -> usize {
+            self.0.header_copies(name)
+        }
+        fn source_address(&self) -> Option<String> {
+            self.0.source_address()
+        }
+        fn route_name(&self) -> Option<String> {
+            self.0.route_name()
+        }
+        fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
+            Some(self.1 + self.2.unwrap_or(completion_default))
+        }
+    }
+
+    #[test]
+    fn a_usage_limit_costs_its_estimate_and_only_its_rules_hold_the_body() {
+        let c = Config::parse(
+            br#"{"rules": [
+              {"name": "llm", "match": {"path_prefix": "/v1/"}, "limits": [
+                {"name": "requests", "limit": 60, "window": "1m"},
+                {"name": "tokens", "limit": 100000, "window": "1m",
+                 "usage": {"from": "body:usage.total_tokens",
+                           "estimate": {"request": {"completion_default": 1024, "max_body": "2KiB"}}}},
+                {"name": "by_header", "limit": 1000, "window": "1m",
+                 "usage": {"from": "header:x-used", "admit": "after",
+                           "estimate": {"header": "x-est", "min": 1, "max": 50, "default": 5}}}]},
+              {"name": "other", "match": {"path_prefix": "/api/"},
+               "limits": [{"name": "l", "limit": 5, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let costs = |view: &dyn RequestView| {
+            let p = plan(&c, view).unwrap();
+            p.checks
+                .iter()
+                .map(|k| (k.cost, k.after))
+                .collect::<Vec<_>>()
+        };
+        let chat = FakeRequest::new("POST", "/v1/chat").with("x-est", b"7");
+        assert_eq!(costs(&chat), [(1, false), (1024, false), (7, true)]);
+        let counted = WithBody(chat.clone(), 300, Some(50));
+        assert_eq!(costs(&counted), [(1, false), (350, false), (7, true)]);
+        let defaulted = WithBody(chat, 300, None);
+        assert_eq!(costs(&defaulted)[1], (1324, false));
+        assert_eq!(
+            request_body_bound(&c, &FakeRequest::new("POST", "/v1/x")),
+            Some(2048)
+        );
+        assert_eq!(
+            request_body_bound(&c, &FakeRequest::new("POST", "/api/x")),
+            None
+        );
+    }
 }
