@@ -22,7 +22,7 @@ use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest, CallSize,
     DecideCall, EvalOutcome, LimitShape,
 };
-use crate::config::{Admit, Config};
+use crate::config::{Admit, Clock, Config};
 use crate::decision::Settlement;
 use crate::metering::{Outcome, UsageMeter};
 use crate::metrics::{Counter, RuleEvent};
@@ -218,7 +218,11 @@ impl Settlements {
         now: u128,
     ) -> BridgeRequest {
         let deadline = now.saturating_add((timeout + config.clock_skew).as_nanos());
-        let call = DecideCall::settle(now, deadline / 1_000_000, settlements);
+        let mut call = DecideCall::settle(now, deadline / 1_000_000, settlements);
+        if config.clock == Clock::Redis {
+            // Settled on the clock the decisions were made with.
+            call.args[0] = "redis".to_string();
+        }
         BridgeRequest::evalsha(&config.script_sha, &call)
     }
 
