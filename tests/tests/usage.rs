@@ -36,7 +36,8 @@ fn serve(stream: TcpStream) {
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
             return;
         }
-        let stream = line.contains("/stream");
+        let stream = line.contains("/stream") || line.contains("/cut");
+        let cut = line.contains("/cut");
         loop {
             line.clear();
             match reader.read_line(&mut line) {
@@ -65,8 +66,13 @@ fn serve(stream: TcpStream) {
         let (kind, answer) = if stream {
             let event = r#"{"choices": [{"delta": {"content": "hi"}}], "usage": null}"#;
             let last = format!(r#"{{"choices": [], {usage}}}"#);
-            let text =
-                format!("data: {event}\n\ndata: {event}\n\ndata: {last}\n\ndata: [DONE]\n\n");
+            let text = if cut {
+                // A later event with more usage, cut before its end: it must not count.
+                let more = r#"{"choices": [], "usage": {"total_tokens": 999}}"#;
+                format!("data: {event}\n\ndata: {last}\n\ndata: {more}\n\n")
+            } else {
+                format!("data: {event}\n\ndata: {event}\n\ndata: {last}\n\ndata: [DONE]\n\n")
+            };
             ("text/event-stream", text)
         } else {
             let text = format!(r#"{{"choices": [{{"message": {{"content": "hi"}}}}], {usage}}}"#);
@@ -76,6 +82,17 @@ fn serve(stream: TcpStream) {
             "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{answer}",
             answer.len()
         );
+        if cut {
+            // The stream breaks off inside its last event: promised more than is sent.
+            let sent = response.len() - 10;
+            let head = response.replacen(
+                &format!("content-length: {}", answer.len()),
+                &format!("content-length: {}", answer.len() + 1000),
+                1,
+            );
+            let _ = writer.write_all(&head.as_bytes()[..sent]);
+            return;
+        }
         if writer.write_all(response.as_bytes()).is_err() {
             return;
         }
@@ -294,4 +311,26 @@ fn after_mode_admits_while_a_unit_is_left_and_charges_the_usage() {
     let r = s.chat("erin", "{}", 60);
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+}
+
+#[test]
+fn a_stream_cut_early_settles_the_usage_it_read() {
+    let s = Llm::start(
+        "usage-cut",
+        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100000, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens", "estimate": 100}}"#,
+    );
+    let key = s
+        .keys
+        .limit_key("llm", "tokens", "header:x-api-key", b"fay");
+    // A complete event says 33; the next one (999) is cut inside: 33 is settled.
+    let _ = s.post("/v1/cut", "fay", "{}", 33);
+    wait_until(
+        "the usage read before the cut settled",
+        Duration::from_secs(10),
+        || s.field(&key, "n"),
+        |n| n.as_deref() == Some("33"),
+    );
+    s.envoy
+        .wait_counter("ratelimit_rule.llm.tokens.usage_charged", 33);
 }
