@@ -19,6 +19,12 @@
 --            limit; its clock (ARGV[1]) must be no earlier than any decision on its keys.
 --            or, to ask for a lease (token_bucket, gcra, fixed_window), mode "lease", then its
 --            max units and fraction: see "Leases" below.
+--            or, for a limit metered by usage in mode `after`, mode "after", then "0", "0":
+--            allowed while at least 1 unit is left, charging nothing (cost is ignored).
+--            or, to settle a usage limit (a charge of a signed number of units that never
+--            refuses: positive is debt, negative gives back; see SETTLES in lib.lua), mode
+--            "settle", then the delta and "0". A settle request takes nothing and replies 1
+--            for each limit, like a refund request; a request holds only settles or none.
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
@@ -113,7 +119,9 @@ local function read_request(a)
     local b = a + (i - 1) * 9
     local refund = ARGV[b + 7] == 'refund'
     local lease = ARGV[b + 7] == 'lease'
-    local budget = not (refund or lease) and tonumber(ARGV[b + 8]) or 0
+    local settle = ARGV[b + 7] == 'settle'
+    local after = ARGV[b + 7] == 'after'
+    local budget = not (refund or lease or settle or after) and tonumber(ARGV[b + 8]) or 0
     local p = {
       key = KEYS[tonumber(ARGV[b + 1]) or 0],
       algorithm = ALGORITHMS[ARGV[b + 2]],
@@ -128,6 +136,9 @@ local function read_request(a)
       charged_at = refund and ARGV[b + 8],
       left = refund and tonumber(ARGV[b + 9]),
       lease = lease and {max_units = tonumber(ARGV[b + 8]), fraction = tonumber(ARGV[b + 9])},
+      settle = settle and SETTLES[ARGV[b + 2]],
+      delta = settle and tonumber(ARGV[b + 8]),
+      after = after,
     }
     if not p.key or not p.algorithm or not p.limit or p.limit < 1 or not p.window
         or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
@@ -136,7 +147,9 @@ local function read_request(a)
           or not p.left or p.left < 0))
         or (lease and (not LEASABLE[ARGV[b + 2]] or not whole(p.lease.max_units)
           or p.lease.max_units < 1 or not p.lease.fraction or p.lease.fraction <= 0
-          or p.lease.fraction > 1)) then
+          or p.lease.fraction > 1))
+        or (settle and (not p.settle or not p.delta or p.delta ~= math.floor(p.delta)))
+        or (after and not SETTLES[ARGV[b + 2]]) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
@@ -252,9 +265,35 @@ local function lease_of(limits, decisions)
   return k, leased
 end
 
+-- Charges each limit's settlement (see SETTLES in lib.lua).
+local function settle_request(limits)
+  local reply = {1, #limits}
+  for _, p in ipairs(limits) do
+    if not p.settle then
+      error('ERR decide: a settle request holds only settlements')
+    end
+    p.settle(p.key, p, now)
+    for _, v in ipairs({1, '0', '0', '0'}) do
+      reply[#reply + 1] = v
+    end
+  end
+  return reply
+end
+
+-- A limit in mode "after": allowed while at least 1 unit is left, charging nothing.
+local function decide_after(p)
+  local d = p.algorithm(p.key, setmetatable({cost = 1}, {__index = p}), now)
+  d.commit = function() end
+  d.taken_remaining, d.taken_reset = d.kept_remaining, d.kept_reset
+  return d
+end
+
 local function decide_request(limits)
   if limits[1].refund then
     return refund_request(limits)
+  end
+  if limits[1].settle then
+    return settle_request(limits)
   end
   -- Most calls carry no key budget: nothing to look up or count for them.
   local budgets = budget_count > 0 and apply_budgets(limits) or nil
@@ -264,6 +303,10 @@ local function decide_request(limits)
     local d
     if p.refuse_ms then
       d = {allowed = false, kept_remaining = 0, kept_reset = p.refuse_ms, retry = p.refuse_ms}
+    elseif p.after then
+      d = decide_after(p)
+    elseif p.settle or p.refund then
+      error('ERR decide: a refund or settlement in a decision')
     else
       d = p.algorithm(p.key, p, now)
     end
@@ -285,7 +328,9 @@ local function decide_request(limits)
     end
     local outcome = (d.allowed and 1 or 0) + (limits[i].over and 2 or 0)
     reply[#reply + 1] = outcome
-    reply[#reply + 1] = tostring(charged[i] and d.taken_remaining or d.kept_remaining)
+    -- Debt is never shown as a negative remaining.
+    local left = charged[i] and d.taken_remaining or d.kept_remaining
+    reply[#reply + 1] = tostring(math.max(0, left))
     reply[#reply + 1] = tostring(math.ceil(charged[i] and d.taken_reset or d.kept_reset))
     reply[#reply + 1] = tostring(d.retry)
   end

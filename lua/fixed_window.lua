@@ -4,23 +4,33 @@
 --
 -- State (a hash at the limit's key):
 --   w  index of the current window (floor(now / window))
---   n  cost counted in it
--- Memory: two numbers per key. Expires at the window's end, + 60 s.
+--   n  cost counted in it; above `limit` only by debt (SETTLES), which each window that
+--      starts repays by `limit`
+-- Memory: two numbers per key. Expires at the window's end (past the debt's windows), + 60 s.
+-- The window a decision at `index` counts in and its count: the newest window seen (a clock
+-- that went backwards stays in it); a later window starts from what debt left over.
+local function fixed_window_now(index, w, n, limit)
+  if w == nil then
+    return index, 0
+  elseif index > w then
+    return index, math.max(0, n - limit * (index - w))
+  end
+  return w, n
+end
+
 ALGORITHMS.fixed_window = function(key, p, now)
   local index = math.floor(now.ms / p.window)
   local state = redis.call('HMGET', key, 'w', 'n')
   local w, n = tonumber(state[1]), tonumber(state[2]) or 0
-  if w == nil or index > w then
-    n = 0
-  else
-    index = w -- a clock that went backwards stays in the newest window seen
-  end
+  index, n = fixed_window_now(index, w, n, p.limit)
   local ends_in = math.max(0, (index + 1) * p.window - now.ms)
+  -- Windows after this one that debt still fills.
+  local owed = math.max(0, math.ceil(n / p.limit) - 1)
 
   local d = {
     allowed = n + p.cost <= p.limit,
     kept_remaining = math.max(0, p.limit - n),
-    kept_reset = n > 0 and ends_in or 0,
+    kept_reset = n > 0 and ends_in + owed * p.window or 0,
     retry = 0,
   }
   if d.allowed then
@@ -32,7 +42,9 @@ ALGORITHMS.fixed_window = function(key, p, now)
     end
   else
     -- A cost above the limit never fits; the next window is the earliest honest answer.
-    d.retry = math.ceil(ends_in)
+    -- Debt: each window that starts repays `limit`, until n + cost fits.
+    local windows = p.cost > p.limit and 1 or math.max(1, math.ceil((n + p.cost - p.limit) / p.limit))
+    d.retry = math.ceil(ends_in + (windows - 1) * p.window)
   end
   return d
 end
@@ -44,6 +56,20 @@ REFUNDS.fixed_window = function(key, p, now)
   if w ~= nil and n ~= nil and w == math.floor(elapsed_ms('0', p.charged_at) / p.window) then
     redis.call('HSET', key, 'n', math.max(0, n - p.cost))
   end
+end
+
+SETTLES.fixed_window = function(key, p, now)
+  local index = math.floor(now.ms / p.window)
+  local state = redis.call('HMGET', key, 'w', 'n')
+  local w, n = tonumber(state[1]), tonumber(state[2]) or 0
+  index, n = fixed_window_now(index, w, n, p.limit)
+  if w == nil and p.delta <= 0 then
+    return
+  end
+  n = math.max(0, n + p.delta)
+  local ends_in = math.max(0, (index + 1) * p.window - now.ms)
+  redis.call('HSET', key, 'w', index, 'n', n)
+  redis.call('PEXPIRE', key, math.ceil(ends_in + math.floor(n / p.limit) * p.window) + 60000)
 end
 
 LEASABLE.fixed_window = true

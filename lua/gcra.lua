@@ -50,4 +50,18 @@ REFUNDS.gcra = function(key, p, now)
   end
 end
 
+-- Debt moves TAT further ahead than burst intervals; a give-back moves it back, never before
+-- now (a TAT in the past is a full allowance already).
+SETTLES.gcra = function(key, p, now)
+  local interval = p.window / p.limit
+  local stored = tonumber(redis.call('HGET', key, 'tat'))
+  if stored == nil and p.delta <= 0 then
+    return
+  end
+  local tat = math.max(stored or now.ms, now.ms)
+  local new_tat = math.max(now.ms, tat + p.delta * interval)
+  redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
+  redis.call('PEXPIRE', key, math.ceil(new_tat - now.ms) + 60000)
+end
+
 LEASABLE.gcra = true

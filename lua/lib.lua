@@ -29,6 +29,14 @@ local REFUNDS = {}
 -- window, would have brought anyway).
 local LEASABLE = {}
 
+-- Each algorithm usable for usage metering adds SETTLES.name = function(key, p, now): charges
+-- p.delta units (a signed whole number) on the limit's state without refusing. Positive: the
+-- units a response used above what was charged up front; the balance may go below zero (debt)
+-- and the identity is refused until refill or the next windows repay it. Negative: units given
+-- back, never past the full allowance. A state that expired is settled as a fresh one (full):
+-- a charge takes from the whole allowance, a give-back has nothing to add to.
+local SETTLES = {}
+
 -- Is Unix-ns string a later than b? Equal-length digit strings compare like numbers.
 local function later(a, b)
   if #a ~= #b then

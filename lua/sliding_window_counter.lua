@@ -66,3 +66,33 @@ REFUNDS.sliding_window_counter = function(key, p, now)
     redis.call('HSET', key, 'prev', math.max(0, prev - p.cost))
   end
 end
+
+-- Debt counts in the current window like a charge: it weighs on the next window as the
+-- previous one, and is forgotten once both windows have passed (at most two windows of debt).
+-- A give-back takes from the current window's count first, then from the previous one's.
+SETTLES.sliding_window_counter = function(key, p, now)
+  local W = p.window
+  local index = math.floor(now.ms / W)
+  local state = redis.call('HMGET', key, 'w', 'cur', 'prev')
+  local w, cur, prev = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  if w == nil or index > w + 1 then
+    if p.delta <= 0 then
+      return
+    end
+    cur, prev = 0, 0
+  elseif index == w + 1 then
+    cur, prev = 0, cur
+  elseif index < w then
+    index = w
+  end
+  if p.delta >= 0 then
+    cur = cur + p.delta
+  else
+    local back = -p.delta
+    local from_cur = math.min(cur, back)
+    cur, prev = cur - from_cur, math.max(0, prev - (back - from_cur))
+  end
+  local into = math.max(0, now.ms - index * W)
+  redis.call('HSET', key, 'w', index, 'cur', cur, 'prev', prev)
+  redis.call('PEXPIRE', key, math.ceil(2 * W - into) + 60000)
+end

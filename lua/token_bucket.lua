@@ -63,4 +63,27 @@ REFUNDS.token_bucket = function(key, p, now)
   end
 end
 
+-- Tokens may go below zero (debt): the refill repays it before the next request fits.
+SETTLES.token_bucket = function(key, p, now)
+  local rate = p.limit / p.window
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(state[1])
+  local stamp = now.str
+  if tokens == nil or not state[2] then
+    if p.delta <= 0 then
+      return -- a fresh bucket is full
+    end
+    tokens = p.burst
+  elseif later(now.str, state[2]) then
+    tokens = math.min(p.burst, tokens + elapsed_ms(state[2], now.str) * rate)
+  else
+    stamp = state[2]
+    tokens = math.min(p.burst, tokens)
+  end
+  local left = math.min(p.burst, tokens - p.delta)
+  local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
+  redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
+  redis.call('PEXPIRE', key, math.ceil(ahead + (p.burst - left) / rate) + 60000)
+end
+
 LEASABLE.token_bucket = true

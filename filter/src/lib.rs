@@ -5,17 +5,24 @@
 
 use std::cell::{OnceCell, RefCell, RefMut};
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
-use ratelimit_core::config::Bridge;
+use ratelimit_core::request::plan::request_body_bound;
 use ratelimit_core::request::view::{first_header, header_count};
-use ratelimit_core::response::LocalResponse;
+use ratelimit_core::response;
+use ratelimit_core::usage::RequestEstimate;
+use usage::{HeldBody, Reading};
+
+mod host;
+mod usage;
+
+use host::EnvoyHost;
 use ratelimit_core::{
-    BridgeFailure, BridgeReply, BridgeRequest, Config, Counter, Engine, Gauge, Histogram, Host,
-    LogThrottle, RequestView, RuleStats, Verdict,
+    BridgeReply, Config, Counter, Engine, Gauge, Histogram, Host, LogThrottle, RequestView,
+    RuleStats, Verdict,
 };
 
 /// Bridge replies larger than this are cut (and so fail to parse): a batch's reply is small.
@@ -167,6 +174,8 @@ impl RootContext for Root {
         Some(Box::new(Request {
             id: context_id,
             worker,
+            held: None,
+            reading: None,
         }))
     }
 
@@ -284,17 +293,21 @@ impl HttpContext for PassThrough {}
 struct Request {
     id: u32,
     worker: Rc<Worker>,
+    /// The request is held until its body ends (a usage limit estimated from it), with its
+    /// headers as they came: Envoy lends them to the filter only in their own callback.
+    held: Option<(HeldBody, RequestHeaders)>,
+    /// The response's usage being read (usage limits let through).
+    reading: Option<Reading>,
 }
 
-impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+impl Request {
+    /// Asks the engine about this request, seen through `view`.
+    fn decide(&mut self, view: RequestHeaders) -> Action {
         let worker = &self.worker;
         let verdict = worker.with_engine(
             self.id,
             "a request (let through undecided)",
-            |engine, host| {
-                engine.on_request(&worker.config, host, self.id, &RequestHeaders::default())
-            },
+            |engine, host| engine.on_request(&worker.config, host, self.id, &view),
         );
         match verdict {
             Some(Verdict::Pause) => Action::Pause,
@@ -302,13 +315,83 @@ impl HttpContext for Request {
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let headers = self
+    /// The held request's body ended (its last chunk, or its trailers came).
+    fn body_ended(&mut self) -> Action {
+        match self.held.take() {
+            Some((held, mut view)) => {
+                view.body = Some(RefCell::new(held.estimate));
+                self.decide(view)
+            }
+            None => Action::Continue,
+        }
+    }
+
+    /// The response ended (`complete`) or the stream did before it: its usage limits are
+    /// settled with what was read.
+    fn settle(&mut self, complete: bool) {
+        let id = self.id;
+        let meter = match self.reading.take() {
+            Some(reading) => Some(reading.meter),
+            None => self
+                .worker
+                .with_engine(id, "a usage meter", |engine, _| engine.take_meter(id))
+                .flatten(),
+        };
+        if let Some(meter) = meter {
+            let outcomes = meter.finish(complete);
+            self.worker
+                .with_engine(id, "a usage settlement", |engine, host| {
+                    engine.settle_usage(host, outcomes)
+                });
+        }
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let view = RequestHeaders::default();
+        if !end_of_stream {
+            if let Some(max_body) = request_body_bound(&self.worker.config, &view) {
+                // The body is held (buffered by Envoy) until it ends; the headers go on.
+                // Envoy's proxy-wasm host turns a pause of the headers into a pause of the
+                // whole stream, and no body callback would come while they are held. The
+                // upstream request then has no body before the decision; a refusal resets it.
+                view.all();
+                self.held = Some((HeldBody::new(max_body), view));
+                return Action::Continue;
+            }
+        }
+        self.decide(view)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some((held, _)) = self.held.as_mut() else {
+            return Action::Continue;
+        };
+        if !held.feed_buffered(body_size) {
+            let answer = response::body_too_large(held.max_body);
+            self.held = None;
+            self.worker.host(self.id).answer(self.id, answer);
+            return Action::Pause;
+        }
+        if !end_of_stream {
+            return Action::Pause; // StopIterationAndBuffer: Envoy keeps the body
+        }
+        self.body_ended()
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.body_ended()
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let id = self.id;
+        let taken = self
             .worker
-            .with_engine(self.id, "a response's rate-limit headers", |engine, _| {
-                engine.take_headers(self.id)
-            })
-            .flatten();
+            .with_engine(id, "a response's rate-limit headers", |engine, _| {
+                (engine.take_headers(id), engine.take_meter(id))
+            });
+        let (headers, meter) = taken.unwrap_or_default();
         for (name, value) in headers.unwrap_or_default() {
             if let Err(status) =
                 hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value)
@@ -316,7 +399,37 @@ impl HttpContext for Request {
                 log::warn!("cannot add response header {name}: {status:?}");
             }
         }
+        self.reading = meter.map(Reading::start);
+        if end_of_stream {
+            self.settle(true);
+        }
         Action::Continue
+    }
+
+    /// Read as it passes, never held: the client is never delayed by the metering.
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(reading) = self.reading.as_mut() {
+            reading.feed(body_size);
+            if end_of_stream {
+                self.settle(true);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if self.reading.is_some() {
+            self.settle(true);
+        }
+        Action::Continue
+    }
+
+    /// The stream is over: a response that did not end (client gone, upstream reset) is
+    /// settled with what was read.
+    fn on_log(&mut self) {
+        if self.worker.config.metered {
+            self.settle(false);
+        }
     }
 }
 
@@ -350,6 +463,8 @@ struct RequestHeaders {
     /// (`proxy_get_header_map_value`) returns only the first copy of a repeated header, so
     /// repeats can only be counted over the whole map.
     headers: OnceCell<Vec<(String, Vec<u8>)>>,
+    /// The request body as counted while it was held (usage limits estimated from it).
+    body: Option<RefCell<RequestEstimate>>,
 }
 
 impl RequestHeaders {
@@ -380,169 +495,16 @@ impl RequestView for RequestHeaders {
         // `xds.route_name` in current Envoy; `route_name` in older releases.
         property_text(&["xds", "route_name"]).or_else(|| property_text(&["route_name"]))
     }
+
+    fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
+        let mut body = self.body.as_ref()?.try_borrow_mut().ok()?;
+        body.finish(completion_default).ok()
+    }
 }
 
 fn property_text(path: &[&str]) -> Option<String> {
     let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
     String::from_utf8(bytes).ok()
-}
-
-/// The engine's view of Envoy during one callback of context `home`.
-struct EnvoyHost<'a> {
-    worker: &'a Worker,
-    home: u32,
-    /// The context host calls act on now (`set_effective_context`).
-    effective: u32,
-}
-
-impl EnvoyHost<'_> {
-    /// A step skipped because the engine was busy: counted, and logged at most once per
-    /// interval with the number of lines held back.
-    fn report_busy(&mut self, what: &str) {
-        self.count(Counter::EngineBusy);
-        let now = self.now_unix_ns().unwrap_or(0);
-        let admitted = match self.worker.busy_log.try_borrow_mut() {
-            Ok(mut log) => log.admit(now),
-            Err(_) => None,
-        };
-        if let Some(suppressed) = admitted {
-            log::warn!(
-                "the worker's engine was busy in another callback, {what} skipped ({suppressed} similar lines suppressed)"
-            );
-        }
-    }
-
-    /// Makes `ctx` the context the next host calls act on; false if it is gone.
-    fn act_on(&mut self, ctx: u32) -> bool {
-        if self.effective == ctx {
-            return true;
-        }
-        match hostcalls::set_effective_context(ctx) {
-            Ok(()) => {
-                self.effective = ctx;
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
-impl Host for EnvoyHost<'_> {
-    fn now_unix_ns(&self) -> Option<u128> {
-        let now = hostcalls::get_current_time().ok()?;
-        Some(now.duration_since(UNIX_EPOCH).ok()?.as_nanos())
-    }
-
-    fn dispatch(
-        &mut self,
-        bridge: &Bridge,
-        request: &BridgeRequest,
-        timeout: Duration,
-    ) -> Result<u32, String> {
-        // The call belongs to the context that makes it: the callback's own, not a stream
-        // resolved just before.
-        let home = self.home;
-        if !self.act_on(home) {
-            return Err("the calling context is gone".to_string());
-        }
-        let headers = request.headers(bridge);
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        hostcalls::dispatch_http_call(
-            &bridge.cluster,
-            headers,
-            request.body.as_deref(),
-            vec![],
-            timeout,
-        )
-        .map_err(|status| {
-            format!(
-                "dispatch_http_call to cluster {}: {status:?}",
-                bridge.cluster
-            )
-        })
-    }
-
-    fn wake(&mut self) -> bool {
-        match self.worker.wake_queue {
-            Some(queue) => hostcalls::enqueue_shared_queue(queue, Some(b"w")).is_ok(),
-            None => false,
-        }
-    }
-
-    fn resume(&mut self, ctx: u32) -> bool {
-        self.act_on(ctx) && hostcalls::resume_http_request().is_ok()
-    }
-
-    fn answer(&mut self, ctx: u32, response: LocalResponse) -> bool {
-        if !self.act_on(ctx) {
-            return false;
-        }
-        let headers: Vec<(&str, &str)> = response
-            .headers
-            .iter()
-            .map(|(n, v)| (*n, v.as_str()))
-            .collect();
-        match hostcalls::send_http_response(
-            u32::from(response.status),
-            headers,
-            Some(response.body.as_bytes()),
-        ) {
-            Ok(()) => true,
-            Err(status) => {
-                log::warn!(
-                    "cannot send the local {} reply: {status:?}",
-                    response.status
-                );
-                false
-            }
-        }
-    }
-
-    fn count_n(&mut self, counter: Counter, n: u64) {
-        if let Some(Some(id)) = self.worker.counters.get(counter as usize) {
-            // A failed increment loses counts; nothing to do about it on the request path.
-            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    fn count_rule(&mut self, stat: usize, n: u64) {
-        if let Some(Some(id)) = self.worker.rule_counters.get(stat) {
-            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    fn record(&mut self, histogram: Histogram, value: u64) {
-        if let Some(Some(id)) = self.worker.histograms.get(histogram as usize) {
-            let _ = hostcalls::record_metric(*id, value);
-        }
-    }
-
-    fn gauge_add(&mut self, gauge: Gauge, delta: i64) {
-        if let Some(Some(id)) = self.worker.gauges.get(gauge as usize) {
-            let _ = hostcalls::increment_metric(*id, delta);
-        }
-    }
-
-    fn report_breaker(&mut self, open: bool, why: &str) {
-        if open {
-            log::warn!("bridge circuit breaker open, requests follow the failure policy without a call: {why}");
-        } else {
-            log::info!("bridge circuit breaker closed: {why}");
-        }
-    }
-
-    fn redis_restarts(&mut self, bump: bool) -> Option<u64> {
-        shared_counter(REDIS_RESTARTS_KEY, u64::from(bump))
-    }
-
-    fn report_failure(&mut self, failure: &BridgeFailure) {
-        let now = self.now_unix_ns().unwrap_or(0);
-        if let Some(suppressed) = self.worker.failure_log.borrow_mut().admit(now) {
-            log::warn!(
-                "bridge failure, failure policy applied: {failure} ({suppressed} similar lines suppressed)"
-            );
-        }
-    }
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         shadow: false,
         budget: None,
         lease: None,
+        after: false,
     };
     let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();
@@ -266,4 +267,169 @@ fn every_algorithm_keeps_its_promises() {
         "invariants: {} random sequences, every promise kept",
         total.get()
     );
+}
+
+/// What happens at one step of a usage limit's traffic.
+#[derive(Debug, Clone, Copy)]
+enum Usage {
+    /// A request reserving `cost` (mode `reserve`).
+    Reserve(u64),
+    /// A request in mode `after` (charges nothing).
+    After,
+    /// A settlement of `delta` units (positive: debt; negative: a give-back).
+    Settle(i64),
+}
+
+const METERED: [Algorithm; 4] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+];
+
+/// A usage limit and its traffic: (ms since the previous step, forward only, what happens).
+fn usage_scenario(algorithm: Algorithm) -> impl Strategy<Value = (Scenario, Vec<Usage>)> {
+    let buckets = matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+    (1u64..=20, 50u64..=3000, 1u64..=30).prop_flat_map(move |(limit, window_ms, burst)| {
+        let op = prop_oneof![
+            3 => (1u64..=6).prop_map(Usage::Reserve),
+            1 => Just(Usage::After),
+            3 => (-8i64..=12).prop_map(Usage::Settle),
+        ];
+        let step = (0i64..(window_ms as i64), op);
+        prop::collection::vec(step, 1..30).prop_map(move |ops| {
+            let scenario = Scenario {
+                algorithm,
+                limit,
+                window_ms,
+                burst: if buckets { burst } else { limit },
+                steps: ops.iter().map(|(dt, _)| (*dt, 1)).collect(),
+            };
+            (scenario, ops.into_iter().map(|(_, op)| op).collect())
+        })
+    })
+}
+
+fn check(s: &Scenario, key: &str, cost: u64, after: bool) -> LimitCheck {
+    LimitCheck {
+        rule: 0,
+        limit: 0,
+        key: key.into(),
+        algorithm: s.algorithm,
+        per_window: s.limit,
+        quota: s.burst,
+        window_ms: s.window_ms,
+        burst: s.burst,
+        cost,
+        shadow: false,
+        budget: None,
+        lease: None,
+        after,
+    }
+}
+
+/// Usage limits: settlements (debt and give-backs) and `after` admissions agree between each
+/// script and its twin, decision by decision; and the twin keeps the usage promises: a
+/// give-back never leaves more than the full allowance, and a request refused for debt fits
+/// once its retry has passed.
+#[test]
+fn settlements_and_after_admissions_agree_with_their_twins_and_keep_their_promises() {
+    use ratelimit_core::algorithms::{evaluate_after, settle};
+    use ratelimit_core::decision::Settlement;
+    let dir = WorkDir::new("properties-usage");
+    let redis = Redis::start(&dir);
+    let conn = std::cell::RefCell::new(redis.webdis_user());
+    let sha = conn
+        .borrow_mut()
+        .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+        .unwrap()
+        .text();
+    for algorithm in METERED {
+        let mut runner = runner(60);
+        let case = std::cell::Cell::new(0u64);
+        let result = runner.run(&usage_scenario(algorithm), |(s, ops)| {
+            case.set(case.get() + 1);
+            let key = format!("rl:prop-usage:{}:{}", algorithm.name(), case.get());
+            let mut conn = conn.borrow_mut();
+            let mut state: Option<State> = None;
+            let capacity = s.burst as f64;
+            for (op, now) in ops.iter().zip(instants(&s)) {
+                let ms = unix_ms(now);
+                let at = (now - T0) / MS;
+                match *op {
+                    Usage::Settle(delta) => {
+                        let settlement = Settlement {
+                            check: check(&s, &key, 0, false),
+                            delta,
+                        };
+                        let command = DecideCall::settle(now, 0, &[settlement]).command(&sha);
+                        let items = conn.cmd(&command).expect("EVALSHA").items();
+                        prop_assert_eq!(items[3].int(), 1);
+                        if let Some(next) =
+                            settle(algorithm, state.as_ref(), params(&s, 0), delta as f64, ms)
+                        {
+                            state = Some(next);
+                        }
+                        // Never more than the full allowance, in Redis as in the twin.
+                        let whole = evaluate(algorithm, state.as_ref(), params(&s, 1), ms);
+                        prop_assert!(
+                            whole.kept_remaining <= capacity + 1e-6 * capacity.max(1.0),
+                            "at {at} ms: {whole:?}"
+                        );
+                    }
+                    Usage::Reserve(_) | Usage::After => {
+                        let after = matches!(op, Usage::After);
+                        let cost = if let Usage::Reserve(c) = op { *c } else { 50 };
+                        let c = check(&s, &key, cost, after);
+                        let command =
+                            DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&c)])
+                                .command(&sha);
+                        let items = conn.cmd(&command).expect("EVALSHA").items();
+                        let number = |i: usize| items[i].text().parse::<f64>().unwrap_or(f64::NAN);
+                        let from_redis = (items[3].int() == 1, number(4), number(5), number(6));
+                        let e = if after {
+                            evaluate_after(algorithm, state.as_ref(), params(&s, cost), ms)
+                        } else {
+                            evaluate(algorithm, state.as_ref(), params(&s, cost), ms)
+                        };
+                        let (remaining, reset, retry) = e.reply(e.allowed);
+                        let twin = (e.allowed, remaining, reset, retry);
+                        prop_assert!(
+                            from_redis.0 == twin.0
+                                && close(from_redis.1, twin.1)
+                                && close(from_redis.2, twin.2)
+                                && close(from_redis.3, twin.3),
+                            "at {at} ms, {op:?}: Lua {from_redis:?}, Rust {twin:?}"
+                        );
+                        if !e.allowed {
+                            // Retried after `retry` with no other traffic, it fits (if it can).
+                            let fits = if after { true } else { cost <= s.burst };
+                            let later_ms = ms + e.retry + 1.0;
+                            let later = if after {
+                                evaluate_after(
+                                    algorithm,
+                                    state.as_ref(),
+                                    params(&s, cost),
+                                    later_ms,
+                                )
+                            } else {
+                                evaluate(algorithm, state.as_ref(), params(&s, cost), later_ms)
+                            };
+                            prop_assert!(
+                                !fits || later.allowed,
+                                "at {at} ms, {op:?}: refused with retry {} ms, then refused again",
+                                e.retry
+                            );
+                        } else if !after {
+                            state = Some(e.charged);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        });
+        if let Err(failure) = result {
+            panic!("{}: {failure}", algorithm.name());
+        }
+    }
 }

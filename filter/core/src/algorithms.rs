@@ -60,12 +60,21 @@ pub struct Evaluation {
 }
 
 impl Evaluation {
-    /// (remaining, reset ms, retry ms) as the script replies them: charged or kept.
+    /// (remaining, reset ms, retry ms) as the script replies them: charged or kept; a
+    /// remaining below zero (debt) is replied as 0.
     pub fn reply(&self, charged: bool) -> (f64, f64, f64) {
         if charged {
-            (self.taken_remaining, self.taken_reset.ceil(), self.retry)
+            (
+                self.taken_remaining.max(0.0),
+                self.taken_reset.ceil(),
+                self.retry,
+            )
         } else {
-            (self.kept_remaining, self.kept_reset.ceil(), self.retry)
+            (
+                self.kept_remaining.max(0.0),
+                self.kept_reset.ceil(),
+                self.retry,
+            )
         }
     }
 }
@@ -78,6 +87,113 @@ pub fn evaluate(algorithm: Algorithm, state: Option<&State>, p: Params, now: f64
         Algorithm::FixedWindow => fixed_window(state, p, now),
         Algorithm::SlidingWindowCounter => sliding_window_counter(state, p, now),
         Algorithm::SlidingWindowLog => sliding_window_log(state, p, now),
+    }
+}
+
+/// Decides a usage limit in mode `after` (the script's `decide_after`): allowed while at least
+/// 1 unit is left, charging nothing: the caller keeps the state as it was (`charged` is not
+/// to be written), and the taken figures are the kept ones.
+pub fn evaluate_after(
+    algorithm: Algorithm,
+    state: Option<&State>,
+    p: Params,
+    now: f64,
+) -> Evaluation {
+    let e = evaluate(algorithm, state, Params { cost: 1.0, ..p }, now);
+    Evaluation {
+        taken_remaining: e.kept_remaining,
+        taken_reset: e.kept_reset,
+        ..e
+    }
+}
+
+/// Settles `delta` units on a usage limit (the script's `SETTLES`): the state afterwards, or
+/// None when nothing is written (a give-back on a fresh state, which is full; or a sliding
+/// window log, which takes no usage). Positive: charged without refusing (debt); negative:
+/// given back, never past the full allowance.
+pub fn settle(
+    algorithm: Algorithm,
+    state: Option<&State>,
+    p: Params,
+    delta: f64,
+    now: f64,
+) -> Option<State> {
+    match (algorithm, state) {
+        (Algorithm::SlidingWindowLog, _) => None,
+        (Algorithm::TokenBucket, state) => {
+            let rate = p.limit / p.window;
+            let (tokens, stamp) = match state {
+                Some(State::TokenBucket { tokens, ts }) if now > *ts => {
+                    (p.burst.min(tokens + (now - ts) * rate), now)
+                }
+                Some(State::TokenBucket { tokens, ts }) => (p.burst.min(*tokens), *ts),
+                _ if delta <= 0.0 => return None,
+                _ => (p.burst, now),
+            };
+            let tokens = p.burst.min(tokens - delta);
+            Some(State::TokenBucket { tokens, ts: stamp })
+        }
+        (Algorithm::Gcra, state) => {
+            let stored = match state {
+                Some(State::Gcra { tat }) => *tat,
+                _ if delta <= 0.0 => return None,
+                _ => now,
+            };
+            let interval = p.window / p.limit;
+            let tat = stored.max(now);
+            Some(State::Gcra {
+                tat: now.max(tat + delta * interval),
+            })
+        }
+        (Algorithm::FixedWindow, state) => {
+            let index = (now / p.window).floor();
+            let (index, n) = match state {
+                Some(State::FixedWindow { w, n }) => fixed_window_now(index, Some(*w), *n, p.limit),
+                _ if delta <= 0.0 => return None,
+                _ => (index, 0.0),
+            };
+            Some(State::FixedWindow {
+                w: index,
+                n: (n + delta).max(0.0),
+            })
+        }
+        (Algorithm::SlidingWindowCounter, state) => {
+            let big_w = p.window;
+            let mut index = (now / big_w).floor();
+            let (mut cur, mut prev) = match state {
+                Some(State::SlidingWindowCounter { w, cur, prev }) if index <= w + 1.0 => {
+                    if index == w + 1.0 {
+                        (0.0, *cur)
+                    } else {
+                        index = index.max(*w);
+                        (*cur, *prev)
+                    }
+                }
+                _ if delta <= 0.0 => return None,
+                _ => (0.0, 0.0),
+            };
+            if delta >= 0.0 {
+                cur += delta;
+            } else {
+                let from_cur = cur.min(-delta);
+                (cur, prev) = (cur - from_cur, (prev - (-delta - from_cur)).max(0.0));
+            }
+            Some(State::SlidingWindowCounter {
+                w: index,
+                cur,
+                prev,
+            })
+        }
+    }
+}
+
+/// The window a fixed-window decision at `index` counts in and its count: the newest window
+/// seen (a clock that went backwards stays in it); a later window starts from what debt left.
+fn fixed_window_now(index: f64, w: Option<f64>, n: f64, limit: f64) -> (f64, f64) {
+    match w {
+        None => (index, 0.0),
+        Some(w) if index > w => (index, (n - limit * (index - w)).max(0.0)),
+        Some(w) => (w, n),
     }
 }
 
@@ -148,24 +264,37 @@ fn gcra(state: Option<&State>, p: Params, now: f64) -> Evaluation {
 }
 
 fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
-    let mut index = (now / p.window).floor();
-    let mut n = 0.0;
-    if let Some(State::FixedWindow { w, n: counted }) = state {
-        if index <= *w {
-            // A clock that went backwards stays in the newest window seen.
-            index = *w;
-            n = *counted;
+    let (index, n) = match state {
+        Some(State::FixedWindow { w, n }) => {
+            fixed_window_now((now / p.window).floor(), Some(*w), *n, p.limit)
         }
-    }
+        _ => ((now / p.window).floor(), 0.0),
+    };
     let ends_in = ((index + 1.0) * p.window - now).max(0.0);
+    // Windows after this one that debt still fills.
+    let owed = ((n / p.limit).ceil() - 1.0).max(0.0);
     let allowed = n + p.cost <= p.limit;
+    // A cost above the limit never fits: the next window; debt: each window repays `limit`.
+    let windows = if p.cost > p.limit {
+        1.0
+    } else {
+        ((n + p.cost - p.limit) / p.limit).ceil().max(1.0)
+    };
     Evaluation {
         allowed,
         kept_remaining: (p.limit - n).max(0.0),
-        kept_reset: if n > 0.0 { ends_in } else { 0.0 },
+        kept_reset: if n > 0.0 {
+            ends_in + owed * p.window
+        } else {
+            0.0
+        },
         taken_remaining: p.limit - n - p.cost,
         taken_reset: ends_in,
-        retry: if allowed { 0.0 } else { ends_in.ceil() },
+        retry: if allowed {
+            0.0
+        } else {
+            (ends_in + (windows - 1.0) * p.window).ceil()
+        },
         charged: State::FixedWindow {
             w: index,
             n: n + p.cost,

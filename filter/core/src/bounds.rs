@@ -237,3 +237,11 @@ mod tests {
         assert_eq!(show_duration(Duration::from_millis(1_500)), "1500ms");
     }
 }
+
+/// Largest usage read from a response, and largest estimate, in the limit's units (10^12, as
+/// `limit`): anything above is a broken upstream, not a bill, and is taken as unreadable.
+pub const MAX_USAGE: u64 = 1_000_000_000_000;
+/// Default and largest `estimate.request.max_body`: the request body Envoy holds until it
+/// ends, counted (not copied) by the filter.
+pub const DEFAULT_MAX_BODY: u64 = 1 << 20;
+pub const MAX_MAX_BODY: u64 = 64 << 20;

@@ -37,3 +37,12 @@ pub struct Refund {
     pub charged_at_ns: u128,
     pub left: f64,
 }
+
+/// A usage limit's settlement, once its response's usage is known: the units used less what
+/// was charged before the request went upstream. Positive: charged as debt (never refused);
+/// negative: given back (never past the full allowance). See `SETTLES` in `lua/lib.lua`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settlement {
+    pub check: LimitCheck,
+    pub delta: i64,
+}

@@ -11,6 +11,7 @@ pub mod decision;
 pub mod encode;
 pub mod engine;
 pub mod expiring;
+pub mod metering;
 pub mod metrics;
 pub mod request;
 pub mod response;

@@ -64,6 +64,11 @@ stats! {
         /// undecided, a bridge reply was dropped, a timer or wake-up was skipped, or a
         /// finished request was not forgotten. Expected to stay 0.
         EngineBusy => "ratelimit_engine_busy",
+        /// Usage settlements dropped without reaching Redis: beyond the bound on those kept
+        /// for later, or a give-back whose call timed out (it may have been made).
+        UsageSettlementsLost => "ratelimit_usage_settlements_lost",
+        /// Calls settling usage limits.
+        UsageSettlementCalls => "ratelimit_usage_settlement_calls",
     }
 }
 
@@ -83,6 +88,17 @@ stats! {
         FailedClosed => "failed_closed",
         /// The bridge failed and this worker decided the limit in memory.
         FailedLocal => "failed_local",
+        /// Usage limits: units charged before the request went upstream (`reserve`).
+        UsageReserved => "usage_reserved",
+        /// Usage limits: units of usage read from responses (or the estimate where it could
+        /// not be read), the final charge of each response.
+        UsageCharged => "usage_charged",
+        /// Usage limits: reserved units given back (the usage was below the estimate).
+        UsageGivenBack => "usage_given_back",
+        /// Usage limits: units charged above the estimate (debt).
+        UsageDebt => "usage_debt",
+        /// Usage limits: responses whose usage could not be read (the estimate stands).
+        UsageUnread => "usage_unread",
     }
 }
 
@@ -175,6 +191,13 @@ impl PendingCounts {
     }
 
     pub fn add(&mut self, stat: Option<usize>) {
+        self.add_n(stat, 1);
+    }
+
+    pub fn add_n(&mut self, stat: Option<usize>, n: u64) {
+        if n == 0 {
+            return;
+        }
         let Some(i) = stat else {
             return;
         };
@@ -184,7 +207,7 @@ impl PendingCounts {
         if *count == 0 {
             self.touched.push(i);
         }
-        *count += 1;
+        *count = count.saturating_add(n);
     }
 
     /// Hands every pending count to `report` (stat, count) and forgets them.
@@ -231,7 +254,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 20);
+        assert_eq!(Counter::ALL.len(), 22);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 

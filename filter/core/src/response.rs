@@ -178,6 +178,16 @@ pub fn bad_request(message: &str) -> LocalResponse {
     }
 }
 
+/// The 413 for a request whose body is larger than a usage limit's `max_body` (its estimate
+/// is read from the body).
+pub fn body_too_large(max_body: u64) -> LocalResponse {
+    LocalResponse {
+        status: 413,
+        headers: vec![("content-type", "text/plain".to_string())],
+        body: format!("request body larger than {max_body} bytes\n"),
+    }
+}
+
 /// `Retry-After` in whole seconds, rounded up (an earlier retry would be refused again), and
 /// at least 1, since 0 invites an immediate retry.
 pub fn retry_after_secs(retry_ms: f64) -> u64 {
@@ -234,6 +244,7 @@ mod tests {
             shadow: false,
             budget: None,
             lease: None,
+            after: false,
         };
         vec![
             base.clone(),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::bounds::MAX_CALL_PATH_BYTES;
 use crate::config::{Algorithm, Bridge, Lease, OverBudget};
-use crate::decision::Refund;
+use crate::decision::{Refund, Settlement};
 use crate::encode::{path_segment, path_segment_len};
 use crate::request::plan::LimitCheck;
 
@@ -118,6 +118,12 @@ impl DecideCall {
             body.push(checks.len().to_string());
             for c in checks {
                 push_limit(&mut body, keys.index_of(&c.key), c);
+                if c.after {
+                    body.push("after".to_string());
+                    body.push("0".to_string());
+                    body.push("0".to_string());
+                    continue;
+                }
                 if let Some((units, fraction)) = lease_ask(c, ask_lease) {
                     body.push("lease".to_string());
                     body.push(units.to_string());
@@ -176,6 +182,33 @@ impl DecideCall {
             args.push("refund".to_string());
             args.push(r.charged_at_ns.to_string());
             args.push(format!("{}", r.left));
+        }
+        DecideCall {
+            keys: keys.keys,
+            args,
+        }
+    }
+
+    /// One request settling usage limits (see `lua/decide.lua`, mode `settle`): each limit is
+    /// charged its signed delta at `clock` (Unix ns), without refusing.
+    pub fn settle(clock: u128, deadline_ms: u128, settlements: &[Settlement]) -> Self {
+        let mut keys = KeyTable::default();
+        let mut args = vec![
+            clock.to_string(),
+            deadline_ms.to_string(),
+            "1".to_string(),
+            "0".to_string(),
+            settlements.len().to_string(),
+        ];
+        for s in settlements {
+            let check = LimitCheck {
+                cost: 0,
+                ..s.check.clone()
+            };
+            push_limit(&mut args, keys.index_of(&s.check.key), &check);
+            args.push("settle".to_string());
+            args.push(s.delta.to_string());
+            args.push("0".to_string());
         }
         DecideCall {
             keys: keys.keys,
@@ -245,6 +278,10 @@ pub enum ModeShape {
     Lease { units: u64 },
     /// Giving back a charge: `refund`, the clock it was charged with and what it left.
     Refund { charged_at_ns: u128, left: f64 },
+    /// A usage limit in mode `after`: `after 0 0`.
+    After,
+    /// Settling a usage limit: `settle`, the signed delta, `0` (its cost is sent as 0).
+    Settle { delta: i64 },
 }
 
 /// A limit's key budget as the size model counts it.
@@ -263,6 +300,7 @@ impl LimitShape {
     /// lease asked) sends it.
     pub fn of(check: &LimitCheck, lease_asked: Option<u64>) -> Self {
         let mode = match lease_ask(check, lease_asked) {
+            _ if check.after => ModeShape::After,
             Some((units, _)) => ModeShape::Lease { units },
             None => ModeShape::Decide {
                 shadow: check.shadow,
@@ -287,6 +325,17 @@ impl LimitShape {
                 left: refund.left,
             },
         )
+    }
+
+    /// `settlement` as [`DecideCall::settle`] sends it.
+    pub fn settle(settlement: &Settlement) -> Self {
+        let mode = ModeShape::Settle {
+            delta: settlement.delta,
+        };
+        LimitShape {
+            cost: 0,
+            ..Self::with_mode(&settlement.check, mode)
+        }
     }
 
     fn with_mode(check: &LimitCheck, mode: ModeShape) -> Self {
@@ -379,6 +428,10 @@ impl CallSize {
                 charged_at_ns,
                 left,
             } => text("refund") + number(charged_at_ns) + text(&format!("{left}")),
+            ModeShape::After => text("after") + 2 * number(0u8),
+            ModeShape::Settle { delta } => {
+                text("settle") + usize::from(delta < 0) + number(delta.unsigned_abs()) + number(0u8)
+            }
         };
         1 + limit.key
             + index
@@ -406,6 +459,15 @@ impl CallSize {
             .map(|c| self.limit_bytes(&LimitShape::of(c, lease_asked)))
             .sum();
         self.with_request(checks.len(), bytes)
+    }
+
+    /// Adds the one request of a settlement call ([`DecideCall::settle`]).
+    pub fn with_settlements(self, settlements: &[Settlement]) -> Self {
+        let bytes = settlements
+            .iter()
+            .map(|s| self.limit_bytes(&LimitShape::settle(s)))
+            .sum();
+        self.with_request(settlements.len(), bytes)
     }
 
     /// Adds the one request of a give-back call ([`DecideCall::refund`]).
@@ -516,6 +578,7 @@ mod tests {
             shadow,
             budget: None,
             lease: None,
+            after: false,
         }
     }
 

@@ -2,7 +2,9 @@
 //! can be at its worst, counted with the bridge's own size model ([`CallSize`]).
 
 use super::overlap::may_overlap;
-use super::{cluster_budget, Config, ConfigError, Cost, Limit, Rule, WhenMissing};
+use super::{
+    cluster_budget, Admit, Config, ConfigError, Cost, Limit, Rule, WhenMissing, MAX_USAGE,
+};
 use crate::bounds::{MAX_CALL_PATH_BYTES, MAX_LIMITS_PER_REQUEST};
 use crate::bridge::{BudgetShape, CallSize, LimitShape, ModeShape};
 use crate::encode::path_segment_len;
@@ -61,15 +63,29 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
         per_window: limit.limit,
         window_ms: millis(limit.window),
         burst: limit.burst,
-        cost: match &rule.cost {
-            Cost::Fixed(n) => *n,
-            Cost::Header { max, .. } => *max,
+        cost: match (&limit.usage, &rule.cost) {
+            (Some(usage), _) => usage.estimate.max(),
+            (None, Cost::Fixed(n)) => *n,
+            (None, Cost::Header { max, .. }) => *max,
         },
-        mode: ModeShape::Decide {
-            shadow: rule.shadow,
-            budget,
+        mode: match &limit.usage {
+            Some(u) if u.admit == Admit::After => ModeShape::After,
+            _ => ModeShape::Decide {
+                shadow: rule.shadow,
+                budget,
+            },
         },
     };
+    // A settlement of the limit: its delta at its largest, either sign, its cost sent as 0.
+    let settled = limit.usage.as_ref().map_or(0, |_| {
+        call.limit_bytes(&LimitShape {
+            cost: 0,
+            mode: ModeShape::Settle {
+                delta: -i64::try_from(MAX_USAGE.saturating_add(decided.cost)).unwrap_or(i64::MAX),
+            },
+            ..decided
+        })
+    });
     let leased = limit.lease.map_or(0, |lease| {
         call.limit_bytes(&LimitShape {
             mode: ModeShape::Lease {
@@ -78,7 +94,7 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
             ..decided
         })
     });
-    call.limit_bytes(&decided).max(leased)
+    call.limit_bytes(&decided).max(leased).max(settled)
 }
 
 /// Checks the bounds about one request. For each rule R, the limits of R and of every rule
@@ -403,5 +419,66 @@ format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
             accepted.push(fraction);
         }
         assert!(accepted.len() >= 4, "{accepted:?}");
+    }
+
+    /// A settlement carries a signed delta up to the largest usage where a decision carried
+    /// its cost: the worst settlement call of an accepted usage config fits too.
+    #[test]
+    fn the_worst_settlement_call_of_an_accepted_usage_config_fits() {
+        use crate::decision::Settlement;
+        let label = format!("header:x-{}", "k".repeat(MAX_KEY_SOURCE_BYTES - 9));
+        let metered = |prefix: usize| {
+            let rules: Vec<String> = (0..4)
+                .map(|i| {
+                    let limits = widest_limits(|_| format!(
+                        r#""limit": {MAX_LIMIT}, "window": "366d", "usage": {{"from": "body:usage.total_tokens", "estimate": {{"header": "x-est", "min": 1, "max": {MAX_USAGE}}}}}"#
+                    ));
+                    format!(
+                        r#"{{"name": "{i}{}", "key": {{"from": ["{label}"], "when_missing": "skip"}}, "limits": [{}]}}"#,
+                        "r".repeat(63),
+                        limits.join(", ")
+                    )
+                })
+                .collect();
+            config_json(
+                &format!(
+                    r#""hash_identities": false, "key_prefix": "{}","#,
+                    "!".repeat(prefix)
+                ),
+                &rules,
+            )
+        };
+        let prefix = (0..=64)
+            .rev()
+            .find(|&p| parse(&metered(p)).is_ok())
+            .expect("a config of 64 usage limits is accepted");
+        let c = parse(&metered(prefix)).unwrap();
+        let identity = "!".repeat(MAX_READABLE_IDENTITY);
+        let request = FakeRequest::new("GET", "/")
+            .with(&label[7..], identity.as_bytes())
+            .with("x-est", MAX_USAGE.to_string().as_bytes());
+        let p = plan(&c, &request).unwrap();
+        assert_eq!(p.checks.len(), MAX_LIMITS_PER_REQUEST);
+        for delta in [-(MAX_USAGE as i64), MAX_USAGE as i64] {
+            let settlements: Vec<Settlement> = p
+                .checks
+                .iter()
+                .map(|check| Settlement {
+                    check: check.clone(),
+                    delta,
+                })
+                .collect();
+            let clock = 10u128.pow(MAX_CLOCK_DIGITS as u32) - 1;
+            let call = DecideCall::settle(clock, clock, &settlements);
+            let path = BridgeRequest::evalsha(&c.script_sha, &call).path;
+            assert!(path.len() <= MAX_CALL_PATH_BYTES, "{} bytes", path.len());
+            let size = CallSize::new(call.keys.len(), 1, 0).with_settlements(&settlements);
+            assert!(
+                path.len() <= size.bytes(),
+                "{} > {}",
+                path.len(),
+                size.bytes()
+            );
+        }
     }
 }

@@ -18,11 +18,13 @@ mod locate;
 mod overlap;
 mod raw;
 mod rules;
+mod usage;
 mod validate;
 
 pub use overlap::may_overlap;
 pub use raw::{parse_duration, show_duration};
 pub use rules::MAX_COST;
+pub use usage::{parse_bytes, Admit, Estimate, Usage, UsageSource, MAX_USAGE};
 
 /// What a bridge failure (timeout, refused connection, bad reply) does to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -163,6 +165,8 @@ pub struct Config {
     pub budget_slot_tags: crate::slot::SlotTags,
     /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
     pub script_sha: String,
+    /// Some limit is metered by usage: streams let through are followed to their response.
+    pub metered: bool,
 }
 
 /// How a worker groups decisions into bridge calls.
@@ -363,6 +367,8 @@ pub struct Limit {
     /// Units a worker may take ahead and spend without a call (token bucket, GCRA and fixed
     /// window only).
     pub lease: Option<Lease>,
+    /// Metered by the usage read from the response (None: by the rule's cost per request).
+    pub usage: Option<Usage>,
 }
 
 /// How a worker leases units of a limit: one call charges the request and up to this many

@@ -155,6 +155,7 @@ pub(super) struct RawLimit {
     pub(super) shards: Option<u64>,
     /// As the top-level `lease`, for this limit only (`false`: none for it).
     pub(super) lease: Option<Value>,
+    pub(super) usage: Option<super::usage::RawUsage>,
 }
 
 #[derive(Debug, Deserialize)]

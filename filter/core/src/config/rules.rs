@@ -332,6 +332,16 @@ impl RawLimit {
                 "every shard holds limit / shards and burst / shards: both must be at least shards",
             ));
         }
+        let usage = match self.usage {
+            None => None,
+            Some(raw) => Some(super::usage::validate_usage(
+                raw,
+                &format!("{field}.usage"),
+                self.algorithm,
+                lease.is_some(),
+                shards,
+            )?),
+        };
         Ok(Limit {
             name: self.name,
             algorithm: self.algorithm,
@@ -340,6 +350,7 @@ impl RawLimit {
             burst,
             shards,
             lease,
+            usage,
         })
     }
 }

@@ -63,6 +63,7 @@ fn minimal_config_takes_documented_defaults() {
             burst: 10,
             shards: 1,
             lease: None,
+            usage: None,
         }]
     );
     assert_eq!(c.script_sha.len(), 40);
@@ -316,7 +317,7 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
         (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
-        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`, `lease`"),
+        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`, `lease`, `usage`"),
         (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
         (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
         (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
@@ -442,5 +443,102 @@ fn a_lease_fraction_has_at_most_six_decimals() {
     ] {
         let c = Config::parse(top(fraction).as_bytes()).unwrap();
         assert_eq!(c.rules[0].limits[0].lease.map(|l| l.fraction), Some(want));
+    }
+}
+
+/// Usage metering on a limit: the example rule of the docs, and every bad `usage`.
+#[test]
+fn usage_on_a_limit_is_read_with_its_defaults() {
+    let c = Config::parse(
+        br#"{"rules": [{"name": "llm", "match": {"path_prefix": "/v1/"}, "key": {"from": ["header:x-api-key"]},
+          "limits": [
+            {"name": "requests", "limit": 60, "window": "1m"},
+            {"name": "tokens_minute", "limit": 100000, "window": "1m",
+             "usage": {"from": "body:usage.total_tokens", "admit": "reserve",
+                       "estimate": {"request": {"completion_default": 1024}}}},
+            {"name": "tokens_day", "limit": 1000000, "window": "1d", "algorithm": "fixed_window",
+             "usage": {"from": "header:X-Usage-Tokens", "admit": "after", "estimate": 500}},
+            {"name": "by_header", "limit": 1000, "window": "1m",
+             "usage": {"from": "body:usage.completion_tokens",
+                       "estimate": {"header": "x-max", "min": 10, "max": 100}}}]}]}"#,
+    )
+    .unwrap();
+    let limits = &c.rules[0].limits;
+    assert_eq!(limits[0].usage, None);
+    assert_eq!(
+        limits[1].usage,
+        Some(Usage {
+            from: UsageSource::Body(vec!["usage".into(), "total_tokens".into()]),
+            admit: Admit::Reserve,
+            estimate: Estimate::Request {
+                completion_default: 1024,
+                max_body: 1 << 20
+            },
+        })
+    );
+    assert_eq!(
+        limits[2].usage,
+        Some(Usage {
+            from: UsageSource::Header("x-usage-tokens".into()),
+            admit: Admit::After,
+            estimate: Estimate::Fixed(500),
+        })
+    );
+    assert_eq!(
+        limits[3].usage.as_ref().map(|u| &u.estimate),
+        Some(&Estimate::Header {
+            name: "x-max".into(),
+            min: 10,
+            max: 100,
+            default: 10
+        })
+    );
+    assert_eq!(parse_bytes("512KiB"), Some(512 << 10));
+    assert_eq!(parse_bytes("3MiB"), Some(3 << 20));
+    assert_eq!(parse_bytes("100"), Some(100));
+    assert_eq!(parse_bytes("1GiB"), None);
+    assert_eq!(parse_bytes("MiB"), None);
+}
+
+#[test]
+fn bad_usage_configs_name_the_field() {
+    let usage = |algorithm: &str, extra: &str, usage: &str| {
+        with_rule(&format!(
+            r#"{{"name": "r", "limits": [{{"name": "l", "algorithm": "{algorithm}", "limit": 100, "window": "1m"{extra}, "usage": {usage}}}]}}"#
+        ))
+    };
+    let body = |usage_fields: &str| {
+        usage(
+            "token_bucket",
+            "",
+            &format!(r#"{{"from": "body:usage.total_tokens", {usage_fields}}}"#),
+        )
+    };
+    let f = "rules[0].limits[0].usage";
+    let cases: Vec<(String, String)> = vec![
+        (usage("sliding_window_log", "", r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: only token_bucket, gcra, fixed_window and sliding_window_counter limits take usage: a log keeps one entry per unit")),
+        (usage("token_bucket", r#", "lease": true"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}.lease: a usage limit takes no lease: its cost is known per request only")),
+        (usage("token_bucket", r#", "shards": 2"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: a usage limit takes no shards: its settlement must reach the shard its request was charged on")),
+        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "body:PATH" (such as "body:usage.total_tokens") or "header:NAME""#)),
+        (usage("gcra", "", r#"{"from": "body:usage..total", "estimate": 5}"#), format!("{f}.from: each segment of a usage path (dot-separated) has 1 to 64 characters")),
+        (usage("gcra", "", r#"{"from": "header:x usage", "estimate": 5}"#), format!("{f}.from: must be a header name (letters, digits and !#$%&'*+-.^_`|~)")),
+        (usage("fixed_window", "", r#"{"from": "body:u"}"#), format!("{f}.estimate: is required")),
+        (body(r#""estimate": 0"#), format!("{f}.estimate: must be between 1 and 1000000000000")),
+        (body(r#""estimate": "lots""#), format!(r#"{f}.estimate: must be a whole number, {{"header": NAME, "min": N, "max": N}} or {{"request": {{"completion_default": N, "max_body": SIZE}}}}"#)),
+        (body(r#""estimate": {"header": "x-est", "min": 1}"#), format!("{f}.estimate: an estimate taken from a header needs both min and max")),
+        (body(r#""estimate": {"header": "x-est", "min": 5, "max": 1, "default": 1}"#), format!("{f}.estimate: needs min <= max <= 1000000000000")),
+        (body(r#""estimate": {"header": "x-est", "min": 1, "max": 5, "default": 9}"#), format!("{f}.estimate.default: must be between min and max")),
+        (body(r#""estimate": {"request": {"max_body": "2GiB"}}"#), format!(r#"{f}.estimate.request.max_body: must be a size from 1B to 64MiB (such as "1MiB", "512KiB")"#)),
+        (body(r#""estimate": {"request": {"completion_default": 1000000000001}}"#), format!("{f}.estimate.request.completion_default: must be at most 1000000000000")),
+        (body(r#""estimate": {"request": {"prompt": 5}}"#), format!("{f}.estimate: unknown field `prompt`, expected `completion_default` or `max_body`")),
+        (body(r#""admit": "later", "estimate": 5"#), format!("{f}.admit: unknown variant `later`, expected `reserve` or `after`")),
+        (body(r#""estimate": 5, "read": 1"#), format!("{f}.read: unknown field `read`, expected one of `from`, `admit`, `estimate`")),
+    ];
+    for (json, want) in cases {
+        assert_eq!(
+            fixtures::parse(&json).map(|_| ()),
+            Err(want.clone()),
+            "{json}"
+        );
     }
 }

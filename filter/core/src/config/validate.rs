@@ -97,7 +97,11 @@ impl RawConfig {
             |r| &r.name,
             |raw, field| raw.validate(field, &defaults),
         )?;
+        let metered = rules
+            .iter()
+            .any(|r| r.limits.iter().any(|l| l.usage.is_some()));
         let config = Config {
+            metered,
             bridge,
             clock: self.clock,
             key_prefix: self.key_prefix,

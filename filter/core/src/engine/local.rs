@@ -3,7 +3,7 @@
 //! (`algorithms.rs`), at `local_share` of each limit and burst. With `local_share` =
 //! 1 / (replicas × workers), the fleet together lets through about what one Redis would.
 
-use crate::algorithms::{evaluate, Params, State};
+use crate::algorithms::{evaluate, evaluate_after, Params, State};
 use crate::decision::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
 use crate::request::plan::LimitCheck;
@@ -63,7 +63,12 @@ impl LocalLimits {
                     burst: c.burst as f64,
                     cost: c.cost as f64,
                 };
-                evaluate(c.algorithm, self.states.get(&c.key), p, now)
+                // A usage limit in mode `after`: admitted while a unit is left, as in Redis.
+                if c.after {
+                    evaluate_after(c.algorithm, self.states.get(&c.key), p, now)
+                } else {
+                    evaluate(c.algorithm, self.states.get(&c.key), p, now)
+                }
             })
             .collect();
         let committed = evaluations
@@ -82,7 +87,7 @@ impl LocalLimits {
                 over_budget: false,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
-            if charged {
+            if charged && !c.after {
                 self.states.insert(&c.key, expires, e.charged);
             } else if let Some(kept) = e.kept {
                 self.states.insert(&c.key, expires, kept);
@@ -117,6 +122,7 @@ mod tests {
             shadow,
             budget: None,
             lease: None,
+            after: false,
         }
     }
 

@@ -11,8 +11,9 @@
 //! The engine coordinates parts that each hold one concept: the [`queue`] (waiting requests
 //! and calls in flight), the [`breaker`], the [`refusals`] (deny cache and Redis restarts),
 //! the [`leases`] (their whole ask cycle), the cluster [`splits`], the [`policy`] (what an
-//! outcome does, the `local` failure mode), the [`tally`] (stats) and the [`delivery`] of
-//! verdicts to streams.
+//! outcome does, the `local` failure mode), the [`tally`] (stats), the [`delivery`] of
+//! verdicts to streams, and the [`settlements`] of usage limits once their response is read
+//! (with the stream-facing calls after the decision: headers, meter, end of stream).
 
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
 use queue::{Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
+use settlements::Settlements;
 use splits::{slot_groups, Split, Splits};
 use tally::Tally;
 
@@ -42,6 +44,7 @@ pub mod local;
 mod policy;
 mod queue;
 pub mod refusals;
+pub mod settlements;
 mod sightings;
 pub mod splits;
 mod tally;
@@ -67,6 +70,8 @@ pub struct Engine {
     policy: Policy,
     tally: Tally,
     delivery: Delivery,
+    /// Usage limits: the streams let through, and the settlements to send.
+    settlements: Settlements,
     /// Decision replies so far: a waiting request is asked about leases and refusals again
     /// only if one came since it was last asked (`Waiting::checked`).
     replies: u64,
@@ -130,7 +135,7 @@ impl Engine {
         }
         let Some(now) = host.now_unix_ns() else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
-            let conclusion = self.conclude(config, host, &plan, outcome, None);
+            let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
             self.tally.flush(host); // the per-rule counts with the global ones
             return Some(conclusion);
         };
@@ -155,7 +160,7 @@ impl Engine {
         self.opened(config, host, now, stalled);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
-            let conclusion = self.conclude(config, host, &plan, outcome, None);
+            let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
             self.tally.flush(host);
             return Some(conclusion);
         }
@@ -204,7 +209,7 @@ impl Engine {
         }
         let (ctx, arrived_ns, conclusion) = match member.origin {
             Origin::Stream(ctx) => {
-                let conclusion = self.conclude(config, host, &member.plan, outcome, sent);
+                let conclusion = self.conclude(config, host, ctx, &member.plan, outcome, sent);
                 (ctx, member.arrived_ns, conclusion)
             }
             // No stream to answer; a refusal still tells the next prefetch not to go.
@@ -214,7 +219,9 @@ impl Engine {
                 let Some(done) = self.splits.settle(split, part, outcome, sent, epoch) else {
                     return; // parts still out, or its stream is gone
                 };
-                let conclusion = self.conclude(config, host, &done.plan, done.outcome, done.sent);
+                let ctx = done.split.ctx;
+                let conclusion =
+                    self.conclude(config, host, ctx, &done.plan, done.outcome, done.sent);
                 if matches!(conclusion, Conclusion::Answer(_)) {
                     refund_split(config, host, &mut self.refusals, &done.split, now);
                 }
@@ -225,18 +232,27 @@ impl Engine {
             .deliver(host, ctx, conclusion, Some((arrived_ns, now)));
     }
 
-    /// What the policy makes of `outcome`, a refusal (from a call sent at `sent`) remembered.
+    /// What the policy makes of `outcome` for stream `ctx`, a refusal (from a call sent at
+    /// `sent`) remembered; a request let through waits for its usage limits' response.
     fn conclude(
         &mut self,
         config: &Config,
         host: &mut impl Host,
+        ctx: u32,
         plan: &Plan,
         outcome: Outcome,
         sent: Option<Sent>,
     ) -> Conclusion {
         self.refusals.remember(plan, &outcome, sent);
-        let tally = &mut self.tally;
-        self.policy.conclude(config, host, tally, plan, outcome)
+        let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
+        let conclusion = self
+            .policy
+            .conclude(config, host, &mut self.tally, plan, outcome);
+        if config.metered && matches!(conclusion, Conclusion::Resume(_)) {
+            self.settlements
+                .admitted(config, ctx, plan, charged, &mut self.tally);
+        }
+        conclusion
     }
 
     /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
@@ -256,6 +272,7 @@ impl Engine {
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
         self.dispatch_ready(config, host, None);
+        self.send_settlements(config, host);
         self.tally.flush(host);
     }
 
@@ -276,6 +293,9 @@ impl Engine {
                 host.report_breaker(false, &why);
             }
             return;
+        }
+        if self.settlements.owns(token) {
+            return self.settlement_reply(config, host, token, reply);
         }
         let Some(call) = self.queue.take_call(token) else {
             return;
@@ -333,6 +353,7 @@ impl Engine {
             if !self.breaker.is_open() {
                 give_back(config, host, (&mut self.leases, &mut self.refusals), now);
             }
+            self.send_settlements(config, host);
         }
         if host
             .redis_restarts(false)
@@ -341,29 +362,6 @@ impl Engine {
             host.count(Counter::DenyCacheResets);
         }
         self.tally.flush(host);
-    }
-
-    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
-    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
-        self.delivery.take_headers(ctx)
-    }
-
-    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
-    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
-    /// was made from its context: that reply is lost with the stream, so the call's slot is
-    /// freed at once and any other request on it fails by policy.
-    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        self.delivery.forget(ctx);
-        self.splits.forget(ctx);
-        if self.queue.load() == (0, 0) {
-            return; // nothing waits nor is in flight (most streams end so)
-        }
-        let orphans = self.queue.forget(ctx, &mut self.leases);
-        if !orphans.is_empty() {
-            let now = host.now_unix_ns().unwrap_or(0);
-            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
-        }
-        self.wake(config, host, None);
     }
 
     /// Sends batches while a call slot is free and requests wait, from context `from` or root.

@@ -35,6 +35,12 @@ impl Tally {
             .add(self.rule_stats.event(check.rule, check.limit, event));
     }
 
+    /// Adds `n` to `event` on a limit of a rule.
+    pub fn rule_n(&mut self, check: &LimitCheck, event: RuleEvent, n: u64) {
+        self.pending
+            .add_n(self.rule_stats.event(check.rule, check.limit, event), n);
+    }
+
     /// A new identity found the key budget of rule `rule` used up.
     pub fn budget_exceeded(&mut self, rule: usize) {
         self.pending.add(self.rule_stats.budget_exceeded(rule));

@@ -9,8 +9,8 @@ use super::identity::{label, resolve_into};
 use super::keys::{budget_counter_key, overflow_key, redis_key, shard_key};
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::config::{
-    cluster_budget, Algorithm, Config, Cost, FailureMode, KeyBudget, Lease, Limit, Match,
-    OverBudget, PathMatch, Rule,
+    cluster_budget, Admit, Algorithm, Config, Cost, Estimate, FailureMode, KeyBudget, Lease, Limit,
+    Match, OverBudget, PathMatch, Rule, MAX_USAGE,
 };
 use crate::slot::key_slot;
 
@@ -35,6 +35,10 @@ pub struct LimitCheck {
     pub budget: Option<Rc<BudgetCheck>>,
     /// How this limit's units may be leased (None: decided per request).
     pub lease: Option<Lease>,
+    /// A usage limit admitting in mode `after`: allowed while at least 1 unit is left and
+    /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot be
+    /// read.
+    pub after: bool,
 }
 
 /// What the script needs to apply a rule's key budget to one of its limits.
@@ -155,10 +159,17 @@ fn plan_into(
                 quota: limit.quota(),
                 window_ms: u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX),
                 burst: limit.shard_burst(),
-                cost,
+                cost: match &limit.usage {
+                    None => cost,
+                    Some(usage) => estimate(&usage.estimate, view)?,
+                },
                 shadow: rule.shadow,
                 budget,
                 lease: limit.lease,
+                after: limit
+                    .usage
+                    .as_ref()
+                    .is_some_and(|u| u.admit == Admit::After),
             });
         }
     }
@@ -361,6 +372,62 @@ fn matches(
             (Some(got), Some(want)) => got == want.as_bytes(),
         },
     })
+}
+
+/// Whether the decision for this request waits for its body: some rule it matches has a
+/// usage limit estimated from the request (`estimate.request`). Returns the smallest of their
+/// `max_body`; None when no body is needed (or a header it matches on is bad: the decision
+/// then answers 400 at once).
+pub fn request_body_bound(config: &Config, view: &dyn RequestView) -> Option<u64> {
+    if !config.metered {
+        return None;
+    }
+    let method = view.header(":method").unwrap_or_default();
+    let path = path_only(view.header(":path").unwrap_or_default());
+    let mut bound: Option<u64> = None;
+    for rule in &config.rules {
+        let from_body = rule
+            .limits
+            .iter()
+            .filter_map(|l| match l.usage.as_ref()?.estimate {
+                Estimate::Request { max_body, .. } => Some(max_body),
+                _ => None,
+            });
+        let Some(max_body) = from_body.min() else {
+            continue;
+        };
+        if matches(&rule.matcher, view, method, path).ok()? {
+            bound = Some(bound.map_or(max_body, |b| b.min(max_body)));
+        }
+    }
+    bound
+}
+
+/// A usage limit's cost for a request: its estimate.
+fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadRequest> {
+    match estimate {
+        Estimate::Fixed(n) => Ok(*n),
+        Estimate::Header {
+            name,
+            min,
+            max,
+            default,
+        } => {
+            let cost = Cost::Header {
+                name: name.clone(),
+                min: *min,
+                max: *max,
+                default: *default,
+            };
+            request_cost(&cost, view)
+        }
+        Estimate::Request {
+            completion_default, ..
+        } => Ok(view
+            .usage_estimate(*completion_default)
+            .unwrap_or(*completion_default)
+            .min(MAX_USAGE)),
+    }
 }
 
 fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> {
@@ -692,6 +759,66 @@ mod tests {
         assert_ne!(
             shard_key("rl:{h=a#1}:r:l", 2),
             shard_key("rl:{h=a#1#2}:r:l", 0)
+        );
+    }
+
+    /// A request's body, as the adapter counted it: `bytes` plus a `max_tokens`, if any.
+    struct WithBody(FakeRequest, u64, Option<u64>);
+
+    impl RequestView for WithBody {
+        fn header(&self, name: &str) -> Option<&[u8]> {
+            self.0.header(name)
+        }
+        fn header_copies(&self, name: &str) -> usize {
+            self.0.header_copies(name)
+        }
+        fn source_address(&self) -> Option<String> {
+            self.0.source_address()
+        }
+        fn route_name(&self) -> Option<String> {
+            self.0.route_name()
+        }
+        fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
+            Some(self.1 + self.2.unwrap_or(completion_default))
+        }
+    }
+
+    #[test]
+    fn a_usage_limit_costs_its_estimate_and_only_its_rules_hold_the_body() {
+        let c = Config::parse(
+            br#"{"rules": [
+              {"name": "llm", "match": {"path_prefix": "/v1/"}, "limits": [
+                {"name": "requests", "limit": 60, "window": "1m"},
+                {"name": "tokens", "limit": 100000, "window": "1m",
+                 "usage": {"from": "body:usage.total_tokens",
+                           "estimate": {"request": {"completion_default": 1024, "max_body": "2KiB"}}}},
+                {"name": "by_header", "limit": 1000, "window": "1m",
+                 "usage": {"from": "header:x-used", "admit": "after",
+                           "estimate": {"header": "x-est", "min": 1, "max": 50, "default": 5}}}]},
+              {"name": "other", "match": {"path_prefix": "/api/"},
+               "limits": [{"name": "l", "limit": 5, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let costs = |view: &dyn RequestView| {
+            let p = plan(&c, view).unwrap();
+            p.checks
+                .iter()
+                .map(|k| (k.cost, k.after))
+                .collect::<Vec<_>>()
+        };
+        let chat = FakeRequest::new("POST", "/v1/chat").with("x-est", b"7");
+        assert_eq!(costs(&chat), [(1, false), (1024, false), (7, true)]);
+        let counted = WithBody(chat.clone(), 300, Some(50));
+        assert_eq!(costs(&counted), [(1, false), (350, false), (7, true)]);
+        let defaulted = WithBody(chat, 300, None);
+        assert_eq!(costs(&defaulted)[1], (1324, false));
+        assert_eq!(
+            request_body_bound(&c, &FakeRequest::new("POST", "/v1/x")),
+            Some(2048)
+        );
+        assert_eq!(
+            request_body_bound(&c, &FakeRequest::new("POST", "/api/x")),
+            None
         );
     }
 }

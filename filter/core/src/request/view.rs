@@ -14,6 +14,13 @@ pub trait RequestView {
     fn source_address(&self) -> Option<String>;
     /// The name of the route Envoy picked, if it has one.
     fn route_name(&self) -> Option<String>;
+    /// The estimate of a usage limit with `estimate.request` whose completion default is
+    /// `completion_default`, read from the request body (None: no body was read; the estimate
+    /// is then the completion default alone).
+    fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
+        let _ = completion_default;
+        None
+    }
 }
 
 /// The first copy of header `name` in a request's whole header map as the host reads it

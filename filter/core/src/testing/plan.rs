@@ -20,6 +20,7 @@ pub fn token_bucket_check(key: &str) -> LimitCheck {
         shadow: false,
         budget: None,
         lease: None,
+        after: false,
     }
 }
 

@@ -21,8 +21,7 @@ pub use header::usage_from_header;
 use event_stream::Events;
 use json::{Doc, Path, Scanner};
 
-/// The largest usage accepted (10^12): anything above is a broken upstream, not a bill.
-pub const MAX_USAGE: u64 = 1_000_000_000_000;
+pub use crate::bounds::MAX_USAGE;
 /// Nesting deeper than this is refused (`too_deep`): the scanner keeps one bit per level.
 pub const MAX_DEPTH: u8 = 64;
 /// A usage path has 1 to 8 segments of 1 to 64 bytes of `[A-Za-z0-9_-]`.

@@ -520,6 +520,8 @@ fn estimate(body: &str, max_body: u64, default: u64) -> Result<u64, EstimateErro
         bytes.feed(std::slice::from_ref(b));
     }
     assert_eq!(bytes.finish(default), one, "{body}");
+    // The adapter asks once per usage limit of the request, each with its own default.
+    assert_eq!(whole.finish(default), one, "{body}: asked again");
     one
 }
 

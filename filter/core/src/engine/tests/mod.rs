@@ -15,6 +15,7 @@ mod breaker;
 mod cluster;
 mod leases;
 mod refusals;
+mod usage;
 
 use crate::engine::leases::EARN;
 

@@ -1,0 +1,238 @@
+//! A limit metered by usage read from the response (`usage` on a limit): where the usage is
+//! read, how a request is admitted, and what is charged before the usage is known.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::fields::check_header_name;
+use super::{invalid, Algorithm, ConfigError};
+use crate::usage::parse_usage_path;
+
+pub use crate::bounds::{DEFAULT_MAX_BODY, MAX_MAX_BODY, MAX_USAGE};
+
+/// How a limit is metered by usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    pub from: UsageSource,
+    pub admit: Admit,
+    pub estimate: Estimate,
+}
+
+/// Where a response's usage is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsageSource {
+    /// A dotted JSON path in the response body (`application/json`, or the `data:` events of
+    /// `text/event-stream`).
+    Body(Vec<String>),
+    /// A response header (lower-case name) holding a whole number.
+    Header(String),
+}
+
+/// How a request is admitted on a usage limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admit {
+    /// Charge the estimate up front (all or nothing with the rule's other limits), then settle
+    /// the difference once the usage is known.
+    #[default]
+    Reserve,
+    /// Admit while at least 1 unit is left, charge the usage once known.
+    After,
+}
+
+/// What a request is charged before its usage is known (`reserve`), or when its usage
+/// cannot be read (both modes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Estimate {
+    Fixed(u64),
+    /// A request header holding a whole number in `min..=max`; absent: `default`.
+    Header {
+        name: String,
+        min: u64,
+        max: u64,
+        default: u64,
+    },
+    /// The request body's bytes plus its `max_completion_tokens`, else `max_tokens`, else
+    /// `completion_default`; a body over `max_body` bytes is refused (413).
+    Request {
+        completion_default: u64,
+        max_body: u64,
+    },
+}
+
+impl Estimate {
+    /// The largest estimate a request can have.
+    pub fn max(&self) -> u64 {
+        match self {
+            Estimate::Fixed(n) => *n,
+            Estimate::Header { max, .. } => *max,
+            // The client's max_tokens is bounded only by the largest usage.
+            Estimate::Request { .. } => MAX_USAGE,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUsage {
+    from: String,
+    #[serde(default)]
+    admit: Admit,
+    estimate: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEstimateHeader {
+    header: String,
+    min: Option<u64>,
+    max: Option<u64>,
+    default: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequestEstimate {
+    request: RawRequestFields,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequestFields {
+    completion_default: Option<u64>,
+    max_body: Option<String>,
+}
+
+/// A byte size: a whole number with an optional unit `B`, `KiB` or `MiB`.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
+/// The limit's `usage`, checked against its algorithm and its other settings.
+pub(super) fn validate_usage(
+    raw: RawUsage,
+    field: &str,
+    algorithm: Algorithm,
+    leased: bool,
+    shards: u64,
+) -> Result<Usage, ConfigError> {
+    if algorithm == Algorithm::SlidingWindowLog {
+        return Err(invalid(
+            field,
+            "only token_bucket, gcra, fixed_window and sliding_window_counter limits take usage: a log keeps one entry per unit",
+        ));
+    }
+    if leased {
+        return Err(invalid(
+            &format!("{field}.lease"),
+            "a usage limit takes no lease: its cost is known per request only",
+        ));
+    }
+    if shards > 1 {
+        return Err(invalid(
+            field,
+            "a usage limit takes no shards: its settlement must reach the shard its request was charged on",
+        ));
+    }
+    let from_field = format!("{field}.from");
+    let from = if let Some(path) = raw.from.strip_prefix("body:") {
+        UsageSource::Body(parse_usage_path(path).map_err(|e| invalid(&from_field, e))?)
+    } else if let Some(name) = raw.from.strip_prefix("header:") {
+        UsageSource::Header(check_header_name(name, &from_field)?)
+    } else {
+        return Err(invalid(
+            &from_field,
+            r#"must be "body:PATH" (such as "body:usage.total_tokens") or "header:NAME""#,
+        ));
+    };
+    let estimate_field = format!("{field}.estimate");
+    let Some(estimate) = raw.estimate else {
+        return Err(invalid(&estimate_field, "is required"));
+    };
+    let estimate = validate_estimate(estimate, &estimate_field)?;
+    Ok(Usage {
+        from,
+        admit: raw.admit,
+        estimate,
+    })
+}
+
+fn validate_estimate(value: Value, field: &str) -> Result<Estimate, ConfigError> {
+    let range = format!("must be between 1 and {MAX_USAGE}");
+    if let Some(n) = value.as_u64() {
+        if !(1..=MAX_USAGE).contains(&n) {
+            return Err(invalid(field, range));
+        }
+        return Ok(Estimate::Fixed(n));
+    }
+    let shape = r#"must be a whole number, {"header": NAME, "min": N, "max": N} or {"request": {"completion_default": N, "max_body": SIZE}}"#;
+    let Some(object) = value.as_object() else {
+        return Err(invalid(field, shape));
+    };
+    if object.contains_key("request") {
+        let raw: RawRequestEstimate =
+            serde_json::from_value(value).map_err(|e| invalid(field, e.to_string()))?;
+        let completion_default = raw.request.completion_default.unwrap_or(1024);
+        if completion_default > MAX_USAGE {
+            return Err(invalid(
+                &format!("{field}.request.completion_default"),
+                format!("must be at most {MAX_USAGE}"),
+            ));
+        }
+        let max_body = match raw.request.max_body {
+            None => DEFAULT_MAX_BODY,
+            Some(text) => match parse_bytes(&text) {
+                Some(n) if (1..=MAX_MAX_BODY).contains(&n) => n,
+                _ => {
+                    return Err(invalid(
+                        &format!("{field}.request.max_body"),
+                        "must be a size from 1B to 64MiB (such as \"1MiB\", \"512KiB\")",
+                    ))
+                }
+            },
+        };
+        return Ok(Estimate::Request {
+            completion_default,
+            max_body,
+        });
+    }
+    if !object.contains_key("header") {
+        return Err(invalid(field, shape));
+    }
+    let raw: RawEstimateHeader =
+        serde_json::from_value(value).map_err(|e| invalid(field, e.to_string()))?;
+    let name = check_header_name(&raw.header, &format!("{field}.header"))?;
+    let (Some(min), Some(max)) = (raw.min, raw.max) else {
+        return Err(invalid(
+            field,
+            "an estimate taken from a header needs both min and max",
+        ));
+    };
+    if min > max || max > MAX_USAGE {
+        return Err(invalid(field, format!("needs min <= max <= {MAX_USAGE}")));
+    }
+    let default = raw.default.unwrap_or(min);
+    if !(min..=max).contains(&default) {
+        return Err(invalid(
+            &format!("{field}.default"),
+            "must be between min and max",
+        ));
+    }
+    Ok(Estimate::Header {
+        name,
+        min,
+        max,
+        default,
+    })
+}
