@@ -20,7 +20,8 @@
 //! The request body is read by its `Content-Length` or chunked; `stream` and
 //! `stream_options.include_usage` are taken from it as OpenAI does: a stream carries a usage
 //! chunk (`choices: []`) before `data: [DONE]` only when `include_usage` is true, and then
-//! every other chunk has `"usage": null`.
+//! every other chunk has `"usage": null`. A request body that is not JSON is answered 400,
+//! another path 404 (neither is logged as an answer).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -124,7 +125,8 @@ impl Shape {
 /// What the server reported, for one API key or for all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Served {
-    /// Sum of the valid usages reported (in the body or in [`USAGE_RESPONSE_HEADER`]).
+    /// Sum of the valid usages reported (in the body or in [`USAGE_RESPONSE_HEADER`]),
+    /// whatever the answer's status (`x-test-status`).
     pub sum: u64,
     /// Answers that reported a valid usage.
     pub count: u64,
