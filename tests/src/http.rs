@@ -198,3 +198,187 @@ pub fn read_kept(conn: &mut BufReader<TcpStream>) -> std::io::Result<Kept> {
         decided,
     })
 }
+
+/// Part of a response body as it arrived: one HTTP chunk of a chunked body (the rest of a
+/// chunk cut short by a close), or the whole body otherwise.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub at: std::time::Instant,
+    pub data: Vec<u8>,
+}
+
+/// A response read part by part, each part with the time it arrived: a stream's events are
+/// seen as they come (`text/event-stream` answers are one event per chunk).
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    pub status: u16,
+    /// Lower-case names.
+    pub headers: Vec<(String, String)>,
+    pub chunks: Vec<Arrival>,
+    /// The body ended as its framing says (last chunk, `Content-Length` bytes, or the close
+    /// of a body without either); false if the connection closed before.
+    pub complete: bool,
+}
+
+impl Streamed {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body, chunks joined.
+    pub fn body(&self) -> Vec<u8> {
+        self.chunks.iter().flat_map(|c| c.data.clone()).collect()
+    }
+}
+
+/// `POST path` (`Connection: close`) and the answer read part by part.
+pub fn post_streamed(
+    port: u16,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+) -> std::io::Result<Streamed> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req =
+        format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n").into_bytes();
+    for (name, value) in headers {
+        req.extend_from_slice(name.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+    req.extend_from_slice(body);
+    stream.write_all(&req)?;
+    read_streamed(&mut BufReader::new(stream))
+}
+
+/// Reads one response off `conn` part by part, leaving a keep-alive connection at the next
+/// response. Err if the connection closed (or broke) before the end of the headers; a body
+/// cut short is returned with `complete` false.
+pub fn read_streamed(conn: &mut BufReader<TcpStream>) -> std::io::Result<Streamed> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    if conn.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed before the status line",
+        ));
+    }
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if conn.read_line(&mut line)? == 0 {
+            return Err(bad("connection closed in the headers"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+    }
+    let mut out = Streamed {
+        status,
+        headers,
+        chunks: Vec::new(),
+        complete: false,
+    };
+    let chunked = out
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    if chunked {
+        loop {
+            line.clear();
+            if conn.read_line(&mut line).unwrap_or(0) == 0 {
+                return Ok(out);
+            }
+            let size = line.trim().split(';').next().unwrap_or_default();
+            let size = usize::from_str_radix(size.trim(), 16).map_err(|_| bad("chunk size"))?;
+            if size == 0 {
+                // Trailers, up to the blank line.
+                loop {
+                    line.clear();
+                    if conn.read_line(&mut line).unwrap_or(0) == 0 {
+                        return Ok(out);
+                    }
+                    if line.trim_end().is_empty() {
+                        out.complete = true;
+                        return Ok(out);
+                    }
+                }
+            }
+            let (data, whole) = read_up_to(conn, size);
+            out.chunks.push(Arrival {
+                at: std::time::Instant::now(),
+                data,
+            });
+            let mut crlf = [0u8; 2];
+            if !whole || conn.read_exact(&mut crlf).is_err() {
+                return Ok(out);
+            }
+        }
+    }
+    let length = out.header("content-length").map(str::parse::<usize>);
+    let (data, complete) = match length {
+        Some(Ok(length)) => read_up_to(conn, length),
+        Some(Err(_)) => return Err(bad("bad content-length")),
+        None => {
+            let mut data = Vec::new();
+            let whole = conn.read_to_end(&mut data).is_ok();
+            (data, whole)
+        }
+    };
+    if !data.is_empty() {
+        out.chunks.push(Arrival {
+            at: std::time::Instant::now(),
+            data,
+        });
+    }
+    out.complete = complete;
+    Ok(out)
+}
+
+/// Up to `n` bytes, and whether all `n` came before the connection closed or broke.
+fn read_up_to(conn: &mut impl Read, n: usize) -> (Vec<u8>, bool) {
+    let mut data = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        match conn.read(&mut data[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => got += k,
+        }
+    }
+    data.truncate(got);
+    (data, got == n)
+}
+
+/// The data of each complete event of a `text/event-stream` body (events end with a blank
+/// line; the `data:` lines of one event joined with a newline, as the SSE spec says).
+pub fn sse_data(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
+    let mut events: Vec<&str> = text.split("\n\n").collect();
+    // What follows the last blank line is an event not ended.
+    events.pop();
+    events
+        .into_iter()
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}

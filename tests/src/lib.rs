@@ -1,12 +1,14 @@
 //! Test harness: starts real Redis, Webdis, Envoy and Prometheus processes on free loopback
 //! ports from the project's shipped configs, polls them until ready, and stops them by PID when
 //! dropped. `cluster` does the same for a Redis Cluster behind Envoy's redis_proxy.
-//! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates.
+//! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates,
+//! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose.
 
 pub mod cluster;
 pub mod flood;
 pub mod http;
 pub mod keys;
+pub mod llm;
 pub mod procs;
 pub mod prometheus;
 pub mod resp;
@@ -14,6 +16,7 @@ pub mod sf;
 
 pub use http::{get, Response};
 pub use keys::Keys;
+pub use llm::LlmUpstream;
 pub use procs::{Envoy, Redis, Stack, Webdis, WorkDir};
 pub use prometheus::Prometheus;
 pub use resp::{RedisConn, Resp};

@@ -507,6 +507,7 @@ fn shipped_envoy_configs_validate() {
             "cluster/envoy.yaml",
             "envoy.yaml",
             "examples/internal_shadow.yaml",
+            "examples/llm_tokens.yaml",
             "examples/login_per_ip.yaml",
             "examples/public_api_tiers.yaml",
             "examples/remote_module.yaml"

@@ -783,3 +783,117 @@ fn keys_can_combine_route_method_and_path() {
     );
     assert_eq!(s.redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
 }
+
+/// envoy/examples/llm_tokens.yaml in front of the tests' OpenAI-compatible upstream
+/// (e2e::llm), validated as shipped and started patient: answers and streams pass through
+/// (a stream is not held back: its first event reaches the client before its last is sent),
+/// the key is the `Authorization` header, 60 requests a minute per key, and a key whose
+/// answers used its minute's tokens is refused while another key is not.
+#[test]
+fn example_llm_tokens() {
+    use e2e::http::{post_streamed, sse_data, Streamed};
+    use e2e::llm::{chat_request, Served, EVENTS, EVENT_DELAY, USAGE};
+    use e2e::LlmUpstream;
+
+    let name = "llm_tokens.yaml";
+    let file = root().join("envoy/examples").join(name);
+    let (ok, output) = validate_config(&root(), &file);
+    assert!(ok, "{name} does not validate:\n{output}");
+    let upstream = LlmUpstream::start();
+    let dir = WorkDir::new(&format!("example-{name}"));
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let to_upstream = format!("port_value: {} }}", upstream.port);
+    let mut edits = PATIENT.to_vec();
+    edits.push(("port_value: 8000 }", &to_upstream));
+    let envoy = Envoy::start_file_with(&dir, &file, webdis.port, &edits);
+    let chat = |key: &str, extra: &[(&str, &[u8])], stream: bool| -> Streamed {
+        let auth = format!("Bearer {key}");
+        let mut headers: Vec<(&str, &[u8])> = vec![("authorization", auth.as_bytes())];
+        headers.extend_from_slice(extra);
+        let body = chat_request("Say hello.", stream, Some(100));
+        post_streamed(envoy.port, "/v1/chat/completions", &headers, &body)
+            .expect("an answer through envoy")
+    };
+
+    // A JSON answer, as the upstream sent it.
+    let r = chat("sk-json", &[(USAGE, b"50")], false);
+    assert_eq!(r.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&r.body()).expect("JSON");
+    assert_eq!(v["usage"]["total_tokens"], 50);
+    assert_eq!(
+        upstream.served_for("sk-json"),
+        Served {
+            sum: 50,
+            count: 1,
+            unreported: 0
+        }
+    );
+    // A stream of 4 content events, the usage and [DONE], 300 ms apart.
+    let r = chat(
+        "sk-stream",
+        &[(USAGE, b"70"), (EVENTS, b"4"), (EVENT_DELAY, b"300")],
+        true,
+    );
+    assert!(r.complete, "the stream ended early");
+    let data = sse_data(&r.body());
+    assert_eq!(data.len(), 6, "{data:?}");
+    assert!(data[4].contains(r#""total_tokens":70"#), "{}", data[4]);
+    assert_eq!(data[5], "[DONE]");
+    let arrived = |needle: &str| {
+        r.chunks
+            .iter()
+            .find(|c| String::from_utf8_lossy(&c.data).contains(needle))
+            .map(|c| c.at)
+            .unwrap_or_else(|| panic!("no chunk holds {needle}"))
+    };
+    let spread = arrived("[DONE]") - arrived("data: {");
+    assert!(
+        spread >= Duration::from_millis(1000),
+        "the first event came only {spread:?} before the last: the stream was held back"
+    );
+
+    // 60 requests a minute per key (a token bucket refilling one a second while they go).
+    let started = std::time::Instant::now();
+    let mut admitted = 0u64;
+    while chat("sk-requests", &[(USAGE, b"1")], false).status == 200 {
+        admitted += 1;
+        assert!(admitted < 200, "the request limit never refused");
+    }
+    let refilled = started.elapsed().as_secs() + 1;
+    assert!(
+        (60..=60 + refilled).contains(&admitted),
+        "{admitted} requests admitted in {:?}",
+        started.elapsed()
+    );
+
+    // Tokens: two answers of 60,000 use the key's 100,000 a minute. The second one's usage is
+    // settled after its answer, so cheap requests may still pass until it lands; then the
+    // key is refused (long before its 60 requests) and nothing more reaches the upstream.
+    for _ in 0..2 {
+        assert_eq!(chat("sk-tokens", &[(USAGE, b"60000")], false).status, 200);
+    }
+    let mut cheap = 0u64;
+    let refusal = loop {
+        let r = chat("sk-tokens", &[(USAGE, b"1")], false);
+        if r.status != 200 {
+            break r;
+        }
+        cheap += 1;
+        assert!(cheap < 50, "the key's tokens were never refused");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(refusal.status, 429);
+    let retry: u64 = refusal
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!((1..=60).contains(&retry), "Retry-After: {retry}");
+    let served = upstream.served_for("sk-tokens");
+    assert_eq!(served.count, 2 + cheap);
+    assert_eq!(served.sum, 120_000 + cheap);
+    // Another key is not affected.
+    assert_eq!(chat("sk-other", &[(USAGE, b"1")], false).status, 200);
+    // Only POST /v1/ is metered and routed; anything else is 404 here.
+    assert_eq!(envoy.send("/", &[]).status, 404);
+}

@@ -1,0 +1,1256 @@
+//! A small OpenAI-compatible upstream for the usage tests and the bench: `POST
+//! /v1/chat/completions` and `POST /v1/completions` on a free loopback port, HTTP/1.1 with
+//! keep-alive, a thread per connection, stopped (every thread joined, every socket closed)
+//! when dropped.
+//!
+//! Each answer carries a usage the test chose, and the server keeps a log of every usage it
+//! reported, per API key, so a test can compare what the upstream reported with what Redis
+//! charged. Request headers select the answer:
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-test-usage: N` | total tokens N, split `prompt = N / 4`, `completion = N - prompt`; default [`DEFAULT_USAGE`] |
+//! | `x-test-usage-random: SEED` | a pseudo-random total from the seed and the server's request counter, in `x-test-usage-range: LO-HI` (default [`DEFAULT_RANGE`]) |
+//! | `x-test-shape: NAME` | a bad answer, see [`Shape`] |
+//! | `x-test-pad: BYTES` | a JSON string field of BYTES bytes before `usage` (a body larger than a read bound) |
+//! | `x-test-events: N` | content events of a stream (default [`DEFAULT_EVENTS`]) |
+//! | `x-test-event-delay-ms: MS` | a pause before each event after the first |
+//! | `x-test-status: CODE` | the answer's status code (the body as for 200) |
+//!
+//! The request body is read by its `Content-Length` or chunked; `stream` and
+//! `stream_options.include_usage` are taken from it as OpenAI does: a stream carries a usage
+//! chunk (`choices: []`) before `data: [DONE]` only when `include_usage` is true, and then
+//! every other chunk has `"usage": null`. A request body that is not JSON is answered 400,
+//! another path 404 (neither is logged as an answer).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Total tokens of an answer when the request names none.
+pub const DEFAULT_USAGE: u64 = 100;
+/// Range of `x-test-usage-random` when the request gives no `x-test-usage-range`.
+pub const DEFAULT_RANGE: (u64, u64) = (1, 1000);
+/// Content events of a stream when the request gives no `x-test-events`.
+pub const DEFAULT_EVENTS: u32 = 3;
+/// The response header of [`Shape::Header`], holding the total tokens.
+pub const USAGE_RESPONSE_HEADER: &str = "x-usage-tokens";
+/// Request headers the server reads.
+pub const USAGE: &str = "x-test-usage";
+pub const USAGE_RANDOM: &str = "x-test-usage-random";
+pub const USAGE_RANGE: &str = "x-test-usage-range";
+pub const SHAPE: &str = "x-test-shape";
+pub const PAD: &str = "x-test-pad";
+pub const EVENTS: &str = "x-test-events";
+pub const EVENT_DELAY: &str = "x-test-event-delay-ms";
+pub const STATUS: &str = "x-test-status";
+/// The model named in answers when the request names none.
+pub const MODEL: &str = "gpt-test";
+/// A request body larger than this is refused (413): the server holds bodies whole.
+const MAX_REQUEST_BODY: usize = 64 << 20;
+/// The value of [`Shape::Huge`]: 10^20, past u64.
+const HUGE: &str = "100000000000000000000";
+
+/// A bad answer, chosen by `x-test-shape: NAME` (NAME is [`Shape::name`]). None of them
+/// reports a usage to the log except [`Shape::Header`], whose usage is valid but sent in the
+/// response header [`USAGE_RESPONSE_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// No `usage` key at all (and no usage chunk in a stream).
+    Missing,
+    /// `"usage": null`.
+    Null,
+    /// `total_tokens` negative (the other fields too).
+    Negative,
+    /// `total_tokens` with a fraction (`N.5`).
+    Fractional,
+    /// `total_tokens` 10^20, past what any counter holds.
+    Huge,
+    /// `total_tokens` a string (`"N"`).
+    Text,
+    /// `total_tokens` twice in the usage object: N, then 1.
+    Duplicate,
+    /// A body (or every event's data) that is not JSON, with the same content type.
+    NotJson,
+    /// The connection closed in the middle of the usage event (after its `total_tokens`
+    /// value, before the event ends), or in the middle of a JSON body.
+    Cut,
+    /// The usage in the response header [`USAGE_RESPONSE_HEADER`], none in the body.
+    Header,
+    /// The connection closed once the request is read, before any byte of an answer.
+    Reset,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 11] = [
+        Shape::Missing,
+        Shape::Null,
+        Shape::Negative,
+        Shape::Fractional,
+        Shape::Huge,
+        Shape::Text,
+        Shape::Duplicate,
+        Shape::NotJson,
+        Shape::Cut,
+        Shape::Header,
+        Shape::Reset,
+    ];
+
+    /// The value of `x-test-shape` that selects it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Missing => "missing",
+            Shape::Null => "null",
+            Shape::Negative => "negative",
+            Shape::Fractional => "fractional",
+            Shape::Huge => "huge",
+            Shape::Text => "string",
+            Shape::Duplicate => "duplicate",
+            Shape::NotJson => "not-json",
+            Shape::Cut => "cut",
+            Shape::Header => "header",
+            Shape::Reset => "reset",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// What the server reported, for one API key or for all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Sum of the valid usages reported (in the body or in [`USAGE_RESPONSE_HEADER`]),
+    /// whatever the answer's status (`x-test-status`).
+    pub sum: u64,
+    /// Answers that reported a valid usage.
+    pub count: u64,
+    /// Answers that reported none, or an invalid one (a [`Shape`], a stream without
+    /// `include_usage`).
+    pub unreported: u64,
+}
+
+#[derive(Default)]
+struct Log {
+    all: Served,
+    by_key: HashMap<String, Served>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    /// Numbers answers: the seed of random usages and the ids.
+    counter: AtomicU64,
+    requests: AtomicU64,
+    chunked_requests: AtomicU64,
+    log: Mutex<Log>,
+    /// A clone of each open connection, to shut it down when the server stops.
+    open: Mutex<HashMap<u64, TcpStream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The upstream. Dropping it stops it: the accept loop ends, every open connection is shut
+/// down and every thread joined.
+pub struct LlmUpstream {
+    pub port: u16,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl LlmUpstream {
+    /// Starts it on a free loopback port; it accepts connections when this returns.
+    pub fn start() -> LlmUpstream {
+        let (listener, port) = bind_free();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            counter: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            chunked_requests: AtomicU64::new(0),
+            log: Mutex::new(Log::default()),
+            open: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+        });
+        let s = shared.clone();
+        let accept = std::thread::spawn(move || accept_loop(listener, s));
+        LlmUpstream {
+            port,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    /// What it reported, all keys together.
+    pub fn served(&self) -> Served {
+        lock(&self.shared.log).all
+    }
+
+    /// What it reported to requests with API key `key`: the `x-api-key` header, else the
+    /// `Authorization` header without its `Bearer ` prefix.
+    pub fn served_for(&self, key: &str) -> Served {
+        lock(&self.shared.log)
+            .by_key
+            .get(key)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Requests read, whatever their answer.
+    pub fn requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests whose body came chunked.
+    pub fn chunked_requests(&self) -> u64 {
+        self.shared.chunked_requests.load(Ordering::SeqCst)
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        lock(&self.shared.open).len()
+    }
+}
+
+impl Drop for LlmUpstream {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop, which then sees `stop`.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+        for conn in lock(&self.shared.open).values() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *lock(&self.shared.threads));
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A listener on a free loopback port (another process may take the port `free_port` found
+/// before the bind: then another one).
+fn bind_free() -> (TcpListener, u16) {
+    for _ in 0..20 {
+        let port = crate::free_port();
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return (listener, port);
+        }
+    }
+    panic!("no free loopback port for the LLM upstream");
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut next_id = 0u64;
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(stream) = stream else { continue };
+        let Ok(clone) = stream.try_clone() else {
+            continue;
+        };
+        next_id += 1;
+        let id = next_id;
+        lock(&shared.open).insert(id, clone);
+        let s = shared.clone();
+        let thread = std::thread::spawn(move || {
+            // A connection that breaks ends its thread: nothing to report.
+            let _ = serve(stream, &s);
+            lock(&s.open).remove(&id);
+        });
+        let mut threads = lock(&shared.threads);
+        threads.retain(|t| !t.is_finished());
+        threads.push(thread);
+    }
+}
+
+/// One request as read off the connection.
+struct Request {
+    method: String,
+    path: String,
+    /// Lower-case names.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn number(&self, name: &str) -> Option<u64> {
+        self.header(name).and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The API key the log is kept under.
+    fn key(&self) -> Option<String> {
+        if let Some(key) = self.header("x-api-key") {
+            return Some(key.to_string());
+        }
+        let auth = self.header("authorization")?;
+        Some(auth.strip_prefix("Bearer ").unwrap_or(auth).to_string())
+    }
+}
+
+fn bad_input(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// Serves requests off one connection until the client closes it or asks to.
+fn serve(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    loop {
+        let Some(request) = read_request(&mut reader, &mut writer, shared)? else {
+            return Ok(());
+        };
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let close = request
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if !answer(&request, &mut writer, shared)? || close {
+            return Ok(());
+        }
+    }
+}
+
+/// Reads one request; None when the client closed the connection between requests.
+fn read_request(
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    shared: &Shared,
+) -> std::io::Result<Option<Request>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+        return Err(bad_input("bad request line"));
+    };
+    let (method, path) = (method.to_string(), path.to_string());
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(bad_input("connection closed in the headers"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+    }
+    let mut request = Request {
+        method,
+        path,
+        headers,
+        body: Vec::new(),
+    };
+    if request
+        .header("expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+    {
+        writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+    }
+    let chunked = request
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    if chunked {
+        request.body = read_chunked(reader)?;
+        shared.chunked_requests.fetch_add(1, Ordering::SeqCst);
+    } else if let Some(length) = request.number("content-length") {
+        let length = usize::try_from(length).map_err(|_| bad_input("content-length"))?;
+        if length > MAX_REQUEST_BODY {
+            return Err(bad_input("request body too large"));
+        }
+        request.body = vec![0; length];
+        reader.read_exact(&mut request.body)?;
+    }
+    shared.requests.fetch_add(1, Ordering::SeqCst);
+    Ok(Some(request))
+}
+
+/// A chunked body, decoded (chunk extensions and trailers ignored).
+fn read_chunked(reader: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(bad_input("connection closed in a chunked body"));
+        }
+        let size = line.trim().split(';').next().unwrap_or_default();
+        let size = usize::from_str_radix(size.trim(), 16).map_err(|_| bad_input("chunk size"))?;
+        if size == 0 {
+            // Trailers, up to the blank line.
+            loop {
+                line.clear();
+                if reader.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
+                    return Ok(body);
+                }
+            }
+        }
+        if body.len() + size > MAX_REQUEST_BODY {
+            return Err(bad_input("request body too large"));
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        reader.read_exact(&mut body[start..])?;
+        let mut crlf = [0u8; 2];
+        reader.read_exact(&mut crlf)?;
+    }
+}
+
+/// The endpoint a request is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// Everything an answer is made of.
+struct Plan {
+    endpoint: Endpoint,
+    id: String,
+    model: String,
+    usage: u64,
+    shape: Option<Shape>,
+    pad: usize,
+    events: u32,
+    delay: Duration,
+    status: u16,
+}
+
+/// Answers one request; false if the connection must close after it.
+fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::Result<bool> {
+    let endpoint = match (request.method.as_str(), request.path.split('?').next()) {
+        ("POST", Some("/v1/chat/completions")) => Endpoint::Chat,
+        ("POST", Some("/v1/completions")) => Endpoint::Completions,
+        _ => {
+            write_json(out, 404, &[], &error_body("no such endpoint"))?;
+            return Ok(true);
+        }
+    };
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(&request.body) else {
+        write_json(out, 400, &[], &error_body("the request body is not JSON"))?;
+        return Ok(true);
+    };
+    let stream = json["stream"].as_bool().unwrap_or(false);
+    let include_usage = json["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
+    let n = shared.counter.fetch_add(1, Ordering::SeqCst);
+    let shape = request.header(SHAPE).and_then(Shape::from_name);
+    let plan = Plan {
+        endpoint,
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-test-{n}"),
+            Endpoint::Completions => format!("cmpl-test-{n}"),
+        },
+        model: json["model"].as_str().unwrap_or(MODEL).to_string(),
+        usage: chosen_usage(request, n),
+        shape,
+        pad: request
+            .number(PAD)
+            .and_then(|p| usize::try_from(p).ok())
+            .unwrap_or(0),
+        events: request
+            .number(EVENTS)
+            .and_then(|e| u32::try_from(e).ok())
+            .unwrap_or(DEFAULT_EVENTS)
+            .max(1),
+        delay: Duration::from_millis(request.number(EVENT_DELAY).unwrap_or(0)),
+        status: request
+            .number(STATUS)
+            .and_then(|s| u16::try_from(s).ok())
+            .filter(|s| (200..600).contains(s))
+            .unwrap_or(200),
+    };
+    if shape == Some(Shape::Reset) {
+        record(shared, request, None);
+        let _ = out.shutdown(Shutdown::Both);
+        return Ok(false);
+    }
+    let reported = match shape {
+        Some(Shape::Header) => Some(plan.usage),
+        Some(_) => None,
+        None if stream && !include_usage => None,
+        None => Some(plan.usage),
+    };
+    record(shared, request, reported);
+    if stream {
+        answer_stream(&plan, include_usage, out, shared)
+    } else {
+        answer_json(&plan, out)
+    }
+}
+
+/// The total tokens of an answer, as the request chose it.
+fn chosen_usage(request: &Request, n: u64) -> u64 {
+    if let Some(seed) = request.number(USAGE_RANDOM) {
+        let (lo, hi) = request
+            .header(USAGE_RANGE)
+            .and_then(parse_range)
+            .unwrap_or(DEFAULT_RANGE);
+        return lo + splitmix64(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (hi - lo + 1);
+    }
+    request.number(USAGE).unwrap_or(DEFAULT_USAGE)
+}
+
+/// `LO-HI` with LO <= HI.
+pub fn parse_range(text: &str) -> Option<(u64, u64)> {
+    let (lo, hi) = text.split_once('-')?;
+    let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    (lo <= hi && hi < u64::MAX).then_some((lo, hi))
+}
+
+/// A well-mixed 64-bit hash (SplitMix64's finalizer).
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// How a total is split: `prompt = total / 4`, `completion = total - prompt`.
+pub fn split(total: u64) -> (u64, u64) {
+    let prompt = total / 4;
+    (prompt, total - prompt)
+}
+
+fn record(shared: &Shared, request: &Request, usage: Option<u64>) {
+    let mut log = lock(&shared.log);
+    let add = |served: &mut Served| match usage {
+        Some(n) => {
+            served.sum += n;
+            served.count += 1;
+        }
+        None => served.unreported += 1,
+    };
+    add(&mut log.all);
+    if let Some(key) = request.key() {
+        add(log.by_key.entry(key).or_default());
+    }
+}
+
+/// The `usage` member (`"usage":…`) of an answer as its shape makes it, or None for none.
+fn usage_member(plan: &Plan) -> Option<String> {
+    let (prompt, completion) = split(plan.usage);
+    let total = plan.usage;
+    let details = r#""prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}"#;
+    let counts = match plan.shape {
+        Some(Shape::Missing | Shape::Header | Shape::Reset) => return None,
+        Some(Shape::Null) => return Some(r#""usage":null"#.to_string()),
+        Some(Shape::Negative) => format!(
+            r#""prompt_tokens":-{prompt},"completion_tokens":-{completion},"total_tokens":-{total}"#
+        ),
+        Some(Shape::Fractional) => format!(
+            r#""prompt_tokens":{prompt},"completion_tokens":{completion}.5,"total_tokens":{total}.5"#
+        ),
+        Some(Shape::Huge) => {
+            format!(r#""prompt_tokens":{prompt},"completion_tokens":{HUGE},"total_tokens":{HUGE}"#)
+        }
+        Some(Shape::Text) => format!(
+            r#""prompt_tokens":"{prompt}","completion_tokens":"{completion}","total_tokens":"{total}""#
+        ),
+        Some(Shape::Duplicate) => format!(
+            r#""prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{total},"total_tokens":1"#
+        ),
+        None | Some(Shape::NotJson | Shape::Cut) => format!(
+            r#""prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{total}"#
+        ),
+    };
+    Some(format!(r#""usage":{{{counts},{details}}}"#))
+}
+
+/// The padding member (with its comma), or nothing.
+fn pad_member(plan: &Plan) -> String {
+    if plan.pad == 0 {
+        return String::new();
+    }
+    format!(r#""padding":"{}","#, "x".repeat(plan.pad))
+}
+
+const CONTENT: [&str; 8] = [
+    "Hello",
+    " from",
+    " the",
+    " test",
+    " upstream",
+    ",",
+    " token",
+    " by token.",
+];
+
+fn created() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn answer_json(plan: &Plan, out: &mut TcpStream) -> std::io::Result<bool> {
+    let text: String = CONTENT.concat();
+    let choice = match plan.endpoint {
+        Endpoint::Chat => format!(
+            r#"{{"index":0,"message":{{"role":"assistant","content":"{text}","refusal":null,"annotations":[]}},"logprobs":null,"finish_reason":"stop"}}"#
+        ),
+        Endpoint::Completions => {
+            format!(r#"{{"text":"{text}","index":0,"logprobs":null,"finish_reason":"stop"}}"#)
+        }
+    };
+    let object = match plan.endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Completions => "text_completion",
+    };
+    let usage = usage_member(plan)
+        .map(|u| format!(",{u}"))
+        .unwrap_or_default();
+    let body = if plan.shape == Some(Shape::NotJson) {
+        format!("{}usage: {} tokens, not JSON", pad_member(plan), plan.usage)
+    } else {
+        format!(
+            r#"{{"id":"{}","object":"{object}","created":{},"model":"{}","choices":[{choice}],{}"service_tier":"default","system_fingerprint":null{usage}}}"#,
+            plan.id,
+            created(),
+            plan.model,
+            pad_member(plan),
+        )
+    };
+    let header = usage_header(plan);
+    let extra: Vec<(&str, String)> = header.into_iter().collect();
+    if plan.shape == Some(Shape::Cut) {
+        let head = response_head(plan.status, "application/json", &extra, Some(body.len()));
+        out.write_all(head.as_bytes())?;
+        out.write_all(&body.as_bytes()[..body.len() / 2])?;
+        let _ = out.shutdown(Shutdown::Both);
+        return Ok(false);
+    }
+    write_json(out, plan.status, &extra, &body)?;
+    Ok(true)
+}
+
+fn usage_header(plan: &Plan) -> Option<(&'static str, String)> {
+    (plan.shape == Some(Shape::Header)).then(|| (USAGE_RESPONSE_HEADER, plan.usage.to_string()))
+}
+
+fn response_head(
+    status: u16,
+    content_type: &str,
+    extra: &[(&str, String)],
+    length: Option<usize>,
+) -> String {
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\n",
+        reason(status)
+    );
+    for (name, value) in extra {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    match length {
+        Some(length) => head.push_str(&format!("Content-Length: {length}\r\n\r\n")),
+        None => head.push_str("Transfer-Encoding: chunked\r\n\r\n"),
+    }
+    head
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    }
+}
+
+fn write_json(
+    out: &mut TcpStream,
+    status: u16,
+    extra: &[(&str, String)],
+    body: &str,
+) -> std::io::Result<()> {
+    let mut bytes = response_head(status, "application/json", extra, Some(body.len())).into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    out.write_all(&bytes)
+}
+
+fn error_body(message: &str) -> String {
+    format!(
+        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":null,"code":null}}}}"#
+    )
+}
+
+/// Writes `data` as one HTTP chunk.
+fn write_chunk(out: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    let mut bytes = format!("{:x}\r\n", data.len()).into_bytes();
+    bytes.extend_from_slice(data);
+    bytes.extend_from_slice(b"\r\n");
+    out.write_all(&bytes)
+}
+
+/// The data of each event of a stream, in order (`[DONE]` last).
+fn stream_events(plan: &Plan, include_usage: bool) -> Vec<String> {
+    let (object, created) = match plan.endpoint {
+        Endpoint::Chat => ("chat.completion.chunk", created()),
+        Endpoint::Completions => ("text_completion", created()),
+    };
+    let head = format!(
+        r#"{{"id":"{}","object":"{object}","created":{created},"model":"{}","system_fingerprint":null"#,
+        plan.id, plan.model
+    );
+    let null_usage = if include_usage {
+        r#","usage":null"#
+    } else {
+        ""
+    };
+    let mut events = Vec::new();
+    for i in 0..plan.events {
+        let last = i + 1 == plan.events;
+        let text = CONTENT[i as usize % CONTENT.len()];
+        let finish = if last { r#""stop""# } else { "null" };
+        let choice = match plan.endpoint {
+            Endpoint::Chat if i == 0 => format!(
+                r#"{{"index":0,"delta":{{"role":"assistant","content":"{text}","refusal":null}},"logprobs":null,"finish_reason":{finish}}}"#
+            ),
+            Endpoint::Chat => format!(
+                r#"{{"index":0,"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":{finish}}}"#
+            ),
+            Endpoint::Completions => {
+                format!(r#"{{"text":"{text}","index":0,"logprobs":null,"finish_reason":{finish}}}"#)
+            }
+        };
+        events.push(format!(r#"{head},"choices":[{choice}]{null_usage}}}"#));
+    }
+    if include_usage {
+        if let Some(usage) = usage_member(plan) {
+            events.push(format!(
+                r#"{head},{}"choices":[],{usage}}}"#,
+                pad_member(plan)
+            ));
+        }
+    }
+    if plan.shape == Some(Shape::NotJson) {
+        for event in &mut events {
+            *event = format!("not json: {}", event.len());
+        }
+    }
+    events.push("[DONE]".to_string());
+    events
+}
+
+fn answer_stream(
+    plan: &Plan,
+    include_usage: bool,
+    out: &mut TcpStream,
+    shared: &Shared,
+) -> std::io::Result<bool> {
+    let extra: Vec<(&str, String)> = usage_header(plan).into_iter().collect();
+    let head = response_head(
+        plan.status,
+        "text/event-stream; charset=utf-8",
+        &extra,
+        None,
+    );
+    out.write_all(head.as_bytes())?;
+    let events = stream_events(plan, include_usage);
+    let usage_event = events.len().checked_sub(2);
+    for (i, data) in events.iter().enumerate() {
+        if (i > 0 && !pause(plan.delay, shared)) || shared.stop.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let event = format!("data: {data}\n\n");
+        let cut_here = plan.shape == Some(Shape::Cut) && Some(i) == usage_event;
+        if cut_here {
+            // Up to just past the total's value: a reader that took the partial event
+            // would find a number there.
+            let end = event
+                .find(r#""total_tokens":"#)
+                .map(|at| at + r#""total_tokens":"#.len() + plan.usage.to_string().len() + 1)
+                .unwrap_or(event.len() / 2);
+            write_chunk(out, &event.as_bytes()[..end])?;
+            let _ = out.shutdown(Shutdown::Both);
+            return Ok(false);
+        }
+        write_chunk(out, event.as_bytes())?;
+    }
+    out.write_all(b"0\r\n\r\n")?;
+    Ok(true)
+}
+
+/// Sleeps `delay` in short steps; false if the server is stopping meanwhile (a dropped
+/// server does not wait for a slow stream).
+fn pause(delay: Duration, shared: &Shared) -> bool {
+    let deadline = std::time::Instant::now() + delay;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+    }
+}
+
+/// An OpenAI chat completion request body: one user message `prompt`, `stream`, and with it
+/// `stream_options.include_usage`; `max_tokens` if given.
+pub fn chat_request(prompt: &str, stream: bool, max_tokens: Option<u64>) -> Vec<u8> {
+    let mut body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+    });
+    if stream {
+        body["stream"] = true.into();
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    if let Some(max) = max_tokens {
+        body["max_tokens"] = max.into();
+    }
+    body.to_string().into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::{self, Streamed};
+    use std::time::Instant;
+
+    fn post(
+        upstream: &LlmUpstream,
+        headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> std::io::Result<Streamed> {
+        http::post_streamed(upstream.port, "/v1/chat/completions", headers, body)
+    }
+
+    fn json_of(r: &Streamed) -> serde_json::Value {
+        serde_json::from_slice(&r.body()).expect("a JSON body")
+    }
+
+    /// The `data:` of each event of an event stream (complete events only).
+    fn events(r: &Streamed) -> Vec<String> {
+        http::sse_data(&r.body())
+    }
+
+    #[test]
+    fn json_answers_carry_the_chosen_usage_split_as_openai_does() {
+        let up = LlmUpstream::start();
+        let r = post(
+            &up,
+            &[("x-test-usage", b"1000"), ("x-api-key", b"k1")],
+            &chat_request("hi", false, None),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let v = json_of(&r);
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["usage"]["total_tokens"], 1000);
+        assert_eq!(v["usage"]["prompt_tokens"], 250);
+        assert_eq!(v["usage"]["completion_tokens"], 750);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+        // The default, and the Authorization key.
+        let r = post(
+            &up,
+            &[("authorization", b"Bearer sk-2")],
+            &chat_request("hi", false, None),
+        )
+        .unwrap();
+        assert_eq!(json_of(&r)["usage"]["total_tokens"], DEFAULT_USAGE);
+        let k1 = Served {
+            sum: 1000,
+            count: 1,
+            unreported: 0,
+        };
+        assert_eq!(up.served_for("k1"), k1);
+        assert_eq!(up.served_for("sk-2").sum, DEFAULT_USAGE);
+        assert_eq!(up.served().sum, 1000 + DEFAULT_USAGE);
+        assert_eq!(up.served().count, 2);
+        let r = http::post_streamed(
+            up.port,
+            "/v1/completions",
+            &[("x-test-usage", b"8")],
+            br#"{"model":"m","prompt":"p"}"#,
+        )
+        .unwrap();
+        let v = json_of(&r);
+        assert_eq!(
+            (v["object"].as_str(), v["model"].as_str()),
+            (Some("text_completion"), Some("m"))
+        );
+        assert_eq!(v["usage"]["total_tokens"], 8);
+    }
+
+    #[test]
+    fn streams_send_events_one_by_one_then_the_usage_then_done() {
+        let up = LlmUpstream::start();
+        let r = post(
+            &up,
+            &[
+                ("x-test-usage", b"77"),
+                ("x-test-events", b"4"),
+                ("x-test-event-delay-ms", b"100"),
+            ],
+            &chat_request("hi", true, None),
+        )
+        .unwrap();
+        assert!(r.complete);
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/event-stream; charset=utf-8")
+        );
+        assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+        let data = events(&r);
+        assert_eq!(data.len(), 4 + 2, "{data:?}");
+        for d in &data[..4] {
+            let v: serde_json::Value = serde_json::from_str(d).unwrap();
+            assert_eq!(v["object"], "chat.completion.chunk");
+            assert!(v["usage"].is_null() && v.get("usage").is_some(), "{d}");
+            assert_eq!(v["choices"].as_array().map(Vec::len), Some(1));
+        }
+        let usage: serde_json::Value = serde_json::from_str(&data[4]).unwrap();
+        assert_eq!(usage["choices"], serde_json::json!([]));
+        assert_eq!(usage["usage"]["total_tokens"], 77);
+        assert_eq!(data[5], "[DONE]");
+        // One event per chunk, each flushed after the pause before it: the first arrives
+        // well before the last is sent.
+        assert_eq!(r.chunks.len(), 6);
+        let first = r.chunks[0].at;
+        let last = r.chunks[5].at;
+        assert!(
+            last.duration_since(first) >= Duration::from_millis(500),
+            "{:?}",
+            last - first
+        );
+        assert_eq!(up.served().sum, 77);
+    }
+
+    #[test]
+    fn a_stream_without_include_usage_has_no_usage_and_is_unreported() {
+        let up = LlmUpstream::start();
+        let body = br#"{"model":"m","messages":[],"stream":true}"#;
+        let r = post(&up, &[("x-test-usage", b"5")], body).unwrap();
+        let data = events(&r);
+        assert_eq!(data.len(), DEFAULT_EVENTS as usize + 1);
+        assert!(data.iter().all(|d| !d.contains("usage")), "{data:?}");
+        assert_eq!(
+            up.served(),
+            Served {
+                sum: 0,
+                count: 0,
+                unreported: 1
+            }
+        );
+    }
+
+    #[test]
+    fn random_usages_are_deterministic_and_within_the_range() {
+        let draw = || {
+            let up = LlmUpstream::start();
+            let got: Vec<u64> = (0..50)
+                .map(|_| {
+                    let r = post(
+                        &up,
+                        &[
+                            ("x-test-usage-random", b"42"),
+                            ("x-test-usage-range", b"10-20"),
+                        ],
+                        &chat_request("hi", false, None),
+                    )
+                    .unwrap();
+                    json_of(&r)["usage"]["total_tokens"].as_u64().unwrap()
+                })
+                .collect();
+            assert_eq!(up.served().sum, got.iter().sum::<u64>());
+            got
+        };
+        let a = draw();
+        assert!(a.iter().all(|n| (10..=20).contains(n)), "{a:?}");
+        assert!(
+            a.iter().collect::<std::collections::HashSet<_>>().len() > 5,
+            "{a:?}"
+        );
+        assert_eq!(a, draw());
+        assert_eq!(parse_range("5-5"), Some((5, 5)));
+        assert_eq!(parse_range("6-5"), None);
+    }
+
+    /// The usage member's text in a JSON body (the raw bytes, as a bad shape is not
+    /// always JSON).
+    fn usage_text(body: &[u8]) -> String {
+        let text = String::from_utf8_lossy(body);
+        text.find(r#""usage""#)
+            .map(|at| text[at..].to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn each_bad_shape_in_a_json_answer() {
+        let up = LlmUpstream::start();
+        let ask = |shape: Shape| {
+            post(
+                &up,
+                &[
+                    ("x-test-shape", shape.name().as_bytes()),
+                    ("x-test-usage", b"40"),
+                ],
+                &chat_request("hi", false, None),
+            )
+        };
+        let text = |shape| usage_text(&ask(shape).unwrap().body());
+        assert!(!String::from_utf8_lossy(&ask(Shape::Missing).unwrap().body()).contains("usage"));
+        assert_eq!(
+            json_of(&ask(Shape::Null).unwrap())["usage"],
+            serde_json::Value::Null
+        );
+        assert!(text(Shape::Negative).contains(r#""total_tokens":-40"#));
+        assert!(text(Shape::Fractional).contains(r#""total_tokens":40.5"#));
+        assert!(text(Shape::Huge).contains(r#""total_tokens":100000000000000000000"#));
+        assert!(text(Shape::Text).contains(r#""total_tokens":"40""#));
+        assert!(text(Shape::Duplicate).contains(r#""total_tokens":40,"total_tokens":1,"#));
+        let not_json = ask(Shape::NotJson).unwrap();
+        assert_eq!(not_json.header("content-type"), Some("application/json"));
+        assert!(serde_json::from_slice::<serde_json::Value>(&not_json.body()).is_err());
+        let header = ask(Shape::Header).unwrap();
+        assert_eq!(header.header(USAGE_RESPONSE_HEADER), Some("40"));
+        assert!(!String::from_utf8_lossy(&header.body()).contains("usage"));
+        // Cut: half the promised body, then the close.
+        let cut = ask(Shape::Cut).unwrap();
+        assert!(!cut.complete);
+        let promised: usize = cut.header("content-length").unwrap().parse().unwrap();
+        assert_eq!(cut.body().len(), promised / 2);
+        // Reset: not a byte.
+        let reset = ask(Shape::Reset);
+        assert!(reset.is_err(), "{reset:?}");
+        // Only the header shape reported a valid usage.
+        assert_eq!(
+            up.served(),
+            Served {
+                sum: 40,
+                count: 1,
+                unreported: 10
+            }
+        );
+        assert_eq!(up.requests(), 11);
+    }
+
+    #[test]
+    fn each_bad_shape_in_a_stream() {
+        let up = LlmUpstream::start();
+        let ask = |shape: Shape| {
+            post(
+                &up,
+                &[
+                    ("x-test-shape", shape.name().as_bytes()),
+                    ("x-test-usage", b"40"),
+                ],
+                &chat_request("hi", true, None),
+            )
+        };
+        let last_usage = |shape| {
+            let r = ask(shape).unwrap();
+            assert!(r.complete, "{shape:?}");
+            let data = events(&r);
+            assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{shape:?}");
+            data[data.len() - 2].clone()
+        };
+        assert!(!last_usage(Shape::Missing).contains(r#""usage":{"#));
+        assert!(last_usage(Shape::Null).contains(r#""choices":[],"usage":null}"#));
+        assert!(last_usage(Shape::Negative).contains(r#""total_tokens":-40"#));
+        assert!(last_usage(Shape::Fractional).contains(r#""total_tokens":40.5"#));
+        assert!(last_usage(Shape::Huge).contains(r#""total_tokens":100000000000000000000"#));
+        assert!(last_usage(Shape::Text).contains(r#""total_tokens":"40""#));
+        assert!(last_usage(Shape::Duplicate).contains(r#""total_tokens":40,"total_tokens":1,"#));
+        let not_json = ask(Shape::NotJson).unwrap();
+        let data = events(&not_json);
+        assert!(
+            data[..data.len() - 1]
+                .iter()
+                .all(|d| d.starts_with("not json")),
+            "{data:?}"
+        );
+        let header = ask(Shape::Header).unwrap();
+        assert_eq!(header.header(USAGE_RESPONSE_HEADER), Some("40"));
+        assert!(!String::from_utf8_lossy(&header.body()).contains(r#""usage":{"#));
+        // Cut inside the usage event, just past the total's value: no blank line after it,
+        // no last chunk.
+        let cut = ask(Shape::Cut).unwrap();
+        assert!(!cut.complete);
+        let body = String::from_utf8(cut.body()).unwrap();
+        assert!(body.ends_with(r#""total_tokens":40,"#), "{body}");
+        assert_eq!(events(&cut).len(), DEFAULT_EVENTS as usize);
+        assert!(ask(Shape::Reset).is_err());
+        assert_eq!(
+            up.served(),
+            Served {
+                sum: 40,
+                count: 1,
+                unreported: 10
+            }
+        );
+    }
+
+    #[test]
+    fn padding_comes_before_the_usage() {
+        let up = LlmUpstream::start();
+        for stream in [false, true] {
+            let r = post(
+                &up,
+                &[("x-test-pad", b"100000"), ("x-test-usage", b"9")],
+                &chat_request("hi", stream, None),
+            )
+            .unwrap();
+            let body = String::from_utf8(r.body()).unwrap();
+            assert!(body.len() > 100_000);
+            let pad = body.find(&"x".repeat(100_000)).unwrap();
+            assert!(pad < body.find(r#""total_tokens":9"#).unwrap());
+        }
+        assert_eq!(
+            up.served(),
+            Served {
+                sum: 18,
+                count: 2,
+                unreported: 0
+            }
+        );
+    }
+
+    #[test]
+    fn keep_alive_chunked_requests_and_many_connections() {
+        let up = LlmUpstream::start();
+        // Three requests on one connection, the second with a chunked body.
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", up.port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let body = chat_request("keep", true, None);
+        let plain = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-test-usage: 3\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(plain.as_bytes()).unwrap();
+        conn.write_all(&body).unwrap();
+        assert_eq!(http::read_streamed(&mut reader).unwrap().status, 200);
+        let (a, b) = body.split_at(10);
+        let chunked = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-test-usage: 4\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n{:x};ext=1\r\n{}\r\n0\r\n\r\n",
+            a.len(),
+            String::from_utf8_lossy(a),
+            b.len(),
+            String::from_utf8_lossy(b)
+        );
+        conn.write_all(chunked.as_bytes()).unwrap();
+        let r = http::read_streamed(&mut reader).unwrap();
+        assert!(r.complete);
+        assert!(events(&r).iter().any(|d| d.contains(r#""total_tokens":4"#)));
+        let json = chat_request("keep", false, None);
+        let last = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-test-usage: 5\r\nContent-Length: {}\r\n\r\n",
+            json.len()
+        );
+        conn.write_all(last.as_bytes()).unwrap();
+        conn.write_all(&json).unwrap();
+        let r = http::read_streamed(&mut reader).unwrap();
+        assert_eq!(json_of(&r)["usage"]["total_tokens"], 5);
+        assert_eq!(up.chunked_requests(), 1);
+        assert_eq!(up.open_connections(), 1);
+        // Many connections at once, several requests each.
+        let workers: Vec<_> = (0..32)
+            .map(|_| {
+                let (port, last, json) = (up.port, last.clone(), json.clone());
+                std::thread::spawn(move || {
+                    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    conn.set_read_timeout(Some(Duration::from_secs(10)))
+                        .unwrap();
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    for _ in 0..10 {
+                        conn.write_all(last.as_bytes()).unwrap();
+                        conn.write_all(&json).unwrap();
+                        assert_eq!(http::read_streamed(&mut reader).unwrap().status, 200);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(up.served().sum, 3 + 4 + 5 + 32 * 10 * 5);
+        assert_eq!(up.requests(), 3 + 320);
+    }
+
+    #[test]
+    fn unknown_paths_and_bodies_that_are_not_json() {
+        let up = LlmUpstream::start();
+        let r = http::post_streamed(up.port, "/v1/embeddings", &[], b"{}").unwrap();
+        assert_eq!(r.status, 404);
+        let r = http::post_streamed(up.port, "/v1/chat/completions", &[], b"nope").unwrap();
+        assert_eq!(r.status, 400);
+        let r = post(
+            &up,
+            &[("x-test-status", b"500")],
+            &chat_request("x", false, None),
+        )
+        .unwrap();
+        assert_eq!(r.status, 500);
+        assert_eq!(json_of(&r)["usage"]["total_tokens"], DEFAULT_USAGE);
+    }
+
+    #[test]
+    fn dropping_it_closes_open_connections_and_stops_serving() {
+        let up = LlmUpstream::start();
+        let port = up.port;
+        let mut idle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // A stream in progress, paused between events.
+        let streaming = std::thread::spawn(move || {
+            http::post_streamed(
+                port,
+                "/v1/chat/completions",
+                &[("x-test-event-delay-ms", b"60000")],
+                &chat_request("slow", true, None),
+            )
+        });
+        crate::wait_for("two open connections", Duration::from_secs(10), || {
+            (up.open_connections() == 2 && up.requests() == 1).then_some(())
+        });
+        let started = Instant::now();
+        drop(up);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            idle.read(&mut buf).unwrap_or(0),
+            0,
+            "the idle connection is closed"
+        );
+        let r = streaming.join().unwrap().unwrap();
+        assert!(!r.complete);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    }
+}
