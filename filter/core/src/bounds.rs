@@ -57,6 +57,14 @@ pub const MAX_LIMITS_PER_REQUEST: usize = 64;
 /// shipped config, about 1.1 KiB with the fields above at their bounds).
 pub const MAX_CALL_PATH_BYTES: usize = 48 * 1024;
 
+/// Largest usage read from a response, and largest estimate, in the limit's units (10^12, as
+/// `limit`): anything above is a broken upstream, not a bill, and is taken as unreadable.
+pub const MAX_USAGE: u64 = 1_000_000_000_000;
+/// Default and largest `estimate.request.max_body`: the request body Envoy holds until it
+/// ends, counted (not copied) by the filter.
+pub const DEFAULT_MAX_BODY: u64 = 1 << 20;
+pub const MAX_MAX_BODY: u64 = 64 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,11 +245,3 @@ mod tests {
         assert_eq!(show_duration(Duration::from_millis(1_500)), "1500ms");
     }
 }
-
-/// Largest usage read from a response, and largest estimate, in the limit's units (10^12, as
-/// `limit`): anything above is a broken upstream, not a bill, and is taken as unreadable.
-pub const MAX_USAGE: u64 = 1_000_000_000_000;
-/// Default and largest `estimate.request.max_body`: the request body Envoy holds until it
-/// ends, counted (not copied) by the filter.
-pub const DEFAULT_MAX_BODY: u64 = 1 << 20;
-pub const MAX_MAX_BODY: u64 = 64 << 20;

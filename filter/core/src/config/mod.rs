@@ -24,7 +24,7 @@ mod validate;
 pub use overlap::may_overlap;
 pub use raw::{parse_duration, show_duration};
 pub use rules::MAX_COST;
-pub use usage::{parse_bytes, Admit, Estimate, Usage, UsageSource, MAX_USAGE};
+pub use usage::{parse_bytes, Estimate, Usage, UsageSource, MAX_USAGE};
 
 /// What a bridge failure (timeout, refused connection, bad reply) does to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -122,6 +122,18 @@ pub enum DenyBody {
     /// RFC 9457 `application/problem+json`, type `quota-exceeded`.
     #[serde(rename = "problem+json")]
     ProblemJson,
+}
+
+/// How a request is admitted on a usage limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admit {
+    /// Charge the estimate up front (all or nothing with the rule's other limits), then settle
+    /// the difference once the usage is known.
+    #[default]
+    Reserve,
+    /// Admit while at least 1 unit is left, charge the usage once known.
+    After,
 }
 
 /// What to do with a rule when none of its key sources is present on a request.

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    invalid, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, OverBudget,
+    invalid, Admit, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, OverBudget,
     WhenMissing,
 };
 
@@ -155,7 +155,7 @@ pub(super) struct RawLimit {
     pub(super) shards: Option<u64>,
     /// As the top-level `lease`, for this limit only (`false`: none for it).
     pub(super) lease: Option<Value>,
-    pub(super) usage: Option<super::usage::RawUsage>,
+    pub(super) usage: Option<RawUsage>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -261,4 +261,35 @@ pub fn show_duration(d: Duration) -> String {
         }
     }
     format!("{ms}ms")
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUsage {
+    pub(super) from: String,
+    #[serde(default)]
+    pub(super) admit: Admit,
+    pub(super) estimate: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEstimateHeader {
+    pub(super) header: String,
+    pub(super) min: Option<u64>,
+    pub(super) max: Option<u64>,
+    pub(super) default: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestEstimate {
+    pub(super) request: RawRequestFields,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestFields {
+    pub(super) completion_default: Option<u64>,
+    pub(super) max_body: Option<String>,
 }

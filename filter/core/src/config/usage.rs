@@ -1,11 +1,11 @@
 //! A limit metered by usage read from the response (`usage` on a limit): where the usage is
 //! read, how a request is admitted, and what is charged before the usage is known.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::fields::check_header_name;
-use super::{invalid, Algorithm, ConfigError};
+use super::raw::{RawEstimateHeader, RawRequestEstimate, RawUsage};
+use super::{invalid, Admit, Algorithm, ConfigError};
 use crate::usage::parse_usage_path;
 
 pub use crate::bounds::{DEFAULT_MAX_BODY, MAX_MAX_BODY, MAX_USAGE};
@@ -26,18 +26,6 @@ pub enum UsageSource {
     Body(Vec<String>),
     /// A response header (lower-case name) holding a whole number.
     Header(String),
-}
-
-/// How a request is admitted on a usage limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Admit {
-    /// Charge the estimate up front (all or nothing with the rule's other limits), then settle
-    /// the difference once the usage is known.
-    #[default]
-    Reserve,
-    /// Admit while at least 1 unit is left, charge the usage once known.
-    After,
 }
 
 /// What a request is charged before its usage is known (`reserve`), or when its usage
@@ -70,37 +58,6 @@ impl Estimate {
             Estimate::Request { .. } => MAX_USAGE,
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawUsage {
-    from: String,
-    #[serde(default)]
-    admit: Admit,
-    estimate: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEstimateHeader {
-    header: String,
-    min: Option<u64>,
-    max: Option<u64>,
-    default: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRequestEstimate {
-    request: RawRequestFields,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRequestFields {
-    completion_default: Option<u64>,
-    max_body: Option<String>,
 }
 
 /// A byte size: a whole number with an optional unit `B`, `KiB` or `MiB`.

@@ -1,4 +1,5 @@
-use super::json::{Doc, Path, Scanner};
+use super::json::{Doc, Scanner};
+use super::path::Path;
 use super::UsageRead;
 
 /// Why a request's estimate could not be made.

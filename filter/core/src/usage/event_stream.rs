@@ -4,7 +4,8 @@
 //! dispatches the event. Each event's data goes straight into a JSON [`Scanner`] as it
 //! arrives: no line or event is held.
 
-use super::json::{Doc, Path, Scanner};
+use super::json::{Doc, Scanner};
+use super::path::Path;
 use super::{Unreadable, UsageRead};
 
 const BOM: &[u8] = b"\xef\xbb\xbf";

@@ -12,6 +12,7 @@ mod estimate;
 mod event_stream;
 mod header;
 mod json;
+mod path;
 #[cfg(test)]
 mod tests;
 
@@ -19,7 +20,8 @@ pub use estimate::{EstimateError, RequestEstimate};
 pub use header::usage_from_header;
 
 use event_stream::Events;
-use json::{Doc, Path, Scanner};
+use json::{Doc, Scanner};
+use path::Path;
 
 pub use crate::bounds::MAX_USAGE;
 /// Nesting deeper than this is refused (`too_deep`): the scanner keeps one bit per level.
