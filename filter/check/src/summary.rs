@@ -1,8 +1,8 @@
 //! What a valid config makes the filter do, in a few lines a reviewer can read.
 
 use ratelimit_core::config::{
-    show_duration, Algorithm, Clock, Config, Cost, FailureMode, KeySpec, Limit, Match, PathMatch,
-    Rule, WhenMissing,
+    show_duration, Admit, Algorithm, Clock, Config, Cost, Estimate, FailureMode, KeySpec, Limit,
+    Match, PathMatch, Rule, Usage, UsageSource, WhenMissing,
 };
 
 /// The policy, one line for the bridge, then per rule a line and a line per limit; each line
@@ -82,16 +82,10 @@ fn limit_line(limit: &Limit, cost: &Cost) -> String {
     if limit.shards > 1 {
         line.push_str(&format!(", {} shards", limit.shards));
     }
-    match cost {
-        Cost::Fixed(units) => line.push_str(&format!(", cost {units}")),
-        Cost::Header {
-            name,
-            min,
-            max,
-            default,
-        } => line.push_str(&format!(
-            ", cost from header {name} ({min}..={max}, default {default})"
-        )),
+    if let Some(usage) = &limit.usage {
+        line.push_str(&usage_part(usage));
+    } else {
+        line.push_str(&cost_part(cost));
     }
     match &limit.lease {
         Some(lease) => line.push_str(&format!(
@@ -102,6 +96,49 @@ fn limit_line(limit: &Limit, cost: &Cost) -> String {
     }
     line.push('\n');
     line
+}
+
+fn cost_part(cost: &Cost) -> String {
+    match cost {
+        Cost::Fixed(units) => format!(", cost {units}"),
+        Cost::Header {
+            name,
+            min,
+            max,
+            default,
+        } => format!(", cost from header {name} ({min}..={max}, default {default})"),
+    }
+}
+
+/// A usage limit: where its usage is read, how it admits, and its estimate.
+fn usage_part(usage: &Usage) -> String {
+    let from = match &usage.from {
+        UsageSource::Body(path) => format!("body {}", path.join(".")),
+        UsageSource::Header(name) => format!("header {name}"),
+    };
+    let estimate = match &usage.estimate {
+        Estimate::Fixed(units) => format!("{units}"),
+        Estimate::Header {
+            name,
+            min,
+            max,
+            default,
+        } => format!("header {name} ({min}..={max}, default {default})"),
+        Estimate::Request {
+            completion_default,
+            max_body,
+        } => format!(
+            "request body bytes + max tokens (default {completion_default}), body at most {max_body} bytes"
+        ),
+    };
+    match usage.admit {
+        Admit::Reserve => format!(
+            ", metered by the usage in the response's {from}: estimate {estimate} reserved up front, settled to the usage"
+        ),
+        Admit::After => format!(
+            ", metered by the usage in the response's {from}: admitted while the balance is positive, charged after (estimate {estimate} when unreadable)"
+        ),
+    }
 }
 
 fn matcher(matcher: &Match) -> String {

@@ -49,6 +49,24 @@ fn a_valid_config_prints_ok_and_its_policy() {
 }
 
 #[test]
+fn a_usage_limit_is_summed_up_by_where_its_usage_is_read_and_how_it_admits() {
+    let config = r#"{"bridge": {"cluster": "webdis"}, "rules": [{"name": "r", "limits": [
+        {"name": "t", "limit": 1000, "window": "1m", "usage": {"from": "body:usage.total_tokens", "estimate": 100}},
+        {"name": "a", "limit": 1000, "window": "1m", "usage": {"from": "header:x-usage", "admit": "after", "estimate": 5}}]}]}"#;
+    let path = file("usage.json", config);
+    let (code, out, err) = check(&[], &[&path]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(
+        out.contains("limit t: token_bucket 1000 per 1m, burst 1000, metered by the usage in the response's body usage.total_tokens: estimate 100 reserved up front, settled to the usage, no lease\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("limit a: token_bucket 1000 per 1m, burst 1000, metered by the usage in the response's header x-usage: admitted while the balance is positive, charged after (estimate 5 when unreadable), no lease\n"),
+        "{out}"
+    );
+}
+
+#[test]
 fn a_broken_config_in_a_config_map_names_file_document_object_and_field() {
     let manifest = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{ name: shop }}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: ratelimit-filter }}\ndata:\n  filter.json: '{}'\n",
