@@ -37,8 +37,8 @@ pub const MAX_KEPT_SETTLEMENTS: usize = 4096;
 /// Settlement calls in flight at most per worker: more settlements wait for their replies.
 pub const MAX_SETTLEMENT_CALLS: usize = 4;
 
-/// Streams let through whose usage limits wait for their response: bounded, the oldest
-/// forgotten beyond it (its usage is then not settled: the reservation stands).
+/// Streams let through whose usage limits wait for their response headers: bounded, the
+/// oldest settled beyond it as a response whose usage cannot be read (the estimate stands).
 pub const MAX_METERED_STREAMS: usize = 16_384;
 
 /// A settlement call in flight.
@@ -105,7 +105,11 @@ impl Settlements {
         if self.metering.len() >= MAX_METERED_STREAMS {
             let oldest = self.metering.iter().min_by_key(|(_, (t, _))| *t);
             if let Some(&ctx) = oldest.map(|(ctx, _)| ctx) {
-                self.metering.remove(&ctx);
+                // Settled as a response whose usage cannot be read: its estimate stands
+                // (`after`: is charged), never free units.
+                if let Some((_, forgotten)) = self.metering.remove(&ctx) {
+                    finished(tally, self, forgotten.finish(false));
+                }
             }
         }
         self.turn += 1;

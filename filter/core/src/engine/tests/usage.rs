@@ -403,3 +403,24 @@ fn beyond_the_bound_give_backs_are_dropped_before_debts() {
     assert!(!deltas.contains(&-99));
     assert_eq!(deltas.last(), Some(&8));
 }
+
+#[test]
+fn beyond_the_bound_of_streams_waiting_for_a_response_the_oldest_is_charged_its_estimate() {
+    use crate::engine::settlements::MAX_METERED_STREAMS;
+    let (c, mut e, mut h) = metered("");
+    let streams = u32::try_from(MAX_METERED_STREAMS).unwrap() + 1;
+    for ctx in 1..=streams {
+        let sent = h.dispatched.len();
+        e.on_request(&c, &mut h, ctx, &req("/after/x", "k"));
+        if h.dispatched.len() > sent {
+            let token = h.last_token();
+            e.on_reply(&c, &mut h, Some(ctx), token, none());
+        }
+    }
+    // Stream 1 never saw its response: in mode `after` nothing was charged up front, so it
+    // is settled as a response whose usage cannot be read, at its estimate.
+    assert!(e.take_meter(1).is_none(), "the oldest was settled");
+    assert!(e.take_meter(2).is_some(), "the others still wait");
+    assert_eq!(stat(&h, &c, "ratelimit_rule.late.tokens.usage_unread"), 1);
+    assert_eq!(stat(&h, &c, "ratelimit_rule.late.tokens.usage_charged"), 50);
+}
