@@ -89,6 +89,7 @@ fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
         "RateLimiterFailingClosed",
         "RateLimiterDenyRateHigh",
         "RateLimiterKeyBudgetExceeded",
+        "RateLimiterUsageSettlementsLost",
     ] {
         assert!(
             alerts.iter().all(|(name, _, _)| name != quiet),
