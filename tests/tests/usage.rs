@@ -373,7 +373,11 @@ fn after_mode_admits_while_a_unit_is_left_and_charges_the_usage() {
     assert_eq!(r.status, 429);
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(s.upstream.served_for("erin").count, 2);
-    s.wait_counter("tokens", "usage_charged", 120);
+    // A balance of exactly 0 is refused too.
+    assert_eq!(s.chat("finn", false, 100).status, 200);
+    s.wait_count("tokens", "finn", 100, "the whole limit used");
+    assert_eq!(s.chat("finn", false, 1).status, 429);
+    s.wait_counter("tokens", "usage_charged", 220);
     // Nothing reserved, nothing given back; debt counts units above the estimate (1,000): none.
     assert_eq!(s.counter("tokens", "usage_reserved"), 0);
     assert_eq!(s.counter("tokens", "usage_given_back"), 0);
@@ -402,8 +406,8 @@ fn bad_upstream_input_keeps_the_estimate_and_is_counted() {
         Shape::Cut,
         Shape::Reset,
     ];
-    let pad = (17u64 << 20).to_string();
-    let mut cases: Vec<(String, bool, Vec<(&str, &[u8])>)> = Vec::new();
+    // (API key, streamed, the upstream's test header making the answer bad)
+    let mut cases: Vec<(String, bool, (&str, String))> = Vec::new();
     for shape in bad {
         for stream in [false, true] {
             let name = format!(
@@ -411,22 +415,24 @@ fn bad_upstream_input_keeps_the_estimate_and_is_counted() {
                 shape.name(),
                 if stream { "stream" } else { "json" }
             );
-            cases.push((name, stream, vec![(SHAPE, shape.name().as_bytes())]));
+            cases.push((name, stream, (SHAPE, shape.name().to_string())));
         }
     }
     // 17 MiB of padding before the usage: past the 16 MiB read bound.
-    cases.push(("padded-json".into(), false, vec![(PAD, pad.as_bytes())]));
-    for (i, (name, stream, extra)) in cases.iter().enumerate() {
+    cases.push((
+        "padded-json".into(),
+        false,
+        (PAD, (17u64 << 20).to_string()),
+    ));
+    for (i, (name, stream, (header, value))) in cases.iter().enumerate() {
         let body = chat_request("Say hello.", *stream, None);
-        let mut headers = extra.clone();
-        headers.push((USAGE, b"40"));
+        let headers: [(&str, &[u8]); 3] = [
+            ("x-api-key", name.as_bytes()),
+            (header, value.as_bytes()),
+            (USAGE, b"40"),
+        ];
         // A reset or cut answer may break the client's connection: only the state counts.
-        let _ = post_streamed(
-            s.envoy.port,
-            "/v1/chat/completions",
-            &[[("x-api-key", name.as_bytes())].as_slice(), &headers].concat(),
-            &body,
-        );
+        let _ = post_streamed(s.envoy.port, "/v1/chat/completions", &headers, &body);
         s.wait_counter("tokens", "usage_unread", i as u64 + 1);
         s.wait_count(
             "tokens",
