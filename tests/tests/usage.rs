@@ -1,111 +1,25 @@
-//! Usage limits end to end: real Envoy, Webdis and Redis, and a tiny upstream of this file
-//! answering like an OpenAI-compatible API (a JSON body with `usage.total_tokens`, as many as
-//! the request's `x-tokens` header asks; on a path with `/stream`, an event stream whose last
-//! data event carries the usage).
+//! Usage limits end to end: real Envoy, Webdis and Redis in front of the tests'
+//! OpenAI-compatible upstream (`e2e::llm`). Each charge is read in Redis (the limit's state
+//! key), each count in Envoy's stats, and each test waits for the very state it asserts.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use e2e::http::request;
+use e2e::http::{post_streamed, sse_data, Streamed};
+use e2e::llm::{
+    chat_request, Shape, EVENTS, EVENT_DELAY, PAD, SHAPE, USAGE, USAGE_RESPONSE_HEADER,
+};
 use e2e::procs::filter_config_edit;
-use e2e::{wait_until, Envoy, Keys, Redis, Response, Webdis, WorkDir};
+use e2e::{get, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
 
-/// Serves every connection on its own thread: each request is answered 200 with a JSON body
-/// whose `usage.total_tokens` is the request's `x-tokens` (0 without it). Returns its port.
-fn start_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
-    let port = listener.local_addr().expect("upstream address").port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || serve(stream));
-        }
-    });
-    port
-}
-
-fn serve(stream: TcpStream) {
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return,
-    });
-    let mut writer = stream;
-    loop {
-        let (mut length, mut tokens) = (0usize, 0u64);
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let stream = line.contains("/stream") || line.contains("/cut");
-        let cut = line.contains("/cut");
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let trimmed = line.trim_end();
-            if trimmed.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = trimmed.split_once(':') {
-                match name.trim().to_ascii_lowercase().as_str() {
-                    "content-length" => length = value.trim().parse().unwrap_or(0),
-                    "x-tokens" => tokens = value.trim().parse().unwrap_or(0),
-                    _ => {}
-                }
-            }
-        }
-        let mut body = vec![0; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        let usage = format!(
-            r#""usage": {{"prompt_tokens": 1, "completion_tokens": {tokens}, "total_tokens": {tokens}}}"#
-        );
-        let (kind, answer) = if stream {
-            let event = r#"{"choices": [{"delta": {"content": "hi"}}], "usage": null}"#;
-            let last = format!(r#"{{"choices": [], {usage}}}"#);
-            let text = if cut {
-                // A later event with more usage, cut before its end: it must not count.
-                let more = r#"{"choices": [], "usage": {"total_tokens": 999}}"#;
-                format!("data: {event}\n\ndata: {last}\n\ndata: {more}\n\n")
-            } else {
-                format!("data: {event}\n\ndata: {event}\n\ndata: {last}\n\ndata: [DONE]\n\n")
-            };
-            ("text/event-stream", text)
-        } else {
-            let text = format!(r#"{{"choices": [{{"message": {{"content": "hi"}}}}], {usage}}}"#);
-            ("application/json", text)
-        };
-        let response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{answer}",
-            answer.len()
-        );
-        if cut {
-            // The stream breaks off inside its last event: promised more than is sent.
-            let sent = response.len() - 10;
-            let head = response.replacen(
-                &format!("content-length: {}", answer.len()),
-                &format!("content-length: {}", answer.len() + 1000),
-                1,
-            );
-            let _ = writer.write_all(&head.as_bytes()[..sent]);
-            return;
-        }
-        if writer.write_all(response.as_bytes()).is_err() {
-            return;
-        }
-    }
-}
+const WAIT: Duration = Duration::from_secs(15);
 
 /// The filter configuration: the shipped bridge (patient: a loaded machine must not make
-/// requests pass by policy) and `limits` on one rule keyed by `x-api-key`.
-fn filter_json(limits: &str) -> String {
+/// requests pass by policy, `timeout`) and `limits` on one rule `llm` keyed by `x-api-key`.
+fn filter_json(limits: &str, timeout: &str) -> String {
     format!(
         r#"{{
   "bridge": {{"cluster": "webdis", "authority": "webdis", "username": "ratelimit",
-             "password": "ratelimit-demo-secret", "timeout": "5s"}},
+             "password": "ratelimit-demo-secret", "timeout": "{timeout}"}},
   "breaker": {{"stall": "5s"}},
   "rules": [{{"name": "llm", "key": {{"from": ["header:x-api-key"]}}, "limits": [{limits}]}}]
 }}"#
@@ -114,26 +28,32 @@ fn filter_json(limits: &str) -> String {
 
 struct Llm {
     envoy: Envoy,
-    _webdis: Webdis,
+    webdis: Webdis,
     redis: Redis,
+    upstream: LlmUpstream,
     keys: Keys,
     _dir: WorkDir,
 }
 
 impl Llm {
     fn start(name: &str, limits: &str) -> Llm {
+        Llm::start_with(name, limits, "5s")
+    }
+
+    fn start_with(name: &str, limits: &str, timeout: &str) -> Llm {
         let dir = WorkDir::new(name);
         let redis = Redis::start(&dir);
         let webdis = Webdis::start(&dir, redis.port);
-        let upstream = start_upstream();
-        let json = filter_json(limits);
+        let upstream = LlmUpstream::start();
+        let json = filter_json(limits, timeout);
         let (from, to) = filter_config_edit(&json);
         let route = (
             "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n",
-            "                route: { cluster: upstream }\n",
+            "                route: { cluster: upstream, timeout: 60s }\n",
         );
         let cluster = format!(
-            "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {upstream} }}\n"
+            "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
+            upstream.port
         );
         let edits = [
             (from.as_str(), to.as_str()),
@@ -143,145 +63,300 @@ impl Llm {
         let envoy = Envoy::start(&dir, webdis.port, &edits);
         Llm {
             envoy,
-            _webdis: webdis,
+            webdis,
             redis,
+            upstream,
             keys: Keys::from_json(&json),
             _dir: dir,
         }
     }
 
-    /// A chat completion for `api_key` whose answer says it used `tokens`.
-    fn chat(&self, api_key: &str, body: &str, tokens: u64) -> Response {
-        self.post("/v1/chat/completions", api_key, body, tokens)
-    }
-
-    /// A POST of `body` to `path` for `api_key` whose answer says it used `tokens`.
-    fn post(&self, path: &str, api_key: &str, body: &str, tokens: u64) -> Response {
-        let tokens = tokens.to_string();
-        let headers: [(&str, &[u8]); 3] = [
+    /// A chat completion for `api_key` with `body` and the upstream's test headers `extra`.
+    fn send(&self, api_key: &str, body: &[u8], extra: &[(&str, &[u8])]) -> Streamed {
+        let mut headers: Vec<(&str, &[u8])> = vec![
             ("x-api-key", api_key.as_bytes()),
-            ("x-tokens", tokens.as_bytes()),
             ("content-type", b"application/json"),
         ];
-        request(self.envoy.port, "POST", path, &headers, body.as_bytes())
-            .expect("a request through envoy")
+        headers.extend_from_slice(extra);
+        post_streamed(self.envoy.port, "/v1/chat/completions", &headers, body)
+            .expect("an answer through envoy")
     }
 
-    fn field(&self, key: &str, field: &str) -> Option<String> {
-        let value = self.redis.admin().cmd(&["HGET", key, field]).ok()?;
+    /// A JSON (or, with `stream`, streamed) completion whose usage is `tokens`.
+    fn chat(&self, api_key: &str, stream: bool, tokens: u64) -> Streamed {
+        let body = chat_request("Say hello.", stream, None);
+        self.send(api_key, &body, &[(USAGE, tokens.to_string().as_bytes())])
+    }
+
+    fn key(&self, limit: &str, api_key: &str) -> String {
+        self.keys
+            .limit_key("llm", limit, "header:x-api-key", api_key.as_bytes())
+    }
+
+    /// A field of the state hash of `limit` for `api_key`.
+    fn field(&self, limit: &str, api_key: &str, field: &str) -> Option<String> {
+        let key = self.key(limit, api_key);
+        let value = self.redis.admin().cmd(&["HGET", &key, field]).ok()?;
         Some(value.text()).filter(|t| !t.is_empty())
     }
+
+    /// Waits until the fixed-window count of `limit` for `api_key` is `n`.
+    fn wait_count(&self, limit: &str, api_key: &str, n: u64, what: &str) {
+        let want = n.to_string();
+        wait_until(
+            what,
+            WAIT,
+            || self.field(limit, api_key, "n"),
+            |v| v.as_deref() == Some(want.as_str()),
+        );
+    }
+
+    fn counter(&self, limit: &str, event: &str) -> u64 {
+        self.envoy
+            .counter(&format!("ratelimit_rule.llm.{limit}.{event}"))
+    }
+
+    fn wait_counter(&self, limit: &str, event: &str, want: u64) {
+        self.envoy
+            .wait_counter(&format!("ratelimit_rule.llm.{limit}.{event}"), want);
+    }
+
+    /// No wasm panic and no failed filter callback in Envoy's log.
+    fn assert_no_wasm_failure(&self) {
+        let log = self.envoy.process.log_text();
+        for bad in ["panicked", "Function: proxy_on_", "wasm trap"] {
+            assert!(
+                !log.contains(bad),
+                "Envoy's log holds {bad:?}:\n{}",
+                log.lines()
+                    .filter(|l| l.contains(bad))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
 }
 
+/// The value of `metric` labelled rule `llm` and `limit` in /stats/prometheus.
+fn per_rule(envoy: &Envoy, metric: &str, limit: &str) -> Option<f64> {
+    let text = get(envoy.admin_port, "/stats/prometheus", &[])
+        .expect("envoy admin /stats/prometheus")
+        .text();
+    let limit = format!("limit=\"{limit}\"");
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(metric)?.strip_prefix('{')?;
+        let (labels, value) = rest.split_once("} ")?;
+        let labels: Vec<&str> = labels.split(',').collect();
+        (labels.len() == 2 && labels.contains(&"rule=\"llm\"") && labels.contains(&limit.as_str()))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+/// When the chunk holding `needle` arrived.
+fn arrived(r: &Streamed, needle: &str) -> Instant {
+    r.chunks
+        .iter()
+        .find(|c| String::from_utf8_lossy(&c.data).contains(needle))
+        .map(|c| c.at)
+        .unwrap_or_else(|| panic!("no chunk holds {needle}"))
+}
+
+/// JSON answers and streams charge exactly the usage the upstream reported, read from a
+/// body path and from a response header; the per-rule counters say so in /stats/prometheus
+/// with rule and limit labels.
 #[test]
-fn a_json_response_charges_exactly_its_usage_and_the_rest_of_the_reservation_is_given_back() {
-    // A day's fixed window: the count in Redis is exactly what was charged.
+fn json_and_streamed_answers_charge_exactly_their_usage_from_the_body_or_a_header() {
+    // Fixed windows of a day: the count in Redis is exactly what was charged.
     let s = Llm::start(
-        "usage-json",
-        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100000, "window": "1d",
-            "usage": {"from": "body:usage.total_tokens",
-                      "estimate": {"request": {"completion_default": 1000}}}}"#,
+        "usage-exact",
+        r#"{"name": "body", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens", "estimate": 1000}},
+           {"name": "header", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "header:x-usage-tokens", "estimate": 1000}}"#,
     );
-    let key = s
-        .keys
-        .limit_key("llm", "tokens", "header:x-api-key", b"alice");
-    // Reserved: the body's bytes and its max_tokens (500); used: 30.
-    let body = r#"{"max_tokens": 500, "messages": "hi"}"#;
-    let reserved = body.len() as u64 + 500;
-    let r = s.chat("alice", body, 30);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.text().contains("total_tokens"), "{}", r.text());
-    assert_eq!(r.header("x-ratelimit-limit"), Some("100000"));
-    let remaining = 100_000 - reserved;
-    assert_eq!(
-        r.header("x-ratelimit-remaining"),
-        Some(remaining.to_string().as_str())
-    );
-    // The settlement follows the response: the count becomes the usage alone.
-    wait_until(
-        "the usage settled in Redis",
-        Duration::from_secs(10),
-        || s.field(&key, "n"),
-        |n| n.as_deref() == Some("30"),
-    );
-    let r = s.chat("alice", body, 1200);
+    let r = s.chat("json", false, 30);
     assert_eq!(r.status, 200);
-    // 1,200 used against the reservation: the rest charged as debt.
-    wait_until(
-        "the debt settled in Redis",
-        Duration::from_secs(10),
-        || s.field(&key, "n"),
-        |n| n.as_deref() == Some("1230"),
+    let v: serde_json::Value = serde_json::from_slice(&r.body()).expect("JSON");
+    assert_eq!(v["usage"]["total_tokens"], 30);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1000000"));
+    s.wait_count("body", "json", 30, "the JSON usage settled in Redis");
+
+    let r = s.chat("stream", true, 77);
+    assert!(r.complete, "the stream ended early");
+    let data = sse_data(&r.body());
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    s.wait_count("body", "stream", 77, "the stream's usage settled in Redis");
+
+    // The usage in a response header, as JSON and as a stream.
+    for (stream, tokens) in [(false, 40), (true, 45)] {
+        let body = chat_request("Say hello.", stream, None);
+        let tokens_text = tokens.to_string();
+        let r = s.send(
+            "header",
+            &body,
+            &[
+                (SHAPE, Shape::Header.name().as_bytes()),
+                (USAGE, tokens_text.as_bytes()),
+            ],
+        );
+        assert_eq!(r.header(USAGE_RESPONSE_HEADER), Some(tokens_text.as_str()));
+    }
+    s.wait_count(
+        "header",
+        "header",
+        85,
+        "the header's usage settled in Redis",
     );
-    s.envoy
-        .wait_counter("ratelimit_rule.llm.tokens.usage_charged", 1230);
-    s.envoy
-        .wait_counter("ratelimit_rule.llm.tokens.usage_debt", 1200 - reserved);
-    s.envoy
-        .wait_counter("ratelimit_rule.llm.tokens.usage_given_back", reserved - 30);
-    s.envoy
-        .wait_counter("ratelimit_rule.llm.tokens.usage_reserved", 2 * reserved);
+    // Redis charged what the upstream reported, no more, no less.
+    assert_eq!(s.upstream.served_for("json").sum, 30);
+    assert_eq!(s.upstream.served_for("stream").sum, 77);
+    assert_eq!(s.upstream.served_for("header").sum, 85);
+
+    // Each limit read only its own source: the other one's estimate stands (unread).
+    s.wait_count("header", "json", 1000, "the header limit kept its estimate");
+    s.wait_count("body", "header", 2000, "the body limit kept its estimates");
+    let counts = [
+        ("usage_reserved", 4000.0, 4000.0),
+        ("usage_charged", 2107.0, 2085.0),
+        ("usage_given_back", 1893.0, 1915.0),
+        ("usage_debt", 0.0, 0.0),
+        ("usage_unread", 2.0, 2.0),
+    ];
+    for (event, body, header) in counts {
+        let metric = format!("ratelimit_rule_{event}");
+        for (limit, want) in [("body", body), ("header", header)] {
+            wait_until(
+                &format!("{metric}{{limit={limit}}}"),
+                WAIT,
+                || per_rule(&s.envoy, &metric, limit),
+                |v| *v == Some(want),
+            );
+        }
+    }
+    s.assert_no_wasm_failure();
 }
 
+/// The request's estimate (bytes + max_tokens) is charged before the upstream answers, the
+/// stream reaches the client as it is sent, and the unused part is given back after; a
+/// body over max_body is answered 413 and never reaches the upstream.
 #[test]
-fn debt_refuses_until_repaid_with_a_retry_after_that_counts_it() {
-    // 600 tokens a minute (10 a second), 100 reserved per request from a fixed estimate.
+fn the_estimate_is_charged_up_front_then_given_back_and_a_stream_is_not_held() {
+    let s = Llm::start(
+        "usage-reserve",
+        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens",
+                      "estimate": {"request": {"completion_default": 1000, "max_body": "1KiB"}}}}"#,
+    );
+    let body = chat_request("Say hello.", true, Some(500));
+    let reserved = body.len() as u64 + 500;
+    std::thread::scope(|scope| {
+        // 4 content events 400 ms apart: the upstream holds its answer (and its usage) 1.6 s.
+        let request = scope.spawn(|| {
+            s.send(
+                "alice",
+                &body,
+                &[(USAGE, b"120"), (EVENTS, b"4"), (EVENT_DELAY, b"400")],
+            )
+        });
+        s.wait_count("tokens", "alice", reserved, "the estimate charged up front");
+        assert!(
+            !request.is_finished(),
+            "the answer ended before the reservation was seen"
+        );
+        let r = request.join().expect("the request thread");
+        assert!(r.complete, "the stream ended early");
+        let spread = arrived(&r, "[DONE]") - arrived(&r, "data: {");
+        assert!(
+            spread >= Duration::from_millis(1200),
+            "the first event came only {spread:?} before the last: the stream was held back"
+        );
+    });
+    s.wait_count("tokens", "alice", 120, "the unused estimate given back");
+    s.wait_counter("tokens", "usage_given_back", reserved - 120);
+    s.wait_counter("tokens", "usage_reserved", reserved);
+
+    // 1 KiB of body at most: a longer one is answered 413, uncharged, never answered upstream.
+    let served = s.upstream.requests();
+    let big = chat_request(&"x".repeat(1100), false, None);
+    let r = s.send("bob", &big, &[]);
+    assert_eq!(r.status, 413, "{}", String::from_utf8_lossy(&r.body()));
+    assert_eq!(
+        s.upstream.requests(),
+        served,
+        "the upstream read the request"
+    );
+    let exists = s
+        .redis
+        .admin()
+        .cmd(&["EXISTS", &s.key("tokens", "bob")])
+        .expect("EXISTS")
+        .int();
+    assert_eq!(exists, 0, "a refused body charged something");
+    s.assert_no_wasm_failure();
+}
+
+/// A usage above the estimate is charged as debt: the key is refused with a Retry-After
+/// that counts the debt, and admitted again once refill has repaid it.
+#[test]
+fn debt_refuses_until_repaid_with_the_right_retry_after() {
+    // 100 tokens per 2 s (50 a second), 50 reserved per request.
     let s = Llm::start(
         "usage-debt",
-        r#"{"name": "tokens", "limit": 600, "window": "1m",
-            "usage": {"from": "body:usage.total_tokens", "estimate": 100}}"#,
+        r#"{"name": "tokens", "limit": 100, "window": "2s",
+            "usage": {"from": "body:usage.total_tokens", "estimate": 50}}"#,
     );
-    let key = s
-        .keys
-        .limit_key("llm", "tokens", "header:x-api-key", b"bob");
-    assert_eq!(s.chat("bob", "{}", 900).status, 200);
-    // 900 used: the bucket holds 600 - 900 = -300 once settled.
-    wait_until(
-        "the debt settled in Redis",
-        Duration::from_secs(10),
-        || s.field(&key, "tokens").and_then(|t| t.parse::<f64>().ok()),
-        |t| t.is_some_and(|t| t < 0.0),
-    );
-    let r = s.chat("bob", "{}", 1);
-    assert_eq!(r.status, 429, "{}", r.text());
+    let r = s.chat("bob", false, 250);
+    assert_eq!(r.status, 200);
+    // 250 used against 50 reserved: 200 of debt, the bucket below zero once settled.
+    let tokens = || {
+        let t: f64 = s.field("tokens", "bob", "tokens")?.parse().ok()?;
+        let ts: u128 = s.field("tokens", "bob", "ts")?.parse().ok()?;
+        Some((t, ts))
+    };
+    let (stored, ts) = wait_until("the debt settled in Redis", WAIT, tokens, |v| {
+        v.is_some_and(|(t, _)| t < 0.0)
+    })
+    .expect("a bucket");
+    s.wait_counter("tokens", "usage_debt", 200);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    // The balance now, refilled at 50 a second since the state was written.
+    let elapsed = now.saturating_sub(ts) as f64 / 1e9;
+    let balance = (stored + 50.0 * elapsed).min(100.0);
+    let r = s.chat("bob", false, 1);
+    let refused_at = Instant::now();
+    assert_eq!(r.status, 429, "admitted at a balance of {balance}");
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
-    // 100 tokens needed from about -300: about 40 s at 10 a second.
-    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
-    assert!((35..=40).contains(&retry), "Retry-After {retry}");
+    // Until the balance covers the next estimate (50), rounded up as the filter rounds.
+    let expected = ((50.0 - balance) / 50.0).ceil() as i64;
+    let retry: i64 = r
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!(
+        (retry - expected).abs() <= 1,
+        "Retry-After {retry}, expected {expected} (balance {balance})"
+    );
+    // Refused until repaid, admitted once it is.
+    let admitted = wait_until(
+        "admitted again",
+        Duration::from_secs(retry as u64 + 5),
+        || s.chat("bob", false, 1).status,
+        |status| *status == 200,
+    );
+    assert_eq!(admitted, 200);
+    let waited = refused_at.elapsed().as_secs_f64();
+    assert!(
+        waited >= (retry - 1) as f64,
+        "admitted after {waited:.2} s, Retry-After said {retry}"
+    );
+    s.assert_no_wasm_failure();
 }
 
-#[test]
-fn a_stream_charges_the_usage_of_its_last_event_and_a_body_too_large_is_answered_413() {
-    let s = Llm::start(
-        "usage-stream",
-        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100000, "window": "1d",
-            "usage": {"from": "body:usage.total_tokens",
-                      "estimate": {"request": {"completion_default": 100, "max_body": "64B"}}}}"#,
-    );
-    let key = s
-        .keys
-        .limit_key("llm", "tokens", "header:x-api-key", b"carol");
-    let r = s.post("/v1/stream", "carol", r#"{"stream": true}"#, 77);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.text().ends_with("data: [DONE]\n\n"), "{}", r.text());
-    wait_until(
-        "the stream's usage settled in Redis",
-        Duration::from_secs(10),
-        || s.field(&key, "n"),
-        |n| n.as_deref() == Some("77"),
-    );
-    // 65 bytes of body: over max_body, answered by the filter, nothing charged.
-    let big = format!(r#"{{"messages": "{}"}}"#, "x".repeat(49));
-    assert_eq!(big.len(), 65);
-    let r = s.chat("dave", &big, 5);
-    assert_eq!(r.status, 413, "{}", r.text());
-    let dave = s
-        .keys
-        .limit_key("llm", "tokens", "header:x-api-key", b"dave");
-    let exists = s.redis.admin().cmd(&["EXISTS", &dave]).unwrap().int();
-    assert_eq!(exists, 0, "no state for a refused body");
-}
-
+/// `after`: admitted while a unit is left, whatever the estimate, charged the usage once
+/// read (debt allowed), refused at a balance of 0 or less.
 #[test]
 fn after_mode_admits_while_a_unit_is_left_and_charges_the_usage() {
     let s = Llm::start(
@@ -289,48 +364,186 @@ fn after_mode_admits_while_a_unit_is_left_and_charges_the_usage() {
         r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100, "window": "1d",
             "usage": {"from": "body:usage.total_tokens", "admit": "after", "estimate": 1000}}"#,
     );
-    let key = s
-        .keys
-        .limit_key("llm", "tokens", "header:x-api-key", b"erin");
-    // An estimate of 1,000 on a limit of 100: admitted all the same, charged its usage.
-    let r = s.chat("erin", "{}", 60);
-    assert_eq!(r.status, 200, "{}", r.text());
-    wait_until(
-        "the usage charged",
-        Duration::from_secs(10),
-        || s.field(&key, "n"),
-        |n| n.as_deref() == Some("60"),
-    );
-    assert_eq!(s.chat("erin", "{}", 60).status, 200, "40 left: admitted");
-    wait_until(
-        "the debt charged",
-        Duration::from_secs(10),
-        || s.field(&key, "n"),
-        |n| n.as_deref() == Some("120"),
-    );
-    let r = s.chat("erin", "{}", 60);
-    assert_eq!(r.status, 429, "{}", r.text());
+    // An estimate of 1,000 on a limit of 100: admitted all the same, nothing charged up front.
+    assert_eq!(s.chat("erin", false, 60).status, 200);
+    s.wait_count("tokens", "erin", 60, "the usage charged");
+    assert_eq!(s.chat("erin", true, 60).status, 200, "40 left: admitted");
+    s.wait_count("tokens", "erin", 120, "the stream's usage charged, as debt");
+    let r = s.chat("erin", false, 60);
+    assert_eq!(r.status, 429);
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(s.upstream.served_for("erin").count, 2);
+    // A balance of exactly 0 is refused too.
+    assert_eq!(s.chat("finn", false, 100).status, 200);
+    s.wait_count("tokens", "finn", 100, "the whole limit used");
+    assert_eq!(s.chat("finn", false, 1).status, 429);
+    s.wait_counter("tokens", "usage_charged", 220);
+    // Nothing reserved, nothing given back; debt counts units above the estimate (1,000): none.
+    assert_eq!(s.counter("tokens", "usage_reserved"), 0);
+    assert_eq!(s.counter("tokens", "usage_given_back"), 0);
+    assert_eq!(s.counter("tokens", "usage_debt"), 0);
+    s.assert_no_wasm_failure();
 }
 
+/// Every bad answer, as JSON and as a stream, and a body past the read bound: none panics,
+/// none gives tokens back (the estimate stays charged), each is counted in usage_unread.
 #[test]
-fn a_stream_cut_early_settles_the_usage_it_read() {
+fn bad_upstream_input_keeps_the_estimate_and_is_counted() {
     let s = Llm::start(
-        "usage-cut",
-        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 100000, "window": "1d",
+        "usage-bad",
+        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 1000000000, "window": "1d",
             "usage": {"from": "body:usage.total_tokens", "estimate": 100}}"#,
     );
-    let key = s
-        .keys
-        .limit_key("llm", "tokens", "header:x-api-key", b"fay");
-    // A complete event says 33; the next one (999) is cut inside: 33 is settled.
-    let _ = s.post("/v1/cut", "fay", "{}", 33);
-    wait_until(
-        "the usage read before the cut settled",
-        Duration::from_secs(10),
-        || s.field(&key, "n"),
-        |n| n.as_deref() == Some("33"),
+    let bad = [
+        Shape::Missing,
+        Shape::Null,
+        Shape::Negative,
+        Shape::Fractional,
+        Shape::Huge,
+        Shape::Text,
+        Shape::Duplicate,
+        Shape::NotJson,
+        Shape::Cut,
+        Shape::Reset,
+    ];
+    // (API key, streamed, the upstream's test header making the answer bad)
+    let mut cases: Vec<(String, bool, (&str, String))> = Vec::new();
+    for shape in bad {
+        for stream in [false, true] {
+            let name = format!(
+                "{}-{}",
+                shape.name(),
+                if stream { "stream" } else { "json" }
+            );
+            cases.push((name, stream, (SHAPE, shape.name().to_string())));
+        }
+    }
+    // 17 MiB of padding before the usage: past the 16 MiB read bound.
+    cases.push((
+        "padded-json".into(),
+        false,
+        (PAD, (17u64 << 20).to_string()),
+    ));
+    for (i, (name, stream, (header, value))) in cases.iter().enumerate() {
+        let body = chat_request("Say hello.", *stream, None);
+        let headers: [(&str, &[u8]); 3] = [
+            ("x-api-key", name.as_bytes()),
+            (header, value.as_bytes()),
+            (USAGE, b"40"),
+        ];
+        // A reset or cut answer may break the client's connection: only the state counts.
+        let r = post_streamed(s.envoy.port, "/v1/chat/completions", &headers, &body);
+        if *header == PAD {
+            // The whole padded answer reached the client (the filter reads, never holds).
+            let r = r.expect("the padded answer");
+            assert_eq!(r.status, 200);
+            assert!(r.complete && r.body().len() > 17 << 20, "padded answer cut");
+        }
+        s.wait_counter("tokens", "usage_unread", i as u64 + 1);
+        s.wait_count(
+            "tokens",
+            name,
+            100,
+            &format!("{name}: the estimate charged"),
+        );
+    }
+    let n = cases.len() as u64;
+    s.wait_counter("tokens", "usage_charged", 100 * n);
+    assert_eq!(s.counter("tokens", "usage_given_back"), 0);
+    assert_eq!(s.counter("tokens", "usage_debt"), 0);
+    // Nothing given back later either: every count still holds the estimate.
+    for (name, _, _) in &cases {
+        assert_eq!(
+            s.field("tokens", name, "n").as_deref(),
+            Some("100"),
+            "{name}"
+        );
+    }
+    s.assert_no_wasm_failure();
+}
+
+/// Webdis stopped (SIGSTOP) when settlements are due: they are kept, and land once it is
+/// back; a debt is never lost (at worst charged once more per call that timed out, as
+/// documented), a give-back is made at most once.
+#[test]
+fn settlements_due_while_webdis_hangs_land_after_it_resumes() {
+    let s = Llm::start_with(
+        "usage-paused",
+        r#"{"name": "tokens", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens", "estimate": 100}}"#,
+        "1s",
     );
-    s.envoy
-        .wait_counter("ratelimit_rule.llm.tokens.usage_charged", 33);
+    s.envoy.wait_counter("ratelimit_usage_settlements_lost", 0);
+    let stats = get(s.envoy.admin_port, "/stats/prometheus", &[])
+        .expect("/stats/prometheus")
+        .text();
+    assert!(
+        stats.contains("ratelimit_usage_settlements_lost"),
+        "ratelimit_usage_settlements_lost is not exported"
+    );
+    let calls = s.envoy.counter("ratelimit_usage_settlement_calls");
+    std::thread::scope(|scope| {
+        let streams: Vec<_> = [("debt", b"700" as &[u8]), ("back", b"30")]
+            .into_iter()
+            .map(|(key, usage)| {
+                let s = &s;
+                scope.spawn(move || {
+                    s.send(
+                        key,
+                        &chat_request("Say hello.", true, None),
+                        &[(USAGE, usage), (EVENTS, b"3"), (EVENT_DELAY, b"300")],
+                    )
+                })
+            })
+            .collect();
+        s.wait_count("tokens", "debt", 100, "the debt's estimate reserved");
+        s.wait_count("tokens", "back", 100, "the give-back's estimate reserved");
+        s.webdis.process.pause();
+        for stream in streams {
+            assert!(stream.join().expect("a request thread").complete);
+        }
+    });
+    // The settlement call is made while Webdis hangs, and times out (Envoy answers it 504
+    // after 1 s): it was sent, so Webdis may still carry it out once it runs again.
+    wait_until(
+        "a settlement call timed out",
+        WAIT,
+        || s.envoy.stat("cluster.webdis.upstream_rq_timeout"),
+        |n| *n >= 1,
+    );
+    assert!(s.envoy.counter("ratelimit_usage_settlement_calls") > calls);
+    assert_eq!(s.field("tokens", "debt", "n").as_deref(), Some("100"));
+    // Its give-back is dropped and counted lost (sending it again could give it twice), its
+    // debt kept and sent again.
+    s.envoy.wait_counter("ratelimit_usage_settlements_lost", 1);
+    let timeouts = s.envoy.stat("cluster.webdis.upstream_rq_timeout");
+    s.webdis.process.resume();
+    // The debt (600) lands once, and once more for each call that timed out and that Webdis
+    // carried out all the same (on the limit's side).
+    let debt = wait_until(
+        "the debt charged after Webdis resumed",
+        WAIT,
+        || {
+            s.field("tokens", "debt", "n")
+                .and_then(|n| n.parse::<u64>().ok())
+        },
+        |n| n.is_some_and(|n| n >= 700 && (n - 100) % 600 == 0),
+    );
+    let charged = debt.map(|n| (n - 100) / 600).unwrap_or(0);
+    assert!(
+        charged <= timeouts + 1,
+        "the debt charged {charged} times after {timeouts} timeouts"
+    );
+    // A decision made after the resume has reached Redis, so has what Webdis held before it.
+    assert_eq!(s.chat("probe", false, 5).status, 200);
+    s.wait_count("tokens", "probe", 5, "a request after the resume settled");
+    // The give-back was made at most once: 30 (Webdis carried out the call that timed out)
+    // or 100 (it did not: the reservation stays spent). Never below the usage.
+    let back = s.field("tokens", "back", "n");
+    assert!(
+        matches!(back.as_deref(), Some("100") | Some("30")),
+        "give-back: n = {back:?} for a usage of 30 (debt {debt:?})"
+    );
+    assert_eq!(s.counter("tokens", "usage_unread"), 0);
+    s.assert_no_wasm_failure();
 }

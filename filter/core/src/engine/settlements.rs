@@ -7,9 +7,10 @@
 //!
 //! Failures: a settlement whose call failed definitely (not sent, refused by the bridge or
 //! Redis, past its deadline) is kept and sent again; the kept list is bounded, the oldest
-//! dropped beyond it and counted lost. A call that timed out may have been carried out: its
-//! debts are sent again (a rare double charge errs on the limit's side) and its give-backs
-//! dropped and counted lost (never units the client did not pay back).
+//! dropped beyond it and counted lost. A call that timed out (no answer, or Envoy's 504) may
+//! have been carried out: its debts are sent again (a rare double charge errs on the limit's
+//! side) and its give-backs dropped and counted lost (never units the client did not pay
+//! back).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -303,13 +304,15 @@ impl Settlements {
                     Some((BridgeRequest::script_load(), again)),
                 )
             }
-            Err(BridgeFailure::NoResponse) => {
-                // It may have been carried out: debts again, give-backs lost.
+            // No answer, or Envoy's own 504 once the call's timeout passed: it was sent and
+            // may have been carried out (a Webdis that hung reads it when it runs again).
+            Err(failure @ (BridgeFailure::NoResponse | BridgeFailure::Status(504))) => {
+                // Debts again, give-backs lost.
                 let (debts, give_backs): (Vec<_>, Vec<_>) =
                     call.settlements.into_iter().partition(|s| s.delta > 0);
                 self.lost += give_backs.len() as u64;
                 self.keep(debts);
-                (Settled::Failed(BridgeFailure::NoResponse), None)
+                (Settled::Failed(failure), None)
             }
             Err(failure) => {
                 self.keep(call.settlements);

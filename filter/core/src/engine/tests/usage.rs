@@ -290,6 +290,40 @@ fn after_a_timeout_debts_are_sent_again_and_give_backs_are_lost_and_counted() {
     assert_eq!(settle_calls(&h)[1].1, vec![60]);
 }
 
+/// Envoy answers a call whose timeout passed with its own 504: the call was sent and may
+/// still be carried out (a Webdis that hung reads it once it runs again), as after no answer.
+#[test]
+fn a_504_from_envoy_is_a_timeout_give_backs_are_lost_and_debts_sent_again() {
+    let (c, mut e, mut h) = metered("");
+    served(
+        &mut e,
+        &c,
+        &mut h,
+        1,
+        "/v1/a",
+        r#"{"usage": {"total_tokens": 160}}"#,
+    );
+    served(
+        &mut e,
+        &c,
+        &mut h,
+        2,
+        "/v1/b",
+        r#"{"usage": {"total_tokens": 20}}"#,
+    );
+    e.on_wakeup(&c, &mut h);
+    let calls = settle_calls(&h);
+    assert_eq!(calls[0].1, vec![60, -80]);
+    let timed_out = BridgeReply {
+        status: Some(504),
+        body: b"upstream request timeout",
+    };
+    e.on_reply(&c, &mut h, None, calls[0].0, timed_out);
+    assert_eq!(h.count_of(Counter::UsageSettlementsLost), 1);
+    e.on_tick(&c, &mut h);
+    assert_eq!(settle_calls(&h)[1].1, vec![60]);
+}
+
 #[test]
 fn redis_without_the_script_gets_it_loaded_and_the_settlement_again() {
     let (c, mut e, mut h) = metered("");
