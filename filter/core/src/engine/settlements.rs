@@ -7,7 +7,7 @@
 //!
 //! Failures: a settlement whose call failed definitely (not sent, refused by the bridge or
 //! Redis, past its deadline) is kept and sent again; the kept list is bounded, the oldest
-//! dropped beyond it and counted lost. A call that timed out (no answer, or Envoy's 504) may
+//! dropped beyond it and counted lost. A call that timed out (no answer, or a 5xx) may
 //! have been carried out: its debts are sent again (a rare double charge errs on the limit's
 //! side) and its give-backs dropped and counted lost (never units the client did not pay
 //! back).
@@ -289,8 +289,9 @@ impl Settlements {
                     self.lost += call.settlements.len() as u64;
                     (Settled::Failed(failure), None)
                 }
+                // The script ran, and its reply lacks this entry: as if carried out unseen.
                 None => {
-                    self.keep(call.settlements);
+                    self.after_doubt(call.settlements);
                     (Settled::Failed(BridgeFailure::BadReply("no entry")), None)
                 }
             },
@@ -304,14 +305,16 @@ impl Settlements {
                     Some((BridgeRequest::script_load(), again)),
                 )
             }
-            // No answer, or Envoy's own 504 once the call's timeout passed: it was sent and
-            // may have been carried out (a Webdis that hung reads it when it runs again).
-            Err(failure @ (BridgeFailure::NoResponse | BridgeFailure::Status(504))) => {
-                // Debts again, give-backs lost.
-                let (debts, give_backs): (Vec<_>, Vec<_>) =
-                    call.settlements.into_iter().partition(|s| s.delta > 0);
-                self.lost += give_backs.len() as u64;
-                self.keep(debts);
+            // Sent, and may have been carried out: no answer, a 5xx (Envoy's own 504 once the
+            // call's timeout passed, its 503 when the connection reset after the call went
+            // out; a hung Webdis reads the call when it runs again), a reply that cannot be
+            // read.
+            Err(
+                failure @ (BridgeFailure::NoResponse
+                | BridgeFailure::Status(500..)
+                | BridgeFailure::BadReply(_)),
+            ) => {
+                self.after_doubt(call.settlements);
                 (Settled::Failed(failure), None)
             }
             Err(failure) => {
@@ -329,6 +332,16 @@ impl Settlements {
     /// A follow-up could not be dispatched: its settlements are kept.
     pub fn not_resent(&mut self, call: SettleCall) {
         self.keep(call.settlements);
+    }
+
+    /// Settlements of a call that may have been carried out: debts are sent again (a rare
+    /// double charge errs on the limit's side), give-backs dropped and counted lost (never
+    /// units the client did not pay back).
+    fn after_doubt(&mut self, settlements: Vec<Settlement>) {
+        let (debts, give_backs): (Vec<_>, Vec<_>) =
+            settlements.into_iter().partition(|s| s.delta > 0);
+        self.lost += give_backs.len() as u64;
+        self.keep(debts);
     }
 
     /// Settlements sent again before the ones queued since (they are older).

@@ -219,8 +219,9 @@ fn a_settlement_refused_by_the_bridge_or_past_its_deadline_is_sent_again() {
         r#"{"usage": {"total_tokens": 10}}"#,
     );
     e.on_wakeup(&c, &mut h);
+    // Webdis refuses a call it does not carry out (its ACL: 403).
     let down = BridgeReply {
-        status: Some(503),
+        status: Some(403),
         body: b"",
     };
     let token = settle_calls(&h)[0].0;
@@ -457,4 +458,45 @@ fn beyond_the_bound_of_streams_waiting_for_a_response_the_oldest_is_charged_its_
     assert!(e.take_meter(2).is_some(), "the others still wait");
     assert_eq!(stat(&h, &c, "ratelimit_rule.late.tokens.usage_unread"), 1);
     assert_eq!(stat(&h, &c, "ratelimit_rule.late.tokens.usage_charged"), 50);
+}
+
+#[test]
+fn a_5xx_or_unreadable_reply_may_have_been_carried_out_give_backs_are_lost_debts_sent_again() {
+    for reply in [
+        BridgeReply {
+            status: Some(503),
+            body: b"upstream connect error or disconnect/reset before headers",
+        },
+        BridgeReply {
+            status: Some(200),
+            body: b"{\"EVALSHA\": garbage",
+        },
+    ] {
+        let (c, mut e, mut h) = metered("");
+        served(
+            &mut e,
+            &c,
+            &mut h,
+            1,
+            "/v1/a",
+            r#"{"usage": {"total_tokens": 10}}"#,
+        );
+        served(
+            &mut e,
+            &c,
+            &mut h,
+            2,
+            "/v1/b",
+            r#"{"usage": {"total_tokens": 300}}"#,
+        );
+        e.on_wakeup(&c, &mut h);
+        let (token, deltas) = settle_calls(&h)[0].clone();
+        assert_eq!(deltas, vec![-90, 200]);
+        e.on_reply(&c, &mut h, None, token, reply);
+        e.on_tick(&c, &mut h);
+        let calls = settle_calls(&h);
+        assert_eq!(calls.len(), 2, "{:?}", calls);
+        assert_eq!(calls[1].1, vec![200], "the debt again, not the give-back");
+        assert_eq!(h.count_of(Counter::UsageSettlementsLost), 1);
+    }
 }
