@@ -6,7 +6,8 @@ use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// One HTTP/1.1 keep-alive connection to Envoy sending `GET /` with the given headers.
+/// One HTTP/1.1 keep-alive connection to Envoy sending `GET /` (or `post`'s request) with
+/// the given headers.
 pub struct KeepAlive {
     port: u16,
     request: Vec<u8>,
@@ -14,12 +15,24 @@ pub struct KeepAlive {
 }
 
 impl KeepAlive {
-    pub fn new(port: u16, headers: &[(String, String)]) -> KeepAlive {
-        let mut request = String::from("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    pub fn new(port: u16, headers: &[(String, String)], post: Option<&Post>) -> KeepAlive {
+        let line = match post {
+            Some(p) => format!("POST {} HTTP/1.1\r\n", p.path),
+            None => "GET / HTTP/1.1\r\n".to_string(),
+        };
+        let mut request = line + "Host: 127.0.0.1\r\n";
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));
         }
-        request.push_str("\r\n");
+        if let Some(p) = post {
+            request.push_str(&format!(
+                "content-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+                p.body.len(),
+                p.body
+            ));
+        } else {
+            request.push_str("\r\n");
+        }
         let request = request.into_bytes();
         KeepAlive {
             port,
@@ -85,6 +98,19 @@ pub struct Load {
     /// (the most contention). `Some(total)`: requests per second over all connections,
     /// evenly spaced and staggered between connections.
     pub paced_total_per_sec: Option<f64>,
+    /// `None`: `GET /`. Some: a JSON POST (to the OpenAI-compatible test upstream).
+    pub post: Option<Post>,
+}
+
+/// A JSON request body POSTed to `path`, and a header whose value is the connection's number
+/// (from 1, over all replicas): the seed of the upstream's random usage, one per connection.
+#[derive(Clone, Debug)]
+pub struct Post {
+    pub path: String,
+    pub body: String,
+    pub seed_header: Option<String>,
+    /// Added to the connection's number in `seed_header` (another sequence per run).
+    pub seed_base: u64,
 }
 
 /// One response: when it was read (since the start of the load), how long it took, from which
@@ -160,10 +186,19 @@ pub fn run(load: &Load) -> LoadResult {
         for (replica, &port) in load.ports.iter().enumerate() {
             for c in 0..load.conns_per_port {
                 let index = replica * load.conns_per_port + c;
-                let headers = &load.headers;
+                let mut headers = load.headers.clone();
+                if let Some(Post {
+                    seed_header: Some(name),
+                    seed_base,
+                    ..
+                }) = &load.post
+                {
+                    headers.push((name.clone(), (seed_base + index as u64 + 1).to_string()));
+                }
+                let post = load.post.as_ref();
                 let duration = load.duration;
                 handles.push(scope.spawn(move || {
-                    let mut client = KeepAlive::new(port, headers);
+                    let mut client = KeepAlive::new(port, &headers, post);
                     let connected = client.connect();
                     let now = Instant::now();
                     if start > now {

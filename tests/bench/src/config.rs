@@ -199,6 +199,77 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
     config
 }
 
+/// A rule metering usage on the OpenAI-compatible test upstream: a request limit and a usage
+/// limit (token bucket, tokens read from `usage.total_tokens` of the JSON body or the
+/// stream's last usage event), one decision for both.
+#[derive(Clone, Debug)]
+pub struct UsagePolicy {
+    /// The rule's name; with several policies in one config, also the value of
+    /// [`USAGE_ROW_HEADER`] that picks it.
+    pub name: &'static str,
+    /// `"reserve"` or `"after"`.
+    pub admit: &'static str,
+    /// Requests per second of the request limit.
+    pub requests_per_s: u64,
+    /// The usage limit: `tokens` per `window_s`, a bucket of `tokens` (full at the start).
+    pub tokens: u64,
+    pub window_s: u64,
+    /// The fixed estimate (what `reserve` charges up front; what `after` charges when the
+    /// usage cannot be read).
+    pub estimate: u64,
+    pub timeout_ms: u64,
+}
+
+impl UsagePolicy {
+    /// Tokens refilled per second.
+    pub fn rate_per_sec(&self) -> f64 {
+        self.tokens as f64 / self.window_s as f64
+    }
+}
+
+/// The request header that picks a usage policy when one config holds several.
+pub const USAGE_ROW_HEADER: &str = "x-bench-usage";
+
+/// The filter's JSON config enforcing `policies` on the `x-api-key` header, as
+/// [`filter_json`] does for request-counted policies (the second place that knows the config
+/// schema: the usage limit's).
+pub fn usage_filter_json(shipped: &Value, policies: &[UsagePolicy], never_match: bool) -> Value {
+    let mut config = shipped.clone();
+    let timeout = policies.iter().map(|p| p.timeout_ms).min().unwrap_or(150);
+    config["bridge"]["timeout"] = json!(format!("{timeout}ms"));
+    if timeout > 1000 {
+        // As in filter_json: every request decided in Redis, never let through by a breaker
+        // that a loaded machine opened.
+        config["breaker"] = json!({"stall": format!("{timeout}ms")});
+    }
+    config["failure_mode"] = json!("open");
+    let rules: Vec<Value> = policies
+        .iter()
+        .map(|p| {
+            let mut rule = json!({
+                "name": p.name,
+                "key": { "from": ["header:x-api-key"] },
+                "limits": [
+                    {"name": "requests", "limit": p.requests_per_s, "window": "1s"},
+                    {"name": "tokens", "algorithm": "token_bucket", "limit": p.tokens,
+                     "burst": p.tokens, "window": format!("{}s", p.window_s),
+                     "usage": {"from": "body:usage.total_tokens", "admit": p.admit,
+                               "estimate": p.estimate}},
+                ],
+            });
+            if policies.len() > 1 {
+                rule["match"] = json!({ "header": { "name": USAGE_ROW_HEADER, "value": p.name } });
+            }
+            if never_match {
+                rule["match"] = json!({ "path_exact": NEVER_MATCHED_PATH });
+            }
+            rule
+        })
+        .collect();
+    config["rules"] = json!(rules);
+    config
+}
+
 /// Which Envoy a scenario runs against.
 #[derive(Clone, Copy, Debug)]
 pub enum Front<'a> {
@@ -214,6 +285,31 @@ pub enum Front<'a> {
     /// A measurement-only build of our filter (the wasm module at this path, see
     /// `variant.rs`) with these policies.
     Variant(&'a [Policy], &'a Path),
+    /// Every request routed to the OpenAI-compatible test upstream on port `upstream`; the
+    /// filter with these usage policies (`never_match`: its rules match no request), or no
+    /// filter at all (None).
+    Llm {
+        policies: Option<&'a [UsagePolicy]>,
+        never_match: bool,
+        upstream: u16,
+    },
+}
+
+/// The shipped route's answer, replaced by a route to the test upstream.
+const DIRECT_RESPONSE: &str = "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n";
+
+/// Edits for [`envoy_config`] routing every request to the upstream on `port`.
+fn llm_route_edits(port: u16) -> Vec<(String, String)> {
+    let cluster = format!(
+        "  clusters:\n  - name: llm\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: llm\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {port} }}\n"
+    );
+    vec![
+        (
+            DIRECT_RESPONSE.to_string(),
+            "                route: { cluster: llm }\n".to_string(),
+        ),
+        ("  clusters:\n".to_string(), cluster),
+    ]
 }
 
 /// The Envoy config of `front` on the given ports.
@@ -234,6 +330,25 @@ pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -
                 .collect();
             envoy_config(port, admin_port, webdis_port, &edits)
         }
+        Front::Llm {
+            policies,
+            never_match,
+            upstream,
+        } => {
+            let mut edits = llm_route_edits(*upstream);
+            if let Some(policies) = policies {
+                edits.extend(usage_filter_edits(policies, *never_match));
+            }
+            let edits: Vec<(&str, &str)> = edits
+                .iter()
+                .map(|(a, b)| (a.as_str(), b.as_str()))
+                .collect();
+            let yaml = envoy_config(port, admin_port, webdis_port, &edits);
+            match policies {
+                Some(_) => yaml,
+                None => replace_wasm_filter(&yaml, ""),
+            }
+        }
         Front::Baseline => {
             replace_wasm_filter(&envoy_config(port, admin_port, webdis_port, &[]), "")
         }
@@ -248,12 +363,22 @@ pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -
 
 /// Edits for [`envoy_config`]: the shipped filter JSON block replaced by [`filter_json`]'s.
 pub fn filter_edits(policies: &[Policy], never_match: bool) -> Vec<(String, String)> {
+    json_block_edits(|shipped| filter_json(shipped, policies, never_match))
+}
+
+/// Edits for [`envoy_config`]: the shipped filter JSON block replaced by
+/// [`usage_filter_json`]'s.
+pub fn usage_filter_edits(policies: &[UsagePolicy], never_match: bool) -> Vec<(String, String)> {
+    json_block_edits(|shipped| usage_filter_json(shipped, policies, never_match))
+}
+
+/// The shipped filter JSON block replaced by what `make` makes of it.
+fn json_block_edits(make: impl Fn(&Value) -> Value) -> Vec<(String, String)> {
     let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
     let (block, indent) = filter_json_block(&shipped);
     let value: Value = serde_json::from_str(&block)
         .unwrap_or_else(|e| panic!("the filter configuration in envoy.yaml is not JSON: {e}"));
-    let pretty =
-        serde_json::to_string_pretty(&filter_json(&value, policies, never_match)).expect("JSON");
+    let pretty = serde_json::to_string_pretty(&make(&value)).expect("JSON");
     let new_block: String = pretty.lines().map(|l| format!("{indent}{l}\n")).collect();
     vec![(block, new_block)]
 }
@@ -414,5 +539,78 @@ mod tests {
             "            {\n              \"x\": 1\n            }\n"
         );
         assert_eq!(indent.len(), 12);
+    }
+
+    fn usage_policy(name: &'static str, admit: &'static str) -> UsagePolicy {
+        UsagePolicy {
+            name,
+            admit,
+            requests_per_s: 1_000_000,
+            tokens: 40_000,
+            window_s: 3600,
+            estimate: 2000,
+            timeout_ms: 5000,
+        }
+    }
+
+    /// The usage configs are ones the filter accepts: a request limit and a usage limit on one
+    /// rule, each rule picked by its header when there are several.
+    #[test]
+    fn the_filter_accepts_the_usage_configs() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = filter_json_block(&shipped);
+        let shipped: Value = serde_json::from_str(&block).expect("JSON");
+        let policies = [
+            usage_policy("usage-reserve", "reserve"),
+            usage_policy("usage-after", "after"),
+        ];
+        for never_match in [false, true] {
+            let json = usage_filter_json(&shipped, &policies, never_match);
+            let text = json.to_string();
+            let config = ratelimit_core::Config::parse(text.as_bytes());
+            assert!(config.is_ok(), "{:?}: {text}", config.err());
+            let tokens = &json["rules"][1]["limits"][1];
+            assert_eq!(tokens["usage"]["admit"], "after");
+            assert_eq!(tokens["usage"]["estimate"], 2000);
+            assert_eq!(tokens["window"], "3600s");
+        }
+        let two = usage_filter_json(&shipped, &policies, false);
+        assert_eq!(two["rules"][0]["match"]["header"]["name"], USAGE_ROW_HEADER);
+        assert_eq!(two["rules"][0]["match"]["header"]["value"], "usage-reserve");
+        let never = usage_filter_json(&shipped, &policies[..1], true);
+        assert_eq!(never["rules"][0]["match"]["path_exact"], NEVER_MATCHED_PATH);
+    }
+
+    /// Every request goes to the upstream: the route's direct answer is replaced by a route
+    /// to a cluster on the upstream's port; without policies, the filter is gone.
+    #[test]
+    fn the_llm_front_routes_to_the_upstream() {
+        let policies = [usage_policy("bench-llm", "reserve")];
+        let with = envoy_yaml(
+            &Front::Llm {
+                policies: Some(&policies),
+                never_match: false,
+                upstream: 4321,
+            },
+            10000,
+            10001,
+            10002,
+        );
+        assert!(!with.contains("direct_response"));
+        assert!(with.contains("route: { cluster: llm }"));
+        assert!(with.contains("port_value: 4321"));
+        assert!(with.contains("bench-llm"));
+        let without = envoy_yaml(
+            &Front::Llm {
+                policies: None,
+                never_match: false,
+                upstream: 4321,
+            },
+            10000,
+            10001,
+            10002,
+        );
+        assert!(without.contains("route: { cluster: llm }"));
+        assert!(!without.contains("envoy.extensions.filters.http.wasm.v3.Wasm"));
     }
 }

@@ -76,6 +76,9 @@ fn main() {
     } else {
         println!("{}", report.cost_table());
     }
+    if !report.usage.is_empty() {
+        println!("{}", report.usage_table());
+    }
     if !problems.is_empty() {
         eprintln!(
             "the report is incomplete: {} ({} and results.json beside it)",

@@ -16,6 +16,14 @@ pub enum Requests {
     OneKey(String),
     /// `GET /` with the keys of this many clients, in turn (`tests/bench/keys10k.lua`).
     ManyKeys(u32),
+    /// `POST /v1/chat/completions` to the OpenAI-compatible test upstream
+    /// (`tests/bench/llm.lua`), with this `x-api-key`, answered with `usage` total tokens, as
+    /// one JSON body or (`stream`) an event stream whose last event carries the usage.
+    Llm {
+        key: String,
+        stream: bool,
+        usage: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -63,6 +71,11 @@ pub fn run(port: u16, load: &WrkLoad, raw_out: &Path) -> WrkRun {
         Requests::ManyKeys(n) => {
             command.arg("-s").arg(bench_dir.join("keys10k.lua"));
             vec![n.to_string()]
+        }
+        Requests::Llm { key, stream, usage } => {
+            command.arg("-s").arg(bench_dir.join("llm.lua"));
+            let kind = if *stream { "stream" } else { "json" };
+            vec![kind.to_string(), key.clone(), usage.to_string()]
         }
     };
     command.arg(format!("http://127.0.0.1:{port}/"));

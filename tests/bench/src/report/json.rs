@@ -106,6 +106,7 @@ impl Report {
             "accuracy": accuracy,
             "overload_per_second": self.timeline.per_second,
             "accuracy_leased": accuracy_leased,
+            "usage_accuracy": self.usage.iter().map(super::usage::usage_json).collect::<Vec<_>>(),
             "overload_leased_per_second": self.timeline_leased.per_second,
             "phases": self.phases().iter().map(|p| json!({
                 "phase": p.label, "scenario": p.scenario, "rps": p.rps,

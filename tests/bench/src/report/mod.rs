@@ -15,6 +15,7 @@ pub mod model;
 mod outage;
 mod table;
 mod throughput;
+mod usage;
 
 pub use format::thousands;
 pub use json::rounds_problems;
@@ -40,6 +41,8 @@ pub struct Report {
     pub accuracy_leased: Vec<Accuracy>,
     pub timeline_leased: Timeline,
     pub chart_file_leased: String,
+    /// The accuracy rows of usage limits.
+    pub usage: Vec<UsageAccuracy>,
     /// The leased throughput scenarios' policy.
     pub leased: crate::config::Policy,
     pub outages: Vec<Outage>,
@@ -144,6 +147,8 @@ impl Report {
         r += &self.accuracy_text();
         r += "\n### With leases\n\n";
         r += &self.accuracy_leased_text();
+        r += "\n### Usage limits (LLM tokens)\n\n";
+        r += &self.usage_text();
         r += "\n## Under 3× overload, over time\n\n";
         r += &self.timeline_text();
         r += "\n### With leases\n\n";
@@ -241,6 +246,13 @@ impl Report {
                 .any(|a| a.algorithm == *algorithm && a.sent > 0);
             if !found {
                 missing.push(format!("accuracy {algorithm} with leases"));
+            }
+        }
+        for (name, _, _) in USAGE_ROWS {
+            if !self.usage.iter().any(|u| u.name == *name && u.sent > 0)
+                || !markdown.contains(&format!("| `{name}` |"))
+            {
+                missing.push(format!("usage accuracy row {name}"));
             }
         }
         if self.timeline_leased.per_second.is_empty() {

@@ -21,6 +21,10 @@ pub const SCENARIOS: &[&str] = &[
     "filter-deny-hotkey",
     "filter-bridge-down",
     "filter-bridge-hung",
+    "baseline-llm",
+    "filter-pass-through-llm",
+    "filter-llm-usage",
+    "filter-llm-usage-stream",
     "baseline-serial",
     "filter-serial",
     "baseline-repeat",
@@ -517,4 +521,82 @@ pub struct ClusterSection {
     /// What `tests/sim/fleet.py --small` predicts for the measured cluster run (its JSON), if
     /// Python and the simulation ran.
     pub prediction: Option<Value>,
+}
+
+/// The accuracy rows of usage limits, each on a fresh key: (name, admit, fixed estimate).
+/// The range of the usage answered is [`USAGE_RANGE`]; `reserve` rows with an estimate at its
+/// top can never run into debt, the low-estimate row does.
+pub const USAGE_ROWS: &[(&str, &str, u64)] = &[
+    ("usage-reserve", "reserve", USAGE_RANGE.1),
+    ("usage-reserve-low-estimate", "reserve", 500),
+    ("usage-after", "after", USAGE_RANGE.1),
+];
+
+/// The total tokens of each answer in the usage rows: uniform in this range, pseudo-random
+/// per connection (the upstream's `x-test-usage-random`).
+pub const USAGE_RANGE: (u64, u64) = (1, 2000);
+
+/// One accuracy run of a usage limit: several replicas spending one key's token bucket with
+/// answers of random usage.
+#[derive(Clone, Debug, Default)]
+pub struct UsageAccuracy {
+    pub name: String,
+    /// `reserve` or `after`.
+    pub admit: String,
+    pub estimate: u64,
+    pub usage_range: (u64, u64),
+    /// The token bucket: `tokens` (its burst, full at the start) refilled per `window_s`.
+    pub tokens: u64,
+    pub window_s: u64,
+    pub replicas: usize,
+    pub workers: u32,
+    pub conns_per_replica: usize,
+    pub duration_s: f64,
+    /// From the first request sent to the last response read.
+    pub span_s: f64,
+    /// What an exact limiter may let be used over the span: tokens + refill × span.
+    pub allowance: f64,
+    /// The same over the shortest span the decisions may have taken.
+    pub allowance_inner: f64,
+    /// Tokens the upstream answered with (its log, for this row's key): the usage of the
+    /// admitted requests.
+    pub used: u64,
+    /// Answers the upstream gave (requests admitted and sent upstream).
+    pub answered: u64,
+    pub sent: u64,
+    pub admitted: u64,
+    pub refused: u64,
+    /// Exchanges that failed or had another status.
+    pub failed: u64,
+    pub fail_open: u64,
+    /// The filter's counters over the run, summed over the replicas.
+    pub settlements_lost: u64,
+    pub debt: u64,
+    pub given_back: u64,
+    pub unread: u64,
+}
+
+impl UsageAccuracy {
+    /// Tokens used beyond the allowance.
+    pub fn overshoot(&self) -> u64 {
+        self.used.saturating_sub(self.allowance.floor() as u64)
+    }
+
+    /// Tokens of the allowance no admitted request used, although requests kept coming (the
+    /// load outlasts the budget, so each of them is a unit the limiter declined).
+    pub fn under_admission(&self) -> u64 {
+        (self.allowance.floor() as u64).saturating_sub(self.used)
+    }
+
+    /// The most that may be used beyond the allowance: `after`, every request in flight
+    /// (one per connection) using the top of the range; `reserve`, each using the top of the
+    /// range above its estimate (0 when the estimate covers it).
+    pub fn overshoot_bound(&self) -> u64 {
+        let in_flight = (self.replicas * self.conns_per_replica) as u64;
+        let per_request = match self.admit.as_str() {
+            "after" => self.usage_range.1,
+            _ => self.usage_range.1.saturating_sub(self.estimate),
+        };
+        in_flight * per_request
+    }
 }

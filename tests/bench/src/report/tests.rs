@@ -64,6 +64,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
         timeline: Timeline::default(),
         chart_file: String::new(),
         accuracy_leased: Vec::new(),
+        usage: Vec::new(),
         timeline_leased: Timeline::default(),
         chart_file_leased: String::new(),
         leased: Policy {
@@ -411,4 +412,74 @@ fn a_scenario_sums_its_runs_costs_and_takes_medians_of_its_latencies() {
     assert_eq!(s.cost.allowed, 60);
     assert_eq!(s.cost.cpu, vec![("envoy".to_string(), Some(1.0))]);
     assert_eq!((s.cost.wall_s, s.cost.machine_busy_s), (3.0, Some(1.5)));
+}
+
+fn usage_row(name: &str, admit: &str, estimate: u64, used: u64) -> UsageAccuracy {
+    UsageAccuracy {
+        name: name.into(),
+        admit: admit.into(),
+        estimate,
+        usage_range: (1, 2000),
+        tokens: 40_000,
+        window_s: 3600,
+        replicas: 4,
+        workers: 2,
+        conns_per_replica: 8,
+        allowance: 40_016.7,
+        used,
+        sent: 100,
+        admitted: 30,
+        refused: 70,
+        ..UsageAccuracy::default()
+    }
+}
+
+#[test]
+fn usage_overshoot_and_under_admission_are_measured_against_the_floor_of_the_allowance() {
+    let exact = usage_row("usage-reserve", "reserve", 2000, 40_016);
+    assert_eq!((exact.overshoot(), exact.under_admission()), (0, 0));
+    let short = usage_row("usage-reserve", "reserve", 2000, 38_650);
+    assert_eq!((short.overshoot(), short.under_admission()), (0, 1366));
+    let over = usage_row("usage-after", "after", 2000, 63_044);
+    assert_eq!((over.overshoot(), over.under_admission()), (23_028, 0));
+    // The bound: 32 requests in flight, each at most the top of the range (after) or the top
+    // above the estimate (reserve).
+    assert_eq!(over.overshoot_bound(), 32 * 2000);
+    assert_eq!(short.overshoot_bound(), 0);
+    let low = usage_row("usage-reserve-low-estimate", "reserve", 500, 48_621);
+    assert_eq!(low.overshoot_bound(), 32 * 1500);
+}
+
+#[test]
+fn every_usage_row_is_required_in_the_report_and_in_results_json() {
+    let mut r = report(Vec::new());
+    let missing = r.missing("");
+    for (name, _, _) in USAGE_ROWS {
+        assert!(
+            missing.contains(&format!("usage accuracy row {name}")),
+            "{name}: {missing:?}"
+        );
+    }
+    r.usage = USAGE_ROWS
+        .iter()
+        .map(|(name, admit, estimate)| usage_row(name, admit, *estimate, 40_000))
+        .collect();
+    let markdown = r.markdown();
+    let missing = r.missing(&markdown);
+    assert!(
+        !missing.iter().any(|m| m.contains("usage accuracy")),
+        "{missing:?}"
+    );
+    assert!(markdown.contains("| `usage-after` | after | 2,000 | 4 × 2 × 8 |"));
+    let json = r.json();
+    assert_eq!(
+        json["usage_accuracy"].as_array().map(Vec::len),
+        Some(USAGE_ROWS.len())
+    );
+    assert_eq!(json["usage_accuracy"][2]["overshoot_bound"], 64_000);
+    assert_eq!(json["usage_accuracy"][0]["under_admission"], 16);
+    // A row that ran without a request counts as missing.
+    r.usage[1].sent = 0;
+    let missing = r.missing(&r.markdown());
+    assert!(missing.contains(&"usage accuracy row usage-reserve-low-estimate".to_string()));
 }

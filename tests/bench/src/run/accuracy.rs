@@ -85,6 +85,7 @@ fn overload(b: &Bench, envoys: &[Envoy], workers: u32, policy: &Policy, key: Str
         duration: Duration::from_secs_f64(s.overload_s),
         headers: accuracy_headers(algorithm.name, key),
         paced_total_per_sec: Some(3.0 * policy.rate_per_sec),
+        post: None,
     };
     let (run, result) = accuracy_run(envoys, workers, algorithm, policy, &load, s.overload_s);
     let seconds = s.overload_s.ceil() as usize;
@@ -180,6 +181,7 @@ fn closed_loop(
         duration: Duration::from_secs_f64(s.accuracy_s),
         headers: accuracy_headers(algorithm.name, key),
         paced_total_per_sec: None,
+        post: None,
     };
     let (run, _) = accuracy_run(envoys, workers, algorithm, policy, &load, s.accuracy_s);
     b.say(&format!(

@@ -206,6 +206,7 @@ pub fn run(b: &Bench, rounds: usize) -> ClusterSection {
                 (POLICY_HEADER.to_string(), name.to_string()),
             ],
             paced_total_per_sec: None,
+            post: None,
         };
         let before = stack.cluster.command_calls_per_node("evalsha");
         let p = Policy {

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod flood;
 pub mod outage;
 pub mod throughput;
+pub mod usage;
 
 use std::time::Instant;
 
@@ -79,6 +80,8 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
     } else {
         Default::default()
     };
+    // With --only, the usage rows it names (they are quick and need processes of their own).
+    let usage = usage::run(b);
     Report {
         quick: s.quick,
         started_utc,
@@ -94,6 +97,7 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
         accuracy_leased,
         timeline_leased,
         chart_file_leased: "overload-leased.svg".into(),
+        usage,
         leased: leased_policy(s.timeout_ms),
         outages,
         floods,

@@ -44,6 +44,7 @@ pub fn run(b: &Bench, failure_mode: &'static str) -> Outage {
         duration: Duration::from_secs_f64(before + stopped + after),
         headers: vec![("x-api-key".to_string(), "outage-timeline".to_string())],
         paced_total_per_sec: None,
+        post: None,
     };
     let done = AtomicBool::new(false);
     let admin = envoy.admin_port;

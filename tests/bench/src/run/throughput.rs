@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use e2e::procs::{Envoy, Redis, Webdis};
 use e2e::resp::RedisConn;
+use e2e::LlmUpstream;
 
 use super::{filter_policy, leased_policy, Bench};
-use crate::config::Front;
+use crate::config::{Front, UsagePolicy};
 use crate::measure::{self, BENCH_OWN_COMMANDS};
 use crate::report::UNLEASED_ALLOW_RATE;
 use crate::report::{Cost, LeaseCounters, Measured, Scenario, PASS_THROUGH, SCENARIOS};
@@ -24,6 +25,24 @@ const REFERENCES: &[&str] = &["baseline", PASS_THROUGH];
 const SERIAL: (&str, &str) = ("baseline-serial", "filter-serial");
 /// Envoy alone once more, last in each round: the noise between two runs of the same thing.
 const REPEAT: &str = "baseline-repeat";
+/// The scenarios on the OpenAI-compatible test upstream, run as a block after the others in
+/// each round: each usage scenario bracketed by the pass-through filter on that upstream (its
+/// reference), the block by Envoy alone on it.
+const LLM_BLOCK: &[&str] = &[
+    "baseline-llm",
+    "filter-pass-through-llm",
+    "filter-llm-usage",
+    "filter-pass-through-llm",
+    "filter-llm-usage-stream",
+    "filter-pass-through-llm",
+    "baseline-llm",
+];
+/// The references of the LLM block, which run several times a round.
+const LLM_REFERENCES: &[&str] = &["baseline-llm", "filter-pass-through-llm"];
+/// Total tokens of every answer in the LLM throughput scenarios, and the fixed estimate
+/// reserved for each request (so each settlement gives back the difference).
+const LLM_USAGE: u64 = 1000;
+const LLM_ESTIMATE: u64 = 2000;
 
 /// The order of one round's runs, of the scenarios in `names` (those that run): the
 /// references, then each other scenario followed by the references again (`alternate`: by
@@ -46,6 +65,13 @@ pub fn round_order<'a>(names: &[&'a str], alternate: bool) -> Vec<&'a str> {
         match refs.get(i % refs.len().max(1)) {
             Some(one) if alternate && i + 1 < scenarios.len() => order.push(one),
             _ => order.extend(&refs),
+        }
+    }
+    // The LLM block, without the scenarios that do not run and without a reference twice in
+    // a row.
+    for name in LLM_BLOCK {
+        if names.contains(name) && order.last() != Some(name) {
+            order.push(name);
         }
     }
     let serial_ref = present(&[SERIAL.0]);
@@ -176,10 +202,35 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         want(&["filter-bridge-hung"]).then(|| envoy(Front::Filter(&allow), hung_webdis.port));
     // Nothing listens on port 1: every connection to the bridge is refused.
     let down = want(&["filter-bridge-down"]).then(|| envoy(Front::Filter(&allow), 1));
+    // The upstream of the LLM scenarios runs in this process (its CPU is the bench's).
+    let llm_wanted = want(LLM_BLOCK);
+    let llm = llm_wanted.then(LlmUpstream::start);
+    let usage_policy = [llm_usage_policy(s.timeout_ms)];
+    let llm_port = llm.as_ref().map_or(0, |u| u.port);
+    let llm_envoy = |policies: Option<&[UsagePolicy]>, never_match: bool| {
+        let front = Front::Llm {
+            policies,
+            never_match,
+            upstream: llm_port,
+        };
+        envoy(front, webdis.port)
+    };
+    let baseline_llm = want(&["baseline-llm"]).then(|| llm_envoy(None, false));
+    let pass_llm = want(&["filter-pass-through-llm"]).then(|| llm_envoy(Some(&usage_policy), true));
+    let usage_llm = want(&["filter-llm-usage", "filter-llm-usage-stream"])
+        .then(|| llm_envoy(Some(&usage_policy), false));
     hung_webdis.process.pause();
 
     let ten_k = many(Requests::ManyKeys(10_000));
     let deny_load = many(Requests::OneKey("bench-abuser".into()));
+    let llm_load = |stream: bool| {
+        many(Requests::Llm {
+            key: "bench-client".into(),
+            stream,
+            usage: LLM_USAGE,
+        })
+    };
+    let (llm_json, llm_stream) = (llm_load(false), llm_load(true));
     let candidates = [
         spec("baseline", "Envoy, same route, no rate-limit filter", "baseline", &one_key, target(&redis, &baseline, None, false)),
         spec("baseline-serial", "as baseline, 1 connection, one request at a time", "baseline-serial", &serial, target(&redis, &baseline, None, false)),
@@ -195,6 +246,10 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         spec("filter-deny-hotkey", "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429", "baseline", &deny_load, target(&redis, &denying, Some(&webdis), true)),
         spec("filter-bridge-hung", "the filter, its Webdis stopped (SIGSTOP): the breaker opens on the first stalled call, then requests fail open without a call", "baseline", &one_key, target(&redis, &hung, Some(&hung_webdis), true)),
         spec("filter-bridge-down", "the filter, nothing listening on its Webdis port: connection refused, the breaker opens, fail open without a call", "baseline", &one_key, target(&redis, &down, None, true)),
+        spec("baseline-llm", "Envoy alone, every request a chat completion (POST, JSON answer) to the OpenAI-compatible test upstream in the bench process", "baseline-llm", &llm_json, target(&redis, &baseline_llm, None, false)),
+        spec("filter-pass-through-llm", "as baseline-llm with the filter loaded, its usage rule matching no request: the reference of the usage scenarios", "baseline-llm", &llm_json, target(&redis, &pass_llm, Some(&webdis), true)),
+        spec("filter-llm-usage", "as baseline-llm with a rule of a request limit and a token limit (`reserve`, fixed estimate 2,000, usage 1,000 read from the JSON body, the rest given back), nothing refused", "filter-pass-through-llm", &llm_json, target(&redis, &usage_llm, Some(&webdis), true)),
+        spec("filter-llm-usage-stream", "as filter-llm-usage, each answer an event stream whose last event carries the usage", "filter-pass-through-llm", &llm_stream, target(&redis, &usage_llm, Some(&webdis), true)),
     ];
     let specs: Vec<Spec> = candidates
         .into_iter()
@@ -203,6 +258,7 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         .collect();
     let mut runs = measure_rounds(b, &specs, &mut admin);
     hung_webdis.process.resume();
+    drop(llm);
     let mut out: Vec<Scenario> = specs
         .iter()
         .map(|sp| {
@@ -222,6 +278,20 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         .collect();
     out.sort_by_key(|sc| SCENARIOS.iter().position(|n| *n == sc.name));
     out
+}
+
+/// The LLM throughput scenarios' rule: a request limit and a token limit, both far above what
+/// a run spends (nothing is refused), the tokens reserved at a fixed estimate and settled.
+pub fn llm_usage_policy(timeout_ms: u64) -> UsagePolicy {
+    UsagePolicy {
+        name: "bench-llm",
+        admit: "reserve",
+        requests_per_s: 1_000_000_000,
+        tokens: 1_000_000_000_000,
+        window_s: 1,
+        estimate: LLM_ESTIMATE,
+        timeout_ms,
+    }
 }
 
 /// Every round of `specs` in [`round_order`], each run at its place in the sequence.
@@ -271,7 +341,10 @@ fn measure_rounds(
         }
         for spec in specs {
             if let Some(m) = runs.get(spec.name).and_then(|r| r.last()) {
-                if m.round == round && !REFERENCES.contains(&spec.name) {
+                if m.round == round
+                    && !REFERENCES.contains(&spec.name)
+                    && !LLM_REFERENCES.contains(&spec.name)
+                {
                     b.say(&format!(
                         "  {}: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms",
                         spec.name, m.run.rps, m.run.p50_ms, m.run.p99_ms
@@ -358,7 +431,7 @@ mod tests {
         for name in SCENARIOS {
             let n = order.iter().filter(|o| *o == name).count();
             assert!(n >= 1, "{name} missing from {order:?}");
-            if !REFERENCES.contains(name) && *name != SERIAL.0 {
+            if !REFERENCES.contains(name) && *name != SERIAL.0 && !LLM_REFERENCES.contains(name) {
                 assert_eq!(n, 1, "{name} runs {n} times a round");
             }
         }
@@ -379,6 +452,39 @@ mod tests {
             let u = order.iter().position(|o| o == unleased).expect("unleased");
             assert_eq!(order[u + 3], *leased);
         }
+    }
+
+    #[test]
+    fn each_usage_scenario_runs_between_runs_of_the_pass_through_on_the_same_upstream() {
+        for alternate in [false, true] {
+            let order = round_order(SCENARIOS, alternate);
+            for name in ["filter-llm-usage", "filter-llm-usage-stream"] {
+                let i = order.iter().position(|o| *o == name).expect(name);
+                assert_eq!(order[i - 1], "filter-pass-through-llm", "{order:?}");
+                assert_eq!(order[i + 1], "filter-pass-through-llm", "{order:?}");
+            }
+            let pass = order.iter().position(|o| *o == "filter-pass-through-llm");
+            assert_eq!(order[pass.expect("pass") - 1], "baseline-llm");
+        }
+        // Without the stream scenario, the reference does not run twice in a row.
+        let order = round_order(
+            &[
+                "filter-llm-usage",
+                "filter-pass-through-llm",
+                "baseline-llm",
+            ],
+            false,
+        );
+        assert_eq!(
+            order,
+            [
+                "baseline-llm",
+                "filter-pass-through-llm",
+                "filter-llm-usage",
+                "filter-pass-through-llm",
+                "baseline-llm"
+            ]
+        );
     }
 
     #[test]
