@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::host::Host;
+use super::refusals::Refusals;
 use super::tally::Tally;
 use super::Engine;
 use crate::bounds::MAX_CALL_PATH_BYTES;
@@ -413,7 +414,12 @@ impl Engine {
     /// Sends the settlements that wait (from the root), unless the breaker is open.
     pub(super) fn send_settlements(&mut self, config: &Config, host: &mut impl Host) {
         if let Some(now) = host.now_unix_ns().filter(|_| !self.breaker.is_open()) {
-            send(config, host, &mut self.settlements, now);
+            send(
+                config,
+                host,
+                (&mut self.settlements, &mut self.refusals),
+                now,
+            );
         }
     }
 
@@ -438,8 +444,18 @@ impl Engine {
 
 /// Sends the settlements that wait, from the root (their replies must come to it), when the
 /// breaker is closed: the caller checks.
-pub fn send(config: &Config, host: &mut impl Host, settlements: &mut Settlements, now: u128) {
+pub fn send(
+    config: &Config,
+    host: &mut impl Host,
+    (settlements, refusals): (&mut Settlements, &mut Refusals),
+    now: u128,
+) {
     for (group, timeout) in settlements.calls(config) {
+        // Units given back may pay for a request the deny cache would refuse until its
+        // Retry-After: such keys are asked again.
+        for settlement in group.iter().filter(|s| s.delta < 0) {
+            refusals.forget(&settlement.check.key);
+        }
         let request = Settlements::request(config, &group, timeout, now);
         match host.dispatch(&config.bridge, &request, timeout) {
             Ok(token) => {

@@ -500,3 +500,33 @@ fn a_5xx_or_unreadable_reply_may_have_been_carried_out_give_backs_are_lost_debts
         assert_eq!(h.count_of(Counter::UsageSettlementsLost), 1);
     }
 }
+
+#[test]
+fn units_given_back_clear_the_refusals_cached_for_their_key() {
+    let (c, mut e, mut h) = metered("");
+    e.on_request(&c, &mut h, 1, &req("/v1/a", "k"));
+    let token = h.last_token();
+    e.on_reply(&c, &mut h, Some(1), token, ok(&allow(2)));
+    let mut meter = e.take_meter(1).expect("a usage limit to settle");
+    // While request 1 holds its reservation, request 2 of the same key is refused: the
+    // refusal is cached for 6 s.
+    e.on_request(&c, &mut h, 2, &req("/v1/b", "k"));
+    let refused = r#"{"EVALSHA":[1,0,2,1,"5","6000","0",0,"50","6000","6000"]}"#;
+    let token = h.last_token();
+    e.on_reply(&c, &mut h, Some(2), token, ok(refused));
+    assert_eq!(h.statuses(), vec![(2, 429)]);
+    // Request 1 used 10 of its 100: 90 go back, which may pay for the next request.
+    meter.on_headers(&|name| (name == "content-type").then(|| b"application/json".to_vec()));
+    meter.feed(br#"{"usage": {"total_tokens": 10}}"#);
+    e.settle_usage(&mut h, meter.finish(true));
+    e.on_wakeup(&c, &mut h);
+    assert_eq!(settle_calls(&h)[0].1, vec![-90]);
+    let sent = h.dispatched.len();
+    e.on_request(&c, &mut h, 3, &req("/v1/c", "k"));
+    assert_eq!(
+        h.dispatched.len(),
+        sent + 1,
+        "asked Redis, not the deny cache"
+    );
+    assert_eq!(h.statuses(), vec![(2, 429)]);
+}
