@@ -223,14 +223,16 @@ local function charge_budgets(order, limits, charged)
   end
 end
 
--- Gives back what an earlier charge took, limit by limit.
-local function refund_request(limits)
+-- A request that only adjusts what earlier calls charged, limit by limit: `mode` is "refund"
+-- (gives back what an earlier charge took) or "settle" (charges a usage limit's settlement;
+-- see SETTLES in lib.lua). It takes nothing and replies 1 for each limit.
+local function adjust_request(limits, mode)
   local reply = {1, #limits}
   for _, p in ipairs(limits) do
-    if not p.refund then
-      error('ERR decide: a refund request holds only refunds')
+    if not p[mode] then
+      error('ERR decide: a ' .. mode .. ' request holds only ' .. mode .. ' limits')
     end
-    p.refund(p.key, p, now)
+    p[mode](p.key, p, now)
     for _, v in ipairs({1, '0', '0', '0'}) do
       reply[#reply + 1] = v
     end
@@ -265,21 +267,6 @@ local function lease_of(limits, decisions)
   return k, leased
 end
 
--- Charges each limit's settlement (see SETTLES in lib.lua).
-local function settle_request(limits)
-  local reply = {1, #limits}
-  for _, p in ipairs(limits) do
-    if not p.settle then
-      error('ERR decide: a settle request holds only settlements')
-    end
-    p.settle(p.key, p, now)
-    for _, v in ipairs({1, '0', '0', '0'}) do
-      reply[#reply + 1] = v
-    end
-  end
-  return reply
-end
-
 -- A limit in mode "after": allowed while at least 1 unit is left, charging nothing.
 local function decide_after(p)
   local d = p.algorithm(p.key, setmetatable({cost = 1}, {__index = p}), now)
@@ -290,10 +277,10 @@ end
 
 local function decide_request(limits)
   if limits[1].refund then
-    return refund_request(limits)
+    return adjust_request(limits, 'refund')
   end
   if limits[1].settle then
-    return settle_request(limits)
+    return adjust_request(limits, 'settle')
   end
   -- Most calls carry no key budget: nothing to look up or count for them.
   local budgets = budget_count > 0 and apply_budgets(limits) or nil
