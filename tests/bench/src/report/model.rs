@@ -525,10 +525,11 @@ pub struct ClusterSection {
 
 /// The accuracy rows of usage limits, each on a fresh key: (name, admit, fixed estimate).
 /// The range of the usage answered is [`USAGE_RANGE`]; `reserve` rows with an estimate at its
-/// top can never run into debt, the low-estimate row does.
+/// top can never run into debt; `usage-estimate-too-low` shows what an estimate below the usage
+/// costs.
 pub const USAGE_ROWS: &[(&str, &str, u64)] = &[
     ("usage-reserve", "reserve", USAGE_RANGE.1),
-    ("usage-reserve-low-estimate", "reserve", 500),
+    ("usage-estimate-too-low", "reserve", 500),
     ("usage-after", "after", USAGE_RANGE.1),
 ];
 

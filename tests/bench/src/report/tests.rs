@@ -446,7 +446,7 @@ fn usage_overshoot_and_under_admission_are_measured_against_the_floor_of_the_all
     // above the estimate (reserve).
     assert_eq!(over.overshoot_bound(), 32 * 2000);
     assert_eq!(short.overshoot_bound(), 0);
-    let low = usage_row("usage-reserve-low-estimate", "reserve", 500, 48_621);
+    let low = usage_row("usage-estimate-too-low", "reserve", 500, 48_621);
     assert_eq!(low.overshoot_bound(), 32 * 1500);
 }
 
@@ -481,5 +481,5 @@ fn every_usage_row_is_required_in_the_report_and_in_results_json() {
     // A row that ran without a request counts as missing.
     r.usage[1].sent = 0;
     let missing = r.missing(&r.markdown());
-    assert!(missing.contains(&"usage accuracy row usage-reserve-low-estimate".to_string()));
+    assert!(missing.contains(&"usage accuracy row usage-estimate-too-low".to_string()));
 }
