@@ -233,7 +233,7 @@ compat: setup-compat build ## with each Envoy 1.36-1.40: validate every shipped 
 clean: ## remove build output and test logs (keeps .venv)
 	cargo clean
 
-bench: setup build ## throughput (7 interleaved rounds), latency, cost, accuracy, outages (about 14 min): target/bench/report.md
+bench: setup build ## throughput (7 interleaved rounds), latency, cost, accuracy, usage limits, outages (about 17 min): target/bench/report.md
 	cargo run -q -p bench -- $(if $(filter-out 0,$(BENCH_QUICK)),--quick)
 
 bench-quick: setup build ## every bench scenario, short, 3 rounds (about 3.5 min; part of make test): target/bench-quick/
