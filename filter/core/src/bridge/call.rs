@@ -169,46 +169,50 @@ impl DecideCall {
     /// plus the clock skew allowed between replicas; `deadline_ms` (Unix ms, 0: none) should be `clock` itself: a refund that reaches Redis
     /// later could meet decisions made after its clock, and then gives back nothing.
     pub fn refund(clock: u128, deadline_ms: u128, refunds: &[Refund]) -> Self {
-        let mut keys = KeyTable::default();
-        let mut args = vec![
-            clock.to_string(),
-            deadline_ms.to_string(),
-            "1".to_string(),
-            "0".to_string(),
-            refunds.len().to_string(),
-        ];
-        for r in refunds {
-            push_limit(&mut args, keys.index_of(&r.check.key), &r.check);
-            args.push("refund".to_string());
-            args.push(r.charged_at_ns.to_string());
-            args.push(format!("{}", r.left));
-        }
-        DecideCall {
-            keys: keys.keys,
-            args,
-        }
+        Self::adjustment(clock, deadline_ms, refunds, |r| {
+            let mode = [
+                "refund".to_string(),
+                r.charged_at_ns.to_string(),
+                format!("{}", r.left),
+            ];
+            (&*r.check.key, r.check.clone(), mode)
+        })
     }
 
     /// One request settling usage limits (see `lua/decide.lua`, mode `settle`): each limit is
     /// charged its signed delta at `clock` (Unix ns), without refusing.
     pub fn settle(clock: u128, deadline_ms: u128, settlements: &[Settlement]) -> Self {
+        Self::adjustment(clock, deadline_ms, settlements, |s| {
+            let check = LimitCheck {
+                cost: 0,
+                ..s.check.clone()
+            };
+            let mode = ["settle".to_string(), s.delta.to_string(), "0".to_string()];
+            (&*s.check.key, check, mode)
+        })
+    }
+
+    /// One request of `items`, each a limit (its key, as the check to send) with its mode and
+    /// the mode's two arguments: a request that only adjusts what earlier calls charged
+    /// (refunds, settlements).
+    fn adjustment<'a, T>(
+        clock: u128,
+        deadline_ms: u128,
+        items: &'a [T],
+        limit: impl Fn(&'a T) -> (&'a str, LimitCheck, [String; 3]),
+    ) -> Self {
         let mut keys = KeyTable::default();
         let mut args = vec![
             clock.to_string(),
             deadline_ms.to_string(),
             "1".to_string(),
             "0".to_string(),
-            settlements.len().to_string(),
+            items.len().to_string(),
         ];
-        for s in settlements {
-            let check = LimitCheck {
-                cost: 0,
-                ..s.check.clone()
-            };
-            push_limit(&mut args, keys.index_of(&s.check.key), &check);
-            args.push("settle".to_string());
-            args.push(s.delta.to_string());
-            args.push("0".to_string());
+        for item in items {
+            let (key, check, mode) = limit(item);
+            push_limit(&mut args, keys.index_of(key), &check);
+            args.extend(mode);
         }
         DecideCall {
             keys: keys.keys,
