@@ -4,6 +4,7 @@
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates,
 //! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose.
 
+pub mod busy;
 pub mod cluster;
 pub mod flood;
 pub mod http;

@@ -69,6 +69,13 @@ stats! {
         UsageSettlementsLost => "ratelimit_usage_settlements_lost",
         /// Calls settling usage limits.
         UsageSettlementCalls => "ratelimit_usage_settlement_calls",
+        /// Milliseconds the worker's timer fired late (beyond 5 ms of jitter): time the
+        /// worker could not run on time (CPU contention, a CPU quota). Not counted against
+        /// the bridge: request timeouts count the worker's own time.
+        WorkerLagMs => "ratelimit_worker_lag_ms",
+        /// Requests whose call had no answer within their timeout (or waited past it): the
+        /// bridge slow or hung. A subset of `ratelimit_bridge_errors`.
+        BridgeTimeouts => "ratelimit_bridge_timeouts",
     }
 }
 
@@ -102,14 +109,42 @@ stats! {
     }
 }
 
+stats! {
+    /// What happened to a request on one rule (once per rule and request, whatever its
+    /// limits): a counter per rule and event, `ratelimit_rule.<rule>.<event>`.
+    RuleCount {
+        /// A new identity found the rule's key budget used up.
+        KeyBudgetExceeded => "key_budget_exceeded",
+        /// The bridge did not answer in time (slow or hung): the rule's policy decided.
+        TimedOut => "timed_out",
+        /// The bridge failed otherwise (refused, reset, an HTTP or Redis error, a reply that
+        /// cannot be read): the rule's policy decided.
+        BridgeError => "bridge_error",
+        /// The breaker was open, no call was made: the rule's policy decided.
+        BreakerOpen => "breaker_open",
+    }
+}
+
+impl RuleCount {
+    /// The count of a request a bridge failure of `cause` left to the policy.
+    pub fn of(cause: crate::bridge::FailureCause) -> RuleCount {
+        use crate::bridge::FailureCause;
+        match cause {
+            FailureCause::TimedOut => RuleCount::TimedOut,
+            FailureCause::BridgeError => RuleCount::BridgeError,
+            FailureCause::BreakerOpen => RuleCount::BreakerOpen,
+        }
+    }
+}
+
 /// Where per-rule stats start in Envoy: `ratelimit_rule.<rule>.<limit>.<event>` and
-/// `ratelimit_rule.<rule>.key_budget_exceeded`. Envoy's `stats_tags` (see envoy/envoy.yaml)
+/// `ratelimit_rule.<rule>.<count>` (a [`RuleCount`]). Envoy's `stats_tags` (see envoy/envoy.yaml)
 /// turn the names into `ratelimit_rule_<event>{rule="…",limit="…"}` for Prometheus. Rule and
 /// limit names hold only letters, digits, `-` and `_`, so the dots are unambiguous.
 pub const RULE_STAT_PREFIX: &str = "ratelimit_rule";
 
 /// The per-rule stats of a configuration, numbered: for each rule, for each of its limits,
-/// one per [`RuleEvent`]; then one `key_budget_exceeded` per rule. Cardinality follows the
+/// one per [`RuleEvent`]; then for each rule one per [`RuleCount`]. Cardinality follows the
 /// configuration, never the identities.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RuleStats {
@@ -131,7 +166,7 @@ impl RuleStats {
 
     /// How many stats there are.
     pub fn len(&self) -> usize {
-        self.limits * RuleEvent::ALL.len() + self.starts.len()
+        self.limits * RuleEvent::ALL.len() + self.starts.len() * RuleCount::ALL.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -144,9 +179,11 @@ impl RuleStats {
         Some((start + limit) * RuleEvent::ALL.len() + event as usize)
     }
 
-    /// The `key_budget_exceeded` stat of rule `rule`.
-    pub fn budget_exceeded(&self, rule: usize) -> Option<usize> {
-        (rule < self.starts.len()).then(|| self.limits * RuleEvent::ALL.len() + rule)
+    /// The stat of `count` on rule `rule`.
+    pub fn count(&self, rule: usize, count: RuleCount) -> Option<usize> {
+        (rule < self.starts.len()).then(|| {
+            self.limits * RuleEvent::ALL.len() + rule * RuleCount::ALL.len() + count as usize
+        })
     }
 
     /// Every stat's name, by index.
@@ -165,10 +202,9 @@ impl RuleStats {
             }
         }
         for rule in &config.rules {
-            names.push(format!(
-                "{RULE_STAT_PREFIX}.{}.key_budget_exceeded",
-                rule.name
-            ));
+            for count in RuleCount::ALL {
+                names.push(format!("{RULE_STAT_PREFIX}.{}.{}", rule.name, count.name()));
+            }
         }
         names
     }
@@ -254,7 +290,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 22);
+        assert_eq!(Counter::ALL.len(), 24);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 
@@ -270,7 +306,10 @@ mod tests {
         let stats = RuleStats::new(&config);
         let names = RuleStats::names(&config);
         assert_eq!(stats.len(), names.len());
-        assert_eq!(names.len(), 3 * RuleEvent::ALL.len() + 2);
+        assert_eq!(
+            names.len(),
+            3 * RuleEvent::ALL.len() + 2 * RuleCount::ALL.len()
+        );
         let name = |i: Option<usize>| names[i.unwrap()].as_str();
         assert_eq!(
             name(stats.event(0, 1, RuleEvent::Denied)),
@@ -281,11 +320,19 @@ mod tests {
             "ratelimit_rule.login.minute.failed_local"
         );
         assert_eq!(
-            name(stats.budget_exceeded(1)),
+            name(stats.count(1, RuleCount::KeyBudgetExceeded)),
             "ratelimit_rule.login.key_budget_exceeded"
         );
+        assert_eq!(
+            name(stats.count(0, RuleCount::TimedOut)),
+            "ratelimit_rule.api.timed_out"
+        );
+        assert_eq!(
+            name(stats.count(1, RuleCount::BreakerOpen)),
+            "ratelimit_rule.login.breaker_open"
+        );
         assert_eq!(stats.event(2, 0, RuleEvent::Allowed), None);
-        assert_eq!(stats.budget_exceeded(2), None);
+        assert_eq!(stats.count(2, RuleCount::TimedOut), None);
         let mut unique = names.clone();
         unique.sort();
         unique.dedup();

@@ -5,8 +5,10 @@ use std::fmt;
 /// Why the bridge gave no decision. Every one of these goes to the failure policy.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BridgeFailure {
-    /// No response: timeout or connection failure.
+    /// No response before Envoy's own timeout of the call: the connection failed or reset.
     NoResponse,
+    /// No answer within the timeout (in the worker's own time), or none at all by Envoy's.
+    Timeout,
     /// An HTTP status other than 200 (403: credentials or ACL; 503: Redis down).
     Status(u16),
     /// Redis answered with an error (shown truncated).
@@ -29,13 +31,47 @@ pub enum BridgeFailure {
     Orphaned,
 }
 
+/// What a failure tells an operator: the bridge answered too late, or not at all; or no call
+/// was made because the breaker was open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureCause {
+    /// Slow or hung: no answer in time, a call that reached Redis past its deadline, a request
+    /// that waited past its timeout for a call.
+    TimedOut,
+    /// Down or broken: refused or reset, an HTTP error, a Redis error, a reply that cannot be
+    /// read, a call the host refused to make.
+    BridgeError,
+    /// No call: the breaker was open.
+    BreakerOpen,
+}
+
+impl BridgeFailure {
+    pub fn cause(&self) -> FailureCause {
+        match self {
+            BridgeFailure::Timeout | BridgeFailure::Stale | BridgeFailure::Expired => {
+                FailureCause::TimedOut
+            }
+            BridgeFailure::BreakerOpen => FailureCause::BreakerOpen,
+            BridgeFailure::NoResponse
+            | BridgeFailure::Status(_)
+            | BridgeFailure::Redis(_)
+            | BridgeFailure::NoScript
+            | BridgeFailure::BadReply(_)
+            | BridgeFailure::Dispatch(_)
+            | BridgeFailure::Clock
+            | BridgeFailure::Orphaned => FailureCause::BridgeError,
+        }
+    }
+}
+
 impl fmt::Display for BridgeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BridgeFailure::NoResponse => write!(
                 f,
-                "no response from the bridge (timeout or connection failure)"
+                "no response from the bridge (connection refused or reset)"
             ),
+            BridgeFailure::Timeout => write!(f, "no answer from the bridge within the timeout"),
             BridgeFailure::Status(code) => write!(f, "bridge answered HTTP {code}"),
             BridgeFailure::Redis(message) => write!(f, "redis error: {message}"),
             BridgeFailure::NoScript => write!(f, "script still missing after SCRIPT LOAD"),

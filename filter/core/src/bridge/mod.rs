@@ -9,8 +9,8 @@ pub use call::{
     batch_size, call_bytes, lease_units, BridgeRequest, BudgetShape, CallSize, DecideCall,
     LimitShape, ModeShape, FRACTION_DECIMALS, MAX_CLOCK_DIGITS,
 };
-pub use failure::BridgeFailure;
+pub use failure::{BridgeFailure, FailureCause};
 pub use reply::{
-    parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply, EvalOutcome,
-    RequestShape,
+    is_answer, parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply,
+    EvalOutcome, RequestShape,
 };

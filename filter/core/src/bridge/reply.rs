@@ -177,6 +177,14 @@ pub fn parse_script_load_reply(
     }
 }
 
+/// Whether `reply` is an answer from Redis through Webdis (a 200 with a command's result, an
+/// error reply included), whatever its content: the bridge is alive.
+pub fn is_answer(reply: BridgeReply<'_>) -> bool {
+    ["EVALSHA", "SCRIPT"]
+        .iter()
+        .any(|command| command_result(reply, command).is_ok())
+}
+
 /// The value under `command` in a 200 JSON reply.
 fn command_result(reply: BridgeReply<'_>, command: &str) -> Result<Value, BridgeFailure> {
     match reply.status {

@@ -164,6 +164,9 @@ pub struct Config {
     /// How far Envoy's and Redis's clocks may differ: a call that reaches Redis later than its
     /// timeout plus this charges nothing.
     pub clock_skew: Duration,
+    /// How much longer than its timeout, in wall-clock time, a request may wait for a call when
+    /// its worker runs late (the timeout counts the worker's own time, see `engine::lag`).
+    pub lag_allowance: Duration,
     /// Refused keys a worker remembers until they could fit; 0 turns the deny cache off.
     pub deny_cache_entries: usize,
     /// The part of each limit one worker enforces on its own in the `local` failure mode.
@@ -204,8 +207,9 @@ impl Default for Batch {
 pub struct Breaker {
     /// Consecutive failed calls that open the breaker.
     pub failures: u32,
-    /// A call in flight this long opens it (a hang is seen without waiting for the timeout).
-    pub stall: Duration,
+    /// A call without an answer for this long (in the worker's own time) while other
+    /// requests wait opens it; None: the call's own timeout.
+    pub stall: Option<Duration>,
     /// While open, one probe call per interval; an answer closes it.
     pub probe_interval: Duration,
 }
@@ -214,7 +218,7 @@ impl Default for Breaker {
     fn default() -> Self {
         Breaker {
             failures: 5,
-            stall: Duration::from_millis(25),
+            stall: None,
             probe_interval: Duration::from_millis(500),
         }
     }
@@ -222,6 +226,10 @@ impl Default for Breaker {
 
 pub const DEFAULT_DENY_CACHE_ENTRIES: usize = 10_000;
 const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(1);
+/// A worker's own lateness is taken out of a request's timeout up to this much: a throttled
+/// or overloaded proxy runs its callbacks tens of ms late (a CFS period is 100 ms), and a
+/// second covers several periods of it while still bounding the wait when the bridge hangs too.
+const DEFAULT_LAG_ALLOWANCE: Duration = Duration::from_secs(1);
 const MAX_BREAKER_FAILURES: u64 = 1000;
 const MAX_BATCH_REQUESTS: u64 = 256;
 const MAX_IN_FLIGHT: u64 = 8;

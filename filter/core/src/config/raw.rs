@@ -39,7 +39,7 @@ pub(super) struct RawConfig {
     pub(super) batch: RawBatch,
     /// `false`, `true`, or `{"max_entries": N}`.
     pub(super) deny_cache: Option<Value>,
-    /// `false`, `true`, or `{"failures": N, "stall": "25ms", "probe_interval": "500ms"}`.
+    /// `false`, `true`, or `{"failures": N, "stall": "100ms", "probe_interval": "500ms"}`.
     pub(super) breaker: Option<Value>,
     #[serde(default = "default_local_share")]
     pub(super) local_share: f64,
@@ -79,6 +79,7 @@ pub(super) struct RawBridge {
     pub(super) password: Option<String>,
     pub(super) timeout: Option<String>,
     pub(super) clock_skew: Option<String>,
+    pub(super) lag_allowance: Option<String>,
     #[serde(default)]
     pub(super) redis_cluster: bool,
 }

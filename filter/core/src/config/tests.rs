@@ -33,6 +33,16 @@ fn minimal_config_takes_documented_defaults() {
         }
     );
     assert_eq!(c.deny_cache_entries, 10_000);
+    assert_eq!(c.clock_skew, Duration::from_secs(1));
+    assert_eq!(c.lag_allowance, Duration::from_secs(1));
+    assert_eq!(
+        c.breaker,
+        Some(Breaker {
+            failures: 5,
+            stall: None,
+            probe_interval: Duration::from_millis(500)
+        })
+    );
     let rule = &c.rules[0];
     assert_eq!(rule.matcher, Match::default());
     assert_eq!(
@@ -74,7 +84,8 @@ fn full_config_is_read() {
     let c = Config::parse(
         br#"{
           "bridge": {"cluster": "bridge", "authority": "webdis.local", "username": "ratelimit",
-                     "password": "secret", "timeout": "2s"},
+                     "password": "secret", "timeout": "2s", "lag_allowance": "0ms"},
+          "breaker": {"failures": 2, "stall": "40ms", "probe_interval": "1s"},
           "failure_mode": "closed", "shadow": true, "clock": "redis", "key_prefix": "limits:",
           "hash_identities": false, "xff_trusted_hops": 1, "ipv4_prefix": 24, "ipv6_prefix": 48,
           "headers": "both", "deny_body": "problem+json",
@@ -91,6 +102,15 @@ fn full_config_is_read() {
     )
     .unwrap();
     assert_eq!(c.bridge.authority, "webdis.local");
+    assert_eq!(c.lag_allowance, Duration::ZERO);
+    assert_eq!(
+        c.breaker,
+        Some(Breaker {
+            failures: 2,
+            stall: Some(Duration::from_millis(40)),
+            probe_interval: Duration::from_secs(1)
+        })
+    );
     assert_eq!(
         c.bridge.authorization.as_deref(),
         Some("Basic cmF0ZWxpbWl0OnNlY3JldA==")
@@ -268,6 +288,8 @@ fn bad_configs_name_the_field() {
         (top(r#", "breaker": {"probe_interval": "soon"}"#), "breaker.probe_interval: invalid duration \"soon\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
         (top(r#", "breaker": {"trips": 1}"#), "breaker: unknown field `trips`, expected one of `failures`, `stall`, `probe_interval`"),
         (top(r#", "bridge": {"clock_skew": "2m"}"#), "bridge.clock_skew: must be between 1ms and 60s"),
+        (top(r#", "bridge": {"lag_allowance": "61s"}"#), "bridge.lag_allowance: must be between 0ms and 60s"),
+        (top(r#", "bridge": {"lag_allowance": "-1s"}"#), "bridge.lag_allowance: invalid duration \"-1s\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
         (top(r#", "batch": {"max_requests": 0}"#), "batch.max_requests: must be between 1 and 256"),
         (top(r#", "batch": {"max_requests": 257}"#), "batch.max_requests: must be between 1 and 256"),
         (top(r#", "batch": {"max_in_flight": 9}"#), "batch.max_in_flight: must be between 1 and 8"),
@@ -287,7 +309,7 @@ fn bad_configs_name_the_field() {
         (top(r#", "xff_trusted_hops": -1"#), "xff_trusted_hops: invalid value: integer `-1`, expected u8"),
         (top(r#", "ipv6_prefix": 0"#), "ipv6_prefix: must be between 1 and 128"),
         (top(r#", "ipv4_prefix": 33"#), "ipv4_prefix: must be between 1 and 32"),
-        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`, `redis_cluster`"),
+        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`, `lag_allowance`, `redis_cluster`"),
         (top(r#", "bridge": {"redis_cluster": true}, "clock": "redis""#), "clock: must be \"proxy\" with bridge.redis_cluster: each node of a Redis Cluster has its own clock"),
         (top(r#", "bridge": {"redis_cluster": "yes"}"#), "bridge.redis_cluster: invalid type: string \"yes\", expected a boolean"),
         (top(r#", "bridge": {"cluster": ""}"#), "bridge.cluster: must not be empty"),

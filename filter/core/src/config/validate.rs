@@ -45,7 +45,7 @@ impl RawConfig {
     pub(super) fn validate(self) -> Result<Config, ConfigError> {
         let redis_cluster = self.bridge.redis_cluster;
         let in_flight_given = self.batch.max_in_flight.is_some();
-        let (bridge, default_timeout, clock_skew) = self.bridge.validate()?;
+        let (bridge, default_timeout, clock_skew, lag_allowance) = self.bridge.validate()?;
         if redis_cluster && self.clock == Clock::Redis {
             return Err(invalid(
                 "clock",
@@ -125,6 +125,7 @@ impl RawConfig {
                 ));
             },
             clock_skew,
+            lag_allowance,
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             redis_cluster: false,
             budget_slot_tags: crate::slot::SlotTags::default(),
@@ -165,7 +166,8 @@ impl RawConfig {
 }
 
 impl RawBridge {
-    pub(super) fn validate(self) -> Result<(Bridge, Duration, Duration), ConfigError> {
+    /// The bridge, the default timeout, the clock skew and the lag allowance.
+    pub(super) fn validate(self) -> Result<(Bridge, Duration, Duration, Duration), ConfigError> {
         // These go into every call's headers, which share Webdis's request size with the path.
         for (name, value) in [
             ("bridge.authority", &self.authority),
@@ -226,6 +228,17 @@ impl RawBridge {
             "bridge.clock_skew",
             DEFAULT_CLOCK_SKEW,
         )?;
+        let lag_allowance = duration_field(
+            self.lag_allowance.as_deref(),
+            "bridge.lag_allowance",
+            DEFAULT_LAG_ALLOWANCE,
+        )?;
+        if lag_allowance > MAX_TIMEOUT {
+            return Err(invalid(
+                "bridge.lag_allowance",
+                "must be between 0ms and 60s",
+            ));
+        }
         Ok((
             Bridge {
                 cluster,
@@ -234,6 +247,7 @@ impl RawBridge {
             },
             timeout,
             skew,
+            lag_allowance,
         ))
     }
 }
@@ -284,7 +298,10 @@ pub(super) fn validate_breaker(value: Option<Value>) -> Result<Option<Breaker>, 
     };
     Ok(Some(Breaker {
         failures,
-        stall: timeout_field(raw.stall.as_deref(), "breaker.stall", default.stall)?,
+        stall: match raw.stall.as_deref() {
+            None => default.stall,
+            Some(text) => Some(timeout_field(Some(text), "breaker.stall", MAX_TIMEOUT)?),
+        },
         probe_interval: timeout_field(
             raw.probe_interval.as_deref(),
             "breaker.probe_interval",

@@ -1,12 +1,17 @@
 //! The circuit breaker of a worker, as a state machine on its own: it is told of calls that
-//! failed, answered or stalled and of probe replies, and says when it opens or closes (the
-//! engine then decides the waiting requests, counts and logs). Closed, calls go out and a run
-//! of `failures` failed calls in a row (or one call in flight for `stall`) opens it; open, no
-//! call goes out but one probe per `probe_interval`, and the first probe answered closes it.
+//! failed, answered or hung and of probe replies, and says when it opens or closes (the engine
+//! then decides the waiting requests, counts and logs). It opens on evidence that the bridge
+//! does not answer, never on slowness: a run of `failures` calls in a row that failed (refused,
+//! reset, a 5xx, a bad reply, no answer within their timeout), or one call without an answer
+//! for its whole timeout while other requests wait (a hang). Ages are counted in the worker's
+//! own time (`lag.rs`), so a late-running proxy does not blame the bridge. Open, no call goes
+//! out but one probe per `probe_interval`; the first answer (a probe's, or a late one to a
+//! call given up on) closes it.
 
 use std::fmt::Display;
 use std::time::Duration;
 
+use super::queue::Unanswered;
 use crate::bridge::{parse_eval_reply, BridgeReply, BridgeRequest, DecideCall};
 use crate::config::{Breaker as Settings, Config};
 
@@ -65,24 +70,44 @@ impl Breaker {
         }
     }
 
-    /// Why the breaker opens, if the oldest call in flight (sent at `oldest_ns`) has been in
-    /// flight for `stall` by `now`.
-    pub fn stalled(
+    /// Why the breaker opens at `now`, if the call in flight the longest, while requests
+    /// wait, has had no answer for its timeout (or `stall`, when set lower).
+    pub fn hung(
         &mut self,
         settings: Option<Settings>,
-        oldest_ns: Option<u128>,
+        call: Unanswered,
         now: u128,
     ) -> Option<String> {
-        let (Some(settings), State::Closed { .. }, Some(oldest)) =
-            (settings, self.state, oldest_ns)
-        else {
+        let (Some(settings), State::Closed { .. }) = (settings, self.state) else {
             return None;
         };
-        let age = now.saturating_sub(oldest);
-        (age >= settings.stall.as_nanos()).then(|| {
+        let limit = settings.stall.map_or(call.timeout, |s| s.min(call.timeout));
+        (call.age >= limit).then(|| {
             self.open(settings, now);
-            format!("a call has been in flight for {} ms", age / 1_000_000)
+            format!(
+                "a call has had no answer for {} ms of the worker's time (its timeout: {} ms) while requests waited",
+                call.age.as_millis(),
+                call.timeout.as_millis()
+            )
         })
+    }
+
+    /// A call given up on was answered late at `now`: the bridge answers. Ends a run of
+    /// failures; an open breaker closes, and says why.
+    pub fn late_answer(&mut self, now: u128) -> Option<String> {
+        match self.state {
+            State::Closed { .. } => {
+                self.answered();
+                None
+            }
+            State::Open { since_ns, .. } => {
+                self.state = State::Closed { failures: 0 };
+                Some(format!(
+                    "a call given up on was answered after {} ms open: the bridge answers, slowly",
+                    now.saturating_sub(since_ns) / 1_000_000
+                ))
+            }
+        }
     }
 
     fn open(&mut self, settings: Settings, now: u128) {
@@ -174,8 +199,17 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             failures: 3,
-            stall: Duration::from_millis(100),
+            stall: None,
             probe_interval: Duration::from_millis(50),
+        }
+    }
+
+    /// The call in flight the longest: `age_ms` without an answer, of a call of `timeout_ms`.
+    fn unanswered(age_ms: u64, timeout_ms: u64) -> Unanswered {
+        Unanswered {
+            token: 1,
+            age: Duration::from_millis(age_ms),
+            timeout: Duration::from_millis(timeout_ms),
         }
     }
 
@@ -199,19 +233,39 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(b.failed(None, &"no", 0), None);
         }
-        assert_eq!(b.stalled(None, Some(0), 10_000 * MS), None);
+        assert_eq!(b.hung(None, unanswered(10_000, 100), 0), None);
         assert!(!b.is_open());
     }
 
     #[test]
-    fn a_stalled_call_opens_it_and_a_probe_answered_closes_it() {
+    fn a_slow_answer_keeps_it_closed_and_a_call_past_its_timeout_opens_it() {
+        let s = Some(settings());
+        // Answered at 149 ms of a 150 ms timeout: slow, not hung, and no failure.
+        let mut b = Breaker::default();
+        assert_eq!(b.hung(s, unanswered(149, 150), 149 * MS), None);
+        b.answered();
+        assert!(!b.is_open());
+        // A lower `stall` opens it sooner; a higher one is capped by the timeout.
+        let stall = |ms| {
+            Some(Settings {
+                stall: Some(Duration::from_millis(ms)),
+                ..settings()
+            })
+        };
+        assert_eq!(b.hung(stall(50), unanswered(49, 150), 0), None);
+        assert!(b.hung(stall(50), unanswered(50, 150), 0).is_some());
+        let mut b = Breaker::default();
+        assert!(b.hung(stall(500), unanswered(150, 150), 0).is_some());
+    }
+
+    #[test]
+    fn a_hung_call_opens_it_and_a_probe_answered_closes_it() {
         let mut b = Breaker::default();
         let s = Some(settings());
-        assert_eq!(b.stalled(s, Some(0), 99 * MS), None);
-        assert_eq!(b.stalled(s, None, 500 * MS), None, "nothing in flight");
+        assert_eq!(b.hung(s, unanswered(99, 100), 99 * MS), None);
         assert_eq!(
-            b.stalled(s, Some(0), 100 * MS),
-            Some("a call has been in flight for 100 ms".to_string())
+            b.hung(s, unanswered(100, 100), 100 * MS),
+            Some("a call has had no answer for 100 ms of the worker's time (its timeout: 100 ms) while requests waited".to_string())
         );
         assert!(!b.probe_due(149 * MS));
         assert!(b.probe_due(150 * MS));
@@ -228,8 +282,27 @@ mod tests {
         assert!(!b.is_open());
     }
 
+    #[test]
+    fn a_late_answer_ends_the_run_and_closes_it() {
+        let s = Some(settings());
+        let mut b = Breaker::default();
+        b.failed(s, &"timed out", 0);
+        b.failed(s, &"timed out", 0);
+        assert_eq!(b.late_answer(0), None);
+        assert_eq!(b.failed(s, &"timed out", 0), None, "the run started again");
+        assert!(b.hung(s, unanswered(100, 100), 10 * MS).is_some());
+        assert_eq!(
+            b.late_answer(70 * MS),
+            Some(
+                "a call given up on was answered after 60 ms open: the bridge answers, slowly"
+                    .to_string()
+            )
+        );
+        assert!(!b.is_open());
+    }
+
     /// Random sequences of events against a model: it opens exactly when `failures` calls in a
-    /// row failed or a call stalled, closes only on a probe answered, has one probe in flight
+    /// row failed or a call hung, closes only on a probe answered, has one probe in flight
     /// at most, probes no more often than the interval, and says so on each change.
     #[test]
     fn the_state_machine_follows_its_model_over_random_events() {
@@ -258,10 +331,9 @@ mod tests {
                         }
                     }
                     3 => {
-                        let oldest = now.checked_sub(u128::from(rng.below(200)) * MS);
-                        let opens = b.stalled(Some(s), oldest, now).is_some();
-                        let stalled = oldest.is_some_and(|o| now - o >= s.stall.as_nanos());
-                        assert_eq!(opens, !open && stalled, "seed {seed}");
+                        let age = rng.below(200);
+                        let opens = b.hung(Some(s), unanswered(age, 100), now).is_some();
+                        assert_eq!(opens, !open && age >= 100, "seed {seed}");
                     }
                     4 => {
                         if b.probe_due(now) {

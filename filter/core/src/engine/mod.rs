@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
+use crate::bridge::{is_answer, BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
 use crate::config::Config;
 use crate::decision::Refund;
 use crate::metrics::{Counter, Gauge, Histogram};
@@ -26,9 +26,10 @@ use crate::request::view::RequestView;
 use crate::response::{self, Headers};
 use breaker::Breaker;
 use delivery::Delivery;
+use lag::{Lag, Moment};
 use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
-use queue::{Call, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
+use queue::{Call, InFlight, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
 use settlements::Settlements;
 use splits::{slot_groups, Split, Splits};
@@ -39,6 +40,7 @@ pub use host::{Host, Verdict};
 mod breaker;
 mod delivery;
 mod host;
+pub mod lag;
 pub mod leases;
 pub mod local;
 mod policy;
@@ -54,9 +56,10 @@ mod tally;
 /// single request could need more.
 pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
 
-/// The period of each worker's timer ([`Engine::on_tick`]): a stalled call is seen at most
-/// this long after `breaker.stall` when no request comes to see it first, while every worker
-/// pays only 40 callbacks a second.
+/// The period of each worker's timer ([`Engine::on_tick`]): a hung call is seen at most this
+/// long after its timeout when no request comes to see it first, and how late the timer fires
+/// measures how late the worker runs ([`lag`]), while every worker pays only 40 callbacks a
+/// second.
 pub const TICK: Duration = Duration::from_millis(25);
 
 #[derive(Debug, Default)]
@@ -64,6 +67,8 @@ pub struct Engine {
     queue: Queue,
     wake_pending: bool,
     breaker: Breaker,
+    /// How late the worker runs: request deadlines count its own time.
+    lag: Lag,
     refusals: Refusals,
     leases: Leases,
     splits: Splits,
@@ -139,6 +144,7 @@ impl Engine {
             self.tally.flush(host); // the per-rule counts with the global ones
             return Some(conclusion);
         };
+        let at = self.lag.moment(now);
         let parts = (&mut self.leases, &self.refusals, &mut self.tally);
         if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
             // Served from leases: the next lease is asked for before these run out, so the
@@ -150,14 +156,12 @@ impl Engine {
                 host.count(Counter::LeasePrefetches);
                 let origin = Origin::Prefetch;
                 self.queue
-                    .push(Waiting::new(config, origin, plan, now, Some(ticket), None));
+                    .push(Waiting::new(config, origin, plan, at, Some(ticket), None));
                 self.wake(config, host, Some(ctx));
             }
             return Some(conclusion);
         }
-        let oldest = self.queue.oldest_dispatch();
-        let stalled = self.breaker.stalled(config.breaker, oldest, now);
-        self.opened(config, host, now, stalled);
+        self.watch_calls(config, host, at);
         if self.breaker.is_open() {
             let outcome = Outcome::Failed(BridgeFailure::BreakerOpen);
             let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
@@ -167,7 +171,10 @@ impl Engine {
         let groups = slot_groups(config, &plan);
         if groups.len() > 1 {
             // Redis Cluster: keys on several slots: one part per slot, each waits for a call.
-            for part in self.splits.start(ctx, plan, now, groups, self.replies) {
+            for part in self
+                .splits
+                .start(config, ctx, plan, at, groups, self.replies)
+            {
                 self.queue.push(part);
             }
             self.wake(config, host, Some(ctx));
@@ -176,7 +183,7 @@ impl Engine {
         let lease = self.leases.ticket(&plan, now);
         let (origin, checked) = (Origin::Stream(ctx), Some(self.replies));
         self.queue
-            .push(Waiting::new(config, origin, plan, now, lease, checked));
+            .push(Waiting::new(config, origin, plan, at, lease, checked));
         if self.queue.only() {
             // An idle worker: this request alone goes at once, from its own context (no hop
             // through the root). Only its own verdict rides on the call.
@@ -297,7 +304,13 @@ impl Engine {
         if self.settlements.owns(token) {
             return self.settlement_reply(config, host, token, reply);
         }
-        let Some(call) = self.queue.take_call(token) else {
+        let Some(InFlight {
+            call, dispatched, ..
+        }) = self.queue.take_call(token)
+        else {
+            if self.queue.was_abandoned(token) && is_answer(reply) {
+                self.late_answer(host);
+            }
             return;
         };
         let now = host.now_unix_ns().unwrap_or(call.sent.at_ns);
@@ -305,9 +318,10 @@ impl Engine {
             Reply::Decided(results) => {
                 self.breaker.answered();
                 self.replies = self.replies.wrapping_add(1);
-                for (member, result) in call.members.into_iter().zip(results) {
+                let sent = call.sent;
+                for (member, result) in call.with_results(results) {
                     let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
-                    self.settle(config, host, member, outcome, Some(call.sent), now);
+                    self.settle(config, host, member, outcome, Some(sent), now);
                 }
             }
             Reply::NoScript => {
@@ -317,16 +331,30 @@ impl Engine {
                 if self.refusals.restarted(host.redis_restarts(true)) {
                     host.count(Counter::DenyCacheResets);
                 }
-                let stage = Stage::LoadingScript;
-                self.send(config, host, Call { stage, ..call }, now);
+                let mut call = call;
+                call.stage = Stage::LoadingScript;
+                self.send(config, host, call, now);
             }
             Reply::Loaded => {
                 self.breaker.answered();
                 host.count(Counter::ScriptLoads);
-                let stage = Stage::Deciding { reloaded: true };
-                self.send(config, host, Call { stage, ..call }, now);
+                let mut call = call;
+                call.stage = Stage::Deciding { reloaded: true };
+                self.send(config, host, call, now);
             }
-            Reply::Failed(failure) => self.fail(config, host, call.members, failure, now, true),
+            Reply::Failed(failure) => {
+                // No answer at all once Envoy's own timeout passed: the call timed out (rather
+                // than its connection failing).
+                let envoy_timeout = call.envoy_timeout(config).as_nanos();
+                let waited = now.saturating_sub(dispatched.wall_ns);
+                let failure = match failure {
+                    BridgeFailure::NoResponse if waited + 1_000_000 >= envoy_timeout => {
+                        BridgeFailure::Timeout
+                    }
+                    failure => failure,
+                };
+                self.fail(config, host, call.into_members(), failure, now, true)
+            }
         }
         match at {
             None => self.dispatch_ready(config, host, None),
@@ -337,13 +365,21 @@ impl Engine {
         self.tally.flush(host);
     }
 
-    /// The worker's timer (every [`TICK`]), in the root context: sees a stalled call, sends
-    /// the breaker's probe and the give-backs, learns of Redis restarts other workers saw.
+    /// The worker's timer (every [`TICK`]), in the root context: measures how late the worker
+    /// runs, sees calls past their timeout, sends the breaker's probe and the give-backs,
+    /// learns of Redis restarts other workers saw.
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
         if let Some(now) = host.now_unix_ns() {
-            let oldest = self.queue.oldest_dispatch();
-            let stalled = self.breaker.stalled(config.breaker, oldest, now);
-            self.opened(config, host, now, stalled);
+            let late_ms = self.lag.tick(now) / 1_000_000;
+            if late_ms > 0 {
+                host.count_n(
+                    Counter::WorkerLagMs,
+                    u64::try_from(late_ms).unwrap_or(u64::MAX),
+                );
+            }
+            self.watch_calls(config, host, self.lag.moment(now));
+            // A call given up with the breaker off frees its slot for what waits.
+            self.dispatch_ready(config, host, None);
             if let Some((request, timeout)) = self.breaker.probe(config, now) {
                 let probe = host.dispatch(&config.bridge, &request, timeout).ok();
                 self.breaker.probe_sent(config.breaker, probe, now);
@@ -374,12 +410,13 @@ impl Engine {
             if from.is_some() && self.queue.calls() > 0 {
                 break; // one call from a request context at most: the root sends the rest
             }
-            let members = self.next_batch(config, host, now);
+            let at = self.lag.moment(now);
+            let members = self.next_batch(config, host, at);
             if !members.is_empty() {
                 let epoch = self.refusals.epoch();
-                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
                 host.count(Counter::BridgeCalls);
-                host.record(Histogram::BatchSize, call.members.len() as u64);
+                host.record(Histogram::BatchSize, members.len() as u64);
+                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
                 self.send(config, host, call, now);
             }
         }
@@ -388,11 +425,12 @@ impl Engine {
     /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
     /// policy. One that waited while a reply came is asked again about leases and refusals
     /// (that reply may have brought either), a prefetch about refusals; a part always goes.
-    fn next_batch(&mut self, config: &Config, host: &mut impl Host, now: u128) -> Vec<Waiting> {
+    fn next_batch(&mut self, config: &Config, host: &mut impl Host, at: Moment) -> Vec<Waiting> {
+        let now = at.wall_ns;
         let mut batch = self.queue.batch(CallSize::batch().bytes());
         let max = config.batch.max_requests;
         while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
-            if now >= w.deadline_ns() {
+            if w.deadline.passed(at) {
                 let outcome = Outcome::Failed(BridgeFailure::Expired);
                 self.settle(config, host, w, outcome, None, now);
                 continue;
@@ -421,22 +459,67 @@ impl Engine {
         batch.into_members()
     }
 
-    /// Sends `call` in its stage, its timeout what is left of its soonest deadline.
+    /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their
+    /// policy; with none left it is not sent), with Envoy's timeout of it.
     fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
-        let Some(timeout) = call.timeout(now) else {
-            let expired = BridgeFailure::Expired;
-            return self.fail(config, host, call.members, expired, now, false);
-        };
-        match host.dispatch(&config.bridge, &call.request(), timeout) {
+        let at = self.lag.moment(now);
+        let expired = call.release(at);
+        if !expired.is_empty() {
+            self.fail(config, host, expired, BridgeFailure::Expired, now, false);
+        }
+        if call.members().next().is_none() {
+            return;
+        }
+        match host.dispatch(&config.bridge, &call.request(), call.envoy_timeout(config)) {
             Ok(token) => {
                 // A reply to a call sent again after a restart decides on the new state.
                 call.sent.epoch = self.refusals.epoch();
-                self.queue.in_flight(token, now, call);
+                self.queue.in_flight(token, at, call);
             }
             Err(why) => {
                 let failure = BridgeFailure::Dispatch(why);
-                self.fail(config, host, call.members, failure, now, true)
+                self.fail(config, host, call.into_members(), failure, now, true)
             }
+        }
+    }
+
+    /// The calls in flight at `at`. A request whose deadline passed leaves its call and
+    /// follows its policy (timed out); the call stays in flight, holding its slot. A call
+    /// without an answer for its whole timeout (in the worker's own time, so the worker's own
+    /// lateness does not count) is the bridge's failure: while other requests wait it opens
+    /// the breaker (they stop waiting at once); otherwise it is given up, one failure in the
+    /// breaker's run. A call answered within its timeout, however slowly, is no failure.
+    fn watch_calls(&mut self, config: &Config, host: &mut impl Host, at: Moment) {
+        let now = at.wall_ns;
+        let released = self.queue.release_expired(at);
+        if !released.is_empty() {
+            self.fail(config, host, released, BridgeFailure::Timeout, now, false);
+        }
+        let Some(unanswered) = self.queue.longest_unanswered(at) else {
+            return;
+        };
+        if self.queue.requests_wait() {
+            let hung = self.breaker.hung(config.breaker, unanswered, now);
+            if hung.is_some() {
+                return self.opened(config, host, now, hung);
+            }
+        }
+        if unanswered.age >= unanswered.timeout {
+            if let Some(flight) = self.queue.take_call(unanswered.token) {
+                self.queue.abandon(unanswered.token);
+                let members = flight.call.into_members();
+                self.fail(config, host, members, BridgeFailure::Timeout, now, true);
+            }
+        }
+    }
+
+    /// A call given up on was answered after all: the bridge answers (slowly). The run of
+    /// failures ends, and an open breaker closes: the next requests are decided again.
+    fn late_answer(&mut self, host: &mut impl Host) {
+        let now = host.now_unix_ns().unwrap_or(0);
+        if let Some(why) = self.breaker.late_answer(now) {
+            host.gauge_add(Gauge::BreakerOpen, -1);
+            host.report_breaker(false, &why);
         }
     }
 

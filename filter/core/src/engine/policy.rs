@@ -8,10 +8,10 @@ use super::local::{scaled, LocalLimits};
 use super::queue::Outcome;
 use super::refusals::Refusals;
 use super::tally::Tally;
-use crate::bridge::BridgeFailure;
+use crate::bridge::{BridgeFailure, FailureCause};
 use crate::config::{Config, FailureMode};
 use crate::decision::Decision;
-use crate::metrics::{Counter, RuleEvent};
+use crate::metrics::{Counter, RuleCount, RuleEvent};
 use crate::request::plan::{LimitCheck, Plan};
 use crate::response::{self, Headers, LocalResponse};
 
@@ -57,11 +57,20 @@ impl Policy {
             }
             Outcome::Failed(failure) => {
                 // An open breaker was logged once when it opened; no call failed here.
+                let cause = failure.cause();
                 if failure != BridgeFailure::BreakerOpen {
                     host.count(Counter::BridgeErrors);
                     host.report_failure(&failure);
                 }
+                if cause == FailureCause::TimedOut {
+                    host.count(Counter::BridgeTimeouts);
+                }
+                let mut counted_rule = None;
                 for check in &plan.checks {
+                    if counted_rule != Some(check.rule) {
+                        counted_rule = Some(check.rule);
+                        tally.rule_count(check.rule, RuleCount::of(cause));
+                    }
                     let local = plan.failure_mode == FailureMode::Local
                         && config
                             .rules
@@ -160,7 +169,7 @@ fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision
                 host.count(Counter::KeyBudgetExceeded);
             }
             budget_rule = Some(check.rule);
-            tally.budget_exceeded(check.rule);
+            tally.rule_count(check.rule, RuleCount::KeyBudgetExceeded);
         }
     }
 }

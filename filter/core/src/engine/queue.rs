@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::lag::{Deadline, Moment};
 use super::leases::{Leases, Ticket};
 use crate::bridge::{
     call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
@@ -44,6 +45,8 @@ pub struct Waiting {
     pub origin: Origin,
     pub plan: Plan,
     pub arrived_ns: u128,
+    /// When it stops waiting and follows its failure policy.
+    pub deadline: Deadline,
     /// Redis Cluster: the hash slot of every key of `plan`; a call takes one slot's requests.
     pub slot: Option<u16>,
     /// The lease it asks for, if any.
@@ -55,20 +58,21 @@ pub struct Waiting {
 }
 
 impl Waiting {
-    /// A request of `origin` arrived at `now`, waiting (`checked`: see the field).
+    /// A request of `origin` arrived at `at`, waiting (`checked`: see the field).
     pub fn new(
         config: &Config,
         origin: Origin,
         plan: Plan,
-        now: u128,
+        at: Moment,
         lease: Option<Ticket>,
         checked: Option<u64>,
     ) -> Self {
         Waiting {
             origin,
             slot: slot_of(config, &plan),
+            deadline: Deadline::new(at, plan.timeout, config.lag_allowance),
             plan,
-            arrived_ns: now,
+            arrived_ns: at.wall_ns,
             lease,
             checked,
         }
@@ -79,10 +83,6 @@ impl Waiting {
         if let Some(ticket) = self.lease {
             leases.cancel(ticket, &self.plan);
         }
-    }
-
-    pub fn deadline_ns(&self) -> u128 {
-        self.arrived_ns.saturating_add(self.plan.timeout.as_nanos())
     }
 
     /// What its part of a reply may hold: a lease asked for is k requests' worth of each
@@ -137,7 +137,14 @@ pub struct Call {
     pub stage: Stage,
     /// The decision call, kept to send again after a script load.
     pub eval: BridgeRequest,
-    pub members: Vec<Waiting>,
+    /// Its requests, in the order of the call; None: it stopped waiting (its deadline passed)
+    /// and follows its policy, its part of the reply is not read.
+    members: Vec<Option<Waiting>>,
+    /// What each request's part of the reply may hold.
+    shapes: Vec<RequestShape>,
+    /// The shortest timeout of its requests: how long it may go without an answer (in the
+    /// worker's own time) before the bridge is taken as hung.
+    pub timeout: Duration,
     /// The clock the script decides with: the instant the call was first sent; and the
     /// deny cache's epoch when it was last sent.
     pub sent: Sent,
@@ -154,11 +161,11 @@ impl Call {
             Clock::Proxy => now.to_string(),
             Clock::Redis => "redis".to_string(),
         };
-        // Redis charges nothing once the soonest of these requests has given up (plus the
-        // clock skew allowed): their verdict is then the failure policy's.
+        // Redis charges nothing once the soonest of these requests has given up however late
+        // its worker runs (plus the clock skew allowed): its verdict is then the policy's.
         let deadline_ns = members
             .iter()
-            .map(Waiting::deadline_ns)
+            .map(|m| m.deadline.wall_ns)
             .min()
             .unwrap_or(now);
         let deadline_ms = deadline_ns.saturating_add(config.clock_skew.as_nanos()) / 1_000_000;
@@ -170,13 +177,50 @@ impl Call {
                 (m.plan.checks.as_slice(), lease)
             }),
         );
+        let timeout = members
+            .iter()
+            .map(|m| m.plan.timeout)
+            .min()
+            .unwrap_or(config.lag_allowance);
         Call {
             stage: Stage::Deciding { reloaded: false },
             eval: BridgeRequest::evalsha(&config.script_sha, &call),
-            members,
+            shapes: members.iter().map(Waiting::shape).collect(),
+            members: members.into_iter().map(Some).collect(),
+            timeout,
             sent,
             owner,
         }
+    }
+
+    /// The requests still waiting for it.
+    pub fn members(&self) -> impl Iterator<Item = &Waiting> {
+        self.members.iter().flatten()
+    }
+
+    /// The requests still waiting for it, taken.
+    pub fn into_members(self) -> Vec<Waiting> {
+        self.members.into_iter().flatten().collect()
+    }
+
+    /// The requests still waiting, each with its part of a reply (`results`, in call order).
+    pub fn with_results<T>(self, results: Vec<T>) -> Vec<(Waiting, T)> {
+        self.members
+            .into_iter()
+            .zip(results)
+            .filter_map(|(member, result)| member.map(|m| (m, result)))
+            .collect()
+    }
+
+    /// The requests whose deadline passed by `at`, taken out of the call.
+    pub fn release(&mut self, at: Moment) -> Vec<Waiting> {
+        let mut released = Vec::new();
+        for slot in &mut self.members {
+            if slot.as_ref().is_some_and(|m| m.deadline.passed(at)) {
+                released.extend(slot.take());
+            }
+        }
+        released
     }
 
     /// The request to send for its stage: the decision, or the script load before it.
@@ -191,15 +235,12 @@ impl Call {
     /// failure, not a loop).
     pub fn read(&self, config: &Config, reply: BridgeReply<'_>) -> Reply {
         match self.stage {
-            Stage::Deciding { reloaded } => {
-                let shape: Vec<RequestShape> = self.members.iter().map(Waiting::shape).collect();
-                match parse_batch_reply(reply, &shape) {
-                    Ok(EvalOutcome::Decided(results)) => Reply::Decided(results),
-                    Ok(EvalOutcome::NoScript) if !reloaded => Reply::NoScript,
-                    Ok(EvalOutcome::NoScript) => Reply::Failed(BridgeFailure::NoScript),
-                    Err(failure) => Reply::Failed(failure),
-                }
-            }
+            Stage::Deciding { reloaded } => match parse_batch_reply(reply, &self.shapes) {
+                Ok(EvalOutcome::Decided(results)) => Reply::Decided(results),
+                Ok(EvalOutcome::NoScript) if !reloaded => Reply::NoScript,
+                Ok(EvalOutcome::NoScript) => Reply::Failed(BridgeFailure::NoScript),
+                Err(failure) => Reply::Failed(failure),
+            },
             Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
                 Ok(()) => Reply::Loaded,
                 Err(failure) => Reply::Failed(failure),
@@ -207,18 +248,13 @@ impl Call {
         }
     }
 
-    /// What is left of its members' soonest deadline at `now`; None once it has passed.
-    pub fn timeout(&self, now: u128) -> Option<Duration> {
-        let deadline = self
-            .members
-            .iter()
-            .map(Waiting::deadline_ns)
-            .min()
-            .unwrap_or(now);
-        (deadline > now).then(|| {
-            Duration::from_nanos(u64::try_from(deadline - now).unwrap_or(u64::MAX))
-                .max(Duration::from_millis(1))
-        })
+    /// Envoy's own timeout of the call: its timeout plus the lag allowance, in wall time.
+    /// The engine stops waiting for it sooner, counting the worker's own time
+    /// ([`Queue::longest_unanswered`]); this bounds the wait however late the worker runs.
+    pub fn envoy_timeout(&self, config: &Config) -> Duration {
+        self.timeout
+            .saturating_add(config.lag_allowance)
+            .max(Duration::from_millis(1))
     }
 }
 
@@ -250,11 +286,21 @@ impl Outcome {
 
 /// A call in flight.
 #[derive(Debug)]
-struct InFlight {
+pub struct InFlight {
     token: u32,
-    /// When its current stage was dispatched (Unix ns), for the stall check.
-    dispatched_ns: u128,
-    call: Call,
+    /// When its current stage was dispatched, for the hang check.
+    pub dispatched: Moment,
+    pub call: Call,
+}
+
+/// The call in flight the longest without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unanswered {
+    pub token: u32,
+    /// How long, in the worker's own time.
+    pub age: Duration,
+    /// The call's timeout.
+    pub timeout: Duration,
 }
 
 /// A batch being taken from the queue.
@@ -283,7 +329,13 @@ impl Batch {
 pub struct Queue {
     waiting: VecDeque<Waiting>,
     in_flight: Vec<InFlight>,
+    /// Calls abandoned while in flight (the breaker opened, or one was given up), newest
+    /// last: an answer to one still shows that the bridge answers.
+    abandoned: VecDeque<u32>,
 }
+
+/// Abandoned calls remembered at most (each worker has at most 8 in flight).
+const ABANDONED: usize = 16;
 
 impl Queue {
     /// Requests waiting, and calls in flight.
@@ -332,11 +384,11 @@ impl Queue {
         Some((self.waiting.remove(batch.at)?, size))
     }
 
-    /// A call was dispatched at `now` with `token`.
-    pub fn in_flight(&mut self, token: u32, now: u128, call: Call) {
+    /// A call was dispatched at `at` with `token`.
+    pub fn in_flight(&mut self, token: u32, at: Moment, call: Call) {
         self.in_flight.push(InFlight {
             token,
-            dispatched_ns: now,
+            dispatched: at,
             call,
         });
     }
@@ -351,9 +403,57 @@ impl Queue {
     }
 
     /// The call in flight with `token`, taken.
-    pub fn take_call(&mut self, token: u32) -> Option<Call> {
+    pub fn take_call(&mut self, token: u32) -> Option<InFlight> {
         let i = self.in_flight.iter().position(|c| c.token == token)?;
-        Some(self.in_flight.swap_remove(i).call)
+        Some(self.in_flight.swap_remove(i))
+    }
+
+    /// The call in flight with `token` is given up: its reply, if it comes, is not read.
+    pub fn abandon(&mut self, token: u32) {
+        if self.abandoned.len() >= ABANDONED {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back(token);
+    }
+
+    /// Whether `token` is a call given up on (forgotten once asked).
+    pub fn was_abandoned(&mut self, token: u32) -> bool {
+        let Some(i) = self.abandoned.iter().position(|&t| t == token) else {
+            return false;
+        };
+        self.abandoned.remove(i);
+        true
+    }
+
+    /// The requests of calls in flight whose deadline passed by `at`, taken out of their
+    /// calls (which stay in flight).
+    pub fn release_expired(&mut self, at: Moment) -> Vec<Waiting> {
+        let mut released = Vec::new();
+        for flight in &mut self.in_flight {
+            released.append(&mut flight.call.release(at));
+        }
+        released
+    }
+
+    /// The call in flight the longest at `at`, in the worker's own time.
+    pub fn longest_unanswered(&self, at: Moment) -> Option<Unanswered> {
+        self.in_flight
+            .iter()
+            .min_by_key(|f| f.dispatched.work_ns)
+            .map(|f| Unanswered {
+                token: f.token,
+                age: at.work_since(f.dispatched),
+                timeout: f.call.timeout,
+            })
+    }
+
+    /// Whether any request waits on the bridge: for a call, or in one in flight.
+    pub fn requests_wait(&self) -> bool {
+        !self.waiting.is_empty()
+            || self
+                .in_flight
+                .iter()
+                .any(|f| f.call.members().next().is_some())
     }
 
     /// A call in flight made from the context `ctx`, taken.
@@ -365,11 +465,6 @@ impl Queue {
         Some(self.in_flight.swap_remove(i).call)
     }
 
-    /// When the oldest call in flight was dispatched.
-    pub fn oldest_dispatch(&self) -> Option<u128> {
-        self.in_flight.iter().map(|c| c.dispatched_ns).min()
-    }
-
     /// Every waiting request, taken.
     pub fn take_waiting(&mut self) -> Vec<Waiting> {
         self.waiting.drain(..).collect()
@@ -378,8 +473,10 @@ impl Queue {
     /// Every request, waiting or in a call in flight, taken (the calls are abandoned).
     pub fn take_all(&mut self) -> Vec<Waiting> {
         let mut all = self.take_waiting();
-        for flight in self.in_flight.drain(..) {
-            all.extend(flight.call.members);
+        let flights: Vec<InFlight> = self.in_flight.drain(..).collect();
+        for flight in flights {
+            self.abandon(flight.token);
+            all.extend(flight.call.into_members());
         }
         all
     }
@@ -401,7 +498,7 @@ impl Queue {
             }
         }
         while let Some(call) = self.take_call_of(ctx) {
-            for member in call.members {
+            for member in call.into_members() {
                 match member.origin.ctx() == Some(ctx) {
                     true => member.leave(leases),
                     false => orphans.push(member),
@@ -428,9 +525,11 @@ mod tests {
             limit: i,
             ..token_bucket_check(&key)
         };
+        let plan = plan_of((0..limits).map(check).collect());
         Waiting {
             origin: Origin::Stream(n as u32),
-            plan: plan_of((0..limits).map(check).collect()),
+            deadline: Deadline::new(Moment::on_time(n), plan.timeout, Duration::ZERO),
+            plan,
             arrived_ns: n,
             slot,
             lease: None,

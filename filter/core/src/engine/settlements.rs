@@ -204,11 +204,14 @@ impl Settlements {
         calls
             .into_iter()
             .map(|(_, group)| {
+                // No request waits for it: it may take the lag allowance too, so that a
+                // worker running late does not time out (and resend or lose) settlements.
                 let timeout = group
                     .iter()
                     .filter_map(|s| config.rules.get(s.check.rule).map(|r| r.timeout))
                     .max()
                     .unwrap_or(config.clock_skew)
+                    .saturating_add(config.lag_allowance)
                     .max(Duration::from_millis(1));
                 (group, timeout)
             })

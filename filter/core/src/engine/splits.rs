@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use super::lag::Moment;
 use super::queue::{Origin, Outcome, Sent, Waiting};
 use crate::bridge::BridgeFailure;
 use crate::config::Config;
@@ -204,16 +205,18 @@ pub struct Splits {
 }
 
 impl Splits {
-    /// Starts deciding the plan of stream `ctx` (arrived at `now`, asked about leases and
+    /// Starts deciding the plan of stream `ctx` (arrived at `at`, asked about leases and
     /// refusals when `checked`) in the parts `groups` (from [`by_slot`]), which wait for calls.
     pub fn start(
         &mut self,
+        config: &Config,
         ctx: u32,
         plan: Plan,
-        now: u128,
+        at: Moment,
         groups: Vec<(u16, Vec<usize>)>,
         checked: u64,
     ) -> Vec<Waiting> {
+        let now = at.wall_ns;
         let id = self.next;
         self.next = self.next.wrapping_add(1);
         let (slots, parts): (Vec<u16>, Vec<Vec<usize>>) = groups.into_iter().unzip();
@@ -227,14 +230,11 @@ impl Splits {
                     split: id,
                     part,
                 };
-                Waiting {
-                    origin,
-                    plan: split.part_plan(part),
-                    arrived_ns: now,
-                    slot: Some(slot),
-                    lease: None,
-                    checked: Some(checked),
-                }
+                let mut waiting =
+                    Waiting::new(config, origin, split.part_plan(part), at, None, None);
+                waiting.slot = Some(slot);
+                waiting.checked = Some(checked);
+                waiting
             })
             .collect();
         self.open.insert(id, split);

@@ -5,7 +5,7 @@
 
 use super::host::Host;
 use crate::config::Config;
-use crate::metrics::{Counter, PendingCounts, RuleEvent, RuleStats};
+use crate::metrics::{Counter, PendingCounts, RuleCount, RuleEvent, RuleStats};
 use crate::request::plan::{LimitCheck, Plan};
 
 #[derive(Debug, Default)]
@@ -41,9 +41,9 @@ impl Tally {
             .add_n(self.rule_stats.event(check.rule, check.limit, event), n);
     }
 
-    /// A new identity found the key budget of rule `rule` used up.
-    pub fn budget_exceeded(&mut self, rule: usize) {
-        self.pending.add(self.rule_stats.budget_exceeded(rule));
+    /// Counts `count` on rule `rule`.
+    pub fn rule_count(&mut self, rule: usize, count: RuleCount) {
+        self.pending.add(self.rule_stats.count(rule, count));
     }
 
     /// A request of `plan` was allowed from leases.

@@ -75,41 +75,138 @@ fn reply_of(r: R) -> String {
 }
 
 #[test]
-fn a_stalled_call_opens_the_breaker_and_releases_every_waiting_request() {
+fn a_hung_call_opens_the_breaker_within_its_timeout_and_releases_every_waiting_request() {
     let (c, mut e, mut h) = setup("");
+    h.now = Some(T0);
+    e.on_tick(&c, &mut h);
     arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
     e.on_request(&c, &mut h, 2, &req("/", "b"));
     e.on_request(&c, &mut h, 3, &req("/", "c"));
-    h.now = Some(T0 + 24 * MS);
+    ticks(&mut e, &c, &mut h, 25, 125);
+    h.now = Some(T0 + 149 * MS);
     e.on_tick(&c, &mut h);
-    assert_eq!(h.breaker_open, 0, "24 ms is no stall yet");
-    h.now = Some(T0 + 25 * MS);
+    assert_eq!(
+        h.breaker_open, 0,
+        "149 ms of a 150 ms timeout: not hung yet"
+    );
+    h.now = Some(T0 + 150 * MS);
     e.on_tick(&c, &mut h);
     assert_eq!(h.breaker_open, 1);
     assert_eq!(
         h.resumed,
-        vec![2, 3, 1],
+        vec![1, 2, 3],
         "all released at once, by the open policy"
     );
     assert_eq!(e.load(), (0, 0));
     assert_eq!(
         h.breaker_log[0],
-        (true, "a call has been in flight for 25 ms".into())
+        (
+            true,
+            "a call has had no answer for 150 ms of the worker's time (its timeout: 150 ms) while requests waited".into()
+        )
     );
-    // The abandoned call's reply, if it still comes, changes nothing.
+    assert_eq!(h.count_of(Counter::BridgeCalls), 1);
+    // The abandoned call's answer, if it still comes, decides nothing but shows the bridge
+    // answers: the breaker closes and the next request is decided again.
+    h.now = Some(T0 + 170 * MS);
     e.on_reply(&c, &mut h, Some(1), 1, ok(&reply_of(R::Allow(1))));
     assert_eq!(h.count_of(Counter::Allowed), 0);
-    // A stall is also seen by the next request, without a tick.
+    assert_eq!(h.breaker_open, 0);
+    assert_eq!(
+        h.breaker_log[1],
+        (
+            false,
+            "a call given up on was answered after 20 ms open: the bridge answers, slowly".into()
+        )
+    );
+    e.on_request(&c, &mut h, 4, &req("/", "d"));
+    assert_eq!(h.dispatched.len(), 2);
+    // A hang is also seen by the next request, without a tick.
     let mut e = Engine::new(&c);
     let mut h = FakeHost::new();
     e.on_request(&c, &mut h, 1, &req("/", "a"));
-    h.now = Some(T0 + 30 * MS);
+    e.on_request(&c, &mut h, 2, &req("/", "b"));
+    h.now = Some(T0 + 150 * MS);
     assert_eq!(
-        e.on_request(&c, &mut h, 2, &req("/", "b")),
+        e.on_request(&c, &mut h, 3, &req("/", "c")),
         Verdict::Continue
     );
-    assert_eq!(h.resumed, vec![1]);
+    assert_eq!(h.resumed, vec![1, 2]);
     assert_eq!(h.breaker_open, 1);
+}
+
+#[test]
+fn a_slow_answer_within_the_timeout_is_no_failure() {
+    let (c, mut e, mut h) = setup(r#""breaker": {"failures": 1},"#);
+    h.now = Some(T0);
+    e.on_tick(&c, &mut h);
+    for round in 0..3u128 {
+        let start = round * 150;
+        h.now = Some(T0 + start * MS);
+        arrive(&mut e, &c, &mut h, 10 * round as u32 + 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 10 * round as u32 + 2, &req("/", "b"));
+        ticks(&mut e, &c, &mut h, start, start + 125);
+        // Each call answers at 149 ms, while a request waits.
+        h.now = Some(T0 + (start + 149) * MS);
+        let token = h.last_token();
+        e.on_reply(&c, &mut h, None, token, ok(&reply_of(R::Allow(5))));
+        let token = h.last_token();
+        e.on_reply(&c, &mut h, None, token, ok(&reply_of(R::Allow(4))));
+    }
+    assert_eq!(h.breaker_open, 0);
+    assert_eq!(h.count_of(Counter::BreakerTrips), 0);
+    assert_eq!(h.count_of(Counter::Allowed), 6);
+    assert!(h.failures.is_empty(), "{:?}", h.failures);
+}
+
+#[test]
+fn a_late_worker_with_a_reply_waiting_decides_and_does_not_open() {
+    for tick_first in [false, true] {
+        let (c, mut e, mut h) = setup("");
+        ticks(&mut e, &c, &mut h, 0, 50);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        // The worker does not run from 50 ms to 400 ms (a CPU quota, busy neighbours): its
+        // timer and the reply Redis sent at once both come late. A new request may come
+        // first, then the timer and the reply in either order.
+        h.now = Some(T0 + 400 * MS);
+        e.on_request(&c, &mut h, 3, &req("/", "c"));
+        if tick_first {
+            e.on_tick(&c, &mut h);
+        }
+        e.on_reply(&c, &mut h, Some(1), 1, ok(&reply_of(R::Allow(9))));
+        if !tick_first {
+            e.on_tick(&c, &mut h);
+        }
+        e.on_wakeup(&c, &mut h);
+        assert_eq!(h.breaker_open, 0, "tick first: {tick_first}");
+        assert!(h.failures.is_empty(), "{:?}", h.failures);
+        assert_eq!(h.resumed, vec![1]);
+        e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(8), R::Allow(7)])));
+        assert_eq!(h.resumed, vec![1, 2, 3]);
+        assert_eq!(h.count_of(Counter::Allowed), 3);
+        // The lateness was counted (400 - 50 - 25 - 5 ms of jitter).
+        assert_eq!(h.count_of(Counter::WorkerLagMs), 320);
+    }
+    // However late the worker runs, a request waits at most its timeout plus the lag
+    // allowance: Envoy's timeout of the call, then the call is given up.
+    let (c, mut e, mut h) = setup(r#""bridge": {"lag_allowance": "200ms"},"#);
+    ticks(&mut e, &c, &mut h, 0, 0);
+    arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+    assert_eq!(h.dispatched[0].2, Duration::from_millis(350));
+    h.now = Some(T0 + 349 * MS);
+    e.on_request(&c, &mut h, 2, &req("/", "b"));
+    assert!(h.resumed.is_empty());
+    h.now = Some(T0 + 350 * MS);
+    e.on_request(&c, &mut h, 3, &req("/", "c"));
+    // Request 1 goes on by policy; 2 and 3 came while the worker stood still: they wait.
+    assert_eq!(h.resumed, vec![1]);
+    assert_eq!(h.failures, vec![BridgeFailure::Timeout]);
+    // Envoy's timeout of the call: one failure in the breaker's run, not a hang.
+    e.on_reply(&c, &mut h, Some(1), 1, none());
+    assert_eq!(h.breaker_open, 0);
+    e.on_wakeup(&c, &mut h);
+    assert_eq!(h.batch_size(1), 2, "the next call decides 2 and 3");
 }
 
 #[test]
@@ -181,10 +278,11 @@ fn without_a_breaker_nothing_opens() {
 
 #[test]
 fn a_call_carries_the_deadline_after_which_redis_must_not_charge() {
-    let (c, mut e, mut h) = setup(r#""bridge": {"timeout": "200ms", "clock_skew": "1s"},"#);
+    let (c, mut e, mut h) =
+        setup(r#""bridge": {"timeout": "200ms", "clock_skew": "1s", "lag_allowance": "300ms"},"#);
     e.on_request(&c, &mut h, 1, &req("/", "k"));
-    // T0 + 200 ms + 1 s, in ms.
-    assert!(h.dispatched[0].1.path.contains("/1000000000000/1001200/1/"));
+    // T0 + 200 ms + 300 ms + 1 s, in ms: the latest the worker can still be waiting for it.
+    assert!(h.dispatched[0].1.path.contains("/1000000000000/1001500/1/"));
     e.on_reply(
         &c,
         &mut h,

@@ -79,6 +79,17 @@ fn reply(requests: &[R]) -> String {
     format!(r#"{{"EVALSHA":[{}]}}"#, items.join(","))
 }
 
+/// The worker's timer firing every 25 ms from `from_ms` to `to_ms` (both included): a worker
+/// running on time (without ticks, it looks late from the first one on).
+fn ticks(e: &mut Engine, c: &Config, h: &mut FakeHost, from_ms: u128, to_ms: u128) {
+    let mut at = from_ms;
+    while at <= to_ms {
+        h.now = Some(T0 + at * MS);
+        e.on_tick(c, h);
+        at += 25;
+    }
+}
+
 /// A request arrives, and the worker is woken (as Envoy would, right after) if this
 /// arrival asked for a wake-up.
 fn arrive(e: &mut Engine, c: &Config, h: &mut FakeHost, ctx: u32, r: &FakeRequest) -> Verdict {
@@ -100,11 +111,13 @@ fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
     assert!(call.path.starts_with("/EVALSHA/"));
     assert!(
         call.path
-            .contains("/1000000000000/1001150/1/0/1/1/token_bucket/"),
+            .contains("/1000000000000/1002150/1/0/1/1/token_bucket/"),
         "{}",
         call.path
     );
-    assert_eq!(timeout, Duration::from_millis(150));
+    // Envoy's timeout: the 150 ms timeout plus the 1 s lag allowance (the engine stops
+    // waiting at 150 ms of the worker's own time).
+    assert_eq!(timeout, Duration::from_millis(1150));
     h.now = Some(T0 + 2 * MS + 1);
     e.on_reply(&c, &mut h, Some(7), token, ok(&reply(&[R::Allow(9)])));
     assert_eq!(h.resumed, vec![7]);
@@ -200,6 +213,7 @@ fn per_rule_counts_say_what_each_limit_did_and_reach_the_stats_on_the_tick() {
     let mut want = vec![
         ("ratelimit_rule.all.minute.allowed".to_string(), 2),
         ("ratelimit_rule.all.minute.denied".to_string(), 2),
+        count("all.bridge_error"),
         count("all.minute.failed_closed"),
         count("watch.minute.shadow_denied"),
     ];
@@ -207,7 +221,11 @@ fn per_rule_counts_say_what_each_limit_did_and_reach_the_stats_on_the_tick() {
     assert_eq!(h.rule_counts(&c), want);
     // The batch's counts came with its reply; the deny-cache hit's wait for the tick.
     let mut then = want.clone();
-    then[1].1 = 1;
+    for (name, n) in &mut then {
+        if name == "ratelimit_rule.all.minute.denied" {
+            *n = 1;
+        }
+    }
     assert_eq!(before, then, "the deny-cache hit waits for the tick");
     e.on_tick(&c, &mut h);
     assert_eq!(h.rule_counts(&c), want, "handed over once");
@@ -352,31 +370,43 @@ fn noscript_loads_the_script_and_sends_the_same_call_once_more() {
 }
 
 #[test]
-fn a_request_past_its_timeout_in_the_queue_fails_by_policy_and_calls_get_what_is_left() {
-    // Calls stay out for 150 ms here: no breaker, or it would see them stall.
+fn requests_leave_a_late_call_at_their_deadline_and_the_call_holds_its_slot_until_its_timeout() {
     let (c, mut e, mut h) = setup(r#""breaker": false,"#);
+    ticks(&mut e, &c, &mut h, 0, 0);
     arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
-    h.now = Some(T0 + 100 * MS);
+    ticks(&mut e, &c, &mut h, 25, 100);
     e.on_request(&c, &mut h, 2, &req("/", "b"));
-    h.now = Some(T0 + 120 * MS);
+    // 150 ms: request 1 follows its policy; its call has had no answer for its whole
+    // timeout and is given up (no breaker here), so request 2 goes.
+    ticks(&mut e, &c, &mut h, 125, 150);
+    assert_eq!(h.resumed, vec![1]);
+    assert_eq!(h.failures, vec![BridgeFailure::Timeout]);
+    assert_eq!(h.dispatched.len(), 2);
+    assert_eq!(h.dispatched[1].2, Duration::from_millis(1150));
+    ticks(&mut e, &c, &mut h, 175, 200);
     e.on_request(&c, &mut h, 3, &req("/", "c"));
-    // The first call times out at 150 ms; request 2 (150 ms from 100) is still in time.
-    h.now = Some(T0 + 150 * MS);
-    e.on_reply(&c, &mut h, None, 1, none());
-    assert_eq!(h.dispatched[1].2, Duration::from_millis(100));
-    assert_eq!(h.batch_size(1), 2);
-    h.now = Some(T0 + 260 * MS);
-    e.on_request(&c, &mut h, 4, &req("/", "d"));
+    // 250 ms: request 2's deadline; its call, 100 ms out, keeps its slot: 3 waits.
+    ticks(&mut e, &c, &mut h, 225, 250);
+    assert_eq!(h.resumed, vec![1, 2]);
+    assert_eq!(e.load(), (1, 1));
+    // Its answer decides nobody (2 has gone on) and frees the slot for 3.
     h.now = Some(T0 + 280 * MS);
-    e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(1), R::Allow(1)])));
-    assert_eq!(h.dispatched.len(), 3);
-    h.now = Some(T0 + 500 * MS);
-    e.on_request(&c, &mut h, 5, &req("/", "e"));
-    e.on_reply(&c, &mut h, None, 3, none());
-    // 5 arrived at 500 and waited for nothing: sent. None waited past its timeout.
-    assert_eq!(h.resumed, vec![1, 2, 3, 4]);
-    assert!(h.failures.iter().all(|f| *f == BridgeFailure::NoResponse));
-    // Now one that does expire in the queue: the call in flight outlives it.
+    e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(1)])));
+    assert_eq!(h.count_of(Counter::Allowed), 0);
+    assert_eq!(h.batch_size(2), 1);
+    e.on_reply(&c, &mut h, None, 3, ok(&reply(&[R::Allow(5)])));
+    assert_eq!(h.resumed, vec![1, 2, 3]);
+    assert_eq!(h.count_of(Counter::Allowed), 1);
+    assert_eq!(h.count_of(Counter::BridgeTimeouts), 2);
+    assert_eq!(
+        h.rule_counts(&c),
+        vec![
+            ("ratelimit_rule.all.minute.allowed".to_string(), 1),
+            ("ratelimit_rule.all.minute.failed_open".to_string(), 2),
+            ("ratelimit_rule.all.timed_out".to_string(), 2),
+        ]
+    );
+    // A request that expires in the queue: the call in flight outlives it.
     let c2 =
         config(r#""breaker": false, "batch": {"max_in_flight": 1}, "bridge": {"timeout": "1s"},"#);
     let mut e = Engine::new(&c2);
@@ -385,9 +415,11 @@ fn a_request_past_its_timeout_in_the_queue_fails_by_policy_and_calls_get_what_is
     h.now = Some(T0 + 10 * MS);
     e.on_request(&c2, &mut h, 2, &req("/", "b"));
     h.now = Some(T0 + 1010 * MS);
+    // The answer came before anything saw request 1's deadline pass: it decides it.
     e.on_reply(&c2, &mut h, None, 1, ok(&reply(&[R::Allow(1)])));
     assert_eq!(h.failures, vec![BridgeFailure::Expired]);
     assert_eq!(h.resumed, vec![1, 2], "open: let through");
+    assert_eq!(h.count_of(Counter::Allowed), 1);
     assert_eq!(h.dispatched.len(), 1, "nothing left to send");
 }
 
