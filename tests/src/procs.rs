@@ -669,16 +669,6 @@ pub fn apply_edits(text: &str, edits: &[(String, String)]) -> String {
     text
 }
 
-/// Edits to a shipped Envoy config (envoy/envoy.yaml, envoy/cluster/envoy.yaml, the
-/// examples) for a test about decisions rather than outages: a 5 s bridge timeout and a
-/// circuit breaker that opens only on a call stalled for 5 s. On a loaded machine a call can
-/// outlast the shipped 150 ms and 25 ms, and its requests would then pass by the failure
-/// policy instead of being decided.
-pub const PATIENT: [(&str, &str); 2] = [
-    (r#""timeout": "150ms""#, r#""timeout": "5s""#),
-    (r#""rules": ["#, r#""breaker": {"stall": "5s"}, "rules": ["#),
-];
-
 /// Redis, Webdis and Envoy wired together from the shipped configs. Dropped in field order:
 /// Envoy first, Redis last.
 pub struct Stack {

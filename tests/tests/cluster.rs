@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::cluster::{envoy_config_file, ClusterStack, RedisCluster, NODE_USER, SLOTS};
-use e2e::procs::{WorkDir, PATIENT};
+use e2e::procs::WorkDir;
 use e2e::{get, script_sha, Envoy, Keys, Resp};
 
 /// The keys of the shipped cluster config's filter.
@@ -51,7 +51,7 @@ fn edits(list: &[(String, String)]) -> Vec<(&str, &str)> {
 
 #[test]
 fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
-    let stack = ClusterStack::start("cluster-spread", &PATIENT);
+    let stack = ClusterStack::start("cluster-spread", &[]);
     let cluster = &stack.cluster;
     println!(
         "cluster of {} nodes ready in {} ms",
@@ -114,8 +114,7 @@ fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
 
 #[test]
 fn one_key_gets_exactly_its_limit() {
-    let [a, b] = patient();
-    let list = [limit_edit(5), a, b];
+    let list = [limit_edit(5)];
     let stack = ClusterStack::start("cluster-exact", &edits(&list));
     let statuses: Vec<u16> = (0..20).map(|_| stack.envoy.keyed("alice").status).collect();
     println!("{statuses:?}");
@@ -292,17 +291,14 @@ fn keyslot_follows_hash_tags() {
 /// its slots are decided by the failure policy (open here).
 #[test]
 fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
-    // Patient: the requests before the kill must be decided, even on a loaded machine; those
-    // on the dead master's slots still fail open, at the proxy's 1 s timeout at most.
-    let [a, b] = patient();
+    // The requests before the kill must be decided, even on a loaded machine; those on the
+    // dead master's slots fail open, at the proxy's 1 s timeout at most.
     let list = [
         limit_edit(5),
         (
             r#""failure_mode": "open","#.to_string(),
             r#""failure_mode": "open", "deny_cache": false,"#.to_string(),
         ),
-        a,
-        b,
     ];
     let mut stack = ClusterStack::start("cluster-failover", &edits(&list));
     let statuses: Vec<u16> = (0..6).map(|_| stack.envoy.keyed("alice").status).collect();
@@ -415,11 +411,6 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
     assert_eq!(decided.status, 429, "{}", diagnose(&stack));
 }
 
-/// Patient (see [`PATIENT`]): these tests are about decisions, not outages.
-fn patient() -> [(String, String); 2] {
-    PATIENT.map(|(a, b)| (a.to_string(), b.to_string()))
-}
-
 /// Requests for `keys`, each sent `rounds` times, over `threads` concurrent connections (each
 /// thread walks the keys from its own offset); statuses per key.
 fn concurrent(
@@ -455,8 +446,7 @@ fn concurrent(
 /// share calls, and every identity gets exactly its limit.
 #[test]
 fn concurrent_clients_on_many_slots_get_exactly_their_limits() {
-    let [a, b] = patient();
-    let list = [limit_edit(5), a, b];
+    let list = [limit_edit(5)];
     let stack = ClusterStack::start("cluster-concurrent", &edits(&list));
     assert_eq!(stack.envoy.keyed("warm-up").status, 200);
     let keys: Vec<String> = (0..24).map(|i| format!("client-{i}")).collect();
@@ -537,8 +527,7 @@ fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
                           ]"#
             .to_string(),
     );
-    let [a, b] = patient();
-    let stack = ClusterStack::start("cluster-two-slots", &edits(&[rules, a, b]));
+    let stack = ClusterStack::start("cluster-two-slots", &edits(&[rules]));
     let named = stack.envoy.keys();
     let key = named.shipped_bucket("k");
     // The bucket of the per-IP rule on 127.0.0.1.
@@ -590,15 +579,10 @@ fn shard_key(keys: &Keys, api_key: &str, shard: u64) -> String {
 /// never more than the limit in all.
 #[test]
 fn a_hot_key_in_shards_spreads_over_the_masters_and_never_overshoots() {
-    let [a, b] = patient();
-    let list = [
-        (
-            r#""limit": 10, "window": "1m" }"#.to_string(),
-            r#""limit": 30, "window": "1m", "shards": 3 }"#.to_string(),
-        ),
-        a,
-        b,
-    ];
+    let list = [(
+        r#""limit": 10, "window": "1m" }"#.to_string(),
+        r#""limit": 30, "window": "1m", "shards": 3 }"#.to_string(),
+    )];
     let stack = ClusterStack::start("cluster-shards", &edits(&list));
     let named = stack.envoy.keys();
     let id = spread_identity(&named, &stack.cluster);
@@ -618,13 +602,12 @@ fn a_hot_key_in_shards_spreads_over_the_masters_and_never_overshoots() {
 /// slot is refused (deny mode), an identity that exists is not, and another slot has its own.
 #[test]
 fn in_cluster_mode_a_key_budget_counts_per_slot() {
-    let [a, b] = patient();
     let budget = (
         r#""name": "per_client","#.to_string(),
         r#""name": "per_client", "key_budget": {"new_keys": 16384, "window": "1h", "over_budget": "deny"},"#
             .to_string(),
     );
-    let stack = ClusterStack::start("cluster-budget", &edits(&[budget, a, b]));
+    let stack = ClusterStack::start("cluster-budget", &edits(&[budget]));
     let named = stack.envoy.keys();
     let slot_of = |k: &str| ratelimit_core::slot::key_slot(named.shipped_bucket(k).as_bytes());
     let first = "budget-0".to_string();

@@ -158,9 +158,10 @@ fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
     errors
 }
 
-/// The rules' deadline. Generous, and each worker's circuit breaker off: on a busy 2-core
-/// machine a call can stall past the breaker's 25 ms, and the breaker would then answer by
-/// the failure policy for reasons that have nothing to do with Redis's memory.
+/// The rules' deadline: long enough that a request answered by Redis's OOM reply is told
+/// apart from one that waited it out, even on a loaded machine. Each worker's circuit
+/// breaker is off: after five OOM replies in a row it would open, and requests would then
+/// follow the policy without asking Redis, while these tests watch each request's own reply.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The filter's configuration with `rules` (JSON), the shipped bridge credentials, TIMEOUT,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use e2e::procs::{envoy_config, Process, Webdis, WorkDir, PATIENT};
+use e2e::procs::{envoy_config, Process, Webdis, WorkDir};
 use e2e::{free_port, get, root, wait_for, wasm_path, Envoy, Redis};
 use serde_json::Value;
 
@@ -267,8 +267,7 @@ fn the_image_goes_through_a_registry_and_envoy_limits_with_the_pulled_module() {
     let webdis = Webdis::start(&dir, redis.port);
     let built = format!("filename: {}", wasm_path().display());
     let from_image = format!("filename: {}", module.display());
-    let mut edits = PATIENT.to_vec();
-    edits.push((built.as_str(), from_image.as_str()));
+    let edits = [(built.as_str(), from_image.as_str())];
     let (port, admin_port) = (free_port(), free_port());
     let yaml = envoy_config(port, admin_port, webdis.port, &edits);
     let envoy = Envoy::start_config(&dir, port, admin_port, &yaml, 2);

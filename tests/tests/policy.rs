@@ -5,17 +5,15 @@
 use std::time::Duration;
 
 use e2e::http::request;
-use e2e::procs::{filter_config_edit, validate_config, WorkDir, PATIENT};
+use e2e::procs::{filter_config_edit, validate_config, WorkDir};
 use e2e::sf::{parse_list, Item};
 use e2e::{root, wait_for, wait_until, Envoy, Redis, Response, Stack, Webdis};
 
-/// The filter JSON with the shipped bridge credentials, a generous timeout and a breaker that
-/// opens only on a call stalled for 2 s (so that a busy test machine never fails open), plus
-/// `body`.
+/// The filter JSON with the shipped bridge credentials (timeout and breaker left to their
+/// defaults), plus `body`.
 fn filter_json(body: &str) -> String {
     format!(
-        r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s"}},
-"breaker": {{"stall": "2s"}},
+        r#"{{"bridge": {{"username": "ratelimit", "password": "ratelimit-demo-secret"}},
 {body}}}"#
     )
 }
@@ -645,8 +643,7 @@ fn redis_clock_limits_like_the_proxy_clock() {
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
 }
 
-/// An example config from envoy/examples, validated as shipped, started on test ports and
-/// patient (see [`PATIENT`]): these tests are about its rules.
+/// An example config from envoy/examples, validated as shipped, started on test ports.
 fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let file = root().join("envoy/examples").join(name);
     let (ok, output) = validate_config(&root(), &file);
@@ -654,7 +651,7 @@ fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let dir = WorkDir::new(&format!("example-{name}"));
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
-    let envoy = Envoy::start_file_with(&dir, &file, webdis.port, &PATIENT);
+    let envoy = Envoy::start_file_with(&dir, &file, webdis.port, &[]);
     (dir, redis, webdis, envoy)
 }
 
@@ -804,8 +801,7 @@ fn example_llm_tokens() {
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
     let to_upstream = format!("port_value: {} }}", upstream.port);
-    let mut edits = PATIENT.to_vec();
-    edits.push(("port_value: 8000 }", &to_upstream));
+    let edits = [("port_value: 8000 }", to_upstream.as_str())];
     let envoy = Envoy::start_file_with(&dir, &file, webdis.port, &edits);
     let chat = |key: &str, extra: &[(&str, &[u8])], stream: bool| -> Streamed {
         let auth = format!("Bearer {key}");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use e2e::procs::{apply_edits, validate_config, WorkDir, PATIENT};
+use e2e::procs::{apply_edits, validate_config, WorkDir};
 use e2e::{free_port, get, root, wait_for, wasm_path, Envoy, Redis, Webdis};
 
 const EXAMPLE: &str = "envoy/examples/remote_module.yaml";
@@ -143,7 +143,7 @@ fn module_sha256() -> String {
 }
 
 /// The shipped example on test ports, fetching from `module_port`, expecting `sha256`, with
-/// `failure_policy` and patient (see [`PATIENT`]); returns (listener port, admin port, YAML).
+/// `failure_policy`; returns (listener port, admin port, YAML).
 fn example_config(
     module_port: u16,
     webdis_port: u16,
@@ -153,7 +153,7 @@ fn example_config(
     let shipped = std::fs::read_to_string(root().join(EXAMPLE)).expect("read the example");
     let (port, admin_port) = (free_port(), free_port());
     let zeros = "0".repeat(64);
-    let mut edits: Vec<(String, String)> = vec![
+    let edits: Vec<(String, String)> = vec![
         (
             "port_value: 9901".into(),
             format!("port_value: {admin_port}"),
@@ -182,7 +182,6 @@ fn example_config(
         // ATTEMPTS counts on it.
         ("num_retries: 3".into(), "num_retries: 3".into()),
     ];
-    edits.extend(PATIENT.iter().map(|(a, b)| (a.to_string(), b.to_string())));
     (port, admin_port, apply_edits(&shipped, &edits))
 }
 

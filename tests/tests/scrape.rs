@@ -27,8 +27,8 @@ fn wait_value(prom: &Prometheus, promql: &str, want: f64) {
 
 #[test]
 fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
-    let json = r#"{"bridge": {"username": "ratelimit", "password": "ratelimit-demo-secret", "timeout": "2s"},
-"failure_mode": "open", "breaker": {"stall": "2s"},
+    let json = r#"{"bridge": {"username": "ratelimit", "password": "ratelimit-demo-secret"},
+"failure_mode": "open",
 "rules": [{"name": "api", "key": {"from": ["header:x-api-key"]},
   "limits": [{"name": "per_minute", "limit": 5, "window": "1m"}]}]}"#;
     let (from, to) = filter_config_edit(json);

@@ -8,15 +8,10 @@ use std::time::{Duration, Instant};
 
 use e2e::{get, wait_until, Envoy, Response, Stack};
 
-/// The shipped bridge timeout and breaker stall raised to 2 s: on a loaded machine a call can
-/// outlast the shipped 150 ms and 25 ms, and its request would pass by policy, undecided.
-const EDITS: [(&str, &str); 2] = [
-    (r#""timeout": "150ms""#, r#""timeout": "2s""#),
-    (r#""rules": ["#, r#""breaker": {"stall": "2s"}, "rules": ["#),
-];
-/// What a request may take while Webdis hangs: the 2 s bridge timeout, and as much again for a
-/// loaded machine. A hung call that Envoy never timed out would take forever.
-const HUNG_DEADLINE: Duration = Duration::from_secs(4);
+/// What a request may take while Webdis hangs: the shipped 150 ms timeout plus the 1 s lag
+/// allowance (a loaded machine's worker may run late), and as much again. A hung call that
+/// Envoy never timed out would take forever.
+const HUNG_DEADLINE: Duration = Duration::from_millis(2300);
 /// The shipped rule and its limit (10 per minute).
 const RULE: (&str, &str) = ("per_client", "per_minute");
 
@@ -53,7 +48,7 @@ fn wait_per_rule(envoy: &Envoy, metric: &str, want: f64) {
 
 #[test]
 fn exact_limit_then_429_with_its_headers_and_per_rule_stats() {
-    let s = Stack::start("smoke-limit", &EDITS);
+    let s = Stack::start("smoke-limit", &[]);
     for i in 0..10 {
         let r = s.envoy.keyed("alice");
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
@@ -87,7 +82,7 @@ fn exact_limit_then_429_with_its_headers_and_per_rule_stats() {
 
 #[test]
 fn a_hung_bridge_fails_open_within_the_timeout() {
-    let s = Stack::start("smoke-hung", &EDITS);
+    let s = Stack::start("smoke-hung", &[]);
     // Starts from a decision: the script is loaded and the bridge answers.
     assert!(decided(&s.envoy.wait_deciding("warm-up")));
     s.webdis.process.pause();

@@ -13,14 +13,13 @@ use e2e::{get, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
 
 const WAIT: Duration = Duration::from_secs(15);
 
-/// The filter configuration: the shipped bridge (patient: a loaded machine must not make
-/// requests pass by policy, `timeout`) and `limits` on one rule `llm` keyed by `x-api-key`.
+/// The filter configuration: the shipped bridge with `timeout` and `limits` on one rule `llm`
+/// keyed by `x-api-key`.
 fn filter_json(limits: &str, timeout: &str) -> String {
     format!(
         r#"{{
   "bridge": {{"cluster": "webdis", "authority": "webdis", "username": "ratelimit",
              "password": "ratelimit-demo-secret", "timeout": "{timeout}"}},
-  "breaker": {{"stall": "5s"}},
   "rules": [{{"name": "llm", "key": {{"from": ["header:x-api-key"]}}, "limits": [{limits}]}}]
 }}"#
     )
@@ -37,7 +36,7 @@ struct Llm {
 
 impl Llm {
     fn start(name: &str, limits: &str) -> Llm {
-        Llm::start_with(name, limits, "5s")
+        Llm::start_with(name, limits, "150ms")
     }
 
     fn start_with(name: &str, limits: &str, timeout: &str) -> Llm {

@@ -113,8 +113,8 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
         (
             "accuracy".into(),
             format!(
-                "capacity {}, rate {}/s, bridge timeout 5 s and breaker stall 5 s; {} s closed-loop runs, {} connections per replica; overload run {} s, {} connections per replica",
-                s.capacity, s.rate, s.accuracy_s, s.accuracy_conns, s.overload_s, s.overload_conns
+                "capacity {}, rate {}/s, the shipped bridge timeout ({} ms) and breaker; {} s closed-loop runs, {} connections per replica; overload run {} s, {} connections per replica",
+                s.capacity, s.rate, s.timeout_ms, s.accuracy_s, s.accuracy_conns, s.overload_s, s.overload_conns
             ),
         ),
         (

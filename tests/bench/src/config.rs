@@ -149,12 +149,6 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
     let mut config = shipped.clone();
     let timeout = policies.iter().map(|p| p.timeout_ms).min().unwrap_or(150);
     config["bridge"]["timeout"] = json!(format!("{timeout}ms"));
-    if timeout > 1000 {
-        // The accuracy runs' long timeout says "decide every request in Redis": a call stalled
-        // past the default 25 ms (4 Envoys, 4 Webdis and Redis on 2 cores) must not open the
-        // breaker and let requests through by policy, which would measure the machine.
-        config["breaker"] = json!({"stall": format!("{timeout}ms")});
-    }
     if let Some(skew) = policies.iter().filter_map(|p| p.clock_skew_ms).min() {
         config["bridge"]["clock_skew"] = json!(format!("{skew}ms"));
     }
@@ -237,11 +231,6 @@ pub fn usage_filter_json(shipped: &Value, policies: &[UsagePolicy], never_match:
     let mut config = shipped.clone();
     let timeout = policies.iter().map(|p| p.timeout_ms).min().unwrap_or(150);
     config["bridge"]["timeout"] = json!(format!("{timeout}ms"));
-    if timeout > 1000 {
-        // As in filter_json: every request decided in Redis, never let through by a breaker
-        // that a loaded machine opened.
-        config["breaker"] = json!({"stall": format!("{timeout}ms")});
-    }
     config["failure_mode"] = json!("open");
     let rules: Vec<Value> = policies
         .iter()
@@ -270,6 +259,30 @@ pub fn usage_filter_json(shipped: &Value, policies: &[UsagePolicy], never_match:
     config
 }
 
+/// The rules of the busy-machine rows, on the shipped filter JSON (its bridge, timeout and
+/// breaker as shipped): a fail-open token bucket of `hot_rate` units per second (burst as
+/// much) on `/hot`, costs 1 to 5 from `x-cost`; and a fail-closed rule on `/accounts`, one
+/// key per account, far below its limit (10,000 a day). Both keyed by `x-api-key`.
+pub fn busy_filter_json(shipped: &Value, hot_rate: u64) -> Value {
+    let mut config = shipped.clone();
+    config["rules"] = json!([
+        {"name": "hot", "match": {"path_prefix": "/hot"}, "key": {"from": ["header:x-api-key"]},
+         "failure_mode": "open",
+         "cost": {"header": "x-cost", "min": 1, "max": 5},
+         "limits": [{"name": "per_second", "limit": hot_rate, "burst": hot_rate, "window": "1s"}]},
+        {"name": "accounts", "match": {"path_prefix": "/accounts"}, "key": {"from": ["header:x-api-key"]},
+         "failure_mode": "closed",
+         "limits": [{"name": "per_day", "limit": 10_000, "window": "1d"}]}
+    ]);
+    config
+}
+
+/// Edits for [`envoy_config`]: the shipped filter JSON block replaced by
+/// [`busy_filter_json`]'s.
+pub fn busy_filter_edits(hot_rate: u64) -> Vec<(String, String)> {
+    json_block_edits(|shipped| busy_filter_json(shipped, hot_rate))
+}
+
 /// Which Envoy a scenario runs against.
 #[derive(Clone, Copy, Debug)]
 pub enum Front<'a> {
@@ -285,6 +298,8 @@ pub enum Front<'a> {
     /// A measurement-only build of our filter (the wasm module at this path, see
     /// `variant.rs`) with these policies.
     Variant(&'a [Policy], &'a Path),
+    /// The busy-machine rows' rules ([`busy_filter_json`]) with this hot rate.
+    Busy(u64),
     /// Every request routed to the OpenAI-compatible test upstream on port `upstream`; the
     /// filter with these usage policies (`never_match`: its rules match no request), or no
     /// filter at all (None).
@@ -348,6 +363,14 @@ pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -
                 Some(_) => yaml,
                 None => replace_wasm_filter(&yaml, ""),
             }
+        }
+        Front::Busy(hot_rate) => {
+            let edits = busy_filter_edits(*hot_rate);
+            let edits: Vec<(&str, &str)> = edits
+                .iter()
+                .map(|(a, b)| (a.as_str(), b.as_str()))
+                .collect();
+            envoy_config(port, admin_port, webdis_port, &edits)
         }
         Front::Baseline => {
             replace_wasm_filter(&envoy_config(port, admin_port, webdis_port, &[]), "")
@@ -436,7 +459,7 @@ mod tests {
             algorithm,
             capacity: 100,
             rate_per_sec: 100.0,
-            timeout_ms: 5000,
+            timeout_ms: 150,
             lease: None,
             clock_skew_ms: None,
         }
@@ -457,8 +480,8 @@ mod tests {
         let shipped = json!({"bridge": {"cluster": "webdis", "timeout": "150ms"}, "rules": []});
         let one = filter_json(&shipped, &[policy("token_bucket")], false);
         assert!(one["rules"][0].get("match").is_none());
-        assert_eq!(one["bridge"]["timeout"], "5000ms");
-        assert_eq!(one["breaker"]["stall"], "5000ms");
+        assert_eq!(one["bridge"]["timeout"], "150ms");
+        assert!(one.get("breaker").is_none(), "the shipped breaker");
         assert_eq!(one["bridge"]["cluster"], "webdis");
         let two = filter_json(
             &shipped,
@@ -549,8 +572,26 @@ mod tests {
             tokens: 40_000,
             window_s: 3600,
             estimate: 2000,
-            timeout_ms: 5000,
+            timeout_ms: 150,
         }
+    }
+
+    /// The busy rows' config is one the filter accepts, with the shipped bridge timeout and
+    /// breaker (no override).
+    #[test]
+    fn the_filter_accepts_the_busy_config_with_the_shipped_defaults() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = filter_json_block(&shipped);
+        let shipped: Value = serde_json::from_str(&block).expect("JSON");
+        let json = busy_filter_json(&shipped, 50);
+        assert!(json.get("breaker").is_none());
+        assert_eq!(json["bridge"], shipped["bridge"]);
+        let config = ratelimit_core::Config::parse(json.to_string().as_bytes()).expect("valid");
+        assert_eq!(
+            config.breaker,
+            Some(ratelimit_core::config::Breaker::default())
+        );
+        assert_eq!(config.rules.len(), 2);
     }
 
     /// The usage configs are ones the filter accepts: a request limit and a usage limit on one

@@ -76,6 +76,9 @@ fn main() {
     } else {
         println!("{}", report.cost_table());
     }
+    if !report.busy.is_empty() {
+        println!("{}", report.busy_table());
+    }
     if !report.usage.is_empty() {
         println!("{}", report.usage_table());
     }

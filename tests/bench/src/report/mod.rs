@@ -6,6 +6,7 @@
 //! [`model::against`]), so a slowdown that starts midway moves one round, not the ratio.
 
 mod accuracy;
+mod busy;
 mod cluster;
 mod flood;
 pub mod format;
@@ -43,6 +44,8 @@ pub struct Report {
     pub chart_file_leased: String,
     /// The accuracy rows of usage limits.
     pub usage: Vec<UsageAccuracy>,
+    /// The busy-machine rows.
+    pub busy: Vec<BusyRow>,
     /// The leased throughput scenarios' policy.
     pub leased: crate::config::Policy,
     pub outages: Vec<Outage>,
@@ -147,6 +150,8 @@ impl Report {
         r += &self.accuracy_text();
         r += "\n### With leases\n\n";
         r += &self.accuracy_leased_text();
+        r += "\n### On a busy machine\n\n";
+        r += &self.busy_text();
         r += "\n### Usage limits (LLM tokens)\n\n";
         r += &self.usage_text();
         r += "\n## Under 3× overload, over time\n\n";
@@ -238,6 +243,15 @@ impl Report {
         }
         if self.timeline.per_second.is_empty() {
             missing.push("overload timeline".into());
+        }
+        for name in BUSY_ROWS {
+            if !self
+                .busy
+                .iter()
+                .any(|r| r.name == *name && (r.hot_requests > 0 || r.skipped.is_some()))
+            {
+                missing.push(format!("busy-machine row {name}"));
+            }
         }
         for algorithm in LEASED_ALGORITHMS {
             let found = self

@@ -32,6 +32,9 @@ pub const SCENARIOS: &[&str] = &[
 
 /// Algorithms also measured with several Envoy workers per replica, whose engines (batches
 /// and deny caches) race on one key.
+/// The busy-machine rows, by name.
+pub const BUSY_ROWS: &[&str] = &["busy-loops", "cpu-quota"];
+
 pub const CONCURRENT_ALGORITHMS: &[&str] = &["token_bucket", "sliding_window_log"];
 
 /// Algorithms whose accuracy is also measured with leases on (the ones that take a lease).
@@ -599,5 +602,58 @@ impl UsageAccuracy {
             _ => self.usage_range.1.saturating_sub(self.estimate),
         };
         in_flight * per_request
+    }
+}
+
+/// A busy-machine row: the mixed load of `e2e::busy::MixedLoad` on 2 replicas × 2 workers
+/// with the shipped bridge timeout and breaker, beside CPU-bound neighbours or with each
+/// Envoy under a CPU quota. Every unit that passed counts, decided or let through by the
+/// failure policy.
+#[derive(Clone, Debug, Default)]
+pub struct BusyRow {
+    /// `busy-loops` or `cpu-quota`.
+    pub name: String,
+    /// What made the machine busy.
+    pub how: String,
+    /// Why the row could not run here (no cgroup v1 cpu controller, not root), if it did not.
+    pub skipped: Option<String>,
+    pub replicas: usize,
+    pub workers: u32,
+    pub conns_per_replica: usize,
+    /// From before the first request to after the last answer.
+    pub span_s: f64,
+    /// The hot key's rule: its rate (and burst) per second, requests, units passed (status
+    /// 200, decided or not), units passed without a decision.
+    pub hot_rate: u64,
+    pub hot_requests: u64,
+    pub hot_units: u64,
+    pub hot_failed_open_units: u64,
+    /// The fail-closed rule: requests, allowed, answered 503.
+    pub closed_requests: u64,
+    pub closed_allowed: u64,
+    pub closed_503: u64,
+    /// Answers other than 200, 429 and 503, and exchanges that got no answer.
+    pub other: u64,
+    /// The filters' counters over the run, summed over the replicas.
+    pub failure_mode_open: u64,
+    pub failure_mode_closed: u64,
+    pub breaker_trips: u64,
+    pub bridge_timeouts: u64,
+    pub worker_lag_ms: u64,
+    /// CPU quota: CFS periods in which the Envoys were throttled.
+    pub throttled_periods: u64,
+}
+
+impl BusyRow {
+    /// The most an exact limiter lets pass on the hot key over the run: a full bucket plus
+    /// the refill over its span.
+    pub fn hot_allowance(&self) -> f64 {
+        self.hot_rate as f64 * (1.0 + self.span_s)
+    }
+
+    /// Hot units passed beyond the allowance.
+    pub fn overshoot(&self) -> u64 {
+        self.hot_units
+            .saturating_sub(self.hot_allowance().floor() as u64)
     }
 }

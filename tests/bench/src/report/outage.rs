@@ -12,7 +12,7 @@ pub(super) fn outage_text(o: &Outage) -> String {
         "a limit never reached"
     };
     let mut r = format!(
-        "### Failure mode `{}`\n\nOne Envoy (1 worker), the shipped bridge timeout (150 ms) and breaker (5 failures, 25 ms stall, a probe per 500 ms), {limit}; {} keep-alive connections as fast as answered. Webdis is stopped (SIGSTOP) at {:.2} s and resumed (SIGCONT) at {:.2} s.\n\n",
+        "### Failure mode `{}`\n\nOne Envoy (1 worker), the shipped bridge timeout (150 ms) and breaker (5 failures in a row, or a call without an answer for its timeout while requests wait; a probe per 500 ms), {limit}; {} keep-alive connections as fast as answered. Webdis is stopped (SIGSTOP) at {:.2} s and resumed (SIGCONT) at {:.2} s.\n\n",
         o.failure_mode, o.connections, o.stop_s, o.resume_s
     );
     r += &format!(

@@ -65,6 +65,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
         chart_file: String::new(),
         accuracy_leased: Vec::new(),
         usage: Vec::new(),
+        busy: Vec::new(),
         timeline_leased: Timeline::default(),
         chart_file_leased: String::new(),
         leased: Policy {
@@ -482,4 +483,44 @@ fn every_usage_row_is_required_in_the_report_and_in_results_json() {
     r.usage[1].sent = 0;
     let missing = r.missing(&r.markdown());
     assert!(missing.contains(&"usage accuracy row usage-estimate-too-low".to_string()));
+}
+
+/// A busy row counts every unit that passed, decided or not, against a full bucket plus the
+/// refill over its span; a row that could not run says why, and both count as present.
+#[test]
+fn busy_rows_count_failed_open_units_and_say_why_one_did_not_run() {
+    let row = BusyRow {
+        name: "busy-loops".into(),
+        how: "4 busy loops".into(),
+        hot_rate: 50,
+        span_s: 10.2,
+        hot_requests: 3000,
+        hot_units: 600,
+        hot_failed_open_units: 40,
+        ..BusyRow::default()
+    };
+    assert_eq!(row.hot_allowance(), 560.0);
+    assert_eq!(row.overshoot(), 40);
+    let mut r = report(Vec::new());
+    r.busy = vec![
+        row,
+        BusyRow {
+            name: "cpu-quota".into(),
+            skipped: Some("not root".into()),
+            ..BusyRow::default()
+        },
+    ];
+    let text = r.busy_table();
+    assert!(text.contains("| `busy-loops` | 4 busy loops |"), "{text}");
+    assert!(text.contains("**40**"), "{text}");
+    assert!(text.contains("not run: not root"), "{text}");
+    let missing = r.missing("");
+    assert!(
+        !missing.iter().any(|m| m.starts_with("busy-machine row")),
+        "{missing:?}"
+    );
+    r.busy.pop();
+    assert!(r
+        .missing("")
+        .contains(&"busy-machine row cpu-quota".to_string()));
 }

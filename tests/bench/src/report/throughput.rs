@@ -224,7 +224,7 @@ impl Report {
         ) {
             let cell = |s: &Scenario| self.pass_through_ratio(s).map_or("–".into(), |r| r.cell());
             out += &format!(
-                "- With Webdis down requests fail open at {} × pass-through ({:.4} failed connects per request: each worker's breaker opens after 5 refused calls, then only a probe per 500 ms connects); with Webdis hung at {} × pass-through (p50 {} ms): the breaker opens on the first call stalled for 25 ms, then no request waits for the bridge.\n",
+                "- With Webdis down requests fail open at {} × pass-through ({:.4} failed connects per request: each worker's breaker opens after 5 refused calls, then only a probe per 500 ms connects); with Webdis hung at {} × pass-through (p50 {} ms): the breaker opens on the first call without an answer for its whole timeout (150 ms of the worker's own time) while requests wait, then no request waits for the bridge.\n",
                 cell(down),
                 down.cost.webdis_connect_fails as f64 / down.run.requests.max(1) as f64,
                 cell(hung),

@@ -24,7 +24,7 @@ pub fn unleased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             algorithm: a.name,
             capacity: s.capacity,
             rate_per_sec: s.rate,
-            timeout_ms: 5000,
+            timeout_ms: s.timeout_ms,
             lease: None,
             clock_skew_ms: None,
         })
@@ -135,7 +135,7 @@ pub fn leased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             algorithm: name,
             capacity: s.capacity,
             rate_per_sec: s.rate,
-            timeout_ms: 5000,
+            timeout_ms: s.timeout_ms,
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
         })

@@ -2,6 +2,7 @@
 //! stopping them again; and what they share.
 
 pub mod accuracy;
+pub mod busy;
 pub mod cluster;
 pub mod flood;
 pub mod outage;
@@ -57,6 +58,8 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
     } else {
         Default::default()
     };
+    // With --only, the busy rows it names.
+    let busy = busy::run(b);
     let outages = if all {
         vec![outage::run(b, "open"), outage::run(b, "local")]
     } else {
@@ -98,6 +101,7 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
         timeline_leased,
         chart_file_leased: "overload-leased.svg".into(),
         usage,
+        busy,
         leased: leased_policy(s.timeout_ms),
         outages,
         floods,

@@ -31,7 +31,7 @@ pub fn policies() -> Vec<UsagePolicy> {
             tokens: USAGE_TOKENS,
             window_s: USAGE_WINDOW_S,
             estimate: *estimate,
-            timeout_ms: 5000,
+            timeout_ms: 150,
         })
         .collect()
 }
