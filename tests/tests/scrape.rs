@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use e2e::procs::filter_config_edit;
 use e2e::prometheus::JOB;
-use e2e::{Prometheus, Stack};
+use e2e::{wait_until, Prometheus, Stack};
 
 /// Polls Prometheus until `promql` gives exactly `want` (the scrape runs every second).
 fn wait_value(prom: &Prometheus, promql: &str, want: f64) {
@@ -75,6 +75,22 @@ fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
         r#"ratelimit_rule_key_budget_exceeded{rule="api"}"#,
         0.0,
     );
+    // Why the policy decided, per rule: Webdis refused (down) until a breaker opened, then no
+    // call was made; nothing timed out.
+    let cause = |name: &str| format!(r#"ratelimit_rule_{name}{{rule="api"}}"#);
+    wait_until(
+        "the 20 failures counted by cause",
+        Duration::from_secs(60),
+        || {
+            let value = |name: &str| match prom.query(&cause(name)).as_slice() {
+                [(_, v)] => *v,
+                _ => -1.0,
+            };
+            (value("bridge_error"), value("breaker_open"))
+        },
+        |(errors, open)| *errors >= 5.0 && errors + open == 20.0,
+    );
+    wait_value(&prom, &cause("timed_out"), 0.0);
     wait_value(&prom, "ratelimit_allowed", 7.0);
     wait_value(&prom, "ratelimit_denied", 3.0);
     wait_value(&prom, "ratelimit_failure_mode_open", 20.0);

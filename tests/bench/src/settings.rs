@@ -6,8 +6,9 @@ use e2e::root;
 
 pub struct Settings {
     pub quick: bool,
-    /// `--only a,b`: just these throughput scenarios and usage accuracy rows, no other
-    /// accuracy runs (for measuring a change by hand; the report then says what it lacks).
+    /// `--only a,b`: just these throughput scenarios, usage accuracy rows and busy-machine
+    /// rows, no other accuracy runs (for measuring a change by hand; the report then says
+    /// what it lacks).
     pub only: Option<Vec<String>>,
     pub out: PathBuf,
     /// Rounds of the throughput scenarios (each figure is the median over them; `--rounds N`
