@@ -54,7 +54,7 @@ setup-rust: ## check Rust >= 1.80 (rustup) and add the wasm targets, rustfmt and
 	  echo "setup: Rust >= $(RUST_MIN) through rustup is needed (Debian's rustc has no wasm targets):" >&2; \
 	  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh   (then open a new shell)" >&2; exit 1; }
 	@have=$$(rustc --version | awk '{print $$2}'); \
-	[ "$$(printf '%s\n' "$(RUST_MIN)" "$$have" | sort -V | head -1)" = "$(RUST_MIN)" ] || { \
+	[ "$$(printf '%s\n' "$(RUST_MIN)" "$$have" | sort -V | sed -n 1p)" = "$(RUST_MIN)" ] || { \
 	  echo "setup: rustc $$have is older than $(RUST_MIN): rustup update stable" >&2; exit 1; }
 	@installed=$$(rustup target list --installed); \
 	for t in wasm32-wasip1 wasm32-unknown-unknown; do \
@@ -97,8 +97,9 @@ run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) 
 test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick config-test deploy-test ## run every test (what CI runs)
 	@echo "all test layers passed"
 
-lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links
+lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links; no pipe into grep -q or head in the scripts
 	python3 tests/check_docs.py
+	python3 tests/check_pipes.py
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
@@ -160,7 +161,9 @@ oci: setup-oci build ## the module as target/dist/ratelimit_filter.wasm (+ .sha2
 	install -m 0644 $(WASM) $(DIST)/ratelimit_filter.wasm
 	cd $(DIST) && sha256sum ratelimit_filter.wasm > ratelimit_filter.wasm.sha256
 	deploy/oci-image.sh $(DIST)/ratelimit_filter.wasm $(VERSION) $(OCI_LAYOUT)
-	@echo "wrote $(OCI_LAYOUT):$(VERSION), manifest $$(skopeo inspect --raw oci:$(OCI_LAYOUT):$(VERSION) | sha256sum | cut -d' ' -f1 | sed 's/^/sha256:/')"
+	@digest=$$(skopeo inspect --raw oci:$(OCI_LAYOUT):$(VERSION) | sha256sum | cut -d' ' -f1); \
+	echo "wrote $(OCI_LAYOUT):$(VERSION), manifest sha256:$$digest"; \
+	echo "pin the image with it: url …@sha256:$$digest, or sha256: $$digest (a WasmPlugin's sha256, an EnvoyExtensionPolicy's code.image.sha256)"
 
 oci-push: oci ## push target/oci to a registry: make oci-push IMAGE=registry.example.com/ratelimit-filter:0.1.0
 	@[ -n "$(IMAGE)" ] || { echo "oci-push: set IMAGE=host/repo:tag" >&2; exit 1; }
@@ -220,7 +223,8 @@ compat: setup-compat build ## with each Envoy 1.36-1.40: validate every shipped 
 	@summary=""; failed=0; \
 	for v in $(COMPAT_VERSIONS); do \
 	  bin="$(COMPAT_VENVS)/$${v%.*}/bin/envoy-bin"; started=$$(date +%s); \
-	  "$$bin" --version | grep -q "/$$v/" || { echo "compat: $$bin is not Envoy $$v" >&2; exit 1; }; \
+	  version=$$("$$bin" --version 2>&1) || true; \
+	  grep -q "/$$v/" <<<"$$version" || { echo "compat: $$bin is not Envoy $$v" >&2; exit 1; }; \
 	  echo "== Envoy $$v ($$bin)"; \
 	  if $(MAKE) -s --no-print-directory validate ENVOY_BIN="$$bin" && \
 	     ENVOY_BIN="$$bin" cargo test -q -p e2e --test smoke --test remote -- --test-threads 2; \

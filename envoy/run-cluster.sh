@@ -27,12 +27,19 @@ for port in "${NODES[@]}"; do bus_ports+=($((port + 10000))); done
 require_free_ports "a previous 'make run-cluster' or 'make run'" \
   "${NODES[@]}" "${bus_ports[@]}" $PROXY_PORT $WEBDIS_PORT $LISTEN_PORT $ADMIN_PORT
 
-cluster_ok() { admin_cli -p "$1" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok'; }
+# Under pipefail a pipe into grep -q can fail although the text matched (grep exits at the
+# first match, the writer may then die of SIGPIPE): capture first, then match.
+cluster_ok() {
+  local info
+  info=$(admin_cli -p "$1" CLUSTER INFO 2>/dev/null) || return 1
+  grep -q '^cluster_state:ok' <<<"$info"
+}
 all_ok() {
-  local port
+  local port info
   for port in "${NODES[@]}"; do cluster_ok "$port" || return 1; done
   for port in "${REPLICAS[@]}"; do
-    admin_cli -p "$port" INFO replication 2>/dev/null | grep -q '^master_link_status:up' || return 1
+    info=$(admin_cli -p "$port" INFO replication 2>/dev/null) || return 1
+    grep -q '^master_link_status:up' <<<"$info" || return 1
   done
 }
 envoy_live() { [ "$(curl -s "http://127.0.0.1:$ADMIN_PORT/ready" 2>/dev/null)" = LIVE ]; }

@@ -3,6 +3,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::http::{get, Response};
@@ -43,6 +44,26 @@ impl WorkDir {
     }
 }
 
+/// The PIDs of the processes started and not stopped yet, for [`stop_all_on_panic`].
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Has a panic kill every process started here that is still running, before the panic goes
+/// on: a build with `panic = "abort"` (the release profile, which `cargo run --release -p
+/// bench` uses) runs no destructor, so nothing else would stop them.
+pub fn stop_all_on_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if let Ok(pids) = RUNNING.try_lock() {
+            for pid in pids.iter() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }));
+}
+
 /// A child process that is killed and reaped when dropped.
 pub struct Process {
     pub name: String,
@@ -60,6 +81,9 @@ impl Process {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        if let Ok(mut running) = RUNNING.lock() {
+            running.push(child.id());
+        }
         Process {
             name: name.to_string(),
             child,
@@ -150,6 +174,10 @@ impl Process {
         if self.exited().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        let pid = self.child.id();
+        if let Ok(mut running) = RUNNING.lock() {
+            running.retain(|p| *p != pid);
         }
     }
 

@@ -33,6 +33,8 @@ use settings::Settings;
 
 fn main() {
     let s = Settings::from_args();
+    // A run that panics midway stops the Redis, Webdis and Envoys it started.
+    e2e::procs::stop_all_on_panic();
     let started = Instant::now();
     let started_utc = Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M:%S"])

@@ -30,33 +30,85 @@ pub struct Settings {
     pub timeout_ms: u64,
 }
 
+/// What `--help` prints, and an unknown or malformed flag.
+pub const USAGE: &str = "usage: bench [--quick] [--out DIR] [--only a,b,...] [--rounds N]
+  --quick        every part, short (also BENCH_QUICK=1); output in target/bench-quick
+  --out DIR      write the report there (default target/bench, or target/bench-quick)
+  --only a,b     just these throughput scenarios, usage accuracy rows and busy-machine rows
+  --rounds N     rounds of the throughput scenarios (default 7, 3 with --quick; at least 3)
+  --help         this text";
+
+/// The flags as given.
+#[derive(Debug, Default, PartialEq)]
+struct Flags {
+    quick: bool,
+    out: Option<PathBuf>,
+    only: Option<Vec<String>>,
+    rounds: Option<usize>,
+    help: bool,
+}
+
+/// Reads the command line; Err says what is wrong with it.
+fn flags(args: &[String]) -> Result<Flags, String> {
+    let mut flags = Flags::default();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .cloned()
+                .ok_or_else(|| format!("{arg} needs a value"))
+        };
+        match arg.as_str() {
+            "--quick" => flags.quick = true,
+            "--help" | "-h" => flags.help = true,
+            "--out" => flags.out = Some(PathBuf::from(value()?)),
+            "--only" => flags.only = Some(value()?.split(',').map(str::to_string).collect()),
+            "--rounds" => {
+                let text = value()?;
+                let n = text
+                    .parse()
+                    .map_err(|_| format!("--rounds {text}: not a whole number"))?;
+                flags.rounds = Some(n);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(flags)
+}
+
 impl Settings {
+    /// The settings of this run, from the command line; `--help` prints the usage and exits,
+    /// a bad command line prints it with what is wrong and exits with status 2, before
+    /// anything starts.
     pub fn from_args() -> Settings {
         let args: Vec<String> = std::env::args().skip(1).collect();
+        let flags = match flags(&args) {
+            Ok(flags) if flags.help => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            Ok(flags) => flags,
+            Err(why) => {
+                eprintln!("bench: {why}\n{USAGE}");
+                std::process::exit(2);
+            }
+        };
         let env_quick = std::env::var("BENCH_QUICK")
             .map(|v| !v.is_empty() && v != "0")
             .unwrap_or(false);
-        let quick = env_quick || args.iter().any(|a| a == "--quick");
-        let value_of = |flag: &str| {
-            args.iter()
-                .position(|a| a == flag)
-                .and_then(|i| args.get(i + 1))
-        };
-        let out = value_of("--out").map(PathBuf::from).unwrap_or_else(|| {
+        let quick = env_quick || flags.quick;
+        let out = flags.out.unwrap_or_else(|| {
             root().join(if quick {
                 "target/bench-quick"
             } else {
                 "target/bench"
             })
         });
-        let only = value_of("--only").map(|list| list.split(',').map(str::to_string).collect());
         Settings {
             quick,
-            only,
+            only: flags.only,
             out,
-            rounds: value_of("--rounds")
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(if quick { 3 } else { 7 }),
+            rounds: flags.rounds.unwrap_or(if quick { 3 } else { 7 }),
             wrk_s: if quick { 1 } else { 2 },
             warmup_s: if quick { 0 } else { 2 },
             threads: 2,
@@ -78,5 +130,37 @@ impl Settings {
         self.only
             .as_ref()
             .is_none_or(|only| only.iter().any(|o| o == name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn flags_are_read_and_anything_else_is_refused() {
+        let f = flags(&args("--quick --only a,b --rounds 5 --out /tmp/x")).unwrap();
+        assert!(f.quick && !f.help);
+        assert_eq!(f.only, Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(f.rounds, Some(5));
+        assert_eq!(f.out, Some(PathBuf::from("/tmp/x")));
+        assert!(flags(&args("--help")).unwrap().help);
+        assert_eq!(
+            flags(&args("--fast")),
+            Err("unknown argument --fast".into())
+        );
+        assert_eq!(
+            flags(&args("--rounds")),
+            Err("--rounds needs a value".into())
+        );
+        assert_eq!(
+            flags(&args("--rounds many")),
+            Err("--rounds many: not a whole number".into())
+        );
+        assert_eq!(flags(&[]), Ok(Flags::default()));
     }
 }
