@@ -1,21 +1,97 @@
-//! The engine's view of Envoy: every host call the engine asks for, through
-//! `proxy_wasm::hostcalls` (whose `Result`s are handled).
+//! The engine's view of Envoy: what a worker holds on the host side (its metric ids, log
+//! throttles and wake-up queue), and every host call the engine asks for, made through
+//! [`crate::wasm_host`].
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::cell::RefCell;
+use std::time::Duration;
 
-use proxy_wasm::hostcalls;
+use proxy_wasm::types::MetricType;
 use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
-use ratelimit_core::{BridgeFailure, BridgeRequest, Counter, Gauge, Histogram, Host};
+use ratelimit_core::{
+    BridgeFailure, BridgeRequest, Config, Counter, Gauge, Histogram, Host, LogThrottle, RuleStats,
+};
 
-use crate::{shared_counter, Worker, REDIS_RESTARTS_KEY};
+use crate::wasm_host;
+
+/// At most one failure log line per worker in this interval; the rest are counted.
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Shared data (process-wide) that hands each worker a number, for a wake-up queue of its own.
+const WORKER_SEQUENCE_KEY: &str = "ratelimit.worker_sequence";
+/// Shared data: how many times a worker saw Redis lose its scripts (a restart).
+const REDIS_RESTARTS_KEY: &str = "ratelimit.redis_restarts";
+
+/// A worker's host side.
+pub(crate) struct WorkerHost {
+    /// Metric ids, by the position of the stat in `Counter::ALL` / `Histogram::ALL` /
+    /// `Gauge::ALL`; per-rule counter ids numbered by `RuleStats`.
+    counters: Vec<Option<u32>>,
+    rule_counters: Vec<Option<u32>>,
+    histograms: Vec<Option<u32>>,
+    gauges: Vec<Option<u32>>,
+    failure_log: RefCell<LogThrottle>,
+    /// Lines about a busy engine, throttled apart from failures.
+    busy_log: RefCell<LogThrottle>,
+    /// The queue whose `on_queue_ready` runs the engine from the root context.
+    pub(crate) wake_queue: Option<u32>,
+}
+
+impl WorkerHost {
+    /// Defines the stats of `config`, registers the wake-up queue and starts the timer.
+    pub(crate) fn new(config: &Config) -> Self {
+        let define = |kind: MetricType, names: &mut dyn Iterator<Item = String>| {
+            names
+                .map(|name| wasm_host::define_metric(kind, &name))
+                .collect()
+        };
+        let host = WorkerHost {
+            counters: define(
+                MetricType::Counter,
+                &mut Counter::ALL.iter().map(|c| c.name().to_string()),
+            ),
+            rule_counters: define(
+                MetricType::Counter,
+                &mut RuleStats::names(config).into_iter(),
+            ),
+            histograms: define(
+                MetricType::Histogram,
+                &mut Histogram::ALL.iter().map(|h| h.name().to_string()),
+            ),
+            gauges: define(
+                MetricType::Gauge,
+                &mut Gauge::ALL.iter().map(|g| g.name().to_string()),
+            ),
+            failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
+            busy_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
+            wake_queue: register_wake_queue(),
+        };
+        wasm_host::set_tick_period(ratelimit_core::engine::TICK);
+        host
+    }
+
+    /// The engine's view of Envoy during one callback of context `home`.
+    pub(crate) fn during(&self, home: u32) -> EnvoyHost<'_> {
+        EnvoyHost {
+            worker: self,
+            home,
+            effective: home,
+        }
+    }
+}
+
+/// A queue this worker alone consumes: a name no other worker registers, numbered through
+/// shared data, since a second registration of a name takes it over.
+fn register_wake_queue() -> Option<u32> {
+    let n = wasm_host::shared_counter(WORKER_SEQUENCE_KEY, 1)?;
+    wasm_host::register_queue(&format!("ratelimit.wake.{n}"))
+}
 
 /// The engine's view of Envoy during one callback of context `home`.
 pub(crate) struct EnvoyHost<'a> {
-    pub(crate) worker: &'a Worker,
-    pub(crate) home: u32,
+    worker: &'a WorkerHost,
+    home: u32,
     /// The context host calls act on now (`set_effective_context`).
-    pub(crate) effective: u32,
+    effective: u32,
 }
 
 impl EnvoyHost<'_> {
@@ -40,20 +116,23 @@ impl EnvoyHost<'_> {
         if self.effective == ctx {
             return true;
         }
-        match hostcalls::set_effective_context(ctx) {
-            Ok(()) => {
-                self.effective = ctx;
-                true
-            }
-            Err(_) => false,
+        let acting = wasm_host::act_on(ctx);
+        if acting {
+            self.effective = ctx;
+        }
+        acting
+    }
+
+    fn add(ids: &[Option<u32>], index: usize, delta: i64) {
+        if let Some(Some(id)) = ids.get(index) {
+            wasm_host::increment_metric(*id, delta);
         }
     }
 }
 
 impl Host for EnvoyHost<'_> {
     fn now_unix_ns(&self) -> Option<u128> {
-        let now = hostcalls::get_current_time().ok()?;
-        Some(now.duration_since(UNIX_EPOCH).ok()?.as_nanos())
+        wasm_host::now_unix_ns()
     }
 
     fn dispatch(
@@ -70,30 +149,15 @@ impl Host for EnvoyHost<'_> {
         }
         let headers = request.headers(bridge);
         let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        hostcalls::dispatch_http_call(
-            &bridge.cluster,
-            headers,
-            request.body.as_deref(),
-            vec![],
-            timeout,
-        )
-        .map_err(|status| {
-            format!(
-                "dispatch_http_call to cluster {}: {status:?}",
-                bridge.cluster
-            )
-        })
+        wasm_host::dispatch(&bridge.cluster, headers, request.body.as_deref(), timeout)
     }
 
     fn wake(&mut self) -> bool {
-        match self.worker.wake_queue {
-            Some(queue) => hostcalls::enqueue_shared_queue(queue, Some(b"w")).is_ok(),
-            None => false,
-        }
+        self.worker.wake_queue.is_some_and(wasm_host::enqueue)
     }
 
     fn resume(&mut self, ctx: u32) -> bool {
-        self.act_on(ctx) && hostcalls::resume_http_request().is_ok()
+        self.act_on(ctx) && wasm_host::resume_request()
     }
 
     fn answer(&mut self, ctx: u32, response: LocalResponse) -> bool {
@@ -105,45 +169,27 @@ impl Host for EnvoyHost<'_> {
             .iter()
             .map(|(n, v)| (*n, v.as_str()))
             .collect();
-        match hostcalls::send_http_response(
-            u32::from(response.status),
-            headers,
-            Some(response.body.as_bytes()),
-        ) {
-            Ok(()) => true,
-            Err(status) => {
-                log::warn!(
-                    "cannot send the local {} reply: {status:?}",
-                    response.status
-                );
-                false
-            }
-        }
+        wasm_host::send_response(response.status, headers, response.body.as_bytes())
     }
 
     fn count_n(&mut self, counter: Counter, n: u64) {
-        if let Some(Some(id)) = self.worker.counters.get(counter as usize) {
-            // A failed increment loses counts; nothing to do about it on the request path.
-            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        let delta = i64::try_from(n).unwrap_or(i64::MAX);
+        Self::add(&self.worker.counters, counter as usize, delta);
     }
 
     fn count_rule(&mut self, stat: usize, n: u64) {
-        if let Some(Some(id)) = self.worker.rule_counters.get(stat) {
-            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        let delta = i64::try_from(n).unwrap_or(i64::MAX);
+        Self::add(&self.worker.rule_counters, stat, delta);
     }
 
     fn record(&mut self, histogram: Histogram, value: u64) {
         if let Some(Some(id)) = self.worker.histograms.get(histogram as usize) {
-            let _ = hostcalls::record_metric(*id, value);
+            wasm_host::record_metric(*id, value);
         }
     }
 
     fn gauge_add(&mut self, gauge: Gauge, delta: i64) {
-        if let Some(Some(id)) = self.worker.gauges.get(gauge as usize) {
-            let _ = hostcalls::increment_metric(*id, delta);
-        }
+        Self::add(&self.worker.gauges, gauge as usize, delta);
     }
 
     fn report_breaker(&mut self, open: bool, why: &str) {
@@ -155,12 +201,16 @@ impl Host for EnvoyHost<'_> {
     }
 
     fn redis_restarts(&mut self, bump: bool) -> Option<u64> {
-        shared_counter(REDIS_RESTARTS_KEY, u64::from(bump))
+        wasm_host::shared_counter(REDIS_RESTARTS_KEY, u64::from(bump))
     }
 
     fn report_failure(&mut self, failure: &BridgeFailure) {
         let now = self.now_unix_ns().unwrap_or(0);
-        if let Some(suppressed) = self.worker.failure_log.borrow_mut().admit(now) {
+        let admitted = match self.worker.failure_log.try_borrow_mut() {
+            Ok(mut log) => log.admit(now),
+            Err(_) => None,
+        };
+        if let Some(suppressed) = admitted {
             log::warn!(
                 "bridge failure, failure policy applied: {failure} ({suppressed} similar lines suppressed)"
             );

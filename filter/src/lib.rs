@@ -1,15 +1,12 @@
 //! The proxy-wasm adapter: routes Envoy's callbacks to the worker's `ratelimit_core::Engine`
-//! and carries out what it asks, through Envoy's host calls. It decides nothing itself. Host
-//! calls are used through `proxy_wasm::hostcalls`, whose `Result`s are handled, rather than the
-//! trait helpers, which unwrap and would trap the VM.
+//! and carries out what it asks. It decides nothing itself. Every host call is in
+//! [`wasm_host`]; [`host`] is the engine's view of Envoy built on it.
 
 use std::cell::{OnceCell, RefCell, RefMut};
 use std::rc::Rc;
-use std::time::Duration;
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
 use ratelimit_core::request::plan::request_body_bound;
 use ratelimit_core::request::view::{first_header, header_count};
 use ratelimit_core::response;
@@ -18,21 +15,13 @@ use usage::{HeldBody, Reading};
 
 mod host;
 mod usage;
+mod wasm_host;
 
-use host::EnvoyHost;
-use ratelimit_core::{
-    BridgeReply, Config, Counter, Engine, Gauge, Histogram, Host, LogThrottle, RequestView,
-    RuleStats, Verdict,
-};
+use host::{EnvoyHost, WorkerHost};
+use ratelimit_core::{BridgeReply, Config, Engine, Host, RequestView, Verdict};
 
 /// Bridge replies larger than this are cut (and so fail to parse): a batch's reply is small.
 const MAX_REPLY_BYTES: usize = 256 * 1024;
-/// At most one failure log line per worker in this interval; the rest are counted.
-const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// Shared data (process-wide) that hands each worker a number, for a wake-up queue of its own.
-const WORKER_SEQUENCE_KEY: &str = "ratelimit.worker_sequence";
-/// Shared data: how many times a worker saw Redis lose its scripts (a restart).
-const REDIS_RESTARTS_KEY: &str = "ratelimit.redis_restarts";
 
 proxy_wasm::main! {{
     // Also installs a panic hook that logs at critical before the VM traps.
@@ -42,21 +31,12 @@ proxy_wasm::main! {{
     });
 }}
 
-/// What every request of one worker's VM shares: the configuration and the engine.
+/// What every request of one worker's VM shares: the configuration, the engine and the host
+/// side (metric ids, logs, the wake-up queue).
 struct Worker {
     config: Config,
     engine: RefCell<Engine>,
-    /// Metric ids, by the position of the stat in `Counter::ALL` / `Histogram::ALL`.
-    counters: Vec<Option<u32>>,
-    /// Per-rule counter ids, numbered by `RuleStats`.
-    rule_counters: Vec<Option<u32>>,
-    histograms: Vec<Option<u32>>,
-    gauges: Vec<Option<u32>>,
-    failure_log: RefCell<LogThrottle>,
-    /// Lines about a busy engine (see [`borrow_or_report`]), throttled apart from failures.
-    busy_log: RefCell<LogThrottle>,
-    /// The queue whose `on_queue_ready` runs the engine from the root context.
-    wake_queue: Option<u32>,
+    host: WorkerHost,
 }
 
 struct Root {
@@ -80,10 +60,7 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let json = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let json = wasm_host::plugin_configuration();
         let config = match Config::parse(&json) {
             Ok(config) => config,
             Err(error) => {
@@ -92,33 +69,7 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let define = |kind: MetricType, name: &str| match hostcalls::define_metric(kind, name) {
-            Ok(id) => Some(id),
-            Err(status) => {
-                log::warn!("cannot define metric {name}: {status:?}");
-                None
-            }
-        };
-        let counters = Counter::ALL
-            .iter()
-            .map(|c| define(MetricType::Counter, c.name()))
-            .collect();
-        let rule_counters = RuleStats::names(&config)
-            .iter()
-            .map(|name| define(MetricType::Counter, name))
-            .collect();
-        let histograms = Histogram::ALL
-            .iter()
-            .map(|h| define(MetricType::Histogram, h.name()))
-            .collect();
-        let gauges = Gauge::ALL
-            .iter()
-            .map(|g| define(MetricType::Gauge, g.name()))
-            .collect();
-        let wake_queue = register_wake_queue();
-        if let Err(status) = hostcalls::set_tick_period(ratelimit_core::engine::TICK) {
-            log::warn!("cannot start the worker's timer: {status:?}");
-        }
+        let host = WorkerHost::new(&config);
         let limits: usize = config.rules.iter().map(|r| r.limits.len()).sum();
         log::info!(
             "configured: {} rules, {limits} limits, bridge cluster {}, batches of up to {} requests, {} call(s) in flight{}",
@@ -126,18 +77,12 @@ impl RootContext for Root {
             config.bridge.cluster,
             config.batch.max_requests,
             config.batch.max_in_flight,
-            if wake_queue.is_some() { "" } else { " (no wake-up queue: calls start from requests)" }
+            if host.wake_queue.is_some() { "" } else { " (no wake-up queue: calls start from requests)" }
         );
         self.worker = Some(Rc::new(Worker {
             engine: RefCell::new(Engine::new(&config)),
             config,
-            counters,
-            rule_counters,
-            histograms,
-            gauges,
-            failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
-            busy_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
-            wake_queue,
+            host,
         }));
         true
     }
@@ -146,11 +91,11 @@ impl RootContext for Root {
         let Some(worker) = &self.worker else {
             return;
         };
-        if worker.wake_queue != Some(queue_id) {
+        if worker.host.wake_queue != Some(queue_id) {
             return;
         }
         // Empty the queue: one wake-up is as good as many.
-        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        wasm_host::drain_queue(queue_id);
         worker.with_engine(self.id, "a wake-up", |engine, host| {
             engine.on_wakeup(&worker.config, host)
         });
@@ -184,49 +129,7 @@ impl RootContext for Root {
     }
 }
 
-/// A queue this worker alone consumes: a name no other worker registers, numbered through
-/// shared data, since a second registration of a name takes it over.
-fn register_wake_queue() -> Option<u32> {
-    let n = shared_counter(WORKER_SEQUENCE_KEY, 1)?;
-    hostcalls::register_shared_queue(&format!("ratelimit.wake.{n}"))
-        .map_err(|status| log::warn!("cannot register a wake-up queue: {status:?}"))
-        .ok()
-}
-
-/// A number in shared data (every worker of this Envoy), after adding `add` to it
-/// (compare-and-swap, retried when another worker wrote in between).
-fn shared_counter(key: &str, add: u64) -> Option<u64> {
-    for _ in 0..100 {
-        let (value, cas) = hostcalls::get_shared_data(key).ok()?;
-        let n: u64 = value
-            .and_then(|v| String::from_utf8(v).ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if add == 0 {
-            return Some(n);
-        }
-        let next = n.saturating_add(add);
-        match hostcalls::set_shared_data(key, Some(next.to_string().as_bytes()), cas) {
-            Ok(()) => return Some(next),
-            Err(Status::CasMismatch) => continue,
-            Err(status) => {
-                log::warn!("cannot update shared data {key}: {status:?}");
-                return None;
-            }
-        }
-    }
-    None
-}
-
 impl Worker {
-    fn host(&self, home: u32) -> EnvoyHost<'_> {
-        EnvoyHost {
-            worker: self,
-            home,
-            effective: home,
-        }
-    }
-
     /// Runs `step` (called `what` in the log) on the engine from a callback of context
     /// `home`; None, counted and logged, when the engine is busy (see [`borrow_or_report`]).
     fn with_engine<R>(
@@ -235,7 +138,7 @@ impl Worker {
         what: &'static str,
         step: impl FnOnce(&mut Engine, &mut EnvoyHost<'_>) -> R,
     ) -> Option<R> {
-        let mut host = self.host(home);
+        let mut host = self.host.during(home);
         let mut engine = borrow_or_report(&self.engine, what, |what| host.report_busy(what))?;
         Some(step(&mut engine, &mut host))
     }
@@ -243,18 +146,7 @@ impl Worker {
     /// A bridge call's reply, in the root (`at` None) or the request context that made it.
     fn on_reply(&self, home: u32, at: Option<u32>, token: u32, body_size: usize) {
         // On timeout or connection failure Envoy sends no `:status` at all.
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u16>().ok());
-        let body = hostcalls::get_buffer(
-            BufferType::HttpCallResponseBody,
-            0,
-            body_size.min(MAX_REPLY_BYTES),
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+        let (status, body) = wasm_host::call_reply(body_size, MAX_REPLY_BYTES);
         let reply = BridgeReply {
             status,
             body: &body,
@@ -371,7 +263,7 @@ impl HttpContext for Request {
         if !held.feed_buffered(body_size) {
             let answer = response::body_too_large(held.max_body);
             self.held = None;
-            self.worker.host(self.id).answer(self.id, answer);
+            self.worker.host.during(self.id).answer(self.id, answer);
             return Action::Pause;
         }
         if !end_of_stream {
@@ -393,11 +285,7 @@ impl HttpContext for Request {
             });
         let (headers, meter) = taken.unwrap_or_default();
         for (name, value) in headers.unwrap_or_default() {
-            if let Err(status) =
-                hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value)
-            {
-                log::warn!("cannot add response header {name}: {status:?}");
-            }
+            wasm_host::add_response_header(name, &value);
         }
         self.reading = meter.map(Reading::start);
         if end_of_stream {
@@ -469,12 +357,7 @@ struct RequestHeaders {
 
 impl RequestHeaders {
     fn all(&self) -> &[(String, Vec<u8>)] {
-        self.headers.get_or_init(|| {
-            hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_else(|status| {
-                log::warn!("cannot read the request headers: {status:?}");
-                Vec::new()
-            })
-        })
+        self.headers.get_or_init(wasm_host::request_headers)
     }
 }
 
@@ -488,23 +371,19 @@ impl RequestView for RequestHeaders {
     }
 
     fn source_address(&self) -> Option<String> {
-        property_text(&["source", "address"])
+        wasm_host::property_text(&["source", "address"])
     }
 
     fn route_name(&self) -> Option<String> {
         // `xds.route_name` in current Envoy; `route_name` in older releases.
-        property_text(&["xds", "route_name"]).or_else(|| property_text(&["route_name"]))
+        wasm_host::property_text(&["xds", "route_name"])
+            .or_else(|| wasm_host::property_text(&["route_name"]))
     }
 
     fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
         let mut body = self.body.as_ref()?.try_borrow_mut().ok()?;
         body.finish(completion_default).ok()
     }
-}
-
-fn property_text(path: &[&str]) -> Option<String> {
-    let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
-    String::from_utf8(bytes).ok()
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 //! decision is the core's (`ratelimit_core::metering`, `Engine::take_meter`,
 //! `Engine::settle_usage`); this only moves bytes between Envoy and it.
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType};
 use ratelimit_core::metering::UsageMeter;
 use ratelimit_core::usage::RequestEstimate;
+
+use crate::wasm_host;
 
 /// A request held until its body ends: its bytes counted and scanned as Envoy buffers them.
 pub struct HeldBody {
@@ -32,11 +32,7 @@ impl HeldBody {
             return false;
         }
         if size > self.fed {
-            let chunk =
-                hostcalls::get_buffer(BufferType::HttpRequestBody, self.fed, size - self.fed)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
+            let chunk = wasm_host::request_body(self.fed, size - self.fed);
             self.estimate.feed(&chunk);
             self.fed = size;
         }
@@ -52,11 +48,7 @@ pub struct Reading {
 impl Reading {
     /// The response headers are here: header sources read, body readers started.
     pub fn start(mut meter: UsageMeter) -> Self {
-        meter.on_headers(&|name| {
-            hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
-                .ok()
-                .flatten()
-        });
+        meter.on_headers(&wasm_host::response_header);
         Reading { meter }
     }
 
@@ -65,10 +57,7 @@ impl Reading {
         if size == 0 || !self.meter.wants_body() {
             return;
         }
-        let chunk = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let chunk = wasm_host::response_body(size);
         self.meter.feed(&chunk);
     }
 }

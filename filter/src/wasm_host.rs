@@ -1,0 +1,184 @@
+//! Every call into Envoy, in one place: each `proxy_wasm::hostcalls` function the adapter uses,
+//! with its `Result` handled here (the trait helpers unwrap, which would trap the VM). The rest
+//! of the adapter calls these and never `hostcalls` itself. A failed read is told apart from
+//! an absent value where the caller acts on it (`Err` against `Ok(None)`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
+
+/// The filter's JSON configuration as Envoy hands it to `on_configure` (empty if unreadable).
+pub fn plugin_configuration() -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Defines a metric; None (logged) if Envoy refuses.
+pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
+    match hostcalls::define_metric(kind, name) {
+        Ok(id) => Some(id),
+        Err(status) => {
+            log::warn!("cannot define metric {name}: {status:?}");
+            None
+        }
+    }
+}
+
+/// Adds `delta` to a counter or gauge. A failure loses counts; nothing to do about it on the
+/// request path.
+pub fn increment_metric(id: u32, delta: i64) {
+    let _ = hostcalls::increment_metric(id, delta);
+}
+
+pub fn record_metric(id: u32, value: u64) {
+    let _ = hostcalls::record_metric(id, value);
+}
+
+/// Starts the worker's timer (`on_tick` every `period`); logs if Envoy refuses.
+pub fn set_tick_period(period: Duration) {
+    if let Err(status) = hostcalls::set_tick_period(period) {
+        log::warn!("cannot start the worker's timer: {status:?}");
+    }
+}
+
+/// Registers a shared queue under `name`; None (logged) if Envoy refuses.
+pub fn register_queue(name: &str) -> Option<u32> {
+    hostcalls::register_shared_queue(name)
+        .map_err(|status| log::warn!("cannot register a wake-up queue: {status:?}"))
+        .ok()
+}
+
+/// Posts a message to a queue; false if Envoy refuses.
+pub fn enqueue(queue: u32) -> bool {
+    hostcalls::enqueue_shared_queue(queue, Some(b"w")).is_ok()
+}
+
+/// Empties a queue.
+pub fn drain_queue(queue: u32) {
+    while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue) {}
+}
+
+/// A number in shared data (every worker of this Envoy), after adding `add` to it
+/// (compare-and-swap, retried when another worker wrote in between); None if it cannot be
+/// read or written.
+pub fn shared_counter(key: &str, add: u64) -> Option<u64> {
+    for _ in 0..100 {
+        let (value, cas) = hostcalls::get_shared_data(key).ok()?;
+        let n: u64 = value
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if add == 0 {
+            return Some(n);
+        }
+        let next = n.saturating_add(add);
+        match hostcalls::set_shared_data(key, Some(next.to_string().as_bytes()), cas) {
+            Ok(()) => return Some(next),
+            Err(Status::CasMismatch) => continue,
+            Err(status) => {
+                log::warn!("cannot update shared data {key}: {status:?}");
+                return None;
+            }
+        }
+    }
+    None
+}
+
+/// Unix time in nanoseconds, None if the host cannot tell it.
+pub fn now_unix_ns() -> Option<u128> {
+    let now: SystemTime = hostcalls::get_current_time().ok()?;
+    Some(now.duration_since(UNIX_EPOCH).ok()?.as_nanos())
+}
+
+/// Makes `ctx` the context the next calls act on; false if it is gone.
+pub fn act_on(ctx: u32) -> bool {
+    hostcalls::set_effective_context(ctx).is_ok()
+}
+
+/// Starts an HTTP call to `cluster`; its token, or why Envoy refused.
+pub fn dispatch(
+    cluster: &str,
+    headers: Vec<(&str, &str)>,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<u32, String> {
+    hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout)
+        .map_err(|status| format!("dispatch_http_call to cluster {cluster}: {status:?}"))
+}
+
+/// The reply of the HTTP call whose callback runs: its status (None on a timeout or a failed
+/// connection, when Envoy sends none) and at most `max` bytes of its body.
+pub fn call_reply(body_size: usize, max: usize) -> (Option<u16>, Vec<u8>) {
+    let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|s| s.parse::<u16>().ok());
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size.min(max))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Lets the effective context's request go on.
+pub fn resume_request() -> bool {
+    hostcalls::resume_http_request().is_ok()
+}
+
+/// Answers the effective context's request locally; false (logged) if Envoy refuses.
+pub fn send_response(status: u16, headers: Vec<(&str, &str)>, body: &[u8]) -> bool {
+    match hostcalls::send_http_response(u32::from(status), headers, Some(body)) {
+        Ok(()) => true,
+        Err(why) => {
+            log::warn!("cannot send the local {status} reply: {why:?}");
+            false
+        }
+    }
+}
+
+/// Every request header of the callback's request (empty, logged, if unreadable).
+pub fn request_headers() -> Vec<(String, Vec<u8>)> {
+    hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_else(|status| {
+        log::warn!("cannot read the request headers: {status:?}");
+        Vec::new()
+    })
+}
+
+/// A response header of the callback's response.
+pub fn response_header(name: &str) -> Option<Vec<u8>> {
+    hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+        .ok()
+        .flatten()
+}
+
+/// Adds a response header (logged if Envoy refuses).
+pub fn add_response_header(name: &str, value: &str) {
+    if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
+        log::warn!("cannot add response header {name}: {status:?}");
+    }
+}
+
+/// `len` bytes from `start` of the request body Envoy buffered so far.
+pub fn request_body(start: usize, len: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpRequestBody, start, len)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// The response body chunk of `len` bytes passing now.
+pub fn response_body(len: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, len)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// A property of the stream as text (`source.address`, `xds.route_name`).
+pub fn property_text(path: &[&str]) -> Option<String> {
+    let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
+    String::from_utf8(bytes).ok()
+}
