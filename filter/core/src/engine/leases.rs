@@ -28,14 +28,13 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::bounds::MAX_CALL_PATH_BYTES;
-use crate::bridge::{CallSize, LimitShape};
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::{LimitCheck, Plan};
-use crate::slot::key_slot;
 
+use super::packing::pack;
 use super::sightings::{Sightings, SEEN};
+use super::slots;
 
 /// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
 /// (beyond it, requests are decided one by one).
@@ -83,16 +82,6 @@ impl Ticket {
     pub fn requests(&self) -> u64 {
         self.requests
     }
-}
-
-/// Redis Cluster: whether a plan's keys live on more than one slot (it cannot go as one call).
-pub fn spans_slots(config: &Config, plan: &Plan) -> bool {
-    if !config.redis_cluster {
-        return false;
-    }
-    let mut slots = plan.checks.iter().map(|c| key_slot(c.key.as_bytes()));
-    let first = slots.next();
-    slots.any(|s| Some(s) != first)
 }
 
 /// Units of one limit granted by one call.
@@ -201,7 +190,7 @@ impl Leases {
     /// Redis Cluster: only for a plan on one slot (a call holds one slot's keys); the keys of a
     /// plan on several slots are refilled by their own single-slot requests.
     pub fn prefetch(&mut self, config: &Config, plan: &Plan, now: u128) -> Option<Ticket> {
-        if !self.runs_low(plan, now) || spans_slots(config, plan) {
+        if !self.runs_low(plan, now) || slots::spans_slots(config, plan) {
             return None;
         }
         self.asking(plan, true);
@@ -247,64 +236,15 @@ impl Leases {
         self.asking(plan, false);
     }
 
-    /// The give-backs to send now, as calls: one per slot on a Redis Cluster, each within the
-    /// call size bound (counted by the size model, [`CallSize`]), at most
-    /// [`MAX_GIVE_BACK_CALLS`]; the rest waits for the next time. Each with its timeout: as
-    /// long as a decision on its keys may take (the longest of their rules').
+    /// The give-backs to send now, as calls ([`pack`]): at most [`MAX_GIVE_BACK_CALLS`], the
+    /// rest waits for the next time.
     pub fn give_backs(&mut self, config: &Config) -> Vec<(Vec<Refund>, Duration)> {
         if self.returns.is_empty() {
             return Vec::new();
         }
-        let mut returns: Vec<(Option<u16>, Refund)> = self
-            .take_returns()
-            .into_iter()
-            .map(|r| {
-                let slot = config
-                    .redis_cluster
-                    .then(|| key_slot(r.check.key.as_bytes()));
-                (slot, r)
-            })
-            .collect();
-        returns.sort_by_key(|(slot, _)| *slot);
-        // A give-back call is one request of many limits, each in refund mode.
-        let call = CallSize::batch();
-        let fixed = call.with_request(MAX_CALL_PATH_BYTES / 2, 0).bytes();
-        let mut calls: Vec<(usize, Vec<Refund>)> = Vec::new();
-        let mut last_slot = None;
-        let mut left = Vec::new();
-        for (slot, refund) in returns {
-            let size = call.limit_bytes(&LimitShape::refund(&refund));
-            let room = calls.len() < MAX_GIVE_BACK_CALLS;
-            match calls.last_mut() {
-                Some((bytes, group))
-                    if last_slot == slot && *bytes + size <= MAX_CALL_PATH_BYTES =>
-                {
-                    *bytes += size;
-                    group.push(refund);
-                }
-                _ if room => {
-                    calls.push((fixed + size, vec![refund]));
-                    last_slot = slot;
-                }
-                _ => left.push(refund),
-            }
-        }
-        self.keep_returns(left);
-        let timeout = |group: &[Refund]| {
-            group
-                .iter()
-                .filter_map(|r| config.rules.get(r.check.rule).map(|rule| rule.timeout))
-                .max()
-                .unwrap_or(config.clock_skew)
-                .max(Duration::from_millis(1))
-        };
-        calls
-            .into_iter()
-            .map(|(_, group)| {
-                let timeout = timeout(&group);
-                (group, timeout)
-            })
-            .collect()
+        let packed = pack(config, self.take_returns(), MAX_GIVE_BACK_CALLS);
+        self.keep_returns(packed.left);
+        packed.calls
     }
 
     /// Serves a request from leased units if every limit of `plan` holds enough unexpired
@@ -652,7 +592,7 @@ mod tests {
             let call = DecideCall::refund(u128::from(u64::MAX), u128::from(u64::MAX), &refunds);
             let path = BridgeRequest::evalsha(&config.script_sha, &call).path;
             assert!(
-                path.len() <= MAX_CALL_PATH_BYTES,
+                path.len() <= crate::bounds::MAX_CALL_PATH_BYTES,
                 "a give-back call of {} refunds is {} bytes",
                 refunds.len(),
                 path.len()
@@ -711,7 +651,7 @@ mod tests {
             .with("x-api-key", b"k")
             .with("x-other", b"o");
         let both = plan(&config, &request).unwrap();
-        assert!(spans_slots(&config, &both));
+        assert!(slots::spans_slots(&config, &both));
         let mut leases = Leases::default();
         // Each key leased by a plan of its own slot (4 requests' worth, 3 held).
         for check in &both.checks {

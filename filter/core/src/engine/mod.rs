@@ -17,38 +17,41 @@
 
 use std::time::Duration;
 
-use crate::bridge::{is_answer, BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
+use crate::bridge::{is_answer, BridgeFailure, BridgeReply};
 use crate::config::Config;
-use crate::decision::Refund;
-use crate::metrics::{Counter, Gauge, Histogram};
+use crate::metrics::{Counter, Gauge};
 use crate::request::plan::{plan_memo, Plan, PlanMemo};
 use crate::request::view::RequestView;
 use crate::response::{self, Headers};
 use breaker::Breaker;
 use delivery::Delivery;
-use lag::{Lag, Moment};
+use lag::Lag;
 use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
-use queue::{Call, InFlight, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
+use queue::{InFlight, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
 use settlements::Settlements;
-use splits::{slot_groups, Split, Splits};
+use splits::Splits;
 use tally::Tally;
 
 pub use host::{Host, Verdict};
 
 mod breaker;
+mod calls;
 mod delivery;
 mod host;
 pub mod lag;
 pub mod leases;
 pub mod local;
+mod packing;
 mod policy;
 mod queue;
 pub mod refusals;
 pub mod settlements;
 mod sightings;
+pub mod slots;
 pub mod splits;
+mod streams;
 mod tally;
 
 /// A call's path stays within this many bytes (Webdis's shipped `http_max_request_size` is
@@ -168,7 +171,7 @@ impl Engine {
             self.tally.flush(host);
             return Some(conclusion);
         }
-        let groups = slot_groups(config, &plan);
+        let groups = slots::groups(config, &plan);
         if groups.len() > 1 {
             // Redis Cluster: keys on several slots: one part per slot, each waits for a call.
             for part in self
@@ -230,7 +233,7 @@ impl Engine {
                 let conclusion =
                     self.conclude(config, host, ctx, &done.plan, done.outcome, done.sent);
                 if matches!(conclusion, Conclusion::Answer(_)) {
-                    refund_split(config, host, &mut self.refusals, &done.split, now);
+                    self.refund_split(config, host, &done.split, now);
                 }
                 (done.split.ctx, done.split.arrived_ns, conclusion)
             }
@@ -387,7 +390,7 @@ impl Engine {
             self.leases.expire(now);
             // Not while the breaker is open: the units wait for the first tick after it closes.
             if !self.breaker.is_open() {
-                give_back(config, host, (&mut self.leases, &mut self.refusals), now);
+                self.give_back(config, host, now);
             }
             self.send_settlements(config, host);
         }
@@ -398,219 +401,6 @@ impl Engine {
             host.count(Counter::DenyCacheResets);
         }
         self.tally.flush(host);
-    }
-
-    /// Sends batches while a call slot is free and requests wait, from context `from` or root.
-    fn dispatch_ready(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
-        while self.queue.ready(config.batch.max_in_flight) {
-            let Some(now) = host.now_unix_ns() else {
-                let members = self.queue.take_waiting();
-                return self.fail(config, host, members, BridgeFailure::Clock, 0, false);
-            };
-            if from.is_some() && self.queue.calls() > 0 {
-                break; // one call from a request context at most: the root sends the rest
-            }
-            let at = self.lag.moment(now);
-            let members = self.next_batch(config, host, at);
-            if !members.is_empty() {
-                let epoch = self.refusals.epoch();
-                host.count(Counter::BridgeCalls);
-                host.record(Histogram::BatchSize, members.len() as u64);
-                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
-                self.send(config, host, call, now);
-            }
-        }
-    }
-
-    /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
-    /// policy. One that waited while a reply came is asked again about leases and refusals
-    /// (that reply may have brought either), a prefetch about refusals; a part always goes.
-    fn next_batch(&mut self, config: &Config, host: &mut impl Host, at: Moment) -> Vec<Waiting> {
-        let now = at.wall_ns;
-        let mut batch = self.queue.batch(CallSize::batch().bytes());
-        let max = config.batch.max_requests;
-        while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
-            if w.deadline.passed(at) {
-                let outcome = Outcome::Failed(BridgeFailure::Expired);
-                self.settle(config, host, w, outcome, None, now);
-                continue;
-            }
-            if w.checked != Some(self.replies) {
-                w.checked = Some(self.replies);
-                let parts = (&mut self.leases, &self.refusals, &mut self.tally);
-                match w.origin {
-                    Origin::Stream(ctx) => {
-                        if let Some(conclusion) = serve_locally(config, parts, &w.plan, now) {
-                            let waited = Some((w.arrived_ns, now));
-                            w.leave(&mut self.leases);
-                            self.delivery.deliver(host, ctx, conclusion, waited);
-                            continue;
-                        }
-                    }
-                    Origin::Prefetch if self.refusals.refuses(&w.plan, now) => {
-                        w.leave(&mut self.leases);
-                        continue;
-                    }
-                    Origin::Prefetch | Origin::Part { .. } => {}
-                }
-            }
-            batch.join(w, size);
-        }
-        batch.into_members()
-    }
-
-    /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their
-    /// policy; with none left it is not sent), with Envoy's timeout of it.
-    fn send(&mut self, config: &Config, host: &mut impl Host, mut call: Call, now: u128) {
-        let at = self.lag.moment(now);
-        let expired = call.release(at);
-        if !expired.is_empty() {
-            self.fail(config, host, expired, BridgeFailure::Expired, now, false);
-        }
-        if call.members().next().is_none() {
-            return;
-        }
-        match host.dispatch(&config.bridge, &call.request(), call.envoy_timeout(config)) {
-            Ok(token) => {
-                // A reply to a call sent again after a restart decides on the new state.
-                call.sent.epoch = self.refusals.epoch();
-                self.queue.in_flight(token, at, call);
-            }
-            Err(why) => {
-                let failure = BridgeFailure::Dispatch(why);
-                self.fail(config, host, call.into_members(), failure, now, true)
-            }
-        }
-    }
-
-    /// The calls in flight at `at`. A request whose deadline passed leaves its call and
-    /// follows its policy (timed out); the call stays in flight, holding its slot. A call
-    /// without an answer for its whole timeout (in the worker's own time, so the worker's own
-    /// lateness does not count) is the bridge's failure: while other requests wait it opens
-    /// the breaker (they stop waiting at once); otherwise it is given up, one failure in the
-    /// breaker's run. A call answered within its timeout, however slowly, is no failure.
-    fn watch_calls(&mut self, config: &Config, host: &mut impl Host, at: Moment) {
-        let now = at.wall_ns;
-        let released = self.queue.release_expired(at);
-        if !released.is_empty() {
-            self.fail(config, host, released, BridgeFailure::Timeout, now, false);
-        }
-        let Some(unanswered) = self.queue.longest_unanswered(at) else {
-            return;
-        };
-        if self.queue.requests_wait() {
-            let hung = self.breaker.hung(config.breaker, unanswered, now);
-            if hung.is_some() {
-                return self.opened(config, host, now, hung);
-            }
-        }
-        if unanswered.age >= unanswered.timeout {
-            if let Some(flight) = self.queue.take_call(unanswered.token) {
-                self.queue.abandon(unanswered.token);
-                let members = flight.call.into_members();
-                self.fail(config, host, members, BridgeFailure::Timeout, now, true);
-            }
-        }
-    }
-
-    /// A call given up on was answered after all: the bridge answers (slowly). The run of
-    /// failures ends, and an open breaker closes: the next requests are decided again.
-    fn late_answer(&mut self, host: &mut impl Host) {
-        let now = host.now_unix_ns().unwrap_or(0);
-        if let Some(why) = self.breaker.late_answer(now) {
-            host.gauge_add(Gauge::BreakerOpen, -1);
-            host.report_breaker(false, &why);
-        }
-    }
-
-    /// `members` failed: they follow their policy; a failed `call` counts for the breaker.
-    fn fail(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        members: Vec<Waiting>,
-        failure: BridgeFailure,
-        now: u128,
-        call: bool,
-    ) {
-        let opens = call.then(|| self.breaker.failed(config.breaker, &failure, now));
-        for member in members {
-            let outcome = Outcome::Failed(failure.clone());
-            self.settle(config, host, member, outcome, None, now);
-        }
-        self.opened(config, host, now, opens.flatten());
-    }
-
-    /// The breaker opened (for `why`; None: it did not): every request waiting or in flight is
-    /// decided now by its policy; none waits for a call until a probe is answered.
-    fn opened(&mut self, config: &Config, host: &mut impl Host, now: u128, why: Option<String>) {
-        let Some(why) = why else {
-            return;
-        };
-        host.count(Counter::BreakerTrips);
-        host.gauge_add(Gauge::BreakerOpen, 1);
-        host.report_breaker(true, &why);
-        let (members, open) = (self.queue.take_all(), BridgeFailure::BreakerOpen);
-        self.fail(config, host, members, open, now, false);
-    }
-}
-
-/// Gives back what leases held past their end (see [`Leases::give_backs`]), without waiting
-/// for the replies: a lost give-back leaves units spent, never extra.
-fn give_back(
-    config: &Config,
-    host: &mut impl Host,
-    (leases, refusals): (&mut Leases, &mut Refusals),
-    now: u128,
-) {
-    for (refunds, timeout) in leases.give_backs(config) {
-        let units = refunds.iter().map(|r| r.check.cost).sum();
-        host.count_n(Counter::LeaseUnitsReturned, units);
-        // As long to reach Redis as a decision on these keys (with a small clock skew alone,
-        // most came too late to give anything back).
-        let window = timeout.max(config.clock_skew);
-        refund(config, host, refusals, &refunds, (window, window), now);
-    }
-}
-
-/// Gives back what the parts of a refused `split` charged: a call per slot, whose reply is
-/// not waited for (a lost refund leaves units spent, never extra).
-fn refund_split(
-    config: &Config,
-    host: &mut impl Host,
-    refusals: &mut Refusals,
-    split: &Split,
-    now: u128,
-) {
-    for refunds in split.refunds() {
-        host.count(Counter::Refunds);
-        let times = (config.clock_skew, split.plan.timeout);
-        refund(config, host, refusals, &refunds, times, now);
-    }
-}
-
-/// Sends a call giving `refunds` back (a split's refund or a lease's give-back) at `now`,
-/// without waiting for its reply (within `timeout`); the deny cache forgets their keys'
-/// refusals. Its clock must be no earlier than any decision on these keys made before it
-/// reaches Redis, and Redis must drop it past that clock: the clock (and deadline) is `now`
-/// plus `window`, at least the clock skew allowed between replicas. A later clock only gives
-/// back less (the refill up to it is counted as the bucket's), never more.
-fn refund(
-    config: &Config,
-    host: &mut impl Host,
-    refusals: &mut Refusals,
-    refunds: &[Refund],
-    (window, timeout): (Duration, Duration),
-    now: u128,
-) {
-    for refund in refunds {
-        refusals.forget(&refund.check.key);
-    }
-    let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
-    let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
-    let request = BridgeRequest::evalsha(&config.script_sha, &call);
-    if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
-        host.report_failure(&BridgeFailure::Dispatch(why));
     }
 }
 

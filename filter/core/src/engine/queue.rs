@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::lag::{Deadline, Moment};
 use super::leases::{Leases, Ticket};
+use super::slots;
 use crate::bridge::{
     call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
     BridgeReply, BridgeRequest, DecideCall, EvalOutcome, RequestShape,
@@ -15,7 +16,6 @@ use crate::bridge::{
 use crate::config::{Clock, Config};
 use crate::decision::Decision;
 use crate::request::plan::Plan;
-use crate::slot::key_slot;
 
 /// Whom a waiting request's outcome goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +69,7 @@ impl Waiting {
     ) -> Self {
         Waiting {
             origin,
-            slot: slot_of(config, &plan),
+            slot: slots::of_plan(config, &plan),
             deadline: Deadline::new(at, plan.timeout, config.lag_allowance),
             plan,
             arrived_ns: at.wall_ns,
@@ -105,14 +105,6 @@ impl Waiting {
             most_leased,
         }
     }
-}
-
-/// Redis Cluster: the hash slot of a plan's keys (the first's: the caller knows they share it).
-fn slot_of(config: &Config, plan: &Plan) -> Option<u16> {
-    config
-        .redis_cluster
-        .then(|| plan.checks.first().map(|c| key_slot(c.key.as_bytes())))
-        .flatten()
 }
 
 /// When a call was sent: the clock its decisions were made with, and the deny cache's epoch

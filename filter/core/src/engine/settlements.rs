@@ -15,22 +15,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::host::Host;
-use super::refusals::Refusals;
+use super::packing::pack;
 use super::tally::Tally;
-use super::Engine;
-use crate::bounds::MAX_CALL_PATH_BYTES;
 use crate::bridge::{
-    parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest, CallSize,
-    DecideCall, EvalOutcome, LimitShape,
+    parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
+    DecideCall, EvalOutcome,
 };
 use crate::config::{Admit, Clock, Config};
 use crate::decision::Settlement;
 use crate::metering::{Outcome, UsageMeter};
-use crate::metrics::{Counter, RuleEvent};
+use crate::metrics::RuleEvent;
 use crate::request::plan::{LimitCheck, Plan};
-use crate::response::Headers;
-use crate::slot::key_slot;
 
 /// Settlements kept for a later call at most (about 200 bytes each); beyond, the oldest are
 /// dropped and counted in `ratelimit_usage_settlements_lost`.
@@ -50,6 +45,13 @@ pub struct SettleCall {
     /// Waiting for `SCRIPT LOAD`, after Redis answered NOSCRIPT.
     loading: bool,
     timeout: Duration,
+}
+
+impl SettleCall {
+    /// Envoy's timeout of it.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
 /// What became of a settlement call, for the engine (its breaker).
@@ -110,7 +112,7 @@ impl Settlements {
                 // Settled as a response whose usage cannot be read: its estimate stands
                 // (`after`: is charged), never free units.
                 if let Some((_, forgotten)) = self.metering.remove(&ctx) {
-                    finished(tally, self, forgotten.finish(false));
+                    self.finished(tally, forgotten.finish(false));
                 }
             }
         }
@@ -126,6 +128,23 @@ impl Settlements {
     /// The stream of `ctx` ended.
     pub fn forget(&mut self, ctx: u32) {
         self.metering.remove(&ctx);
+    }
+
+    /// A finished response's usage limits came to `outcomes`: each counted, and its
+    /// settlement queued.
+    pub fn finished(&mut self, tally: &mut Tally, outcomes: Vec<Outcome>) {
+        for outcome in outcomes {
+            let check = &outcome.check;
+            tally.rule_n(check, RuleEvent::UsageCharged, outcome.charged);
+            tally.rule_n(check, RuleEvent::UsageGivenBack, outcome.given_back());
+            tally.rule_n(check, RuleEvent::UsageDebt, outcome.debt());
+            if outcome.unread.is_some() {
+                tally.rule(check, RuleEvent::UsageUnread);
+            }
+            if let Some(settlement) = outcome.settlement() {
+                self.push(settlement);
+            }
+        }
     }
 
     /// Queues `settlement`, the oldest kept one dropped (and counted lost) beyond the bound.
@@ -163,58 +182,21 @@ impl Settlements {
         std::mem::take(&mut self.lost)
     }
 
-    /// The calls to send now: one per slot on a Redis Cluster, each within the call size
-    /// bound, while fewer than [`MAX_SETTLEMENT_CALLS`] are in flight; the rest waits.
+    /// The calls to send now ([`pack`]) while fewer than [`MAX_SETTLEMENT_CALLS`] are in
+    /// flight; the rest waits. No request waits for them: each may take the lag allowance on
+    /// top of its timeout, so that a worker running late does not time out (and resend or
+    /// lose) settlements.
     pub fn calls(&mut self, config: &Config) -> Vec<(Vec<Settlement>, Duration)> {
         let free = MAX_SETTLEMENT_CALLS.saturating_sub(self.in_flight.len());
         if self.kept.is_empty() || free == 0 {
             return Vec::new();
         }
-        let mut kept: Vec<(Option<u16>, Settlement)> = std::mem::take(&mut self.kept)
+        let packed = pack(config, std::mem::take(&mut self.kept), free);
+        self.kept = packed.left;
+        packed
+            .calls
             .into_iter()
-            .map(|s| {
-                let slot = config
-                    .redis_cluster
-                    .then(|| key_slot(s.check.key.as_bytes()));
-                (slot, s)
-            })
-            .collect();
-        kept.sort_by_key(|(slot, _)| *slot);
-        let call = CallSize::batch();
-        let fixed = call.with_request(MAX_CALL_PATH_BYTES / 2, 0).bytes();
-        let mut calls: Vec<(usize, Vec<Settlement>)> = Vec::new();
-        let mut last_slot = None;
-        for (slot, settlement) in kept {
-            let size = call.limit_bytes(&LimitShape::settle(&settlement));
-            let room = calls.len() < free;
-            match calls.last_mut() {
-                Some((bytes, group))
-                    if last_slot == slot && *bytes + size <= MAX_CALL_PATH_BYTES =>
-                {
-                    *bytes += size;
-                    group.push(settlement);
-                }
-                _ if room => {
-                    calls.push((fixed + size, vec![settlement]));
-                    last_slot = slot;
-                }
-                _ => self.kept.push(settlement),
-            }
-        }
-        calls
-            .into_iter()
-            .map(|(_, group)| {
-                // No request waits for it: it may take the lag allowance too, so that a
-                // worker running late does not time out (and resend or lose) settlements.
-                let timeout = group
-                    .iter()
-                    .filter_map(|s| config.rules.get(s.check.rule).map(|r| r.timeout))
-                    .max()
-                    .unwrap_or(config.clock_skew)
-                    .saturating_add(config.lag_allowance)
-                    .max(Duration::from_millis(1));
-                (group, timeout)
-            })
+            .map(|(group, timeout)| (group, timeout.saturating_add(config.lag_allowance)))
             .collect()
     }
 
@@ -365,162 +347,4 @@ pub fn usage_of<'c>(config: &'c Config, check: &LimitCheck) -> Option<&'c crate:
         .get(check.limit)?
         .usage
         .as_ref()
-}
-
-/// What a stream let through gets back once its response comes: the rate-limit headers it
-/// was allowed with and the meter of its usage limits; what becomes of their usage; and the
-/// stream's end.
-impl Engine {
-    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
-    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
-        self.delivery.take_headers(ctx)
-    }
-
-    /// The usage limits stream `ctx` was let through on, to read its response for (taken;
-    /// None: it has none, or was not let through).
-    pub fn take_meter(&mut self, ctx: u32) -> Option<UsageMeter> {
-        self.settlements.take_meter(ctx)
-    }
-
-    /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
-    /// and their settlements sent from the root at its next wake-up (or tick). Callable from
-    /// any context: nothing is sent from it.
-    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<Outcome>) {
-        let sets = &mut self.settlements;
-        finished(&mut self.tally, sets, outcomes);
-        count_lost(host, sets);
-        if sets.waiting() > 0 && !self.wake_pending && host.wake() {
-            self.wake_pending = true;
-        }
-        self.tally.flush(host);
-    }
-
-    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
-    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
-    /// was made from its context: that reply is lost with the stream, so the call's slot is
-    /// freed at once and any other request on it fails by policy.
-    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
-        self.delivery.forget(ctx);
-        self.splits.forget(ctx);
-        self.settlements.forget(ctx);
-        if self.queue.load() == (0, 0) {
-            return; // nothing waits nor is in flight (most streams end so)
-        }
-        let orphans = self.queue.forget(ctx, &mut self.leases);
-        if !orphans.is_empty() {
-            let now = host.now_unix_ns().unwrap_or(0);
-            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
-        }
-        self.wake(config, host, None);
-    }
-
-    /// Sends the settlements that wait (from the root), unless the breaker is open.
-    pub(super) fn send_settlements(&mut self, config: &Config, host: &mut impl Host) {
-        if let Some(now) = host.now_unix_ns().filter(|_| !self.breaker.is_open()) {
-            send(
-                config,
-                host,
-                (&mut self.settlements, &mut self.refusals),
-                now,
-            );
-        }
-    }
-
-    /// The reply to settlement call `token`: a failure counts for the breaker.
-    pub(super) fn settlement_reply(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        token: u32,
-        reply: BridgeReply<'_>,
-    ) {
-        let now = host.now_unix_ns().unwrap_or(0);
-        match on_reply(config, host, &mut self.settlements, token, reply, now) {
-            None => self.breaker.answered(),
-            Some(failure) => {
-                let opens = self.breaker.failed(config.breaker, &failure, now);
-                self.opened(config, host, now, opens);
-            }
-        }
-    }
-}
-
-/// Sends the settlements that wait, from the root (their replies must come to it), when the
-/// breaker is closed: the caller checks.
-pub fn send(
-    config: &Config,
-    host: &mut impl Host,
-    (settlements, refusals): (&mut Settlements, &mut Refusals),
-    now: u128,
-) {
-    for (group, timeout) in settlements.calls(config) {
-        // Units given back may pay for a request the deny cache would refuse until its
-        // Retry-After: such keys are asked again.
-        for settlement in group.iter().filter(|s| s.delta < 0) {
-            refusals.forget(&settlement.check.key);
-        }
-        let request = Settlements::request(config, &group, timeout, now);
-        match host.dispatch(&config.bridge, &request, timeout) {
-            Ok(token) => {
-                host.count(Counter::UsageSettlementCalls);
-                settlements.sent(token, group, timeout);
-            }
-            Err(why) => {
-                host.report_failure(&BridgeFailure::Dispatch(why));
-                settlements.unsent(group);
-            }
-        }
-    }
-    count_lost(host, settlements);
-}
-
-/// The reply to settlement call `token`: its follow-up sent if it needs one. Returns the
-/// failure, for the breaker (None: the bridge answered).
-pub fn on_reply(
-    config: &Config,
-    host: &mut impl Host,
-    settlements: &mut Settlements,
-    token: u32,
-    reply: BridgeReply<'_>,
-    now: u128,
-) -> Option<BridgeFailure> {
-    let (settled, next) = settlements.reply(config, token, reply, now);
-    if let Some((request, call)) = next {
-        let timeout = call.timeout;
-        match host.dispatch(&config.bridge, &request, timeout) {
-            Ok(token) => settlements.resent(token, call),
-            Err(_) => settlements.not_resent(call),
-        }
-    }
-    count_lost(host, settlements);
-    match settled {
-        Settled::Done | Settled::Reloading => None,
-        Settled::Failed(failure) => {
-            host.report_failure(&failure);
-            Some(failure)
-        }
-    }
-}
-
-pub fn count_lost(host: &mut impl Host, settlements: &mut Settlements) {
-    let lost = settlements.take_lost();
-    if lost > 0 {
-        host.count_n(Counter::UsageSettlementsLost, lost);
-    }
-}
-
-/// Counts what each usage limit of a finished response comes to, and queues its settlement.
-pub fn finished(tally: &mut Tally, settlements: &mut Settlements, outcomes: Vec<Outcome>) {
-    for outcome in outcomes {
-        let check = &outcome.check;
-        tally.rule_n(check, RuleEvent::UsageCharged, outcome.charged);
-        tally.rule_n(check, RuleEvent::UsageGivenBack, outcome.given_back());
-        tally.rule_n(check, RuleEvent::UsageDebt, outcome.debt());
-        if outcome.unread.is_some() {
-            tally.rule(check, RuleEvent::UsageUnread);
-        }
-        if let Some(settlement) = outcome.settlement() {
-            settlements.push(settlement);
-        }
-    }
 }

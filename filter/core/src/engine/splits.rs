@@ -16,28 +16,6 @@ use crate::bridge::BridgeFailure;
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::{LimitCheck, Plan};
-use crate::slot::key_slot;
-
-/// Redis Cluster: a plan's checks grouped by hash slot (see [`by_slot`]); none otherwise.
-pub fn slot_groups(config: &Config, plan: &Plan) -> Vec<(u16, Vec<usize>)> {
-    match config.redis_cluster {
-        true => by_slot(&plan.checks),
-        false => Vec::new(),
-    }
-}
-
-/// A plan's checks grouped by hash slot, in order of first appearance: (slot, indexes).
-pub fn by_slot(checks: &[LimitCheck]) -> Vec<(u16, Vec<usize>)> {
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (i, check) in checks.iter().enumerate() {
-        let slot = key_slot(check.key.as_bytes());
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, indexes)) => indexes.push(i),
-            None => groups.push((slot, vec![i])),
-        }
-    }
-    groups
-}
 
 /// A request decided in parts.
 #[derive(Debug)]
@@ -206,7 +184,7 @@ pub struct Splits {
 
 impl Splits {
     /// Starts deciding the plan of stream `ctx` (arrived at `at`, asked about leases and
-    /// refusals when `checked`) in the parts `groups` (from [`by_slot`]), which wait for calls.
+    /// refusals when `checked`) in the parts `groups` (from [`super::slots::groups`]), which wait for calls.
     pub fn start(
         &mut self,
         config: &Config,
@@ -315,16 +293,6 @@ mod tests {
             limits,
             leased: 0,
         })
-    }
-
-    #[test]
-    fn checks_are_grouped_by_slot_in_order() {
-        let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:r:m"]);
-        let groups = by_slot(&p.checks);
-        assert_eq!(groups.len(), 2);
-        assert_eq!(groups[0].1, vec![0, 2]);
-        assert_eq!(groups[1].1, vec![1]);
-        assert_eq!(groups[0].0, key_slot(b"ip:a"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The engine as a whole, through its public calls, with the fake host.
 
 use super::*;
-use crate::bridge::call_bytes;
+use crate::bridge::{call_bytes, BridgeRequest};
+use crate::metrics::Histogram;
 use crate::response::LocalResponse;
 use crate::slot::key_slot;
 use crate::testing::host::{FakeHost, T0};

@@ -1,0 +1,307 @@
+//! The coordinator's calls to the bridge: batches of waiting requests (sent while a call slot
+//! is free, their deadlines watched while they are out), what a failure or an open breaker
+//! does to them, and the calls no request waits for: usage settlements, lease give-backs and
+//! the refunds of a refused split.
+
+use std::time::Duration;
+
+use super::host::Host;
+use super::lag::Moment;
+use super::queue::{Call, Origin, Outcome, Sent, Waiting};
+use super::settlements::{Settled, Settlements};
+use super::splits::Split;
+use super::{serve_locally, Engine, MAX_CALL_BYTES};
+use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
+use crate::config::Config;
+use crate::decision::Refund;
+use crate::metrics::{Counter, Gauge, Histogram};
+
+impl Engine {
+    /// Sends batches while a call slot is free and requests wait, from context `from` or root.
+    pub(super) fn dispatch_ready(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        from: Option<u32>,
+    ) {
+        while self.queue.ready(config.batch.max_in_flight) {
+            let Some(now) = host.now_unix_ns() else {
+                let members = self.queue.take_waiting();
+                return self.fail(config, host, members, BridgeFailure::Clock, 0, false);
+            };
+            if from.is_some() && self.queue.calls() > 0 {
+                break; // one call from a request context at most: the root sends the rest
+            }
+            let at = self.lag.moment(now);
+            let members = self.next_batch(config, host, at);
+            if !members.is_empty() {
+                let epoch = self.refusals.epoch();
+                host.count(Counter::BridgeCalls);
+                host.record(Histogram::BatchSize, members.len() as u64);
+                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
+                self.send(config, host, call, now);
+            }
+        }
+    }
+
+    /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
+    /// policy. One that waited while a reply came is asked again about leases and refusals
+    /// (that reply may have brought either), a prefetch about refusals; a part always goes.
+    fn next_batch(&mut self, config: &Config, host: &mut impl Host, at: Moment) -> Vec<Waiting> {
+        let now = at.wall_ns;
+        let mut batch = self.queue.batch(CallSize::batch().bytes());
+        let max = config.batch.max_requests;
+        while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
+            if w.deadline.passed(at) {
+                let outcome = Outcome::Failed(BridgeFailure::Expired);
+                self.settle(config, host, w, outcome, None, now);
+                continue;
+            }
+            if w.checked != Some(self.replies) {
+                w.checked = Some(self.replies);
+                let parts = (&mut self.leases, &self.refusals, &mut self.tally);
+                match w.origin {
+                    Origin::Stream(ctx) => {
+                        if let Some(conclusion) = serve_locally(config, parts, &w.plan, now) {
+                            let waited = Some((w.arrived_ns, now));
+                            w.leave(&mut self.leases);
+                            self.delivery.deliver(host, ctx, conclusion, waited);
+                            continue;
+                        }
+                    }
+                    Origin::Prefetch if self.refusals.refuses(&w.plan, now) => {
+                        w.leave(&mut self.leases);
+                        continue;
+                    }
+                    Origin::Prefetch | Origin::Part { .. } => {}
+                }
+            }
+            batch.join(w, size);
+        }
+        batch.into_members()
+    }
+
+    /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their
+    /// policy; with none left it is not sent), with Envoy's timeout of it.
+    pub(super) fn send(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        mut call: Call,
+        now: u128,
+    ) {
+        let at = self.lag.moment(now);
+        let expired = call.release(at);
+        if !expired.is_empty() {
+            self.fail(config, host, expired, BridgeFailure::Expired, now, false);
+        }
+        if call.members().next().is_none() {
+            return;
+        }
+        match host.dispatch(&config.bridge, &call.request(), call.envoy_timeout(config)) {
+            Ok(token) => {
+                // A reply to a call sent again after a restart decides on the new state.
+                call.sent.epoch = self.refusals.epoch();
+                self.queue.in_flight(token, at, call);
+            }
+            Err(why) => {
+                let failure = BridgeFailure::Dispatch(why);
+                self.fail(config, host, call.into_members(), failure, now, true)
+            }
+        }
+    }
+
+    /// The calls in flight at `at`. A request whose deadline passed leaves its call and
+    /// follows its policy (timed out); the call stays in flight, holding its slot. A call
+    /// without an answer for its whole timeout (in the worker's own time, so the worker's own
+    /// lateness does not count) is the bridge's failure: while other requests wait it opens
+    /// the breaker (they stop waiting at once); otherwise it is given up, one failure in the
+    /// breaker's run. A call answered within its timeout, however slowly, is no failure.
+    pub(super) fn watch_calls(&mut self, config: &Config, host: &mut impl Host, at: Moment) {
+        let now = at.wall_ns;
+        let released = self.queue.release_expired(at);
+        if !released.is_empty() {
+            self.fail(config, host, released, BridgeFailure::Timeout, now, false);
+        }
+        let Some(unanswered) = self.queue.longest_unanswered(at) else {
+            return;
+        };
+        if self.queue.requests_wait() {
+            let hung = self.breaker.hung(config.breaker, unanswered, now);
+            if hung.is_some() {
+                return self.opened(config, host, now, hung);
+            }
+        }
+        if unanswered.age >= unanswered.timeout {
+            if let Some(flight) = self.queue.take_call(unanswered.token) {
+                self.queue.abandon(unanswered.token);
+                let members = flight.call.into_members();
+                self.fail(config, host, members, BridgeFailure::Timeout, now, true);
+            }
+        }
+    }
+
+    /// A call given up on was answered after all: the bridge answers (slowly). The run of
+    /// failures ends, and an open breaker closes: the next requests are decided again.
+    pub(super) fn late_answer(&mut self, host: &mut impl Host) {
+        let now = host.now_unix_ns().unwrap_or(0);
+        if let Some(why) = self.breaker.late_answer(now) {
+            host.gauge_add(Gauge::BreakerOpen, -1);
+            host.report_breaker(false, &why);
+        }
+    }
+
+    /// `members` failed: they follow their policy; a failed `call` counts for the breaker.
+    pub(super) fn fail(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        members: Vec<Waiting>,
+        failure: BridgeFailure,
+        now: u128,
+        call: bool,
+    ) {
+        let opens = call.then(|| self.breaker.failed(config.breaker, &failure, now));
+        for member in members {
+            let outcome = Outcome::Failed(failure.clone());
+            self.settle(config, host, member, outcome, None, now);
+        }
+        self.opened(config, host, now, opens.flatten());
+    }
+
+    /// The breaker opened (for `why`; None: it did not): every request waiting or in flight is
+    /// decided now by its policy; none waits for a call until a probe is answered.
+    pub(super) fn opened(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        now: u128,
+        why: Option<String>,
+    ) {
+        let Some(why) = why else {
+            return;
+        };
+        host.count(Counter::BreakerTrips);
+        host.gauge_add(Gauge::BreakerOpen, 1);
+        host.report_breaker(true, &why);
+        let (members, open) = (self.queue.take_all(), BridgeFailure::BreakerOpen);
+        self.fail(config, host, members, open, now, false);
+    }
+
+    /// Sends the settlements that wait (from the root: their replies must come to it),
+    /// unless the breaker is open.
+    pub(super) fn send_settlements(&mut self, config: &Config, host: &mut impl Host) {
+        let Some(now) = host.now_unix_ns().filter(|_| !self.breaker.is_open()) else {
+            return;
+        };
+        for (group, timeout) in self.settlements.calls(config) {
+            // Units given back may pay for a request the deny cache would refuse until its
+            // Retry-After: such keys are asked again.
+            for settlement in group.iter().filter(|s| s.delta < 0) {
+                self.refusals.forget(&settlement.check.key);
+            }
+            let request = Settlements::request(config, &group, timeout, now);
+            match host.dispatch(&config.bridge, &request, timeout) {
+                Ok(token) => {
+                    host.count(Counter::UsageSettlementCalls);
+                    self.settlements.sent(token, group, timeout);
+                }
+                Err(why) => {
+                    host.report_failure(&BridgeFailure::Dispatch(why));
+                    self.settlements.unsent(group);
+                }
+            }
+        }
+        self.count_lost_settlements(host);
+    }
+
+    /// The reply to settlement call `token`: its follow-up sent if it needs one (the script
+    /// loaded, then the call again); a failure counts for the breaker.
+    pub(super) fn settlement_reply(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        token: u32,
+        reply: BridgeReply<'_>,
+    ) {
+        let now = host.now_unix_ns().unwrap_or(0);
+        let (settled, next) = self.settlements.reply(config, token, reply, now);
+        if let Some((request, call)) = next {
+            match host.dispatch(&config.bridge, &request, call.timeout()) {
+                Ok(token) => self.settlements.resent(token, call),
+                Err(_) => self.settlements.not_resent(call),
+            }
+        }
+        self.count_lost_settlements(host);
+        match settled {
+            Settled::Done | Settled::Reloading => self.breaker.answered(),
+            Settled::Failed(failure) => {
+                host.report_failure(&failure);
+                let opens = self.breaker.failed(config.breaker, &failure, now);
+                self.opened(config, host, now, opens);
+            }
+        }
+    }
+
+    /// Counts the settlements dropped since the last time.
+    pub(super) fn count_lost_settlements(&mut self, host: &mut impl Host) {
+        let lost = self.settlements.take_lost();
+        if lost > 0 {
+            host.count_n(Counter::UsageSettlementsLost, lost);
+        }
+    }
+
+    /// Gives back what leases held past their end (see [`Leases::give_backs`]), without waiting
+    /// for the replies: a lost give-back leaves units spent, never extra.
+    pub(super) fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
+        for (refunds, timeout) in self.leases.give_backs(config) {
+            let units = refunds.iter().map(|r| r.check.cost).sum();
+            host.count_n(Counter::LeaseUnitsReturned, units);
+            // As long to reach Redis as a decision on these keys (with a small clock skew alone,
+            // most came too late to give anything back).
+            let window = timeout.max(config.clock_skew);
+            self.refund(config, host, &refunds, (window, window), now);
+        }
+    }
+
+    /// Gives back what the parts of a refused `split` charged: a call per slot, whose reply is
+    /// not waited for (a lost refund leaves units spent, never extra).
+    pub(super) fn refund_split(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        split: &Split,
+        now: u128,
+    ) {
+        for refunds in split.refunds() {
+            host.count(Counter::Refunds);
+            let times = (config.clock_skew, split.plan.timeout);
+            self.refund(config, host, &refunds, times, now);
+        }
+    }
+
+    /// Sends a call giving `refunds` back (a split's refund or a lease's give-back) at `now`,
+    /// without waiting for its reply (within `timeout`); the deny cache forgets their keys'
+    /// refusals. Its clock must be no earlier than any decision on these keys made before it
+    /// reaches Redis, and Redis must drop it past that clock: the clock (and deadline) is `now`
+    /// plus `window`, at least the clock skew allowed between replicas. A later clock only gives
+    /// back less (the refill up to it is counted as the bucket's), never more.
+    fn refund(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        refunds: &[Refund],
+        (window, timeout): (Duration, Duration),
+        now: u128,
+    ) {
+        for refund in refunds {
+            self.refusals.forget(&refund.check.key);
+        }
+        let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
+        let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
+        let request = BridgeRequest::evalsha(&config.script_sha, &call);
+        if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
+            host.report_failure(&BridgeFailure::Dispatch(why));
+        }
+    }
+}

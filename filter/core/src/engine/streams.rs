@@ -1,0 +1,53 @@
+//! A stream's life after its decision, as the adapter sees it: the rate-limit headers it was
+//! allowed with, the meter of its usage limits and what their usage came to, and its end.
+
+use super::host::Host;
+use super::Engine;
+use crate::bridge::BridgeFailure;
+use crate::config::Config;
+use crate::metering::{Outcome, UsageMeter};
+use crate::response::Headers;
+
+impl Engine {
+    /// Response headers of `ctx` are on their way: the rate-limit headers it was allowed with.
+    pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
+        self.delivery.take_headers(ctx)
+    }
+
+    /// The usage limits stream `ctx` was let through on, to read its response for (taken;
+    /// None: it has none, or was not let through).
+    pub fn take_meter(&mut self, ctx: u32) -> Option<UsageMeter> {
+        self.settlements.take_meter(ctx)
+    }
+
+    /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
+    /// and their settlements sent from the root at its next wake-up (or tick). Callable from
+    /// any context: nothing is sent from it.
+    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<Outcome>) {
+        self.settlements.finished(&mut self.tally, outcomes);
+        self.count_lost_settlements(host);
+        if self.settlements.waiting() > 0 && !self.wake_pending && host.wake() {
+            self.wake_pending = true;
+        }
+        self.tally.flush(host);
+    }
+
+    /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
+    /// is part of still decides the others (its own verdict goes nowhere) — unless the call
+    /// was made from its context: that reply is lost with the stream, so the call's slot is
+    /// freed at once and any other request on it fails by policy.
+    pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
+        self.delivery.forget(ctx);
+        self.splits.forget(ctx);
+        self.settlements.forget(ctx);
+        if self.queue.load() == (0, 0) {
+            return; // nothing waits nor is in flight (most streams end so)
+        }
+        let orphans = self.queue.forget(ctx, &mut self.leases);
+        if !orphans.is_empty() {
+            let now = host.now_unix_ns().unwrap_or(0);
+            self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
+        }
+        self.wake(config, host, None);
+    }
+}
