@@ -4,9 +4,9 @@
 
 use e2e::{Redis, RedisConn, Resp, WorkDir};
 use ratelimit_core::bridge::DecideCall;
+use ratelimit_core::check::{BudgetCheck, LimitCheck, Mode};
 use ratelimit_core::config::{Algorithm, Lease, OverBudget};
 use ratelimit_core::decision::{Refund, Settlement};
-use ratelimit_core::request::plan::{BudgetCheck, LimitCheck};
 use std::rc::Rc;
 
 const T0: u128 = 1_764_489_600_000_000_000; // a whole second (and minute) in Unix ns
@@ -58,18 +58,20 @@ impl L {
             window_ms: self.window_ms,
             burst: self.burst,
             cost: self.cost,
-            shadow: self.shadow,
-            budget: self.budget.map(|(rule, new_keys, window_ms, over_budget)| {
-                Rc::new(BudgetCheck {
-                    counter_key: format!("rl:{{key_budget}}:{rule}"),
-                    overflow_key: format!("rl:{{overflow}}:{rule}:{}", self.algorithm.name()),
-                    new_keys,
-                    window_ms,
-                    over_budget,
-                })
-            }),
-            lease: self.lease,
-            after: self.after,
+            mode: Mode::of(
+                self.after,
+                self.lease,
+                self.shadow,
+                self.budget.map(|(rule, new_keys, window_ms, over_budget)| {
+                    Rc::new(BudgetCheck {
+                        counter_key: format!("rl:{{key_budget}}:{rule}"),
+                        overflow_key: format!("rl:{{overflow}}:{rule}:{}", self.algorithm.name()),
+                        new_keys,
+                        window_ms,
+                        over_budget,
+                    })
+                }),
+            ),
         }
     }
 }
@@ -110,7 +112,9 @@ impl Script {
         let asks = checks.iter().map(|c| {
             (
                 c.as_slice(),
-                c.iter().all(|l| l.lease.is_some()).then_some(u64::MAX),
+                c.iter()
+                    .all(|l| l.mode.lease().is_some())
+                    .then_some(u64::MAX),
             )
         });
         DecideCall::leasing(clock, 0, asks).command(&self.sha)

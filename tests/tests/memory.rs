@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use e2e::procs::filter_config_edit;
 use e2e::{wait_for, Envoy, Keys, Redis, RedisConn, Resp, Response, Stack};
 use ratelimit_core::bridge::DecideCall;
-use ratelimit_core::request::plan::LimitCheck;
+use ratelimit_core::check::LimitCheck;
 use ratelimit_core::testing::plan::token_bucket_check;
 
 const MB: u64 = 1 << 20;

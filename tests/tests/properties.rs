@@ -14,9 +14,9 @@ mod common;
 use e2e::{Redis, RedisConn, WorkDir};
 use ratelimit_core::algorithms::{evaluate, Params, State};
 use ratelimit_core::bridge::DecideCall;
+use ratelimit_core::check::{LimitCheck, Mode};
 use ratelimit_core::config::Algorithm;
 use ratelimit_core::local::unix_ms;
-use ratelimit_core::request::plan::LimitCheck;
 
 const T0: u128 = 1_764_489_600_000_000_000;
 const MS: u128 = 1_000_000;
@@ -74,10 +74,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         window_ms: s.window_ms,
         burst: s.burst,
         cost,
-        shadow: false,
-        budget: None,
-        lease: None,
-        after: false,
+        mode: Mode::of(false, None, false, None),
     };
     let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();
@@ -321,10 +318,7 @@ fn check(s: &Scenario, key: &str, cost: u64, after: bool) -> LimitCheck {
         window_ms: s.window_ms,
         burst: s.burst,
         cost,
-        shadow: false,
-        budget: None,
-        lease: None,
-        after,
+        mode: Mode::of(after, None, false, None),
     }
 }
 

@@ -1,7 +1,7 @@
 //! What a decision is, apart from how it travels: what Redis (or a lease, or the local
 //! fallback) decided for a request and each of its limits, and a charge to give back.
 
-use crate::request::plan::LimitCheck;
+use crate::check::LimitCheck;
 
 /// What Redis decided for one limit.
 #[derive(Debug, Clone, Copy, PartialEq)]

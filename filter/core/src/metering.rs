@@ -3,9 +3,9 @@
 //! request is let through, fed by the adapter with the response's headers and body chunks as
 //! they pass (never holding them), finished at the end of the stream (or when it ended early).
 
+use crate::check::LimitCheck;
 use crate::config::{UsageSource, MAX_USAGE};
 use crate::decision::Settlement;
-use crate::request::plan::LimitCheck;
 use crate::usage::{body_kind, usage_from_header, BodyKind, UsageRead, UsageReader};
 
 /// Bytes of a response body read for its usage at most: past them the usage is unreadable

@@ -2,9 +2,9 @@
 
 use serde_json::json;
 
+use crate::check::LimitCheck;
 use crate::config::{Config, DenyBody, HeaderMode};
 use crate::decision::{Decision, LimitResult};
-use crate::request::plan::LimitCheck;
 
 pub type Headers = Vec<(&'static str, String)>;
 
@@ -59,7 +59,7 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
             retry_after_secs(result.retry_ms)
         },
         refused: !result.allowed,
-        shadow: check.shadow,
+        shadow: check.mode.is_shadow(),
         retry_ms: result.retry_ms,
     }
 }
@@ -217,6 +217,7 @@ fn whole_units(remaining: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Mode;
     use crate::config::Algorithm;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -241,10 +242,7 @@ mod tests {
             window_ms: 1000,
             burst: 20,
             cost: 1,
-            shadow: false,
-            budget: None,
-            lease: None,
-            after: false,
+            mode: Mode::of(false, None, false, None),
         };
         vec![
             base.clone(),
@@ -255,7 +253,7 @@ mod tests {
                 per_window: 1000,
                 quota: 1000,
                 window_ms: 86_400_000,
-                shadow: shadow_day,
+                mode: Mode::of(false, None, shadow_day, None),
                 ..base
             },
         ]

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use crate::bounds::MAX_CALL_PATH_BYTES;
+use crate::check::{BudgetCheck, LimitCheck, Mode};
 use crate::config::{Algorithm, Bridge, Lease, OverBudget};
 use crate::decision::{Refund, Settlement};
 use crate::encode::{path_segment, path_segment_len};
-use crate::request::plan::LimitCheck;
 
 /// One HTTP call to Webdis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,15 +59,41 @@ fn fraction_text(fraction: f64) -> String {
     format!("{fraction:.FRACTION_DECIMALS$}")
 }
 
-/// The lease `check` asks for in a request asking for `requests` requests' worth (`Some`):
-/// its units and fraction, or None when it is decided per request (no lease asked, none
-/// configured, or a shadow rule or a key budget, which are always decided per request).
-fn lease_ask(check: &LimitCheck, requests: Option<u64>) -> Option<(u64, f64)> {
-    match (requests, check.lease, &check.budget, check.shadow) {
-        (Some(requests), Some(lease), None, false) => {
-            Some((lease_units(lease, check, requests), lease.fraction))
+/// The mode a limit goes with in a decision call: its [`Mode`], in a request that asks for a
+/// lease of `requests` requests' worth (`Some`) or not.
+enum WireMode<'a> {
+    After,
+    Lease {
+        units: u64,
+        fraction: f64,
+    },
+    Decide {
+        shadow: bool,
+        budget: Option<&'a BudgetCheck>,
+    },
+}
+
+impl<'a> WireMode<'a> {
+    fn of(check: &'a LimitCheck, requests: Option<u64>) -> Self {
+        match (&check.mode, requests) {
+            (Mode::After, _) => WireMode::After,
+            (Mode::Lease(lease), Some(requests)) => WireMode::Lease {
+                units: lease_units(*lease, check, requests),
+                fraction: lease.fraction,
+            },
+            (Mode::Lease(_), None) => WireMode::Decide {
+                shadow: false,
+                budget: None,
+            },
+            (Mode::Shadow { budget }, _) => WireMode::Decide {
+                shadow: true,
+                budget: budget.as_deref(),
+            },
+            (Mode::Enforce { budget }, _) => WireMode::Decide {
+                shadow: false,
+                budget: budget.as_deref(),
+            },
         }
-        _ => None,
     }
 }
 
@@ -118,20 +144,23 @@ impl DecideCall {
             body.push(checks.len().to_string());
             for c in checks {
                 push_limit(&mut body, keys.index_of(&c.key), c);
-                if c.after {
-                    body.push("after".to_string());
-                    body.push("0".to_string());
-                    body.push("0".to_string());
-                    continue;
-                }
-                if let Some((units, fraction)) = lease_ask(c, ask_lease) {
-                    body.push("lease".to_string());
-                    body.push(units.to_string());
-                    body.push(fraction_text(fraction));
-                    continue;
-                }
-                body.push(if c.shadow { "shadow" } else { "enforce" }.to_string());
-                match &c.budget {
+                let (shadow, budget) = match WireMode::of(c, ask_lease) {
+                    WireMode::After => {
+                        body.push("after".to_string());
+                        body.push("0".to_string());
+                        body.push("0".to_string());
+                        continue;
+                    }
+                    WireMode::Lease { units, fraction } => {
+                        body.push("lease".to_string());
+                        body.push(units.to_string());
+                        body.push(fraction_text(fraction));
+                        continue;
+                    }
+                    WireMode::Decide { shadow, budget } => (shadow, budget),
+                };
+                body.push(if shadow { "shadow" } else { "enforce" }.to_string());
+                match budget {
                     None => {
                         body.push("0".to_string());
                         body.push("0".to_string());
@@ -303,12 +332,12 @@ impl LimitShape {
     /// `check` as a request asking for a lease of `lease_asked` requests' worth (None: no
     /// lease asked) sends it.
     pub fn of(check: &LimitCheck, lease_asked: Option<u64>) -> Self {
-        let mode = match lease_ask(check, lease_asked) {
-            _ if check.after => ModeShape::After,
-            Some((units, _)) => ModeShape::Lease { units },
-            None => ModeShape::Decide {
-                shadow: check.shadow,
-                budget: check.budget.as_ref().map(|b| BudgetShape {
+        let mode = match WireMode::of(check, lease_asked) {
+            WireMode::After => ModeShape::After,
+            WireMode::Lease { units, .. } => ModeShape::Lease { units },
+            WireMode::Decide { shadow, budget } => ModeShape::Decide {
+                shadow,
+                budget: budget.map(|b| BudgetShape {
                     counter_key: path_segment_len(b.counter_key.as_bytes()),
                     overflow_key: path_segment_len(b.overflow_key.as_bytes()),
                     new_keys: b.new_keys,
@@ -504,15 +533,9 @@ pub fn call_bytes(checks: &[LimitCheck]) -> usize {
     let bytes = checks
         .iter()
         .map(|c| {
-            let decided = LimitShape::of(c, None);
-            let leased = match lease_ask(c, Some(u64::MAX)) {
-                Some((units, _)) => call.limit_bytes(&LimitShape {
-                    mode: ModeShape::Lease { units },
-                    ..decided
-                }),
-                None => 0,
-            };
-            call.limit_bytes(&decided).max(leased)
+            let decided = call.limit_bytes(&LimitShape::of(c, None));
+            let leased = call.limit_bytes(&LimitShape::of(c, Some(u64::MAX)));
+            decided.max(leased)
         })
         .sum();
     call.with_request(checks.len(), bytes).bytes() - call.bytes()
@@ -563,8 +586,8 @@ impl BridgeRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::BudgetCheck;
     use crate::config::{Algorithm, OverBudget};
-    use crate::request::plan::BudgetCheck;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -579,10 +602,7 @@ mod tests {
             window_ms: 60_000,
             burst: 20,
             cost: 1,
-            shadow,
-            budget: None,
-            lease: None,
-            after: false,
+            mode: Mode::of(false, None, shadow, None),
         }
     }
 
@@ -625,13 +645,14 @@ mod tests {
     fn key_budgets_are_sent_once_per_call_with_their_overflow_keys() {
         let budgeted = |key: &str, limit: &str| {
             let mut c = check(key, Algorithm::TokenBucket, false);
-            c.budget = Some(std::rc::Rc::new(BudgetCheck {
+            let budget = Some(std::rc::Rc::new(BudgetCheck {
                 counter_key: "rl:{key_budget}:ip".into(),
                 overflow_key: format!("rl:{{overflow}}:ip:{limit}"),
                 new_keys: 1000,
                 window_ms: 60_000,
                 over_budget: OverBudget::Deny,
             }));
+            c.mode = Mode::Enforce { budget };
             c
         };
         let first = [
@@ -707,26 +728,27 @@ mod tests {
     fn longest_checks(n: usize) -> Vec<LimitCheck> {
         (0..n)
             .map(|i| {
-                let mut c = check("", Algorithm::Gcra, i % 2 == 1);
+                let mut c = check("", Algorithm::Gcra, false);
                 c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
                 c.per_window = u64::MAX;
                 c.burst = u64::MAX;
                 c.window_ms = u64::MAX;
                 c.cost = u64::MAX;
-                c.lease = Some(Lease {
+                let lease = Some(Lease {
                     max_units: u64::MAX,
                     fraction: 0.000001,
                     max_ms: 1000,
                 });
-                if i % 3 == 2 {
-                    c.budget = Some(std::rc::Rc::new(BudgetCheck {
+                let budget = (i % 3 == 2).then(|| {
+                    std::rc::Rc::new(BudgetCheck {
                         counter_key: format!("rl:{{key_budget}}:r{i}"),
                         overflow_key: format!("rl:{{overflow}}:r{i}:l"),
                         new_keys: u64::MAX,
                         window_ms: u64::MAX,
                         over_budget: OverBudget::Shared,
-                    }));
-                }
+                    })
+                });
+                c.mode = Mode::of(false, lease, i % 2 == 1, budget);
                 c
             })
             .collect()
@@ -742,7 +764,11 @@ mod tests {
         let plain: Vec<LimitCheck> = longest_checks(9)
             .into_iter()
             .map(|mut c| {
-                c.budget = None;
+                c.mode = match c.mode {
+                    Mode::Enforce { .. } => Mode::Enforce { budget: None },
+                    Mode::Shadow { .. } => Mode::Shadow { budget: None },
+                    mode => mode,
+                };
                 c
             })
             .collect();

@@ -150,10 +150,10 @@ mod tests {
     use super::*;
     use crate::bounds::{MAX_KEY_SOURCE_BYTES, MAX_LIMIT};
     use crate::bridge::{BridgeRequest, DecideCall, MAX_CLOCK_DIGITS};
+    use crate::check::LimitCheck;
     use crate::config::fixtures::*;
     use crate::config::MAX_COST;
     use crate::request::plan::plan;
-    use crate::request::plan::LimitCheck;
     use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -359,8 +359,8 @@ format!(r#""algorithm": "{algorithm}", "limit": {MAX_LIMIT}, "window": "366d""#)
             let request = FakeRequest::new("GET", "/").with("x-k", id.as_bytes());
             let p = plan(&c, &request).unwrap();
             assert!(p.checks[0]
-                .budget
-                .as_ref()
+                .mode
+                .budget()
                 .unwrap()
                 .counter_key
                 .contains("}:key_budget:"));

@@ -28,9 +28,10 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::check::LimitCheck;
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 
 use super::packing::pack;
 use super::sightings::{Sightings, SEEN};
@@ -260,7 +261,10 @@ impl Leases {
         let mut limits = Vec::with_capacity(plan.checks.len());
         for check in &plan.checks {
             let lease = self.keys.get_mut(&check.key)?;
-            let max_ns = check.lease.map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
+            let max_ns = check
+                .mode
+                .lease()
+                .map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
             lease.sighted(now, max_ns);
             let mut owed = check.cost;
             for grant in lease.grants.iter_mut().filter(|g| g.expires_ns > now) {
@@ -307,7 +311,10 @@ impl Leases {
     fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
         let mut ask = u64::MAX;
         for check in &plan.checks {
-            let max_ns = check.lease.map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
+            let max_ns = check
+                .mode
+                .lease()
+                .map_or(0, |l| u128::from(l.max_ms) * 1_000_000);
             let room = self.keys.len() < MAX_LEASED_KEYS;
             let key_ask = match self.keys.get_mut(&check.key) {
                 Some(lease) => {
@@ -403,7 +410,7 @@ impl Leases {
         skew_ns: u128,
     ) {
         for (check, result) in plan.checks.iter().zip(&mut decision.limits) {
-            let Some(lease_config) = check.lease else {
+            let Some(lease_config) = check.mode.lease() else {
                 continue;
             };
             let units = requests.saturating_mul(check.cost);

@@ -4,9 +4,9 @@
 //! 1 / (replicas × workers), the fleet together lets through about what one Redis would.
 
 use crate::algorithms::{evaluate, evaluate_after, Params, State};
+use crate::check::{LimitCheck, Mode};
 use crate::decision::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
-use crate::request::plan::LimitCheck;
 
 /// Keys one worker keeps state for; when full, the state that stops mattering first goes.
 pub const LOCAL_MAX_ENTRIES: usize = 10_000;
@@ -64,7 +64,7 @@ impl LocalLimits {
                     cost: c.cost as f64,
                 };
                 // A usage limit in mode `after`: admitted while a unit is left, as in Redis.
-                if c.after {
+                if c.mode == Mode::After {
                     evaluate_after(c.algorithm, self.states.get(&c.key), p, now)
                 } else {
                     evaluate(c.algorithm, self.states.get(&c.key), p, now)
@@ -74,7 +74,7 @@ impl LocalLimits {
         let committed = evaluations
             .iter()
             .zip(checks)
-            .all(|(e, c)| e.allowed || c.shadow);
+            .all(|(e, c)| e.allowed || c.mode.is_shadow());
         let mut limits = Vec::with_capacity(checks.len());
         for (e, c) in evaluations.into_iter().zip(checks) {
             let charged = committed && e.allowed;
@@ -87,7 +87,7 @@ impl LocalLimits {
                 over_budget: false,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
-            if charged && !c.after {
+            if charged && c.mode != Mode::After {
                 self.states.insert(&c.key, expires, e.charged);
             } else if let Some(kept) = e.kept {
                 self.states.insert(&c.key, expires, kept);
@@ -119,10 +119,7 @@ mod tests {
             window_ms: 60_000,
             burst: limit,
             cost: 1,
-            shadow,
-            budget: None,
-            lease: None,
-            after: false,
+            mode: Mode::of(false, None, shadow, None),
         }
     }
 

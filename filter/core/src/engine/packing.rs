@@ -10,9 +10,9 @@ use std::time::Duration;
 use super::slots;
 use crate::bounds::MAX_CALL_PATH_BYTES;
 use crate::bridge::{CallSize, LimitShape};
+use crate::check::LimitCheck;
 use crate::config::Config;
 use crate::decision::{Refund, Settlement};
-use crate::request::plan::LimitCheck;
 
 /// A limit that goes as one limit of a packed request.
 pub trait Packable {

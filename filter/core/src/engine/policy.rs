@@ -9,10 +9,11 @@ use super::queue::Outcome;
 use super::refusals::Refusals;
 use super::tally::Tally;
 use crate::bridge::{BridgeFailure, FailureCause};
+use crate::check::LimitCheck;
 use crate::config::{Config, FailureMode};
 use crate::decision::Decision;
 use crate::metrics::{Counter, RuleCount, RuleEvent};
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 use crate::response::{self, Headers, LocalResponse};
 
 /// What the policy decided for a request.
@@ -155,7 +156,7 @@ pub fn serve_locally(
 fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision: &Decision) {
     let mut budget_rule = None;
     for (check, result) in plan.checks.iter().zip(&decision.limits) {
-        let event = match (result.allowed, check.shadow) {
+        let event = match (result.allowed, check.mode.is_shadow()) {
             (true, _) => RuleEvent::Allowed,
             (false, true) => RuleEvent::ShadowDenied,
             (false, false) => RuleEvent::Denied,

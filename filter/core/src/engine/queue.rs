@@ -95,7 +95,7 @@ impl Waiting {
                 .checks
                 .iter()
                 .filter(|c| c.cost > 0)
-                .filter_map(|c| c.lease.map(|l| lease_units(l, c, requests) / c.cost))
+                .filter_map(|c| c.mode.lease().map(|l| lease_units(l, c, requests) / c.cost))
                 .min()
                 .unwrap_or(1)
                 .saturating_sub(1),
@@ -504,7 +504,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::plan::LimitCheck;
+    use crate::check::LimitCheck;
     use crate::testing::plan::{plan_of, token_bucket_check};
     use crate::testing::random::Rng;
     #[cfg(target_arch = "wasm32")]

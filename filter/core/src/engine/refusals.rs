@@ -18,9 +18,10 @@
 //! call sent before the latest restart puts no refusal back.
 
 use super::queue::{Outcome, Sent};
+use crate::check::LimitCheck;
 use crate::decision::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 
 /// What Redis said about one refused limit, and until when it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +137,7 @@ impl Refusals {
     pub fn refuses(&self, plan: &Plan, now: u128) -> bool {
         plan.checks
             .iter()
-            .any(|c| !c.shadow && self.cache.covering(&c.key, c.cost, now).is_some())
+            .any(|c| !c.mode.is_shadow() && self.cache.covering(&c.key, c.cost, now).is_some())
     }
 
     /// The refusal of a request of `plan` at `now`, if an enforced limit is known to refuse
@@ -147,7 +148,7 @@ impl Refusals {
         }
         let mut checks: Vec<LimitCheck> = Vec::new();
         let mut limits: Vec<LimitResult> = Vec::new();
-        for check in plan.checks.iter().filter(|c| !c.shadow) {
+        for check in plan.checks.iter().filter(|c| !c.mode.is_shadow()) {
             if let Some(r) = self.cache.covering(&check.key, check.cost, now) {
                 let ms = |at: u128| at.saturating_sub(now) as f64 / 1e6;
                 checks.push(check.clone());
@@ -183,7 +184,7 @@ impl Refusals {
             return;
         }
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
-            if !result.allowed && !check.shadow {
+            if !result.allowed && !check.mode.is_shadow() {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
                 let refusal = Refusal {
                     until_ns: at(result.retry_ms),

@@ -21,11 +21,12 @@ use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
     DecideCall, EvalOutcome,
 };
+use crate::check::LimitCheck;
 use crate::config::{Admit, Clock, Config};
 use crate::decision::Settlement;
 use crate::metering::{Outcome, UsageMeter};
 use crate::metrics::RuleEvent;
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 
 /// Settlements kept for a later call at most (about 200 bytes each); beyond, the oldest are
 /// dropped and counted in `ratelimit_usage_settlements_lost`.

@@ -2,8 +2,9 @@
 //! so every call holds one slot's keys. Without `bridge.redis_cluster` there are no slots
 //! (None, or no groups), and everything may share a call.
 
+use crate::check::LimitCheck;
 use crate::config::Config;
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 use crate::slot::key_slot;
 
 /// The slot of `key` on a Redis Cluster; None without one.

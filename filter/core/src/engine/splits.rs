@@ -13,9 +13,10 @@ use std::collections::HashMap;
 use super::lag::Moment;
 use super::queue::{Origin, Outcome, Sent, Waiting};
 use crate::bridge::BridgeFailure;
+use crate::check::LimitCheck;
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 
 /// A request decided in parts.
 #[derive(Debug)]
@@ -359,7 +360,7 @@ mod tests {
     #[test]
     fn a_shadow_limit_that_refused_was_not_charged_and_is_not_given_back() {
         let mut p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:w:s"]);
-        p.checks[2].shadow = true;
+        p.checks[2].mode = crate::check::Mode::Shadow { budget: None };
         let mut s = Split::new(7, p, 1, vec![vec![0, 2], vec![1]]);
         s.record(
             0,

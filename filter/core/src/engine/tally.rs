@@ -4,9 +4,10 @@
 //! with their global twins).
 
 use super::host::Host;
+use crate::check::LimitCheck;
 use crate::config::Config;
 use crate::metrics::{Counter, PendingCounts, RuleCount, RuleEvent, RuleStats};
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 
 #[derive(Debug, Default)]
 pub struct Tally {

@@ -8,61 +8,12 @@ use std::time::Duration;
 use super::identity::{label, resolve_into};
 use super::keys::{budget_counter_key, overflow_key, redis_key, shard_key};
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
+use crate::check::{BudgetCheck, LimitCheck, Mode};
 use crate::config::{
-    cluster_budget, Admit, Algorithm, Config, Cost, Estimate, FailureMode, KeyBudget, Lease, Limit,
-    Match, OverBudget, PathMatch, Rule, MAX_USAGE,
+    cluster_budget, Admit, Config, Cost, Estimate, FailureMode, KeyBudget, Limit, Match, PathMatch,
+    Rule, MAX_USAGE,
 };
 use crate::slot::key_slot;
-
-/// One limit to decide for one request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LimitCheck {
-    /// Index of the rule in the config, and of the limit in the rule.
-    pub rule: usize,
-    pub limit: usize,
-    /// Shared with the worker's [`PlanMemo`]: a returning identity's key is not copied.
-    pub key: Rc<str>,
-    pub algorithm: Algorithm,
-    /// Units per window (the script's `limit`).
-    pub per_window: u64,
-    /// What headers call the limit: the burst for buckets, `per_window` for windows.
-    pub quota: u64,
-    pub window_ms: u64,
-    pub burst: u64,
-    pub cost: u64,
-    pub shadow: bool,
-    /// The rule's key budget, if it has one.
-    pub budget: Option<Rc<BudgetCheck>>,
-    /// How this limit's units may be leased (None: decided per request).
-    pub lease: Option<Lease>,
-    /// A usage limit admitting in mode `after`: allowed while at least 1 unit is left and
-    /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot be
-    /// read.
-    pub after: bool,
-}
-
-/// What the script needs to apply a rule's key budget to one of its limits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BudgetCheck {
-    /// Counts the rule's new identities (one key per rule).
-    pub counter_key: String,
-    /// This limit's state for every new identity over the budget (mode `shared`).
-    pub overflow_key: String,
-    pub new_keys: u64,
-    pub window_ms: u64,
-    pub over_budget: OverBudget,
-}
-
-impl LimitCheck {
-    /// The hash tag of the key (`{...}`): checks with equal tags live on one Redis Cluster
-    /// slot, so a later sharded bridge can group a request's checks by it.
-    pub fn hash_tag(&self) -> &str {
-        match (self.key.find('{'), self.key.find('}')) {
-            (Some(open), Some(close)) if close > open => &self.key[open + 1..close],
-            _ => self.key.as_ref(),
-        }
-    }
-}
 
 /// Everything decided about a request before asking Redis.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,7 +28,7 @@ pub struct Plan {
 impl Plan {
     /// Every limit of the plan takes a lease: its requests may be served from leased units.
     pub fn leasable(&self) -> bool {
-        !self.checks.is_empty() && self.checks.iter().all(|c| c.lease.is_some())
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.mode.lease().is_some())
     }
 }
 
@@ -163,13 +114,15 @@ fn plan_into(
                     None => cost,
                     Some(usage) => estimate(&usage.estimate, view)?,
                 },
-                shadow: rule.shadow,
-                budget,
-                lease: limit.lease,
-                after: limit
-                    .usage
-                    .as_ref()
-                    .is_some_and(|u| u.admit == Admit::After),
+                mode: Mode::of(
+                    limit
+                        .usage
+                        .as_ref()
+                        .is_some_and(|u| u.admit == Admit::After),
+                    limit.lease,
+                    rule.shadow,
+                    budget,
+                ),
             });
         }
     }
@@ -460,6 +413,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Algorithm;
     use crate::testing::request::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -513,7 +467,7 @@ mod tests {
             .with("x-api-key", b"k");
         let p = plan(&c, &gold).unwrap();
         assert_eq!(rules_of(&p), vec![(0, 0), (0, 1), (2, 0), (3, 0)]);
-        assert!(p.checks[2].shadow);
+        assert!(p.checks[2].mode.is_shadow());
         assert_eq!(p.timeout, Duration::from_millis(50));
         assert_eq!(
             p.failure_mode,
@@ -548,14 +502,15 @@ mod tests {
     }
 
     #[test]
-    fn limits_of_a_rule_share_a_hash_tag() {
+    fn limits_of_a_rule_share_a_slot() {
         let c = config();
         let p = plan(
             &c,
             &FakeRequest::new("GET", "/api/a").with("x-api-key", b"k1"),
         )
         .unwrap();
-        assert_eq!(p.checks[0].hash_tag(), p.checks[1].hash_tag());
+        let slot = |c: &LimitCheck| key_slot(c.key.as_bytes());
+        assert_eq!(slot(&p.checks[0]), slot(&p.checks[1]));
         assert_ne!(p.checks[0].key, p.checks[1].key);
         assert!(p.checks[0].key.ends_with("}:api:second"));
         assert_eq!(p.checks[1].algorithm, Algorithm::FixedWindow);
@@ -803,7 +758,7 @@ mod tests {
             let p = plan(&c, view).unwrap();
             p.checks
                 .iter()
-                .map(|k| (k.cost, k.after))
+                .map(|k| (k.cost, k.mode == Mode::After))
                 .collect::<Vec<_>>()
         };
         let chat = FakeRequest::new("POST", "/v1/chat").with("x-est", b"7");

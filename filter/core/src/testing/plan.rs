@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use crate::check::{LimitCheck, Mode};
 use crate::config::{Algorithm, FailureMode};
-use crate::request::plan::{LimitCheck, Plan};
+use crate::request::plan::Plan;
 
 /// An enforced token bucket of 10 a second (burst 10) on `key`, cost 1, no lease or budget.
 pub fn token_bucket_check(key: &str) -> LimitCheck {
@@ -17,10 +18,7 @@ pub fn token_bucket_check(key: &str) -> LimitCheck {
         window_ms: 1000,
         burst: 10,
         cost: 1,
-        shadow: false,
-        budget: None,
-        lease: None,
-        after: false,
+        mode: Mode::of(false, None, false, None),
     }
 }
 

@@ -1,0 +1,137 @@
+//! One limit to decide for one request, as every part after the planner sees it: the
+//! bridge's call, the decision, the response's headers, the metering, the engine's parts. Its
+//! [`Mode`] is one value, chosen once by the planner ([`Mode::of`]).
+
+use std::rc::Rc;
+
+use crate::config::{Algorithm, Lease, OverBudget};
+
+/// One limit to decide for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitCheck {
+    /// Index of the rule in the config, and of the limit in the rule.
+    pub rule: usize,
+    pub limit: usize,
+    /// Shared with the worker's plan memo: a returning identity's key is not copied.
+    pub key: Rc<str>,
+    pub algorithm: Algorithm,
+    /// Units per window (the script's `limit`).
+    pub per_window: u64,
+    /// What headers call the limit: the burst for buckets, `per_window` for windows.
+    pub quota: u64,
+    pub window_ms: u64,
+    pub burst: u64,
+    pub cost: u64,
+    pub mode: Mode,
+}
+
+/// How the script decides a limit (see `lua/decide.lua`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// Decided and enforced; with the rule's key budget, if it has one.
+    Enforce { budget: Option<Rc<BudgetCheck>> },
+    /// Decided and reported, never refusing (a shadow rule); with the rule's key budget, if
+    /// it has one.
+    Shadow { budget: Option<Rc<BudgetCheck>> },
+    /// Enforced, and its units may be leased ahead: a request may ask for more than itself.
+    Lease(Lease),
+    /// A usage limit admitting in mode `after`: allowed while at least 1 unit is left and
+    /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot
+    /// be read.
+    After,
+}
+
+impl Mode {
+    /// The mode of a limit, by the one precedence there is: a usage limit in mode `after` is
+    /// that (the script then enforces it, also in a shadow rule); else a lease, which the
+    /// configuration allows only outside shadow rules and rules with a key budget; else
+    /// shadow or enforced, with the key budget.
+    pub fn of(
+        after: bool,
+        lease: Option<Lease>,
+        shadow: bool,
+        budget: Option<Rc<BudgetCheck>>,
+    ) -> Mode {
+        match (after, lease, shadow) {
+            (true, _, _) => Mode::After,
+            (false, Some(lease), false) if budget.is_none() => Mode::Lease(lease),
+            (false, _, true) => Mode::Shadow { budget },
+            (false, _, false) => Mode::Enforce { budget },
+        }
+    }
+
+    /// It never refuses a request (it may say it would).
+    pub fn is_shadow(&self) -> bool {
+        matches!(self, Mode::Shadow { .. })
+    }
+
+    /// Its lease, if its units may be leased.
+    pub fn lease(&self) -> Option<Lease> {
+        match self {
+            Mode::Lease(lease) => Some(*lease),
+            _ => None,
+        }
+    }
+
+    /// The key budget it is decided with, if any.
+    pub fn budget(&self) -> Option<&Rc<BudgetCheck>> {
+        match self {
+            Mode::Enforce { budget } | Mode::Shadow { budget } => budget.as_ref(),
+            Mode::Lease(_) | Mode::After => None,
+        }
+    }
+}
+
+/// What the script needs to apply a rule's key budget to one of its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetCheck {
+    /// Counts the rule's new identities (one key per rule).
+    pub counter_key: String,
+    /// This limit's state for every new identity over the budget (mode `shared`).
+    pub overflow_key: String,
+    pub new_keys: u64,
+    pub window_ms: u64,
+    pub over_budget: OverBudget,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn one_precedence_chooses_the_mode() {
+        let lease = Lease {
+            max_units: 10,
+            fraction: 0.5,
+            max_ms: 1000,
+        };
+        let budget = Some(Rc::new(BudgetCheck {
+            counter_key: "c".into(),
+            overflow_key: "o".into(),
+            new_keys: 1,
+            window_ms: 1000,
+            over_budget: OverBudget::Shared,
+        }));
+        assert_eq!(Mode::of(true, Some(lease), true, None), Mode::After);
+        assert_eq!(
+            Mode::of(false, Some(lease), false, None),
+            Mode::Lease(lease)
+        );
+        assert!(Mode::of(false, Some(lease), true, None).is_shadow());
+        let enforced = Mode::of(false, Some(lease), false, budget.clone());
+        assert_eq!(
+            enforced,
+            Mode::Enforce {
+                budget: budget.clone()
+            }
+        );
+        assert_eq!(enforced.budget(), budget.as_ref());
+        assert_eq!(enforced.lease(), None);
+        assert_eq!(
+            Mode::of(false, None, false, None),
+            Mode::Enforce { budget: None }
+        );
+    }
+}
