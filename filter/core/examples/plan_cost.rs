@@ -8,7 +8,8 @@
 
 use std::time::Instant;
 
-use ratelimit_core::request::plan::{plan_memo, PlanMemo};
+use ratelimit_core::request::memo::PlanMemo;
+use ratelimit_core::request::plan::plan_memo;
 use ratelimit_core::Config;
 
 mod common;

@@ -1,16 +1,20 @@
-//! Talking to Webdis: the calls the filter sends (`call`), what their replies say (`reply`),
-//! and why a call gave no decision (`failure`).
+//! Talking to Webdis: the script's arguments (`args`), the size model of a call (`size`), the
+//! HTTP requests (`request`), what their replies say (`reply`), and why a call gave no
+//! decision (`failure`).
 
-mod call;
+mod args;
 mod failure;
 mod reply;
+mod request;
+mod size;
 
-pub use call::{
-    batch_size, call_bytes, lease_units, BridgeRequest, BudgetShape, CallSize, DecideCall,
-    LimitShape, ModeShape, FRACTION_DECIMALS, MAX_CLOCK_DIGITS,
-};
+pub use args::{lease_units, DecideCall, FRACTION_DECIMALS};
 pub use failure::{BridgeFailure, FailureCause};
 pub use reply::{
     is_answer, parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply,
     EvalOutcome, RequestShape,
+};
+pub use request::BridgeRequest;
+pub use size::{
+    batch_size, call_bytes, BudgetShape, CallSize, LimitShape, ModeShape, MAX_CLOCK_DIGITS,
 };

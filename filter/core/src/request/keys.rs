@@ -1,8 +1,10 @@
 //! The Redis keys of a limit's state, its key budget's counter and overflow state: their
 //! names, and why no identity can reach another's key.
 
-use crate::config::{Config, Limit, Rule};
+use crate::check::BudgetCheck;
+use crate::config::{cluster_budget, Config, KeyBudget, Limit, Rule};
 use crate::sha1::sha1_hex;
+use crate::slot::key_slot;
 
 /// Identities up to this length stay readable when `hash_identities` is off; longer or
 /// non-printable ones are hashed anyway, so a debugging option cannot make keys huge.
@@ -80,6 +82,35 @@ pub fn shard_key(key: &str, shard: u64) -> String {
     let _ = write!(out, "#{shard}");
     out.push_str(&key[close..]);
     out
+}
+
+/// The budget of `rule` for a limit whose state is at `key`. With a Redis Cluster the counter
+/// and the overflow state are those of `key`'s slot (a script sees one slot), each slot
+/// counting its share of the budget ([`cluster_budget`]).
+pub fn budget_check(
+    config: &Config,
+    rule: &Rule,
+    limit: &Limit,
+    budget: &KeyBudget,
+    key: &str,
+) -> BudgetCheck {
+    let slot_tag = config
+        .budget_slot_tags
+        .0
+        .get(usize::from(key_slot(key.as_bytes())))
+        .copied()
+        .filter(|_| config.redis_cluster);
+    let (new_keys, window) = match slot_tag {
+        Some(_) => cluster_budget(budget),
+        None => (budget.new_keys, budget.window),
+    };
+    BudgetCheck {
+        counter_key: budget_counter_key(config, rule, slot_tag),
+        overflow_key: overflow_key(config, rule, limit, slot_tag),
+        new_keys,
+        window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+        over_budget: budget.over_budget,
+    }
 }
 
 #[cfg(test)]

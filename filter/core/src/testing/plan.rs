@@ -22,6 +22,23 @@ pub fn token_bucket_check(key: &str) -> LimitCheck {
     }
 }
 
+/// A limit of 10 a minute (burst 20) on `key` with `algorithm`, cost 1, shadow or enforced,
+/// no lease or budget.
+pub fn minute_check(key: &str, algorithm: Algorithm, shadow: bool) -> LimitCheck {
+    LimitCheck {
+        rule: 0,
+        limit: 0,
+        key: key.into(),
+        algorithm,
+        per_window: 10,
+        quota: 20,
+        window_ms: 60_000,
+        burst: 20,
+        cost: 1,
+        mode: Mode::of(false, None, shadow, None),
+    }
+}
+
 /// A plan of `checks` that fails open, with a 150 ms timeout.
 pub fn plan_of(checks: Vec<LimitCheck>) -> Plan {
     Plan {

@@ -1,0 +1,369 @@
+//! The decision script's arguments: the layout `lua/decide.lua` reads, built here and nowhere
+//! else (the filter and the Lua tests use it), for a batch of decisions and lease asks, a
+//! refund, or a settlement.
+
+use std::collections::HashMap;
+
+use crate::check::{BudgetCheck, LimitCheck, Mode};
+use crate::config::Lease;
+use crate::decision::{Refund, Settlement};
+
+/// The arguments of one call of the decision script for a batch of requests, in the layout
+/// `lua/decide.lua` reads. Built here and nowhere else: the filter and the Lua tests use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecideCall {
+    /// The distinct keys of the batch (`KEYS`); a hot key is sent once.
+    pub keys: Vec<String>,
+    /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
+    /// budget (counter key index, new keys, window ms, `shared` | `deny`), then per request its
+    /// number of limits and nine values per limit (key index, algorithm, limit, window ms,
+    /// burst, cost, mode, budget index or 0, overflow key index or 0; in mode `lease` the
+    /// last two are the lease's max units and fraction).
+    pub args: Vec<String>,
+}
+
+/// The first six arguments of a limit, the same for a decision and a refund: its key's index,
+/// algorithm, limit, window (ms), burst and cost.
+fn push_limit(args: &mut Vec<String>, key_index: usize, c: &LimitCheck) {
+    args.push(key_index.to_string());
+    args.push(c.algorithm.name().to_string());
+    args.push(c.per_window.to_string());
+    args.push(c.window_ms.to_string());
+    args.push(c.burst.to_string());
+    args.push(c.cost.to_string());
+}
+
+/// The units of `check` a request asking for a lease of `requests` requests' worth asks for:
+/// `requests` × its cost, its lease's `max_units` at most (and at least 1, the script's floor).
+pub fn lease_units(lease: Lease, check: &LimitCheck, requests: u64) -> u64 {
+    match check.cost {
+        0 => lease.max_units,
+        cost => lease.max_units.min(requests.saturating_mul(cost)).max(1),
+    }
+}
+
+/// Decimals of a lease's fraction in a call: always this many, so the argument has one length
+/// (`0.000001` to `1.000000`). The configuration refuses a fraction with more.
+pub const FRACTION_DECIMALS: usize = 6;
+
+fn fraction_text(fraction: f64) -> String {
+    format!("{fraction:.FRACTION_DECIMALS$}")
+}
+
+/// The mode a limit goes with in a decision call: its [`Mode`], in a request that asks for a
+/// lease of `requests` requests' worth (`Some`) or not.
+pub(super) enum WireMode<'a> {
+    After,
+    Lease {
+        units: u64,
+        fraction: f64,
+    },
+    Decide {
+        shadow: bool,
+        budget: Option<&'a BudgetCheck>,
+    },
+}
+
+impl<'a> WireMode<'a> {
+    pub(super) fn of(check: &'a LimitCheck, requests: Option<u64>) -> Self {
+        match (&check.mode, requests) {
+            (Mode::After, _) => WireMode::After,
+            (Mode::Lease(lease), Some(requests)) => WireMode::Lease {
+                units: lease_units(*lease, check, requests),
+                fraction: lease.fraction,
+            },
+            (Mode::Lease(_), None) => WireMode::Decide {
+                shadow: false,
+                budget: None,
+            },
+            (Mode::Shadow { budget }, _) => WireMode::Decide {
+                shadow: true,
+                budget: budget.as_deref(),
+            },
+            (Mode::Enforce { budget }, _) => WireMode::Decide {
+                shadow: false,
+                budget: budget.as_deref(),
+            },
+        }
+    }
+}
+
+/// Numbers the distinct keys of a call from 1, as `KEYS` does.
+#[derive(Default)]
+struct KeyTable<'a> {
+    keys: Vec<String>,
+    index: HashMap<&'a str, usize>,
+}
+
+impl<'a> KeyTable<'a> {
+    fn index_of(&mut self, key: &'a str) -> usize {
+        let keys = &mut self.keys;
+        *self.index.entry(key).or_insert_with(|| {
+            keys.push(key.to_string());
+            keys.len()
+        })
+    }
+}
+
+impl DecideCall {
+    /// `clock` is the Unix time in ns, or `"redis"` for Redis's own clock; `deadline_ms` the
+    /// Unix ms after which Redis must not charge (0: none).
+    pub fn new<'a>(
+        clock: &str,
+        deadline_ms: u128,
+        requests: impl IntoIterator<Item = &'a [LimitCheck]>,
+    ) -> Self {
+        Self::leasing(clock, deadline_ms, requests.into_iter().map(|c| (c, None)))
+    }
+
+    /// [`DecideCall::new`] where a request may also ask for a lease of up to N requests'
+    /// worth (`Some(N)`): every one of its limits then goes in mode `lease` with N × its cost
+    /// (its `max_units` at most) and its `fraction` (a limit without a lease setting is sent as
+    /// usual, and the script grants nothing).
+    pub fn leasing<'a>(
+        clock: &str,
+        deadline_ms: u128,
+        requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
+    ) -> Self {
+        let mut keys = KeyTable::default();
+        let mut budgets: Vec<String> = Vec::new();
+        let mut budget_index: HashMap<&str, usize> = HashMap::new();
+        let mut body: Vec<String> = Vec::new();
+        let mut count = 0usize;
+        for (checks, ask_lease) in requests {
+            count += 1;
+            body.push(checks.len().to_string());
+            for c in checks {
+                push_limit(&mut body, keys.index_of(&c.key), c);
+                let (shadow, budget) = match WireMode::of(c, ask_lease) {
+                    WireMode::After => {
+                        body.push("after".to_string());
+                        body.push("0".to_string());
+                        body.push("0".to_string());
+                        continue;
+                    }
+                    WireMode::Lease { units, fraction } => {
+                        body.push("lease".to_string());
+                        body.push(units.to_string());
+                        body.push(fraction_text(fraction));
+                        continue;
+                    }
+                    WireMode::Decide { shadow, budget } => (shadow, budget),
+                };
+                body.push(if shadow { "shadow" } else { "enforce" }.to_string());
+                match budget {
+                    None => {
+                        body.push("0".to_string());
+                        body.push("0".to_string());
+                    }
+                    Some(b) => {
+                        let next = budget_index.len() + 1;
+                        let i = *budget_index.entry(&b.counter_key).or_insert(next);
+                        if i == next {
+                            budgets.push(keys.index_of(&b.counter_key).to_string());
+                            budgets.push(b.new_keys.to_string());
+                            budgets.push(b.window_ms.to_string());
+                            budgets.push(b.over_budget.name().to_string());
+                        }
+                        body.push(i.to_string());
+                        body.push(keys.index_of(&b.overflow_key).to_string());
+                    }
+                }
+            }
+        }
+        let mut args = Vec::with_capacity(4 + budgets.len() + body.len());
+        args.push(clock.to_string());
+        args.push(deadline_ms.to_string());
+        args.push(count.to_string());
+        args.push(budget_index.len().to_string());
+        args.extend(budgets);
+        args.extend(body);
+        DecideCall {
+            keys: keys.keys,
+            args,
+        }
+    }
+
+    /// One request giving back what earlier calls charged (see `lua/decide.lua`). `clock`
+    /// (Unix ns) must be no earlier than any decision on these keys: the refund's own time
+    /// plus the clock skew allowed between replicas; `deadline_ms` (Unix ms, 0: none) should be `clock` itself: a refund that reaches Redis
+    /// later could meet decisions made after its clock, and then gives back nothing.
+    pub fn refund(clock: u128, deadline_ms: u128, refunds: &[Refund]) -> Self {
+        Self::adjustment(clock, deadline_ms, refunds, |r| {
+            let mode = [
+                "refund".to_string(),
+                r.charged_at_ns.to_string(),
+                format!("{}", r.left),
+            ];
+            (&*r.check.key, r.check.clone(), mode)
+        })
+    }
+
+    /// One request settling usage limits (see `lua/decide.lua`, mode `settle`): each limit is
+    /// charged its signed delta at `clock` (Unix ns), without refusing.
+    pub fn settle(clock: u128, deadline_ms: u128, settlements: &[Settlement]) -> Self {
+        Self::adjustment(clock, deadline_ms, settlements, |s| {
+            let check = LimitCheck {
+                cost: 0,
+                ..s.check.clone()
+            };
+            let mode = ["settle".to_string(), s.delta.to_string(), "0".to_string()];
+            (&*s.check.key, check, mode)
+        })
+    }
+
+    /// One request of `items`, each a limit (its key, as the check to send) with its mode and
+    /// the mode's two arguments: a request that only adjusts what earlier calls charged
+    /// (refunds, settlements).
+    fn adjustment<'a, T>(
+        clock: u128,
+        deadline_ms: u128,
+        items: &'a [T],
+        limit: impl Fn(&'a T) -> (&'a str, LimitCheck, [String; 3]),
+    ) -> Self {
+        let mut keys = KeyTable::default();
+        let mut args = vec![
+            clock.to_string(),
+            deadline_ms.to_string(),
+            "1".to_string(),
+            "0".to_string(),
+            items.len().to_string(),
+        ];
+        for item in items {
+            let (key, check, mode) = limit(item);
+            push_limit(&mut args, keys.index_of(key), &check);
+            args.extend(mode);
+        }
+        DecideCall {
+            keys: keys.keys,
+            args,
+        }
+    }
+
+    /// The Redis command: `EVALSHA sha numkeys KEYS... ARGV...`.
+    pub fn command(&self, script_sha: &str) -> Vec<String> {
+        let mut command = Vec::with_capacity(3 + self.keys.len() + self.args.len());
+        command.push("EVALSHA".to_string());
+        command.push(script_sha.to_string());
+        command.push(self.keys.len().to_string());
+        command.extend(self.keys.iter().cloned());
+        command.extend(self.args.iter().cloned());
+        command
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::{call_bytes, BridgeRequest};
+    use crate::check::BudgetCheck;
+    use crate::config::{Algorithm, OverBudget};
+    use crate::testing::plan::minute_check as check;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn evalsha_path_has_exactly_the_arguments_in_order() {
+        let first = [
+            check("rl:{k:1}:api:second", Algorithm::TokenBucket, false),
+            check("rl:{k:1}:api:day", Algorithm::FixedWindow, true),
+        ];
+        // A second request on the same per-second key: the key is sent once.
+        let second = [check("rl:{k:1}:api:second", Algorithm::TokenBucket, false)];
+        let call = DecideCall::new(
+            "1764489269123456789",
+            1764489269273,
+            [&first[..], &second[..]],
+        );
+        let req = BridgeRequest::evalsha("abc123", &call);
+        let segments: Vec<&str> = req.path.split('/').collect();
+        #[rustfmt::skip]
+        let want = [
+            "", "EVALSHA", "abc123", "2",
+            "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond", "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
+            "1764489269123456789", "1764489269273", "2", "0",
+            "2",
+            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "0", "0",
+            "2", "fixed_window", "10", "60000", "20", "1", "shadow", "0", "0",
+            "1",
+            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "0", "0",
+        ];
+        assert_eq!(segments, want);
+        assert_eq!(req.method, "GET");
+        assert!(req.body.is_none());
+        assert_eq!(
+            call.command("abc123")[..4],
+            ["EVALSHA", "abc123", "2", "rl:{k:1}:api:second"]
+        );
+    }
+
+    #[test]
+    fn key_budgets_are_sent_once_per_call_with_their_overflow_keys() {
+        let budgeted = |key: &str, limit: &str| {
+            let mut c = check(key, Algorithm::TokenBucket, false);
+            let budget = Some(std::rc::Rc::new(BudgetCheck {
+                counter_key: "rl:{key_budget}:ip".into(),
+                overflow_key: format!("rl:{{overflow}}:ip:{limit}"),
+                new_keys: 1000,
+                window_ms: 60_000,
+                over_budget: OverBudget::Deny,
+            }));
+            c.mode = Mode::Enforce { budget };
+            c
+        };
+        let first = [
+            budgeted("rl:{a:1}:ip:s", "s"),
+            budgeted("rl:{a:1}:ip:m", "m"),
+        ];
+        let second = [
+            check("rl:{k:1}:api:s", Algorithm::Gcra, true),
+            budgeted("rl:{a:2}:ip:s", "s"),
+        ];
+        let call = DecideCall::new("redis", 0, [&first[..], &second[..]]);
+        assert_eq!(
+            call.keys,
+            [
+                "rl:{a:1}:ip:s",
+                "rl:{key_budget}:ip",
+                "rl:{overflow}:ip:s",
+                "rl:{a:1}:ip:m",
+                "rl:{overflow}:ip:m",
+                "rl:{k:1}:api:s",
+                "rl:{a:2}:ip:s",
+            ]
+        );
+        #[rustfmt::skip]
+        let want = [
+            "redis", "0", "2",
+            "1", "2", "1000", "60000", "deny",
+            "2",
+            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "3",
+            "4", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "5",
+            "2",
+            "6", "gcra", "10", "60000", "20", "1", "shadow", "0", "0",
+            "7", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "3",
+        ];
+        assert_eq!(call.args, want);
+        let path = BridgeRequest::evalsha("", &call).path;
+        let fixed = "/EVALSHA//7/redis/0/2".len();
+        let bytes = call_bytes(&first) + call_bytes(&second);
+        assert!(
+            path.len() <= fixed + bytes,
+            "{} > {}",
+            path.len(),
+            fixed + bytes
+        );
+    }
+
+    #[test]
+    fn hostile_key_cannot_add_arguments() {
+        let checks = [check(
+            "rl:{k:a/1000000/1000000.json}:r:l",
+            Algorithm::Gcra,
+            false,
+        )];
+        let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", 0, [&checks[..]]));
+        assert_eq!(req.path.split('/').count(), 19);
+        assert!(!req.path.contains(".json"));
+    }
+}

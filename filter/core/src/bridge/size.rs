@@ -1,0 +1,442 @@
+//! The size model of a call: how many bytes a call's path takes at most, as [`DecideCall`]
+//! writes it and [`BridgeRequest::evalsha`] encodes it. The batcher, the packer of give-backs
+//! and settlements, and the configuration's bound on one request all count with it.
+
+use super::args::{WireMode, FRACTION_DECIMALS};
+#[cfg(doc)]
+use super::{BridgeRequest, DecideCall};
+use crate::bounds::MAX_CALL_PATH_BYTES;
+use crate::check::LimitCheck;
+use crate::config::{Algorithm, OverBudget};
+use crate::decision::{Refund, Settlement};
+use crate::encode::path_segment_len;
+
+/// Digits of the clock and deadline arguments at most: Unix time in ns has 19 digits until the
+/// year 2286 (the deadline, in ms, has fewer).
+pub const MAX_CLOCK_DIGITS: usize = 20;
+
+/// Bytes of `/` and a fraction written by [`fraction_text`], percent-encoded (`.` is `%2E`):
+/// one digit, the point and the decimals, for any fraction from 0 to 10.
+const FRACTION_SEGMENT: usize = 1 + 1 + 3 + FRACTION_DECIMALS;
+
+fn digits(n: u128) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// Bytes of `/` and a number.
+fn number(n: impl Into<u128>) -> usize {
+    1 + digits(n.into())
+}
+
+/// Bytes of `/` and a text, percent-encoded.
+fn text(value: &str) -> usize {
+    1 + path_segment_len(value.as_bytes())
+}
+
+/// One limit as the size model counts it: what varies in the arguments [`DecideCall`] writes
+/// for it. Made from a plan's check ([`LimitShape::of`]), or from a configuration at its worst
+/// (the bound on one request's call).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitShape {
+    /// Its key's bytes once percent-encoded.
+    pub key: usize,
+    pub algorithm: Algorithm,
+    pub per_window: u64,
+    pub window_ms: u64,
+    pub burst: u64,
+    pub cost: u64,
+    pub mode: ModeShape,
+}
+
+/// How a limit goes into a call: its last three arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ModeShape {
+    /// Decided per request: `enforce` or `shadow`, then its key budget's indexes (`0 0`
+    /// without one).
+    Decide {
+        shadow: bool,
+        budget: Option<BudgetShape>,
+    },
+    /// Asking for a lease: `lease`, the units asked for and the fraction.
+    Lease { units: u64 },
+    /// Giving back a charge: `refund`, the clock it was charged with and what it left.
+    Refund { charged_at_ns: u128, left: f64 },
+    /// A usage limit in mode `after`: `after 0 0`.
+    After,
+    /// Settling a usage limit: `settle`, the signed delta, `0` (its cost is sent as 0).
+    Settle { delta: i64 },
+}
+
+/// A limit's key budget as the size model counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetShape {
+    /// The counter's and the overflow state's keys, percent-encoded.
+    pub counter_key: usize,
+    pub overflow_key: usize,
+    pub new_keys: u64,
+    pub window_ms: u64,
+    pub over_budget: OverBudget,
+}
+
+impl LimitShape {
+    /// `check` as a request asking for a lease of `lease_asked` requests' worth (None: no
+    /// lease asked) sends it.
+    pub fn of(check: &LimitCheck, lease_asked: Option<u64>) -> Self {
+        let mode = match WireMode::of(check, lease_asked) {
+            WireMode::After => ModeShape::After,
+            WireMode::Lease { units, .. } => ModeShape::Lease { units },
+            WireMode::Decide { shadow, budget } => ModeShape::Decide {
+                shadow,
+                budget: budget.map(|b| BudgetShape {
+                    counter_key: path_segment_len(b.counter_key.as_bytes()),
+                    overflow_key: path_segment_len(b.overflow_key.as_bytes()),
+                    new_keys: b.new_keys,
+                    window_ms: b.window_ms,
+                    over_budget: b.over_budget,
+                }),
+            },
+        };
+        Self::with_mode(check, mode)
+    }
+
+    /// `refund` as [`DecideCall::refund`] sends it.
+    pub fn refund(refund: &Refund) -> Self {
+        Self::with_mode(
+            &refund.check,
+            ModeShape::Refund {
+                charged_at_ns: refund.charged_at_ns,
+                left: refund.left,
+            },
+        )
+    }
+
+    /// `settlement` as [`DecideCall::settle`] sends it.
+    pub fn settle(settlement: &Settlement) -> Self {
+        let mode = ModeShape::Settle {
+            delta: settlement.delta,
+        };
+        LimitShape {
+            cost: 0,
+            ..Self::with_mode(&settlement.check, mode)
+        }
+    }
+
+    fn with_mode(check: &LimitCheck, mode: ModeShape) -> Self {
+        LimitShape {
+            key: path_segment_len(check.key.as_bytes()),
+            algorithm: check.algorithm,
+            per_window: check.per_window,
+            window_ms: check.window_ms,
+            burst: check.burst,
+            cost: check.cost,
+            mode,
+        }
+    }
+}
+
+/// The size model of a call's path, the one every size check uses: the batcher's stop, the
+/// give-backs' grouping and the configuration's bound on one request. It counts what
+/// [`DecideCall`] writes and [`BridgeRequest::evalsha`] encodes: the fixed prefix (`/EVALSHA/`,
+/// the script's hash, the number of keys, clock, deadline, the numbers of requests and of key
+/// budgets), then per request its number of limits and per limit its arguments, in any mode
+/// (decision, lease ask, give-back). An upper bound: a key is counted with every limit that
+/// uses it, and the clock and deadline at [`MAX_CLOCK_DIGITS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallSize {
+    /// Digits of the largest key index (or count) the call can hold.
+    index_digits: usize,
+    bytes: usize,
+}
+
+impl CallSize {
+    /// An empty call that holds at most `keys` keys, `requests` requests and `budgets` key
+    /// budgets: its fixed prefix.
+    pub fn new(keys: usize, requests: usize, budgets: usize) -> Self {
+        let index_digits = digits(keys as u128);
+        CallSize {
+            index_digits,
+            bytes: "/EVALSHA/".len()
+                + 40
+                + 1
+                + index_digits
+                + 2 * (1 + MAX_CLOCK_DIGITS)
+                + number(requests as u64)
+                + number(budgets as u64),
+        }
+    }
+
+    /// An empty call as a worker builds them (a batch of decisions and lease asks, or of
+    /// give-backs): it stays within [`MAX_CALL_PATH_BYTES`], where every key and request takes
+    /// 2 bytes at least, so no count or index is larger than half of it.
+    pub fn batch() -> Self {
+        let most = MAX_CALL_PATH_BYTES / 2;
+        CallSize::new(most, most, most)
+    }
+
+    /// The path's bytes at most.
+    pub fn bytes(self) -> usize {
+        self.bytes
+    }
+
+    /// Whether Webdis accepts a call of this size (see [`MAX_CALL_PATH_BYTES`]).
+    pub fn fits(self) -> bool {
+        self.bytes <= MAX_CALL_PATH_BYTES
+    }
+
+    /// The bytes one limit adds: `/` and its key, its nine arguments, and with a key budget
+    /// `/` and the budget's two keys and its four arguments (counted with every limit that
+    /// carries it).
+    pub fn limit_bytes(self, limit: &LimitShape) -> usize {
+        let index = 1 + self.index_digits;
+        let mode = match limit.mode {
+            ModeShape::Decide { shadow, budget } => {
+                let name = text(if shadow { "shadow" } else { "enforce" });
+                match budget {
+                    None => name + 2 * number(0u8),
+                    Some(b) => {
+                        name + 2 * index
+                            + 1
+                            + b.overflow_key
+                            + 1
+                            + b.counter_key
+                            + index
+                            + number(b.new_keys)
+                            + number(b.window_ms)
+                            + text(b.over_budget.name())
+                    }
+                }
+            }
+            ModeShape::Lease { units } => text("lease") + number(units) + FRACTION_SEGMENT,
+            ModeShape::Refund {
+                charged_at_ns,
+                left,
+            } => text("refund") + number(charged_at_ns) + text(&format!("{left}")),
+            ModeShape::After => text("after") + 2 * number(0u8),
+            ModeShape::Settle { delta } => {
+                text("settle") + usize::from(delta < 0) + number(delta.unsigned_abs()) + number(0u8)
+            }
+        };
+        1 + limit.key
+            + index
+            + text(limit.algorithm.name())
+            + number(limit.per_window)
+            + number(limit.window_ms)
+            + number(limit.burst)
+            + number(limit.cost)
+            + mode
+    }
+
+    /// Adds one request of `limits` limits whose [`CallSize::limit_bytes`] add up to `bytes`.
+    pub fn with_request(self, limits: usize, bytes: usize) -> Self {
+        CallSize {
+            bytes: self.bytes + number(limits as u64) + bytes,
+            ..self
+        }
+    }
+
+    /// Adds one request as [`DecideCall::leasing`] sends `checks` asking for a lease of
+    /// `lease_asked` requests' worth (None: decided per request).
+    pub fn with_checks(self, checks: &[LimitCheck], lease_asked: Option<u64>) -> Self {
+        let bytes = checks
+            .iter()
+            .map(|c| self.limit_bytes(&LimitShape::of(c, lease_asked)))
+            .sum();
+        self.with_request(checks.len(), bytes)
+    }
+
+    /// Adds the one request of a settlement call ([`DecideCall::settle`]).
+    pub fn with_settlements(self, settlements: &[Settlement]) -> Self {
+        let bytes = settlements
+            .iter()
+            .map(|s| self.limit_bytes(&LimitShape::settle(s)))
+            .sum();
+        self.with_request(settlements.len(), bytes)
+    }
+
+    /// Adds the one request of a give-back call ([`DecideCall::refund`]).
+    pub fn with_refunds(self, refunds: &[Refund]) -> Self {
+        let bytes = refunds
+            .iter()
+            .map(|r| self.limit_bytes(&LimitShape::refund(r)))
+            .sum();
+        self.with_request(refunds.len(), bytes)
+    }
+}
+
+/// The size of the whole call [`DecideCall::leasing`] makes of `requests`, fixed prefix
+/// included, counted as a worker's batch ([`CallSize::batch`]); `.fits()` says whether Webdis
+/// takes it.
+pub fn batch_size<'a>(
+    requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
+) -> CallSize {
+    requests
+        .into_iter()
+        .fold(CallSize::batch(), |size, (checks, lease_asked)| {
+            size.with_checks(checks, lease_asked)
+        })
+}
+
+/// What a request's checks add to a batch's path at most, sent either way (decided, or asking
+/// for a lease of any size): [`CallSize::batch`] grown by the request, less its fixed prefix.
+pub fn call_bytes(checks: &[LimitCheck]) -> usize {
+    let call = CallSize::batch();
+    let bytes = checks
+        .iter()
+        .map(|c| {
+            let decided = call.limit_bytes(&LimitShape::of(c, None));
+            let leased = call.limit_bytes(&LimitShape::of(c, Some(u64::MAX)));
+            decided.max(leased)
+        })
+        .sum();
+    call.with_request(checks.len(), bytes).bytes() - call.bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::{BridgeRequest, DecideCall};
+    use crate::check::{BudgetCheck, Mode};
+    use crate::config::Lease;
+    use crate::testing::plan::minute_check as check;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn call_bytes_bound_the_path() {
+        let checks: Vec<LimitCheck> = (0..5)
+            .map(|i| {
+                let mut c = check("rl:{k:1}:api:x", Algorithm::Gcra, i % 2 == 0);
+                c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
+                c.per_window = u64::MAX;
+                c.burst = u64::MAX;
+                c.window_ms = u64::MAX;
+                c.cost = u64::MAX;
+                c
+            })
+            .collect();
+        let call = DecideCall::new("redis", 0, [&checks[..]]);
+        let path = BridgeRequest::evalsha("", &call).path;
+        let fixed = "/EVALSHA//5/redis/0/1/0".len();
+        assert!(
+            path.len() <= fixed + call_bytes(&checks),
+            "{} > {}",
+            path.len(),
+            fixed + call_bytes(&checks)
+        );
+    }
+
+    /// Checks at their longest: hostile keys, every number at its largest, a lease on the
+    /// enforcing ones, a key budget of its own on every third.
+    fn longest_checks(n: usize) -> Vec<LimitCheck> {
+        (0..n)
+            .map(|i| {
+                let mut c = check("", Algorithm::Gcra, false);
+                c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
+                c.per_window = u64::MAX;
+                c.burst = u64::MAX;
+                c.window_ms = u64::MAX;
+                c.cost = u64::MAX;
+                let lease = Some(Lease {
+                    max_units: u64::MAX,
+                    fraction: 0.000001,
+                    max_ms: 1000,
+                });
+                let budget = (i % 3 == 2).then(|| {
+                    std::rc::Rc::new(BudgetCheck {
+                        counter_key: format!("rl:{{key_budget}}:r{i}"),
+                        overflow_key: format!("rl:{{overflow}}:r{i}:l"),
+                        new_keys: u64::MAX,
+                        window_ms: u64::MAX,
+                        over_budget: OverBudget::Shared,
+                    })
+                });
+                c.mode = Mode::of(false, lease, i % 2 == 1, budget);
+                c
+            })
+            .collect()
+    }
+
+    /// The size model is the size of the real call, its fixed prefix included, in each mode
+    /// (decisions, lease asks, give-backs), when no key is shared and every index has as
+    /// many digits as the largest: with a 20-digit clock and deadline it is exact.
+    #[test]
+    fn the_size_model_is_exact_in_every_mode() {
+        let clock = "9".repeat(MAX_CLOCK_DIGITS);
+        let deadline = u128::from(u64::MAX);
+        let plain: Vec<LimitCheck> = longest_checks(9)
+            .into_iter()
+            .map(|mut c| {
+                c.mode = match c.mode {
+                    Mode::Enforce { .. } => Mode::Enforce { budget: None },
+                    Mode::Shadow { .. } => Mode::Shadow { budget: None },
+                    mode => mode,
+                };
+                c
+            })
+            .collect();
+        for lease in [None, Some(u64::MAX)] {
+            let call = DecideCall::leasing(&clock, deadline, [(&plain[..], lease)]);
+            let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
+            assert_eq!(call.keys.len(), 9);
+            assert_eq!(
+                path.len(),
+                CallSize::new(9, 1, 0).with_checks(&plain, lease).bytes(),
+                "lease {lease:?}"
+            );
+        }
+        assert!(BridgeRequest::evalsha(
+            "",
+            &DecideCall::leasing(&clock, 0, [(&plain[..], Some(1))])
+        )
+        .path
+        .contains("/lease/18446744073709551615/0%2E000001/"));
+        let refunds: Vec<Refund> = plain
+            .iter()
+            .zip([0.25, 1e300, 5e-324, 0.0, 7.0, 1.5, 1e-7, 123456.789, 3.0])
+            .map(|(c, left)| Refund {
+                check: c.clone(),
+                charged_at_ns: u128::MAX,
+                left,
+            })
+            .collect();
+        let call = DecideCall::refund(u128::MAX, u128::MAX, &refunds);
+        let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
+        // The refund's clock and deadline are written in full (39 digits, not 20).
+        let longer = 2 * (u128::MAX.to_string().len() - MAX_CLOCK_DIGITS);
+        assert_eq!(
+            path.len(),
+            CallSize::new(9, 1, 0).with_refunds(&refunds).bytes() + longer
+        );
+    }
+
+    /// A batch as the worker builds it, prefix included: whatever its requests ask (leases or
+    /// not, budgets shared or not), the model of the batch is at least the call's size, and
+    /// so are [`call_bytes`] over its requests with the batch's prefix.
+    #[test]
+    fn the_batch_size_covers_the_call_with_its_prefix() {
+        let requests: Vec<Vec<LimitCheck>> = (1..12).map(longest_checks).collect();
+        let clock = "9".repeat(MAX_CLOCK_DIGITS);
+        for lease in [None, Some(1), Some(u64::MAX)] {
+            let call = DecideCall::leasing(
+                &clock,
+                u128::from(u64::MAX),
+                requests.iter().map(|r| (&r[..], lease)),
+            );
+            let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
+            let model = batch_size(requests.iter().map(|r| (&r[..], lease)));
+            assert!(
+                path.len() <= model.bytes(),
+                "{} > {}",
+                path.len(),
+                model.bytes()
+            );
+            let summed: usize = requests.iter().map(|r| call_bytes(r)).sum();
+            assert!(path.len() <= CallSize::batch().bytes() + summed);
+            assert!(model.bytes() <= CallSize::batch().bytes() + summed);
+        }
+        assert!(CallSize::batch().fits());
+        assert!(!CallSize::batch()
+            .with_request(1, MAX_CALL_PATH_BYTES)
+            .fits());
+    }
+}
