@@ -1,6 +1,7 @@
-//! The bounds a configuration must keep, each derived from what Redis, the Lua scripts and
-//! Webdis represent exactly. Checked where each field is validated (`config/`); the bounds
-//! about one request (how many limits, how large a call) by `config/call_bound.rs`.
+//! Every bound, in one place: those a configuration must keep, each derived from what Redis,
+//! the Lua scripts and Webdis represent exactly (checked where each field is validated,
+//! `config/`; the bounds about one request, how many limits and how large a call, by
+//! `load/call_bound.rs`), then what a request may bring, and what a worker holds in memory.
 //!
 //! Why bounds at all: a value that parses is not a value the chain can carry. Redis 7.0
 //! formats a Lua number passed to `redis.call` with `%.17g`, so from 1e17 on `PEXPIRE` gets
@@ -64,6 +65,63 @@ pub const MAX_USAGE: u64 = 1_000_000_000_000;
 /// ends, counted (not copied) by the filter.
 pub const DEFAULT_MAX_BODY: u64 = 1 << 20;
 pub const MAX_MAX_BODY: u64 = 64 << 20;
+
+// --- Bounds of other configuration values: what the engine can do with them. ---
+
+/// Length of `key_prefix`: it is written into every key.
+pub const MAX_KEY_PREFIX_BYTES: usize = 64;
+/// Longest timeout, clock skew, lag allowance, stall and probe interval: a minute is past any
+/// wait a request should make.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most trusted proxies in front (`xff_trusted_hops`).
+pub const MAX_XFF_HOPS: u8 = 10;
+/// Longest run of failed calls before the breaker opens.
+pub const MAX_BREAKER_FAILURES: u64 = 1000;
+/// Most requests one call decides (`batch.max_requests`).
+pub const MAX_BATCH_REQUESTS: u64 = 256;
+/// Most calls one worker has in flight (`batch.max_in_flight`): each is a connection to
+/// Webdis, and Envoy's circuit breaker on the cluster bounds them all.
+pub const MAX_IN_FLIGHT: u64 = 8;
+/// Most refusals one worker's deny cache holds (`deny_cache.max_entries`).
+pub const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
+/// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
+pub const MAX_LEASE_MS: u64 = 60_000;
+/// Most shards of one limit: enough to spread a hot identity over a large cluster.
+pub const MAX_SHARDS: u64 = 64;
+/// Largest cost of one request (fixed, or a cost header's `max`).
+pub const MAX_COST: u64 = 1_000_000;
+/// Decimals of a lease's fraction in a call: always this many, so the argument has one length
+/// (`0.000001` to `1.000000`). The configuration refuses a fraction with more.
+pub const FRACTION_DECIMALS: usize = 6;
+
+// --- Bounds on what a request brings and its response holds. ---
+
+/// Identities up to this length stay readable when `hash_identities` is off; longer or
+/// non-printable ones are hashed anyway, so a debugging option cannot make keys huge.
+pub const MAX_READABLE_IDENTITY: usize = 128;
+/// Bytes of a response body read for its usage at most: past them the usage is unreadable
+/// (the estimate stands) and the rest of the body is not looked at.
+pub const MAX_USAGE_BODY: u64 = 16 << 20;
+
+// --- Bounds on what a worker holds in memory. ---
+
+/// Entries of a worker's plan memo (`request::memo::PlanMemo`): a few thousand callers active
+/// at once are each keyed once, in under a megabyte for usual rules.
+pub const PLAN_MEMO_ENTRIES: usize = 4096;
+/// Identities longer than this are keyed on every request, never memoized: it bounds what an
+/// entry holds. API keys and client addresses are far shorter.
+pub const MAX_MEMO_IDENTITY: usize = 256;
+/// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
+/// (beyond it, requests are decided one by one).
+pub const MAX_LEASED_KEYS: usize = 10_000;
+/// Settlements kept for a later call at most (about 200 bytes each); beyond, the oldest are
+/// dropped and counted in `ratelimit_usage_settlements_lost`.
+pub const MAX_KEPT_SETTLEMENTS: usize = 4096;
+/// Streams let through whose usage limits wait for their response headers: bounded, the
+/// oldest settled beyond it as a response whose usage cannot be read (the estimate stands).
+pub const MAX_METERED_STREAMS: usize = 16_384;
+/// Keys one worker keeps state for; when full, the state that stops mattering first goes.
+pub const LOCAL_MAX_ENTRIES: usize = 10_000;
 
 #[cfg(test)]
 mod tests {

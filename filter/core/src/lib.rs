@@ -12,6 +12,7 @@ pub mod decision;
 pub mod encode;
 pub mod engine;
 pub mod expiring;
+pub mod load;
 pub mod metering;
 pub mod metrics;
 pub mod request;

@@ -3,14 +3,11 @@
 //! request is let through, fed by the adapter with the response's headers and body chunks as
 //! they pass (never holding them), finished at the end of the stream (or when it ended early).
 
+pub use crate::bounds::MAX_USAGE_BODY;
 use crate::check::LimitCheck;
 use crate::config::{UsageSource, MAX_USAGE};
 use crate::decision::Settlement;
 use crate::usage::{body_kind, usage_from_header, BodyKind, UsageRead, UsageReader};
-
-/// Bytes of a response body read for its usage at most: past them the usage is unreadable
-/// (the estimate stands) and the rest of the body is not looked at.
-pub const MAX_USAGE_BODY: u64 = 16 << 20;
 
 #[derive(Debug)]
 struct Metered {

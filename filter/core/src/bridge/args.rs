@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+pub use crate::bounds::FRACTION_DECIMALS;
 use crate::check::{BudgetCheck, LimitCheck, Mode};
 use crate::config::Lease;
 use crate::decision::{Refund, Settlement};
@@ -41,10 +42,6 @@ pub fn lease_units(lease: Lease, check: &LimitCheck, requests: u64) -> u64 {
         cost => lease.max_units.min(requests.saturating_mul(cost)).max(1),
     }
 }
-
-/// Decimals of a lease's fraction in a call: always this many, so the argument has one length
-/// (`0.000001` to `1.000000`). The configuration refuses a fraction with more.
-pub const FRACTION_DECIMALS: usize = 6;
 
 fn fraction_text(fraction: f64) -> String {
     format!("{fraction:.FRACTION_DECIMALS$}")

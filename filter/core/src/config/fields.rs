@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use super::raw::RawLease;
 use super::{invalid, ConfigError, Lease};
-use crate::bridge::FRACTION_DECIMALS;
+use crate::bounds::FRACTION_DECIMALS;
+use crate::bounds::MAX_LEASE_MS;
 
 /// A list of named items in the config (rules, a rule's limits): not empty, at most `max`,
 /// names unique, each validated under its own field (`rules[3]`).
@@ -55,9 +56,6 @@ impl NamedList<'_> {
 
 pub(super) const LEASE_NEEDS_PROXY_CLOCK: &str =
     "needs clock \"proxy\": a lease expires on the proxy's clock, which the script must decide with";
-
-/// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
-const MAX_LEASE_MS: u64 = 60_000;
 
 /// `lease` (top level or on a limit): None when absent or `false`, defaults for `true`.
 pub(super) fn validate_lease(

@@ -1,7 +1,8 @@
 //! The filter's JSON configuration: the validated model the request path reads (this file),
 //! the serde layer as written with its defaults (`raw.rs`), its validation (`validate.rs` for
 //! the top level and the bridge, `rules.rs` for rules and limits, `fields.rs` for the checks
-//! both share), and locating serde's errors in the text (`locate.rs`). Every error names the
+//! both share), and locating serde's errors in the text (`locate.rs`). `Config::parse`, in the
+//! `load` module, then checks what one request can carry. Every error names the
 //! field it is about (`rules[0].limits[1].limit: must be >= 1`), so Envoy refuses a bad config
 //! at start-up with a message an operator can act on.
 
@@ -10,7 +11,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-mod call_bound;
 mod fields;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -21,10 +21,14 @@ mod rules;
 mod usage;
 mod validate;
 
+use crate::bounds::{
+    MAX_BATCH_REQUESTS, MAX_BREAKER_FAILURES, MAX_DENY_CACHE_ENTRIES, MAX_IN_FLIGHT,
+};
 pub use overlap::may_overlap;
 pub use raw::{parse_duration, show_duration};
 pub use rules::MAX_COST;
 pub use usage::{parse_bytes, Estimate, Usage, UsageSource, MAX_USAGE};
+pub(crate) use validate::parse_fields;
 
 /// What a bridge failure (timeout, refused connection, bad reply) does to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -230,10 +234,6 @@ const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(1);
 /// or overloaded proxy runs its callbacks tens of ms late (a CFS period is 100 ms), and a
 /// second covers several periods of it while still bounding the wait when the bridge hangs too.
 const DEFAULT_LAG_ALLOWANCE: Duration = Duration::from_secs(1);
-const MAX_BREAKER_FAILURES: u64 = 1000;
-const MAX_BATCH_REQUESTS: u64 = 256;
-const MAX_IN_FLIGHT: u64 = 8;
-const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bridge {

@@ -9,6 +9,7 @@ use super::{
     invalid, Admit, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, OverBudget,
     WhenMissing,
 };
+use crate::bounds::MAX_TIMEOUT;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -200,8 +201,6 @@ pub(super) fn default_key_from() -> Vec<String> {
 
 pub(super) const DEFAULT_CLUSTER: &str = "webdis";
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(150);
-pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-pub(super) const MAX_XFF_HOPS: u8 = 10;
 
 /// Reads an optional duration field, naming the field when the text is not a duration.
 pub(super) fn duration_field(

@@ -9,6 +9,7 @@ use super::fields::{
 };
 use super::raw::*;
 use super::*;
+pub use crate::bounds::{MAX_COST, MAX_SHARDS};
 use crate::bounds::{
     MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE, MAX_LOG_LIMIT, MAX_STATE_LIFETIME,
     MAX_WINDOW,
@@ -354,12 +355,6 @@ impl RawLimit {
         })
     }
 }
-
-/// Most shards of one limit: enough to spread a hot identity over a large cluster.
-pub const MAX_SHARDS: u64 = 64;
-
-/// Largest cost of one request (fixed, or a cost header's `max`).
-pub const MAX_COST: u64 = 1_000_000;
 
 pub(super) fn validate_cost(value: Option<Value>, field: &str) -> Result<Cost, ConfigError> {
     let value = match value {

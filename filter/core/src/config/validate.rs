@@ -5,40 +5,41 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::call_bound::check_request_bounds;
 use super::fields::{validate_lease, NamedList, LEASE_NEEDS_PROXY_CLOCK};
 use super::locate::serde_error;
 use super::raw::*;
 use super::rules::RuleDefaults;
 use super::*;
-use crate::bounds::{MAX_BRIDGE_FIELD_BYTES, MAX_CONFIG_BYTES, MAX_RULES};
+use crate::bounds::{
+    MAX_BRIDGE_FIELD_BYTES, MAX_CONFIG_BYTES, MAX_KEY_PREFIX_BYTES, MAX_RULES, MAX_TIMEOUT,
+    MAX_XFF_HOPS,
+};
 use crate::encode::base64;
 use crate::sha1::sha1_hex;
 
-impl Config {
-    /// Parses and validates the filter's JSON configuration.
-    pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
-        // Before parsing: every worker VM parses the configuration.
-        if json.len() > MAX_CONFIG_BYTES {
-            return Err(invalid(
-                "",
-                format!(
-                    "the configuration is {} bytes: must be at most {MAX_CONFIG_BYTES}",
-                    json.len()
-                ),
-            ));
-        }
-        // serde would also read a struct from a JSON array, with a confusing message.
-        if json
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&b| b != b'{')
-        {
-            return Err(invalid("", "the configuration must be a JSON object"));
-        }
-        let raw: RawConfig = serde_json::from_slice(json).map_err(|e| serde_error(json, &e))?;
-        raw.validate()
+/// Parses the filter's JSON configuration and validates each field (`Config::parse` then checks
+/// what one request can carry).
+pub(crate) fn parse_fields(json: &[u8]) -> Result<Config, ConfigError> {
+    // Before parsing: every worker VM parses the configuration.
+    if json.len() > MAX_CONFIG_BYTES {
+        return Err(invalid(
+            "",
+            format!(
+                "the configuration is {} bytes: must be at most {MAX_CONFIG_BYTES}",
+                json.len()
+            ),
+        ));
     }
+    // serde would also read a struct from a JSON array, with a confusing message.
+    if json
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b != b'{')
+    {
+        return Err(invalid("", "the configuration must be a JSON object"));
+    }
+    let raw: RawConfig = serde_json::from_slice(json).map_err(|e| serde_error(json, &e))?;
+    raw.validate()
 }
 
 impl RawConfig {
@@ -53,7 +54,7 @@ impl RawConfig {
             ));
         }
         if self.key_prefix.is_empty()
-            || self.key_prefix.len() > 64
+            || self.key_prefix.len() > MAX_KEY_PREFIX_BYTES
             || !self
                 .key_prefix
                 .bytes()
@@ -61,7 +62,7 @@ impl RawConfig {
         {
             return Err(invalid(
                 "key_prefix",
-                "must be 1 to 64 printable ASCII characters without spaces or braces",
+                format!("must be 1 to {MAX_KEY_PREFIX_BYTES} printable ASCII characters without spaces or braces"),
             ));
         }
         if self.xff_trusted_hops > MAX_XFF_HOPS {
@@ -159,8 +160,6 @@ impl RawConfig {
             budget_slot_tags,
             ..config
         };
-        // Last: the call-size bound counts the keys as cluster mode names them.
-        check_request_bounds(&config)?;
         Ok(config)
     }
 }

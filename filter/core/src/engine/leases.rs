@@ -36,10 +36,7 @@ use crate::request::plan::Plan;
 use super::packing::pack;
 use super::sightings::{Sightings, SEEN};
 use super::slots;
-
-/// Keys one worker holds leases for at most: a lease table cannot grow with a key flood
-/// (beyond it, requests are decided one by one).
-pub const MAX_LEASED_KEYS: usize = 10_000;
+pub use crate::bounds::MAX_LEASED_KEYS;
 
 /// Requests of a key, within one lease's `max_ms`, that earn it a lease (the last of them
 /// asks): an identity seen this often spends a lease's units before it ends. One seen less

@@ -4,12 +4,10 @@
 //! 1 / (replicas × workers), the fleet together lets through about what one Redis would.
 
 use crate::algorithms::{evaluate, evaluate_after, Params, State};
+pub use crate::bounds::LOCAL_MAX_ENTRIES;
 use crate::check::{LimitCheck, Mode};
 use crate::decision::{Decision, LimitResult};
 use crate::expiring::ExpiringMap;
-
-/// Keys one worker keeps state for; when full, the state that stops mattering first goes.
-pub const LOCAL_MAX_ENTRIES: usize = 10_000;
 
 #[derive(Debug)]
 pub struct LocalLimits {

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use super::packing::pack;
 use super::tally::Tally;
+pub use crate::bounds::{MAX_KEPT_SETTLEMENTS, MAX_METERED_STREAMS};
 use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
     DecideCall, EvalOutcome,
@@ -28,16 +29,8 @@ use crate::metering::{Outcome, UsageMeter};
 use crate::metrics::RuleEvent;
 use crate::request::plan::Plan;
 
-/// Settlements kept for a later call at most (about 200 bytes each); beyond, the oldest are
-/// dropped and counted in `ratelimit_usage_settlements_lost`.
-pub const MAX_KEPT_SETTLEMENTS: usize = 4096;
-
 /// Settlement calls in flight at most per worker: more settlements wait for their replies.
 pub const MAX_SETTLEMENT_CALLS: usize = 4;
-
-/// Streams let through whose usage limits wait for their response headers: bounded, the
-/// oldest settled beyond it as a response whose usage cannot be read (the estimate stands).
-pub const MAX_METERED_STREAMS: usize = 16_384;
 
 /// A settlement call in flight.
 #[derive(Debug)]

@@ -1,14 +1,11 @@
 //! The Redis keys of a limit's state, its key budget's counter and overflow state: their
 //! names, and why no identity can reach another's key.
 
+pub use crate::bounds::MAX_READABLE_IDENTITY;
 use crate::check::BudgetCheck;
 use crate::config::{cluster_budget, Config, KeyBudget, Limit, Rule};
 use crate::sha1::sha1_hex;
 use crate::slot::key_slot;
-
-/// Identities up to this length stay readable when `hash_identities` is off; longer or
-/// non-printable ones are hashed anyway, so a debugging option cannot make keys huge.
-pub const MAX_READABLE_IDENTITY: usize = 128;
 
 /// The Redis key of one limit: `prefix{label:sha1hex(identity)}:rule:limit`, or with
 /// `hash_identities` off and a short printable identity `prefix{label=identity}:rule:limit`.

@@ -7,16 +7,9 @@ use std::rc::Rc;
 
 use super::identity::label;
 use super::keys::{budget_check, redis_key};
+pub use crate::bounds::{MAX_MEMO_IDENTITY, PLAN_MEMO_ENTRIES};
 use crate::check::BudgetCheck;
 use crate::config::{Config, Rule};
-
-/// Entries of a worker's [`PlanMemo`]: a few thousand callers active at once are each keyed
-/// once, in under a megabyte for usual rules (see [`PlanMemo`]).
-pub const PLAN_MEMO_ENTRIES: usize = 4096;
-
-/// Identities longer than this are keyed on every request, never memoized: it bounds what an
-/// entry holds. API keys and client addresses are far shorter.
-pub const MAX_MEMO_IDENTITY: usize = 256;
 
 /// A rule's Redis keys for one identity (rule, key alternative, identity bytes), per limit:
 /// the limit's key (the unsharded key for a sharded limit) and, unsharded, its budget check.

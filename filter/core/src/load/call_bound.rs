@@ -1,12 +1,12 @@
 //! The bounds about one request: how many limits it can carry and how large its bridge call
 //! can be at its worst, counted with the bridge's own size model ([`CallSize`]).
 
-use super::overlap::may_overlap;
-use super::{
-    cluster_budget, Admit, Config, ConfigError, Cost, Limit, Rule, WhenMissing, MAX_USAGE,
-};
 use crate::bounds::{MAX_CALL_PATH_BYTES, MAX_LIMITS_PER_REQUEST};
 use crate::bridge::{BudgetShape, CallSize, LimitShape, ModeShape};
+use crate::config::{
+    cluster_budget, may_overlap, Admit, Config, ConfigError, Cost, Limit, Rule, WhenMissing,
+    MAX_USAGE,
+};
 use crate::encode::path_segment_len;
 use crate::request::keys::{
     budget_counter_key, overflow_key, redis_key, shard_key, MAX_READABLE_IDENTITY,
