@@ -30,7 +30,7 @@ pub struct UsageMeter {
 /// What one usage limit of a response comes to: its settlement (None: nothing to change)
 /// and the units for the stats.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub struct UsageCharge {
     pub check: LimitCheck,
     pub reserved: u64,
     /// The units the response is charged in the end: its usage, or the estimate when the
@@ -40,7 +40,7 @@ pub struct Outcome {
     pub unread: Option<&'static str>,
 }
 
-impl Outcome {
+impl UsageCharge {
     /// The signed change to send to Redis.
     pub fn settlement(&self) -> Option<Settlement> {
         let delta = i128::from(self.charged) - i128::from(self.reserved);
@@ -121,7 +121,7 @@ impl UsageMeter {
 
     /// The stream ended (`complete`: the body's end was seen; false: it ended early, its
     /// usage is what was read so far). Each limit's outcome.
-    pub fn finish(self, complete: bool) -> Vec<Outcome> {
+    pub fn finish(self, complete: bool) -> Vec<UsageCharge> {
         self.limits
             .into_iter()
             .map(|mut m| {
@@ -137,7 +137,7 @@ impl UsageMeter {
                     UsageRead::Missing => (m.check.cost, Some("missing")),
                     UsageRead::Invalid(why) => (m.check.cost, Some(why.name())),
                 };
-                Outcome {
+                UsageCharge {
                     check: m.check,
                     reserved: m.reserved,
                     charged,

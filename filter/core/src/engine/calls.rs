@@ -25,9 +25,10 @@ impl Engine {
         from: Option<u32>,
     ) {
         while self.queue.ready(config.batch.max_in_flight) {
-            let Some(now) = host.now_unix_ns() else {
+            let Some(now) = self.clock(host) else {
                 let members = self.queue.take_waiting();
-                return self.fail(config, host, members, BridgeFailure::Clock, 0, false);
+                let last = self.last_now_ns;
+                return self.fail(config, host, members, BridgeFailure::Clock, last, false);
             };
             if from.is_some() && self.queue.calls() > 0 {
                 break; // one call from a request context at most: the root sends the rest
@@ -54,7 +55,7 @@ impl Engine {
         while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
             if w.deadline.passed(at) {
                 let outcome = Outcome::Failed(BridgeFailure::Expired);
-                self.settle(config, host, w, outcome, None, now);
+                self.resolve(config, host, w, outcome, None, now);
                 continue;
             }
             if w.checked != Some(self.replies) {
@@ -144,7 +145,7 @@ impl Engine {
     /// A call given up on was answered after all: the bridge answers (slowly). The run of
     /// failures ends, and an open breaker closes: the next requests are decided again.
     pub(super) fn late_answer(&mut self, host: &mut impl Host) {
-        let now = host.now_unix_ns().unwrap_or(0);
+        let now = self.clock_or_last(host);
         if let Some(why) = self.breaker.late_answer(now) {
             host.gauge_add(Gauge::BreakerOpen, -1);
             host.report_breaker(false, &why);
@@ -164,7 +165,7 @@ impl Engine {
         let opens = call.then(|| self.breaker.failed(config.breaker, &failure, now));
         for member in members {
             let outcome = Outcome::Failed(failure.clone());
-            self.settle(config, host, member, outcome, None, now);
+            self.resolve(config, host, member, outcome, None, now);
         }
         self.opened(config, host, now, opens.flatten());
     }
@@ -191,7 +192,7 @@ impl Engine {
     /// Sends the settlements that wait (from the root: their replies must come to it),
     /// unless the breaker is open.
     pub(super) fn send_settlements(&mut self, config: &Config, host: &mut impl Host) {
-        let Some(now) = host.now_unix_ns().filter(|_| !self.breaker.is_open()) else {
+        let Some(now) = self.clock(host).filter(|_| !self.breaker.is_open()) else {
             return;
         };
         for (group, timeout) in self.settlements.calls(config) {
@@ -224,7 +225,7 @@ impl Engine {
         token: u32,
         reply: BridgeReply<'_>,
     ) {
-        let now = host.now_unix_ns().unwrap_or(0);
+        let now = self.clock_or_last(host);
         let (settled, next) = self.settlements.reply(config, token, reply, now);
         if let Some((request, call)) = next {
             match host.dispatch(&config.bridge, &request, call.timeout()) {

@@ -65,7 +65,7 @@ const KEEP_IDLE_NS: u128 = 10_000_000_000;
 const MAX_GIVE_BACK_CALLS: usize = 4;
 
 /// A lease asked for by a waiting request: no other ask for its keys goes while it is held,
-/// and it is given back with its call's outcome ([`Leases::settle`]) or without a call
+/// and it is given back with its call's outcome ([`Leases::redeem`]) or without a call
 /// ([`Leases::cancel`]).
 #[derive(Debug)]
 #[must_use]
@@ -208,7 +208,7 @@ impl Leases {
     /// The call of `ticket` (asked for `plan`) is over: `decided` is its decision and the
     /// clock it was made with, if it was decided. What an allowed decision granted is
     /// recorded (true), the units held for later requests counted in its `remaining`.
-    pub fn settle(
+    pub fn redeem(
         &mut self,
         ticket: Ticket,
         plan: &Plan,
@@ -619,7 +619,7 @@ mod tests {
         leases.cancel(ticket, &p);
         let ticket = leases.ticket(&p, 2).unwrap();
         // Settled without a decision (the call failed): nothing granted, the key free again.
-        assert!(!leases.settle(ticket, &p, None, Duration::ZERO));
+        assert!(!leases.redeem(ticket, &p, None, Duration::ZERO));
         assert!(leases.spend(&p, 3).is_none());
         // Settled with a grant of 4 requests' worth: 3 held for later requests, counted in
         // the headers' remaining.
@@ -635,7 +635,7 @@ mod tests {
             }],
             leased: 3,
         };
-        assert!(leases.settle(ticket, &p, Some((&mut decision, 4)), Duration::ZERO));
+        assert!(leases.redeem(ticket, &p, Some((&mut decision, 4)), Duration::ZERO));
         assert_eq!(decision.limits[0].remaining, 9.0);
         for now in 5..8 {
             assert!(leases.spend(&p, now).is_some());
@@ -676,7 +676,7 @@ mod tests {
                 }],
                 leased: 3,
             };
-            assert!(leases.settle(ticket, &own, Some((&mut decision, 1)), Duration::ZERO));
+            assert!(leases.redeem(ticket, &own, Some((&mut decision, 1)), Duration::ZERO));
         }
         assert!(leases.spend(&both, 2).is_some());
         assert!(leases.spend(&both, 3).is_some());

@@ -73,6 +73,8 @@ pub struct Engine {
     breaker: Breaker,
     /// How late the worker runs: request deadlines count its own time.
     lag: Lag,
+    /// The last time the host told (Unix ns), for [`Engine::clock_or_last`].
+    last_now_ns: u128,
     refusals: Refusals,
     leases: Leases,
     splits: Splits,
@@ -98,6 +100,21 @@ impl Engine {
             tally: Tally::new(config),
             ..Default::default()
         }
+    }
+
+    /// The host's time (Unix ns), remembered. The one rule for a host that cannot tell it:
+    /// what needs the time to decide (an admission, a batch, settlements) fails by policy
+    /// or waits, and bookkeeping that only dates an event (a reply, the breaker, a stream's
+    /// end) takes the last time it could ([`Engine::clock_or_last`]).
+    fn clock(&mut self, host: &impl Host) -> Option<u128> {
+        let now = host.now_unix_ns()?;
+        self.last_now_ns = now;
+        Some(now)
+    }
+
+    /// The host's time, or the last it told.
+    fn clock_or_last(&mut self, host: &impl Host) -> u128 {
+        self.clock(host).unwrap_or(self.last_now_ns)
     }
 
     /// Requests waiting for a call, and calls in flight (for tests and logs).
@@ -142,7 +159,7 @@ impl Engine {
             std::hint::black_box(&plan);
             return Some(Conclusion::Resume(Headers::new()));
         }
-        let Some(now) = host.now_unix_ns() else {
+        let Some(now) = self.clock(host) else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
             let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
             self.tally.flush(host); // the per-rule counts with the global ones
@@ -200,7 +217,7 @@ impl Engine {
 
     /// Where a waiting request's outcome goes: its lease ticket, then its stream, or (one
     /// part of a split request) the split. `sent`: when its call was sent, if it was.
-    fn settle(
+    fn resolve(
         &mut self,
         config: &Config,
         host: &mut impl Host,
@@ -213,7 +230,7 @@ impl Engine {
             let decided = outcome.decision_mut().zip(sent.map(|s| s.at_ns));
             if self
                 .leases
-                .settle(ticket, &member.plan, decided, config.clock_skew)
+                .redeem(ticket, &member.plan, decided, config.clock_skew)
             {
                 host.count(Counter::LeaseGrants);
             }
@@ -227,7 +244,7 @@ impl Engine {
             Origin::Prefetch => return self.refusals.remember(&member.plan, &outcome, sent),
             Origin::Part { split, part, .. } => {
                 let epoch = self.refusals.epoch();
-                let Some(done) = self.splits.settle(split, part, outcome, sent, epoch) else {
+                let Some(done) = self.splits.part_decided(split, part, outcome, sent, epoch) else {
                     return; // parts still out, or its stream is gone
                 };
                 let ctx = done.split.ctx;
@@ -298,7 +315,7 @@ impl Engine {
         reply: BridgeReply<'_>,
     ) {
         if self.breaker.is_probe(token) {
-            let now = host.now_unix_ns().unwrap_or(0);
+            let now = self.clock_or_last(host);
             if let Some(why) = self.breaker.probe_reply(reply, now) {
                 host.gauge_add(Gauge::BreakerOpen, -1);
                 host.report_breaker(false, &why);
@@ -317,7 +334,7 @@ impl Engine {
             }
             return;
         };
-        let now = host.now_unix_ns().unwrap_or(call.sent.at_ns);
+        let now = self.clock_or_last(host);
         match call.read(config, reply) {
             Reply::Decided(results) => {
                 self.breaker.answered();
@@ -325,7 +342,7 @@ impl Engine {
                 let sent = call.sent;
                 for (member, result) in call.with_results(results) {
                     let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
-                    self.settle(config, host, member, outcome, Some(sent), now);
+                    self.resolve(config, host, member, outcome, Some(sent), now);
                 }
             }
             Reply::NoScript => {
@@ -373,7 +390,7 @@ impl Engine {
     /// runs, sees calls past their timeout, sends the breaker's probe and the give-backs,
     /// learns of Redis restarts other workers saw.
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
-        if let Some(now) = host.now_unix_ns() {
+        if let Some(now) = self.clock(host) {
             let late_ms = self.lag.tick(now) / 1_000_000;
             if late_ms > 0 {
                 host.count_n(

@@ -25,7 +25,7 @@ use crate::bridge::{
 use crate::check::LimitCheck;
 use crate::config::{Admit, Clock, Config};
 use crate::decision::Settlement;
-use crate::metering::{Outcome, UsageMeter};
+use crate::metering::{UsageCharge, UsageMeter};
 use crate::metrics::RuleEvent;
 use crate::request::plan::Plan;
 
@@ -126,7 +126,7 @@ impl Settlements {
 
     /// A finished response's usage limits came to `outcomes`: each counted, and its
     /// settlement queued.
-    pub fn finished(&mut self, tally: &mut Tally, outcomes: Vec<Outcome>) {
+    pub fn finished(&mut self, tally: &mut Tally, outcomes: Vec<UsageCharge>) {
         for outcome in outcomes {
             let check = &outcome.check;
             tally.rule_n(check, RuleEvent::UsageCharged, outcome.charged);

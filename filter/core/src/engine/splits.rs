@@ -223,7 +223,7 @@ impl Splits {
     /// The outcome of part `part` of split `id`, decided by a call sent at `sent` (the deny
     /// cache is at `epoch`). Once every part is in, the split is taken and concluded as one
     /// request; None before, or if its stream is gone.
-    pub fn settle(
+    pub fn part_decided(
         &mut self,
         id: u64,
         part: usize,

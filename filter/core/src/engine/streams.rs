@@ -5,7 +5,7 @@ use super::host::Host;
 use super::Engine;
 use crate::bridge::BridgeFailure;
 use crate::config::Config;
-use crate::metering::{Outcome, UsageMeter};
+use crate::metering::{UsageCharge, UsageMeter};
 use crate::response::Headers;
 
 impl Engine {
@@ -23,7 +23,7 @@ impl Engine {
     /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
     /// and their settlements sent from the root at its next wake-up (or tick). Callable from
     /// any context: nothing is sent from it.
-    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<Outcome>) {
+    pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<UsageCharge>) {
         self.settlements.finished(&mut self.tally, outcomes);
         self.count_lost_settlements(host);
         if self.settlements.waiting() > 0 && !self.wake_pending && host.wake() {
@@ -45,7 +45,7 @@ impl Engine {
         }
         let orphans = self.queue.forget(ctx, &mut self.leases);
         if !orphans.is_empty() {
-            let now = host.now_unix_ns().unwrap_or(0);
+            let now = self.clock_or_last(host);
             self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);
         }
         self.wake(config, host, None);

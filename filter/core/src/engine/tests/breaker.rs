@@ -325,3 +325,31 @@ fn local_mode_limits_each_worker_to_its_share_while_the_bridge_fails() {
     // Another key has a share of its own.
     assert_eq!(e.on_request(&c, &mut h, 7, &req("/", "other")), Continue);
 }
+
+/// A reply that comes when the host cannot tell the time is dated by the last time it could:
+/// the breaker it opens waits its probe interval from then, not from the epoch.
+#[test]
+fn without_a_clock_bookkeeping_takes_the_last_time_the_host_told() {
+    let (c, mut e, mut h) = setup(r#""breaker": {"failures": 1, "probe_interval": "500ms"},"#);
+    e.on_request(&c, &mut h, 1, &req("/", "a"));
+    h.now = None;
+    e.on_reply(&c, &mut h, Some(1), 1, none());
+    assert_eq!(h.breaker_open, 1);
+    h.now = Some(T0 + 100 * MS);
+    e.on_tick(&c, &mut h);
+    assert_eq!(
+        h.dispatched.len(),
+        1,
+        "no probe before the interval from T0"
+    );
+    h.now = Some(T0 + 500 * MS);
+    e.on_tick(&c, &mut h);
+    assert_eq!(h.dispatched.len(), 2, "the probe, 500 ms after T0");
+    // An admission without a clock cannot be decided: it follows its policy.
+    h.now = None;
+    assert_eq!(
+        e.on_request(&c, &mut h, 2, &req("/", "b")),
+        Verdict::Continue
+    );
+    assert_eq!(h.failures.last(), Some(&BridgeFailure::Clock));
+}
