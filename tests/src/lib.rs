@@ -13,6 +13,7 @@ pub mod llm;
 pub mod procs;
 pub mod prometheus;
 pub mod resp;
+pub mod script;
 pub mod sf;
 
 pub use http::{get, Response};

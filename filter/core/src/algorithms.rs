@@ -419,30 +419,30 @@ fn sliding_window_log(state: Option<&State>, p: Params, now: f64) -> Evaluation 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::cases::{CaseTable, TABLES};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: f64 = 1_764_489_600_000.0;
 
-    /// `(now offset ms, cost, allowed, remaining, reset ms, retry ms)` on one key, the same
-    /// tables as the Lua tests (`tests/tests/lua_scripts.rs`).
-    type Case = (f64, f64, bool, f64, f64, f64);
-
-    fn run(algorithm: Algorithm, limit: f64, window: f64, burst: f64, cases: &[Case]) {
+    /// The twin against the table the Lua script is held to too
+    /// (`crate::testing::cases`), case by case on one key.
+    fn run(table: &CaseTable) {
         let mut state: Option<State> = None;
-        for (i, &(at, cost, allowed, remaining, reset, retry)) in cases.iter().enumerate() {
+        for (i, &(at, cost, allowed, remaining, reset, retry)) in table.cases.iter().enumerate() {
             let p = Params {
-                limit,
-                window,
-                burst,
-                cost,
+                limit: table.limit as f64,
+                window: table.window_ms as f64,
+                burst: table.burst as f64,
+                cost: cost as f64,
             };
-            let e = evaluate(algorithm, state.as_ref(), p, T0 + at);
+            let e = evaluate(table.algorithm, state.as_ref(), p, T0 + at as f64);
             let got = (e.allowed, e.reply(e.allowed));
             assert_eq!(
                 got,
                 (allowed, (remaining, reset, retry)),
-                "{algorithm:?} case {i}"
+                "{:?} case {i}",
+                table.algorithm
             );
             if e.allowed {
                 state = Some(e.charged);
@@ -453,97 +453,9 @@ mod tests {
     }
 
     #[test]
-    fn token_bucket_as_the_script() {
-        run(
-            Algorithm::TokenBucket,
-            2.0,
-            1000.0,
-            5.0,
-            &[
-                (0.0, 1.0, true, 4.0, 500.0, 0.0),
-                (0.0, 1.0, true, 3.0, 1000.0, 0.0),
-                (0.0, 3.0, true, 0.0, 2500.0, 0.0),
-                (0.0, 1.0, false, 0.0, 2500.0, 500.0),
-                (250.0, 1.0, false, 0.5, 2250.0, 250.0),
-                (500.0, 1.0, true, 0.0, 2500.0, 0.0),
-                (1500.0, 3.0, false, 2.0, 1500.0, 500.0),
-                (2000.0, 3.0, true, 0.0, 2500.0, 0.0),
-                (86_400_000.0, 5.0, true, 0.0, 2500.0, 0.0),
-                (86_400_000.0, 1.0, false, 0.0, 2500.0, 500.0),
-            ],
-        );
-    }
-
-    #[test]
-    fn gcra_as_the_script() {
-        run(
-            Algorithm::Gcra,
-            10.0,
-            1000.0,
-            3.0,
-            &[
-                (0.0, 1.0, true, 2.0, 100.0, 0.0),
-                (0.0, 1.0, true, 1.0, 200.0, 0.0),
-                (0.0, 1.0, true, 0.0, 300.0, 0.0),
-                (0.0, 1.0, false, 0.0, 300.0, 100.0),
-                (50.0, 1.0, false, 0.5, 250.0, 50.0),
-                (100.0, 1.0, true, 0.0, 300.0, 0.0),
-                (1000.0, 2.0, true, 1.0, 200.0, 0.0),
-                (500.0, 2.0, false, 0.0, 700.0, 600.0),
-            ],
-        );
-    }
-
-    #[test]
-    fn fixed_window_as_the_script() {
-        run(
-            Algorithm::FixedWindow,
-            3.0,
-            1000.0,
-            3.0,
-            &[
-                (200.0, 2.0, true, 1.0, 800.0, 0.0),
-                (300.0, 1.0, true, 0.0, 700.0, 0.0),
-                (400.0, 1.0, false, 0.0, 600.0, 600.0),
-                (1000.0, 1.0, true, 2.0, 1000.0, 0.0),
-                (1100.0, 4.0, false, 2.0, 900.0, 900.0),
-            ],
-        );
-    }
-
-    #[test]
-    fn sliding_window_counter_as_the_script() {
-        run(
-            Algorithm::SlidingWindowCounter,
-            10.0,
-            1000.0,
-            10.0,
-            &[
-                (500.0, 10.0, true, 0.0, 1500.0, 0.0),
-                (900.0, 1.0, false, 0.0, 1100.0, 200.0),
-                (1500.0, 5.0, true, 0.0, 1500.0, 0.0),
-                (1600.0, 2.0, false, 1.0, 1400.0, 100.0),
-                (1700.0, 2.0, true, 0.0, 1300.0, 0.0),
-            ],
-        );
-    }
-
-    #[test]
-    fn sliding_window_log_as_the_script() {
-        run(
-            Algorithm::SlidingWindowLog,
-            3.0,
-            1000.0,
-            3.0,
-            &[
-                (0.0, 1.0, true, 2.0, 1000.0, 0.0),
-                (100.0, 1.0, true, 1.0, 1000.0, 0.0),
-                (200.0, 1.0, true, 0.0, 1000.0, 0.0),
-                (300.0, 1.0, false, 0.0, 900.0, 700.0),
-                (999.0, 1.0, false, 0.0, 201.0, 1.0),
-                (1000.0, 1.0, true, 0.0, 1000.0, 0.0),
-                (1050.0, 2.0, false, 0.0, 950.0, 150.0),
-            ],
-        );
+    fn every_algorithm_as_the_script() {
+        for table in TABLES {
+            run(table);
+        }
     }
 }

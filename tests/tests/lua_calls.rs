@@ -1,0 +1,276 @@
+//! One call of the decision script as the filter sends it, against a real Redis: all or nothing
+//! over a request's limits, shadow limits, batches decided in order, a request's error kept to
+//! itself, bad layouts and clocks, the deadline, and what the restricted user Webdis logs in as
+//! may touch.
+
+use e2e::script::*;
+
+#[test]
+fn all_limits_or_none_are_charged() {
+    let (_dir, redis) = start("lua-all-or-nothing");
+    let mut s = Script::new(&redis);
+    let second = limit("rl:{k}:r:second", Algorithm::TokenBucket, 5, 1000);
+    let day = limit("rl:{k}:r:day", Algorithm::FixedWindow, 2, 86_400_000);
+    let both = [second.clone(), day.clone()];
+    assert_eq!(s.decide(T0, &both).0, 1);
+    assert_eq!(s.decide(T0, &both).0, 1);
+    let (committed, answers) = s.decide(T0, &both);
+    assert_eq!(committed, 0, "the daily quota refuses");
+    assert_eq!(
+        (answers[0].0, answers[0].1.as_str()),
+        (1, "3"),
+        "per-second would allow, uncharged"
+    );
+    assert_eq!(answers[1].0, 0);
+    let tokens = redis
+        .admin()
+        .cmd(&["HGET", "rl:{k}:r:second", "tokens"])
+        .unwrap()
+        .text();
+    assert_eq!(
+        tokens, "3",
+        "the refused request did not drain the per-second bucket"
+    );
+}
+
+#[test]
+fn a_refusing_shadow_limit_neither_blocks_nor_is_charged() {
+    let (_dir, redis) = start("lua-shadow");
+    let mut s = Script::new(&redis);
+    let enforced = limit("rl:t:enforced", Algorithm::TokenBucket, 10, 1000);
+    let shadow = L {
+        shadow: true,
+        ..limit("rl:t:shadow", Algorithm::FixedWindow, 1, 1000)
+    };
+    let both = [enforced, shadow];
+    assert_eq!(s.decide(T0, &both).0, 1);
+    let (committed, answers) = s.decide(T0, &both);
+    assert_eq!(committed, 1, "a shadow limit never refuses the request");
+    assert_eq!(answers[0].1, "8", "the enforced limit is charged");
+    assert_eq!((answers[1].0, answers[1].1.as_str()), (0, "0"));
+    let n = redis
+        .admin()
+        .cmd(&["HGET", "rl:t:shadow", "n"])
+        .unwrap()
+        .text();
+    assert_eq!(n, "1", "the refusing shadow limit was not charged");
+}
+
+#[test]
+
+fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request() {
+    let (_dir, redis) = start("lua-badargs");
+    let mut s = Script::new(&redis);
+    let good = limit("rl:t:bad", Algorithm::TokenBucket, 1, 1000);
+    for clock in ["1.5", "-1", "soon"] {
+        match s.call(clock, std::slice::from_ref(&good)) {
+            Resp::Error(message) => assert!(message.contains("ERR decide"), "{message}"),
+            other => panic!("clock={clock}: expected an error, got {other:?}"),
+        }
+    }
+    // A layout that does not add up (one argument short) fails the whole call.
+    let mut command = s.command("1", &[std::slice::from_ref(&good)]);
+    command.pop();
+    match s.conn.cmd(&command).unwrap() {
+        Resp::Error(message) => assert!(message.contains("ERR decide"), "{message}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // Bad numbers for one request's limit: that request fails, the next is decided.
+    let other = limit("rl:t:bad-other", Algorithm::Gcra, 5, 1000);
+    for bad in [
+        L {
+            limit: 0,
+            ..good.clone()
+        },
+        L {
+            window_ms: 0,
+            ..good.clone()
+        },
+        L {
+            burst: 0,
+            ..good.clone()
+        },
+    ] {
+        let answers = s.decide_batch(
+            T0,
+            &[std::slice::from_ref(&bad), std::slice::from_ref(&other)],
+        );
+        assert_eq!(
+            answers[0],
+            Err("ERR decide: bad arguments for limit 1".into())
+        );
+        assert_eq!(answers[1].as_ref().map(|a| a.0), Ok(1));
+    }
+    // An algorithm the script does not know.
+    let mut command = s.command("1", &[std::slice::from_ref(&good)]);
+    let at = command.iter().position(|a| a == "token_bucket").unwrap();
+    command[at] = "leaky_bucket".into();
+    let items = s.conn.cmd(&command).unwrap().items();
+    assert_eq!((items[0].int(), items[1].int()), (1, -1));
+    assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
+}
+
+#[test]
+fn a_call_past_its_deadline_charges_nothing() {
+    let (_dir, redis) = start("lua-deadline");
+    let mut s = Script::new(&redis);
+    let l = limit("rl:t:deadline", Algorithm::TokenBucket, 5, 1000);
+    let redis_ms = || {
+        let t = redis.admin().cmd(&["TIME"]).unwrap().items();
+        t[0].text().parse::<u128>().unwrap() * 1000 + t[1].text().parse::<u128>().unwrap() / 1000
+    };
+    // A deadline already passed on Redis's clock (the filter gave up long ago): refused whole.
+    match s.call_with_deadline("redis", redis_ms() - 1, std::slice::from_ref(&l)) {
+        Resp::Error(message) => assert!(message.starts_with("EXPIRED"), "{message}"),
+        other => panic!("expected EXPIRED, got {other:?}"),
+    }
+    assert_eq!(
+        redis
+            .admin()
+            .cmd(&["EXISTS", "rl:t:deadline"])
+            .unwrap()
+            .int(),
+        0,
+        "nothing charged"
+    );
+    // A deadline still ahead: decided and charged as usual.
+    let items = s
+        .call_with_deadline("redis", redis_ms() + 60_000, std::slice::from_ref(&l))
+        .items();
+    assert_eq!((items[0].int(), items[1].int()), (1, 1));
+    assert_eq!(redis.bucket_tokens("rl:t:deadline"), 4.0);
+}
+
+#[test]
+fn a_batch_decides_in_order_exactly_as_one_call_per_request() {
+    let (_dir, redis) = start("lua-batch-order");
+    let mut s = Script::new(&redis);
+    // The same 14 requests on two fresh keys: one batch, and one call each.
+    let batched = L {
+        burst: 10,
+        ..limit("rl:t:batched", Algorithm::TokenBucket, 10, 60_000)
+    };
+    let single = L {
+        key: "rl:t:single",
+        ..batched.clone()
+    };
+    let costs = [1, 3, 1, 1, 4, 1, 2, 1, 1, 5, 1, 1, 1, 1];
+    let requests: Vec<Vec<L>> = costs
+        .iter()
+        .map(|&cost| {
+            vec![L {
+                cost,
+                ..batched.clone()
+            }]
+        })
+        .collect();
+    let refs: Vec<&[L]> = requests.iter().map(Vec::as_slice).collect();
+    let in_batch: Vec<(i64, Vec<Answer>)> = s
+        .decide_batch(T0, &refs)
+        .into_iter()
+        .map(|a| a.unwrap())
+        .collect();
+    let one_by_one: Vec<(i64, Vec<Answer>)> = costs
+        .iter()
+        .map(|&cost| {
+            s.decide(
+                T0,
+                &[L {
+                    cost,
+                    ..single.clone()
+                }],
+            )
+        })
+        .collect();
+    assert_eq!(in_batch, one_by_one);
+    let allowed: Vec<i64> = in_batch.iter().map(|a| a.0).collect();
+    assert_eq!(
+        allowed,
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        "10 tokens, in arrival order"
+    );
+    let mut admin = redis.admin();
+    let state =
+        |admin: &mut e2e::RedisConn, key: &str| admin.cmd(&["HGET", key, "tokens"]).unwrap().text();
+    assert_eq!(
+        state(&mut admin, "rl:t:batched"),
+        state(&mut admin, "rl:t:single")
+    );
+}
+
+#[test]
+fn in_a_batch_each_request_is_all_or_nothing_over_its_own_limits() {
+    let (_dir, redis) = start("lua-batch-atomic");
+    let mut s = Script::new(&redis);
+    let second = limit("rl:{k}:r:second", Algorithm::TokenBucket, 5, 1000);
+    let day = limit("rl:{k}:r:day", Algorithm::FixedWindow, 1, 86_400_000);
+    let both = [second.clone(), day.clone()];
+    let answers = s.decide_batch(T0, &[&both, &both, std::slice::from_ref(&second)]);
+    let committed: Vec<i64> = answers.iter().map(|a| a.as_ref().unwrap().0).collect();
+    assert_eq!(committed, [1, 0, 1]);
+    // The second request was refused by the day limit and did not charge the second's bucket:
+    // the third sees 5 - 1 - 1 = 3 left.
+    assert_eq!(
+        answers[1].as_ref().unwrap().1[0].1,
+        "4",
+        "uncharged: 4 left as before"
+    );
+    assert_eq!(answers[2].as_ref().unwrap().1[0].1, "3");
+}
+
+#[test]
+fn a_redis_error_in_one_request_leaves_the_others_decided() {
+    let (_dir, redis) = start("lua-batch-error");
+    let mut s = Script::new(&redis);
+    // A key holding another type (a limit whose algorithm changed): WRONGTYPE for that one.
+    let mut admin = redis.admin();
+    admin.cmd(&["ZADD", "rl:t:wrong", "1", "x"]).unwrap();
+    let wrong = limit("rl:t:wrong", Algorithm::TokenBucket, 5, 1000);
+    let fine = limit("rl:t:fine", Algorithm::TokenBucket, 5, 1000);
+    let answers = s.decide_batch(
+        T0,
+        &[
+            std::slice::from_ref(&fine),
+            &[fine.clone(), wrong],
+            std::slice::from_ref(&fine),
+        ],
+    );
+    assert_eq!(answers[0].as_ref().unwrap().1[0].1, "4");
+    let error = answers[1].as_ref().unwrap_err();
+    assert!(error.starts_with("WRONGTYPE"), "{error}");
+    assert_eq!(
+        answers[2].as_ref().unwrap().1[0].1,
+        "3",
+        "the failed one charged nothing"
+    );
+}
+
+#[test]
+fn the_restricted_user_can_touch_only_limiter_keys() {
+    let (_dir, redis) = start("lua-acl");
+    let mut s = Script::new(&redis);
+    match s.call(
+        "1",
+        &[limit("not-a-limiter-key", Algorithm::TokenBucket, 1, 1000)],
+    ) {
+        Resp::Error(message) => assert!(message.starts_with("NOPERM"), "{message}"),
+        other => panic!("expected NOPERM, got {other:?}"),
+    }
+    let mut conn = redis.webdis_user();
+    let refused: [&[&str]; 6] = [
+        &["FLUSHALL"],
+        &["KEYS", "*"],
+        &["CONFIG", "GET", "*"],
+        &["EVAL", "return 1", "0"],
+        &["SCRIPT", "FLUSH"],
+        &["DEL", "rl:x"],
+    ];
+    for command in refused {
+        match conn.cmd(command).unwrap() {
+            Resp::Error(message) => {
+                assert!(message.starts_with("NOPERM"), "{command:?}: {message}")
+            }
+            other => panic!("{command:?} should be refused, got {other:?}"),
+        }
+    }
+}
