@@ -458,6 +458,17 @@ pub struct ClusterStack {
 }
 
 impl ClusterStack {
+    /// The `tokens` field of a token bucket's state, read on the master of its slot (NaN if
+    /// it has none).
+    pub fn bucket_tokens(&self, key: &str) -> f64 {
+        let owner = self.cluster.master_of_key(key);
+        let reply = self.cluster.admin(owner).cmd(&["HGET", key, "tokens"]);
+        reply
+            .ok()
+            .and_then(|r| r.text().parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+
     /// Everything of envoy/cluster/ with `edits` applied to its envoy.yaml (each `from` must
     /// occur exactly once; see `procs::filter_config_edit_in` for the filter's JSON).
     pub fn start(name: &str, edits: &[(&str, &str)]) -> ClusterStack {

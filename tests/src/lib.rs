@@ -15,6 +15,7 @@ pub mod prometheus;
 pub mod resp;
 pub mod script;
 pub mod sf;
+pub mod shipped;
 
 pub use http::{get, Response};
 pub use keys::Keys;

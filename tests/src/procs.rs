@@ -260,6 +260,11 @@ impl Redis {
         command_calls_in(&stats, command)
     }
 
+    /// `EVALSHA` calls Redis has run (decisions, refunds, settlements).
+    pub fn evalsha_calls(&self) -> u64 {
+        self.command_calls("evalsha")
+    }
+
     /// The `tokens` field of a token bucket's state, NaN if it has none.
     pub fn bucket_tokens(&self, key: &str) -> f64 {
         let text = self.admin().cmd(&["HGET", key, "tokens"]).unwrap().text();
@@ -541,6 +546,23 @@ impl Envoy {
             let r = self.keyed(key);
             (r.header("x-ratelimit-limit").is_some() && closed()).then_some(r)
         })
+    }
+
+    /// The script loaded before a test counts: the first request after Redis starts gets
+    /// `NOSCRIPT` and the filter loads the script (`SCRIPT LOAD`, then the `EVALSHA` again).
+    /// One request to `path` with an API key of its own does that.
+    pub fn load_script(&self, path: &str) {
+        assert_eq!(self.keyed_at(path, "warm-up").status, 200);
+        assert_eq!(self.counter("ratelimit_script_loads"), 1);
+    }
+
+    /// The tokens left in the bucket of `api_key` under rule `rule`, limit `limit` (keyed by
+    /// `x-api-key`), as this Envoy's filter names it.
+    pub fn bucket_tokens(&self, redis: &Redis, rule: &str, limit: &str, api_key: &str) -> f64 {
+        let key = self
+            .keys()
+            .limit_key(rule, limit, "header:x-api-key", api_key.as_bytes());
+        redis.bucket_tokens(&key)
     }
 
     /// The Redis keys of the filter configuration this Envoy runs.

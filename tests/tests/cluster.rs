@@ -492,16 +492,6 @@ fn concurrent_clients_on_many_slots_get_exactly_their_limits() {
     assert_eq!(statuses.len(), 160);
 }
 
-fn tokens(stack: &ClusterStack, key: &str) -> f64 {
-    let owner = stack.cluster.master_of_key(key);
-    let reply = stack
-        .cluster
-        .admin(owner)
-        .cmd(&["HGET", key, "tokens"])
-        .unwrap();
-    reply.text().parse().unwrap_or(f64::NAN)
-}
-
 /// A request limited per API key and per client IP has its limits on two slots: decided in two
 /// calls, all or nothing. Refused by the per-key limit, what the per-IP limit charged for it is
 /// given back. (Windows of an hour: what refills while a loaded machine runs the test stays
@@ -548,13 +538,13 @@ fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
         },
     );
     let left = e2e::wait_for("the refund to land", Duration::from_secs(5), || {
-        let left = tokens(&stack, &ip);
+        let left = stack.bucket_tokens(&ip);
         (left > 96.5).then_some(left)
     });
     // 100 - 3 charged (plus a few ms of refill), not 96 or 95: the refused requests' charges
     // are back.
     assert!(left < 97.5, "{left}");
-    assert!(tokens(&stack, &key) < 1.0);
+    assert!(stack.bucket_tokens(&key) < 1.0);
     println!("per-IP bucket after 3 allowed and 2 refused: {left}");
 }
 
@@ -592,7 +582,7 @@ fn a_hot_key_in_shards_spreads_over_the_masters_and_never_overshoots() {
     assert_eq!(allowed, 30, "{statuses:?} {}", diagnose(&stack));
     for shard in 0..3 {
         let key = shard_key(&named, &id, shard);
-        let left = tokens(&stack, &key);
+        let left = stack.bucket_tokens(&key);
         assert!(left < 1.0, "{key}: {left}");
     }
 }

@@ -39,34 +39,15 @@ fn start(name: &str, rules: &str) -> OneWorker {
     }
 }
 
-fn evalsha_calls(redis: &Redis) -> u64 {
-    redis.command_calls("evalsha")
-}
-
-/// The bucket of `api_key` under rule `api`, limit `limit`.
-fn tokens(s: &OneWorker, api_key: &str, limit: &str) -> f64 {
-    let key = s
-        .envoy
-        .keys()
-        .limit_key("api", limit, "header:x-api-key", api_key.as_bytes());
-    s.redis.bucket_tokens(&key)
-}
-
-/// The script is loaded (the first call after Redis starts gets NOSCRIPT) before counting.
-fn warm_up(s: &OneWorker) {
-    assert_eq!(s.envoy.keyed("warm-up").status, 200);
-    assert_eq!(s.envoy.counter("ratelimit_script_loads"), 1);
-}
-
 #[test]
 fn concurrent_requests_share_calls() {
     let s = start(
         "engine-share",
         r#"[{"name": "api", "limits": [{"name": "second", "limit": 1000000, "window": "1s"}]}]"#,
     );
-    warm_up(&s);
+    s.envoy.load_script("/");
     let (evalsha, calls, upstream) = (
-        evalsha_calls(&s.redis),
+        s.redis.evalsha_calls(),
         s.envoy.counter("ratelimit_bridge_calls"),
         s.envoy.stat("cluster.webdis.upstream_rq_total"),
     );
@@ -101,7 +82,7 @@ fn concurrent_requests_share_calls() {
     let requests = (THREADS * EACH) as u64;
     assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
     assert_eq!(s.envoy.counter("ratelimit_allowed"), requests + 1);
-    let evalsha = evalsha_calls(&s.redis) - evalsha;
+    let evalsha = s.redis.evalsha_calls() - evalsha;
     let calls = s.envoy.counter("ratelimit_bridge_calls") - calls;
     let upstream = s.envoy.stat("cluster.webdis.upstream_rq_total") - upstream;
     // Every decision call is one EVALSHA, counted alike by the filter, Envoy and Redis.
@@ -121,7 +102,7 @@ fn concurrent_requests_share_calls() {
     .text();
     assert_eq!(busy.trim(), "wasmcustom.ratelimit_engine_busy: 0");
     // And the hot key was charged once per request, exactly.
-    let tokens = tokens(&s, "hot", "second");
+    let tokens = s.envoy.bucket_tokens(&s.redis, "api", "second", "hot");
     let hot = (THREADS * EACH / 2) as f64;
     // Refill while the test ran adds back at most 1,000,000 per second of its duration.
     assert!(tokens >= 1_000_000.0 - hot, "{tokens}");
@@ -141,13 +122,13 @@ fn the_deny_cache_answers_without_calls_and_expires_exactly() {
         "engine-deny-cache",
         r#"[{"name": "api", "limits": [{"name": "second", "limit": 1, "window": "1s", "burst": 2}]}]"#,
     );
-    warm_up(&s);
+    s.envoy.load_script("/");
     let first_sent = unix_ms();
     assert_eq!(s.envoy.keyed("abuser").status, 200);
     assert_eq!(s.envoy.keyed("abuser").status, 200);
     let second_read = unix_ms();
     assert_eq!(s.envoy.keyed("abuser").status, 429, "refused by Redis");
-    let before = evalsha_calls(&s.redis);
+    let before = s.redis.evalsha_calls();
     // Ask again and again until allowed. Every request read before a token can be back (1 s
     // after the first was decided, which was after it was sent) must be refused, and the first
     // request sent after one is surely back (1 s after the second was answered) allowed.
@@ -180,7 +161,7 @@ fn the_deny_cache_answers_without_calls_and_expires_exactly() {
     );
     assert!(refused >= 10, "refused {refused} times in between");
     // Only the request that was finally allowed went to Redis.
-    assert_eq!(evalsha_calls(&s.redis) - before, 1);
+    assert_eq!(s.redis.evalsha_calls() - before, 1);
     // The deny cache's answers reach the stats within a tick: both counts are waited for.
     wait_for_value(
         "the cached refusals to be counted (hits, denied)",
@@ -225,7 +206,7 @@ fn clients_that_leave_while_their_call_is_in_flight_take_no_other_decision_with_
         "engine-disconnect",
         r#"[{"name": "api", "limits": [{"name": "hour", "limit": 100, "window": "1h"}]}]"#,
     );
-    warm_up(&s);
+    s.envoy.load_script("/");
     let active = || s.envoy.stat("http.ingress.downstream_rq_active");
     let calls = || s.envoy.counter("ratelimit_bridge_calls");
     let calls_before = calls();
@@ -272,6 +253,6 @@ fn clients_that_leave_while_their_call_is_in_flight_take_no_other_decision_with_
             )
         },
     );
-    let tokens = tokens(&s, "shared", "hour");
+    let tokens = s.envoy.bucket_tokens(&s.redis, "api", "hour", "shared");
     assert!((96.0..97.0).contains(&tokens), "4 charged: {tokens}");
 }

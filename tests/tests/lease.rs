@@ -92,14 +92,6 @@ fn a_lease_serves_requests_without_calls() {
     assert!(decisions(&redis) <= 10);
 }
 
-/// The bucket of `api_key` under rule `api`, limit `quota`, as `envoy`'s filter names it.
-fn tokens(envoy: &Envoy, redis: &Redis, api_key: &str) -> f64 {
-    let key = envoy
-        .keys()
-        .limit_key("api", "quota", "header:x-api-key", api_key.as_bytes());
-    redis.bucket_tokens(&key)
-}
-
 #[test]
 fn units_a_lease_did_not_spend_go_back_to_redis_when_it_ends() {
     let dir = WorkDir::new("lease-give-back");
@@ -119,12 +111,12 @@ fn units_a_lease_did_not_spend_go_back_to_redis_when_it_ends() {
         let asked = 1 + e.counter("ratelimit_lease_prefetches");
         (e.counter("ratelimit_lease_grants") == asked).then_some(())
     });
-    let held = tokens(&e, &redis, "idle");
+    let held = e.bucket_tokens(&redis, "api", "quota", "idle");
     assert!(held < left, "{held} left in Redis while units are leased");
     // The lease ends after 1 s: its unspent units come back, all of them (the bucket cannot
     // have been full since), and only they: the requests stay spent.
     let back = wait_for("the unspent units back", Duration::from_secs(5), || {
-        let now = tokens(&e, &redis, "idle");
+        let now = e.bucket_tokens(&redis, "api", "quota", "idle");
         (now >= left - 0.01).then_some(now)
     });
     assert!(

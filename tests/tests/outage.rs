@@ -1,12 +1,15 @@
-//! Outages of the bridge end to end: a hung Webdis is seen by each worker's circuit breaker
-//! at the timeout, after which no request waits for it, a dead one costs no wait, calls that reach Redis after their
-//! deadline charge nothing, and Envoy's own circuit breaker on the `webdis` cluster refuses a
-//! flood of calls, each counted as a bridge failure. Real Envoy (2 workers), Webdis and Redis.
+//! Outages of the bridge end to end: a hung Webdis is seen by each worker's circuit breaker at
+//! the timeout, after which no request waits for it; a dead one costs no wait and fails open
+//! or closed by policy; calls that reach Redis after their deadline charge nothing; Envoy's
+//! own circuit breaker on the `webdis` cluster refuses a flood of calls, each counted as a
+//! bridge failure; and a Redis restart needs no manual step. Real Envoy (2 workers unless
+//! said), Webdis and Redis.
 
 use std::time::{Duration, Instant};
 
-use e2e::procs::filter_config_edit;
-use e2e::{get, wait_for, wait_until, Envoy, Response, Stack};
+use e2e::procs::{envoy_config, filter_config_edit, Webdis, WorkDir};
+use e2e::shipped::{assert_full_bucket_then_limited, hit};
+use e2e::{free_port, get, wait_for, wait_until, Envoy, Redis, Response, Stack};
 
 /// The shipped bridge credentials and 150 ms timeout (plus `bridge_extra` bridge keys), and
 /// `extra` top-level keys.
@@ -290,4 +293,142 @@ fn local_mode_keeps_limiting_while_the_bridge_is_down() {
     assert!(s.envoy.counter("ratelimit_failure_mode_local") >= 21);
     // Another client has its own share.
     assert_eq!(s.envoy.keyed("someone-else").status, 200);
+}
+
+#[test]
+fn webdis_down_fails_open_at_once() {
+    // Patient, so that nothing fails before Webdis is stopped.
+    let mut stack = Stack::start("e2e-webdis-down-open", &[]);
+    assert_eq!(hit(&stack.envoy, Some(b"k")).status, 200);
+    stack.webdis.process.stop();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = hit(&stack.envoy, Some(b"k"));
+        let took = started.elapsed();
+        assert_eq!(r.status, 200, "fail open lets the request through");
+        assert_eq!(
+            r.header("x-ratelimit-limit"),
+            None,
+            "no decision, no headers"
+        );
+        // Connection refused is immediate: far below the 5 s timeout.
+        assert!(took < Duration::from_millis(1000), "took {took:?}");
+    }
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_open"), 5);
+    assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 5);
+    let log = stack.envoy.process.log_text();
+    let warnings = log
+        .matches("bridge failure, failure policy applied")
+        .count();
+    // One line per worker per 10 s at most (2 workers), not one per request.
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} failure lines:\n{log}"
+    );
+}
+
+#[test]
+fn webdis_down_fails_closed_with_503() {
+    let mut stack = Stack::start(
+        "e2e-webdis-down-closed",
+        &[("\"failure_mode\": \"open\"", "\"failure_mode\": \"closed\"")],
+    );
+    assert_eq!(hit(&stack.envoy, Some(b"k")).status, 200);
+    stack.webdis.process.stop();
+    let r = hit(&stack.envoy, Some(b"k"));
+    assert_eq!(r.status, 503);
+    assert_eq!(r.text(), "rate limiter unavailable\n");
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_closed"), 1);
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_open"), 0);
+}
+
+#[test]
+fn webdis_hung_costs_a_request_its_timeout_until_the_breaker_opens_and_decisions_come_back() {
+    // The shipped timeout and breaker, which this test is about; it starts once a request is
+    // decided with every breaker closed.
+    let stack = Stack::start("e2e-webdis-hung", &[]);
+    assert_eq!(stack.envoy.wait_deciding("k").status, 200);
+    let failed_open = stack.envoy.counter("ratelimit_failure_mode_open");
+    stack.webdis.process.pause();
+    // One request at a time: each call has no answer for its 150 ms timeout (of the worker's
+    // own time, never past the 1 s lag allowance on top), and with no other request waiting
+    // it is one failure of the breaker's run; five in a row open it, and from then on the
+    // worker answers at once.
+    let mut took = Vec::new();
+    while stack.envoy.counter("ratelimit_breaker_trips") == 0 {
+        assert!(took.len() < 30, "no breaker opened: {took:?}");
+        let started = Instant::now();
+        let r = hit(&stack.envoy, Some(b"k"));
+        took.push(started.elapsed());
+        assert_eq!(r.status, 200, "fail open");
+        assert!(r.header("x-ratelimit-limit").is_none(), "not decided");
+    }
+    assert!(
+        took.iter().all(|t| *t < Duration::from_millis(1150)),
+        "a request waited past its timeout and the lag allowance: {took:?}"
+    );
+    assert!(took.len() >= 5, "five calls in a row fail first: {took:?}");
+    assert!(stack.envoy.stat("wasmcustom.ratelimit_breaker_open") >= 1);
+    assert_eq!(
+        stack.envoy.counter("ratelimit_failure_mode_open"),
+        failed_open + took.len() as u64
+    );
+    assert_eq!(
+        stack.envoy.counter("ratelimit_bridge_timeouts"),
+        took.len() as u64,
+        "each counted as a timeout"
+    );
+    stack.webdis.process.resume();
+    // A probe (one per 500 ms), or the late answer of a call given up on, closes the
+    // breaker; decisions come back.
+    wait_for("decisions to come back", Duration::from_secs(5), || {
+        hit(&stack.envoy, Some(b"k"))
+            .header("x-ratelimit-limit")
+            .map(|_| ())
+    });
+    wait_for("every breaker closed", Duration::from_secs(5), || {
+        hit(&stack.envoy, Some(b"k"));
+        (stack.envoy.stat("wasmcustom.ratelimit_breaker_open") == 0).then_some(())
+    });
+}
+
+#[test]
+fn redis_restart_needs_no_manual_step() {
+    // One worker: it sees the restart itself and forgets its refusals at once. (With several,
+    // the others forget theirs at their next tick: the engine's unit tests cover that.)
+    let dir = WorkDir::new("e2e-redis-restart");
+    let mut redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let (port, admin_port) = (free_port(), free_port());
+    let config = envoy_config(port, admin_port, webdis.port, &[]);
+    let envoy = Envoy::start_config(&dir, port, admin_port, &config, 1);
+    assert_full_bucket_then_limited(&envoy, Some(b"before"));
+    // The worker holds the refusal in its deny cache once it answers from it.
+    let hits = envoy.counter("ratelimit_deny_cache_hits");
+    wait_for(
+        "a refusal answered from the deny cache",
+        Duration::from_secs(5),
+        || {
+            assert_eq!(hit(&envoy, Some(b"before")).status, 429);
+            (envoy.counter("ratelimit_deny_cache_hits") > hits).then_some(())
+        },
+    );
+    let resets = envoy.counter("ratelimit_deny_cache_resets");
+    redis.restart();
+    // Webdis reconnects within about half a second; until then requests fail open.
+    wait_for(
+        "decisions to come back after the restart",
+        Duration::from_secs(20),
+        || {
+            hit(&envoy, Some(b"probe"))
+                .header("x-ratelimit-limit")
+                .map(|_| ())
+        },
+    );
+    // Redis lost the script: the filter loaded it again by itself, and forgot the refusals
+    // Redis made before (the buckets are gone: "before" starts full again).
+    assert!(envoy.counter("ratelimit_script_loads") >= 2);
+    assert!(envoy.counter("ratelimit_deny_cache_resets") > resets);
+    assert_full_bucket_then_limited(&envoy, Some(b"before"));
+    assert_full_bucket_then_limited(&envoy, Some(b"after"));
 }

@@ -28,17 +28,6 @@ fn statuses(n: usize, mut each: impl FnMut() -> Response) -> Vec<u16> {
     (0..n).map(|_| each().status).collect()
 }
 
-fn evalsha_calls(redis: &Redis) -> i64 {
-    redis.command_calls("evalsha") as i64
-}
-
-/// The first request after Redis starts also loads the script (NOSCRIPT, SCRIPT LOAD, and
-/// the EVALSHA again); one request with a key of its own gets that done before counting.
-fn warm_up(envoy: &Envoy) {
-    assert_eq!(envoy.keyed_at("/other", "warm-up").status, 200);
-    assert_eq!(envoy.counter("ratelimit_script_loads"), 1);
-}
-
 #[test]
 fn rules_on_different_paths_limit_independently_and_together() {
     let s = stack(
@@ -50,8 +39,8 @@ fn rules_on_different_paths_limit_independently_and_together() {
         ]"#,
     );
     let e = &s.envoy;
-    warm_up(e);
-    let before = evalsha_calls(&s.redis);
+    e.load_script("/other");
+    let before = s.redis.evalsha_calls();
     assert_eq!(
         statuses(4, || e.keyed_at("/other", "k")),
         [200, 200, 200, 429]
@@ -72,12 +61,12 @@ fn rules_on_different_paths_limit_independently_and_together() {
     assert_eq!(statuses(5, || e.keyed_at("/elsewhere", "k")), [200; 5]);
     // One EVALSHA per limited request that its worker's deny cache did not answer (the
     // second refusal of k on /other may come from there), none for the unmatched ones.
-    let evalsha = evalsha_calls(&s.redis) - before;
+    let evalsha = s.redis.evalsha_calls() - before;
     e2e::wait_for(
         "every decision counted",
         std::time::Duration::from_secs(2),
         || {
-            let hits = e.counter("ratelimit_deny_cache_hits") as i64;
+            let hits = e.counter("ratelimit_deny_cache_hits");
             (evalsha + hits == 4 + 3 + 4 + 1 + 1).then_some(())
         },
     );
@@ -92,11 +81,11 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
             {"name": "per_day", "algorithm": "fixed_window", "limit": 3, "window": "1d"}]}]"#,
     );
     let e = &s.envoy;
-    warm_up(e);
-    let before = evalsha_calls(&s.redis);
+    e.load_script("/other");
+    let before = s.redis.evalsha_calls();
     assert_eq!(statuses(3, || e.keyed("tiered-key")), [200, 200, 200]);
     assert_eq!(
-        evalsha_calls(&s.redis) - before,
+        s.redis.evalsha_calls() - before,
         3,
         "exactly one EVALSHA per request"
     );
@@ -108,7 +97,7 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
     let after_three = state(&s);
     let r = e.keyed("tiered-key");
     assert_eq!(r.status, 429, "the daily quota is spent");
-    assert_eq!(evalsha_calls(&s.redis) - before, 4);
+    assert_eq!(s.redis.evalsha_calls() - before, 4);
     assert_eq!(
         state(&s),
         after_three,
@@ -227,8 +216,8 @@ fn an_invalid_x_forwarded_for_entry_is_no_identity() {
         headers.extend(fallback.map(|f| ("x-fallback", f)));
         e.send("/", &headers)
     };
-    // Each used to be an identity of its own (or the shared "anonymous" one, or one bucket
-    // for both invalid byte strings); now none is, and this rule has nothing else to go on.
+    // None of these is a client address: counted as an identity, each would get a bucket of
+    // its own (garbage rotated for fresh buckets), and this rule has nothing else to go on.
     let invalid: [&[u8]; 6] = [
         b"[]",
         b":80",
@@ -315,14 +304,14 @@ fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
     let r = e.keyed("w");
     assert_eq!((r.status, remaining(&r)), (200, Some("0".into())));
 
-    let before = evalsha_calls(&s.redis);
+    let before = s.redis.evalsha_calls();
     for bad in ["abc", "0", "6", "1.5", "-1", "", "99999999999999999999999"] {
         let r = with_cost(bad);
         assert_eq!(r.status, 400, "cost {bad:?}");
         assert_eq!(r.text(), "x-cost must be a whole number from 1 to 5\n");
     }
     assert_eq!(
-        evalsha_calls(&s.redis),
+        s.redis.evalsha_calls(),
         before,
         "a bad request asks Redis nothing"
     );
@@ -345,8 +334,9 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
         statuses(4, || e.keyed_at("/api/a", "real-key")),
         [200, 200, 200, 429]
     );
-    let before = evalsha_calls(&s.redis);
-    // The filter used to key on the first copy, while a backend may read the last.
+    let before = s.redis.evalsha_calls();
+    // Keyed on the first copy, a backend reading the last would see another client: a
+    // repeated header the filter reads is refused instead.
     for (path, headers, name) in [
         (
             "/api/a",
@@ -369,7 +359,7 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
         assert_eq!(r.status, 400, "{headers:?}");
         assert_eq!(r.text(), format!("{name} must be sent once\n"));
     }
-    assert_eq!(evalsha_calls(&s.redis), before, "a 400 asks Redis nothing");
+    assert_eq!(s.redis.evalsha_calls(), before, "a 400 asks Redis nothing");
     assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 4);
     // Where no rule reads it, a repeated header passes untouched.
     let r = e.send("/other", &[("x-api-key", b"a"), ("x-api-key", b"b")]);

@@ -1,0 +1,43 @@
+//! The shipped demo policy (envoy/envoy.yaml: `per_client`, 10 per minute, burst 10, keyed by
+//! `x-api-key` then the client IP) as tests see it through a real Envoy.
+
+use crate::http::Response;
+use crate::procs::Envoy;
+
+/// The demo policy's capacity: 10, refilled at 10 per minute.
+pub const CAPACITY: usize = 10;
+
+/// `GET /` with API key `api_key`, or without one (the client IP is then the identity).
+pub fn hit(envoy: &Envoy, api_key: Option<&[u8]>) -> Response {
+    match api_key {
+        Some(key) => envoy.keyed(key),
+        None => envoy.send("/", &[]),
+    }
+}
+
+/// A fresh bucket: exactly [`CAPACITY`] requests pass, counting down, then 429 with the
+/// headers.
+pub fn assert_full_bucket_then_limited(envoy: &Envoy, api_key: Option<&[u8]>) {
+    let who = api_key.map(|k| String::from_utf8_lossy(&k[..k.len().min(40)]).into_owned());
+    for i in 0..CAPACITY {
+        let r = hit(envoy, api_key);
+        assert_eq!(r.status, 200, "request {i} for {who:?}: {}", r.text());
+        assert_eq!(r.header("x-ratelimit-limit"), Some("10"), "request {i}");
+        let remaining = (CAPACITY - 1 - i).to_string();
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(remaining.as_str()),
+            "request {i} for {who:?}"
+        );
+    }
+    let r = hit(envoy, api_key);
+    assert_eq!(r.status, 429, "request {CAPACITY} for {who:?}");
+    // One token every 6 s at 10 per minute; whole again in 60 s.
+    assert_eq!(r.header("retry-after"), Some("6"));
+    assert_eq!(r.header("x-ratelimit-reset"), Some("60"));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.text(), "rate limit exceeded\n");
+    // Set by Envoy for a local reply's text body (the filter does not send it twice).
+    assert_eq!(r.header("content-type"), Some("text/plain"));
+}
