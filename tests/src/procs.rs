@@ -11,6 +11,16 @@ use crate::keys::Keys;
 use crate::resp::RedisConn;
 use crate::{envoy_bin, free_port, root, wait_for, wait_for_value, wasm_path};
 
+/// Commands the Redis user Webdis logs in as must not run (every shipped ACL refuses them):
+/// the keyspace at large, the server's configuration, arbitrary Lua, the script cache.
+pub const REFUSED_TO_WEBDIS: [&[&str]; 5] = [
+    &["FLUSHALL"],
+    &["KEYS", "*"],
+    &["CONFIG", "GET", "*"],
+    &["EVAL", "return 1", "0"],
+    &["SCRIPT", "FLUSH"],
+];
+
 /// Redis admin user from envoy/redis.conf (the default user is Webdis's restricted one).
 pub const REDIS_ADMIN: (&str, &str) = ("admin", "admin-demo-secret");
 /// Password of Redis's default user, which Webdis logs in as (envoy/redis.conf).
@@ -263,6 +273,11 @@ impl Redis {
     /// `EVALSHA` calls Redis has run (decisions, refunds, settlements).
     pub fn evalsha_calls(&self) -> u64 {
         self.command_calls("evalsha")
+    }
+
+    /// A field of the hash at `key` (empty if there is none), read as the admin user.
+    pub fn hash_field(&self, key: &str, field: &str) -> String {
+        self.admin().cmd(&["HGET", key, field]).unwrap().text()
     }
 
     /// The `tokens` field of a token bucket's state, NaN if it has none.

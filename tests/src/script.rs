@@ -51,6 +51,11 @@ pub fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64
 }
 
 impl L {
+    /// The same limit with `burst` units at once.
+    pub fn with_burst(self, burst: u64) -> L {
+        L { burst, ..self }
+    }
+
     pub fn check(&self) -> LimitCheck {
         LimitCheck {
             rule: 0,
@@ -175,6 +180,13 @@ impl Script {
     pub fn one(&mut self, now: u128, l: &L) -> Answer {
         self.decide(now, std::slice::from_ref(l)).1.remove(0)
     }
+}
+
+/// A fresh Redis in work dir `name`, and the script loaded into it as Webdis's user.
+pub fn script(name: &str) -> (WorkDir, Redis, Script) {
+    let (dir, redis) = start(name);
+    let script = Script::new(&redis);
+    (dir, redis, script)
 }
 
 pub fn start(name: &str) -> (WorkDir, Redis) {

@@ -99,12 +99,7 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
             !(readable && printable),
             "{expected}"
         );
-        let tokens = stack
-            .redis
-            .admin()
-            .cmd(&["HGET", &expected, "tokens"])
-            .unwrap()
-            .text();
+        let tokens = stack.redis.hash_field(&expected, "tokens");
         // Drained by exactly this key's requests (what refilled since is a fraction of a token).
         let tokens: f64 = tokens.parse().unwrap_or(f64::NAN);
         assert!(

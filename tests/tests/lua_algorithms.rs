@@ -13,13 +13,9 @@ fn token_bucket_exhausts_refills_exactly_and_caps() {
 
 #[test]
 fn token_bucket_fractions_and_nanoseconds() {
-    let (_dir, redis) = start("lua-token-bucket-fraction");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-token-bucket-fraction");
     // The demo policy: 10 per minute, one token every 6 s.
-    let demo = L {
-        burst: 2,
-        ..limit("rl:t:frac", Algorithm::TokenBucket, 10, 60_000)
-    };
+    let demo = limit("rl:t:frac", Algorithm::TokenBucket, 10, 60_000).with_burst(2);
     run_cases(
         &mut s,
         &demo,
@@ -31,10 +27,7 @@ fn token_bucket_fractions_and_nanoseconds() {
         ],
     );
     // One token per nanosecond: a double holding ~1.8e18 could not tell these instants apart.
-    let ns = L {
-        burst: 10,
-        ..limit("rl:t:ns", Algorithm::TokenBucket, 1_000_000_000, 1000)
-    };
+    let ns = limit("rl:t:ns", Algorithm::TokenBucket, 1_000_000_000, 1000).with_burst(10);
     run_cases(
         &mut s,
         &ns,
@@ -48,12 +41,8 @@ fn token_bucket_fractions_and_nanoseconds() {
 
 #[test]
 fn token_bucket_ignores_a_clock_that_goes_backwards() {
-    let (_dir, redis) = start("lua-token-bucket-back");
-    let mut s = Script::new(&redis);
-    let tb = L {
-        burst: 2,
-        ..limit("rl:t:back", Algorithm::TokenBucket, 1, 1000)
-    };
+    let (_dir, redis, mut s) = script("lua-token-bucket-back");
+    let tb = limit("rl:t:back", Algorithm::TokenBucket, 1, 1000).with_burst(2);
     run_cases(
         &mut s,
         &tb,
@@ -64,11 +53,7 @@ fn token_bucket_ignores_a_clock_that_goes_backwards() {
             (T0 + 5 * S, 1, 0, "0", "7000", "6000"),
         ],
     );
-    let ts = redis
-        .admin()
-        .cmd(&["HGET", "rl:t:back", "ts"])
-        .unwrap()
-        .text();
+    let ts = redis.hash_field("rl:t:back", "ts");
     assert_eq!(
         ts,
         (T0 + 10 * S).to_string(),
@@ -90,8 +75,7 @@ fn gcra_spaces_requests_and_allows_the_burst() {
 
 #[test]
 fn fixed_window_allows_a_burst_at_the_boundary_that_sliding_windows_prevent() {
-    let (_dir, redis) = start("lua-boundary");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-boundary");
     // 5 per second. 5 requests at the last millisecond of a window, 5 at the first of the next.
     let mut allowed = Vec::new();
     for (algorithm, key) in [
@@ -146,23 +130,13 @@ fn sliding_window_log_is_exact() {
 
 #[test]
 fn redis_clock_decides_with_redis_time() {
-    let (_dir, redis) = start("lua-redis-clock");
-    let mut s = Script::new(&redis);
-    let l = L {
-        burst: 2,
-        ..limit("rl:t:clock", Algorithm::TokenBucket, 1, 86_400_000)
-    };
+    let (_dir, redis, mut s) = script("lua-redis-clock");
+    let l = limit("rl:t:clock", Algorithm::TokenBucket, 1, 86_400_000).with_burst(2);
     for expected in [1, 1, 0] {
         let items = s.call("redis", std::slice::from_ref(&l)).items();
         assert_eq!(items[1].int(), expected);
     }
-    let ts: u128 = redis
-        .admin()
-        .cmd(&["HGET", "rl:t:clock", "ts"])
-        .unwrap()
-        .text()
-        .parse()
-        .unwrap();
+    let ts: u128 = redis.hash_field("rl:t:clock", "ts").parse().unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -175,15 +149,11 @@ fn redis_clock_decides_with_redis_time() {
 
 #[test]
 fn state_expires_once_it_no_longer_matters() {
-    let (_dir, redis) = start("lua-ttl");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-ttl");
     let limits = [
         // 5 at 2/s refill in 2.5 s; + 60 s.
         (
-            L {
-                burst: 5,
-                ..limit("rl:t:ttl-tb", Algorithm::TokenBucket, 2, 1000)
-            },
+            limit("rl:t:ttl-tb", Algorithm::TokenBucket, 2, 1000).with_burst(5),
             62_500,
         ),
         // TAT 100 ms ahead; + 60 s.
@@ -219,8 +189,7 @@ fn state_expires_once_it_no_longer_matters() {
 #[test]
 fn the_largest_values_the_config_accepts_keep_every_number_exact() {
     use ratelimit_core::bounds::{MAX_LIMIT, MAX_LOG_LIMIT, MAX_STATE_LIFETIME, MAX_WINDOW};
-    let (_dir, redis) = start("lua-bounds");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-bounds");
     let w = MAX_WINDOW.as_millis() as u64;
     let lifetime = MAX_STATE_LIFETIME.as_millis() as i64;
     let big = |key, algorithm| L {
@@ -232,18 +201,12 @@ fn the_largest_values_the_config_accepts_keep_every_number_exact() {
     let cases: [(L, &str, i64); 7] = [
         // burst 2 at 1 per 366 days: full again in 732 days, the longest state.
         (
-            L {
-                burst: 2,
-                ..limit("rl:t:max-tb2", Algorithm::TokenBucket, 1, w)
-            },
+            limit("rl:t:max-tb2", Algorithm::TokenBucket, 1, w).with_burst(2),
             "1",
             lifetime,
         ),
         (
-            L {
-                burst: 2,
-                ..limit("rl:t:max-gcra2", Algorithm::Gcra, 1, w)
-            },
+            limit("rl:t:max-gcra2", Algorithm::Gcra, 1, w).with_burst(2),
             "1",
             w as i64,
         ),

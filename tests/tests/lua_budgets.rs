@@ -14,8 +14,7 @@ fn budgeted(key: &'static str, mode: OverBudget) -> L {
 
 #[test]
 fn a_key_budget_admits_new_identities_up_to_its_count_then_shares_one_overflow_bucket() {
-    let (_dir, redis) = start("lua-budget-shared");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-budget-shared");
     let ids = ["rl:{ip=1}:ip:s", "rl:{ip=2}:ip:s", "rl:{ip=3}:ip:s"];
     for id in ids {
         assert_eq!(s.one(T0, &budgeted(id, OverBudget::Shared)).0, 1, "{id}");
@@ -83,8 +82,7 @@ fn a_key_budget_admits_new_identities_up_to_its_count_then_shares_one_overflow_b
 /// (a flood under load admitted 4,029 new identities where 4 windows of 1,000 allow 4,000).
 #[test]
 fn a_late_call_stamped_in_the_previous_budget_window_does_not_restart_the_count() {
-    let (_dir, redis) = start("lua-budget-late");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-budget-late");
     let next = T0 + 60 * S;
     let budget = || {
         redis
@@ -123,8 +121,7 @@ fn a_late_call_stamped_in_the_previous_budget_window_does_not_restart_the_count(
 
 #[test]
 fn a_key_budget_in_deny_mode_refuses_new_identities_until_its_window_ends() {
-    let (_dir, redis) = start("lua-budget-deny");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-budget-deny");
     let at = T0 + 15 * S;
     for id in ["rl:{ip=1}:ip:s", "rl:{ip=2}:ip:s", "rl:{ip=3}:ip:s"] {
         assert_eq!(s.one(at, &budgeted(id, OverBudget::Deny)).0, 1);
@@ -146,8 +143,7 @@ fn a_key_budget_in_deny_mode_refuses_new_identities_until_its_window_ends() {
 
 #[test]
 fn only_a_new_identity_that_is_charged_uses_the_budget() {
-    let (_dir, redis) = start("lua-budget-charged");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-budget-charged");
     // Refused on another limit of the request (all or nothing): no state, no budget used.
     let blocker = limit("rl:t:blocker", Algorithm::FixedWindow, 1, 60_000);
     assert_eq!(s.one(T0, &blocker).0, 1);
@@ -179,12 +175,5 @@ fn only_a_new_identity_that_is_charged_uses_the_budget() {
         answers.iter().all(|a| a.as_ref().unwrap().0 == 1),
         "{answers:?}"
     );
-    assert_eq!(
-        redis
-            .admin()
-            .cmd(&["HGET", "rl:{key_budget}:ip", "n"])
-            .unwrap()
-            .text(),
-        "1"
-    );
+    assert_eq!(redis.hash_field("rl:{key_budget}:ip", "n"), "1");
 }

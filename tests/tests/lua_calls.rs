@@ -7,8 +7,7 @@ use e2e::script::*;
 
 #[test]
 fn all_limits_or_none_are_charged() {
-    let (_dir, redis) = start("lua-all-or-nothing");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-all-or-nothing");
     let second = limit("rl:{k}:r:second", Algorithm::TokenBucket, 5, 1000);
     let day = limit("rl:{k}:r:day", Algorithm::FixedWindow, 2, 86_400_000);
     let both = [second.clone(), day.clone()];
@@ -22,11 +21,7 @@ fn all_limits_or_none_are_charged() {
         "per-second would allow, uncharged"
     );
     assert_eq!(answers[1].0, 0);
-    let tokens = redis
-        .admin()
-        .cmd(&["HGET", "rl:{k}:r:second", "tokens"])
-        .unwrap()
-        .text();
+    let tokens = redis.hash_field("rl:{k}:r:second", "tokens");
     assert_eq!(
         tokens, "3",
         "the refused request did not drain the per-second bucket"
@@ -35,8 +30,7 @@ fn all_limits_or_none_are_charged() {
 
 #[test]
 fn a_refusing_shadow_limit_neither_blocks_nor_is_charged() {
-    let (_dir, redis) = start("lua-shadow");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-shadow");
     let enforced = limit("rl:t:enforced", Algorithm::TokenBucket, 10, 1000);
     let shadow = L {
         shadow: true,
@@ -48,19 +42,14 @@ fn a_refusing_shadow_limit_neither_blocks_nor_is_charged() {
     assert_eq!(committed, 1, "a shadow limit never refuses the request");
     assert_eq!(answers[0].1, "8", "the enforced limit is charged");
     assert_eq!((answers[1].0, answers[1].1.as_str()), (0, "0"));
-    let n = redis
-        .admin()
-        .cmd(&["HGET", "rl:t:shadow", "n"])
-        .unwrap()
-        .text();
+    let n = redis.hash_field("rl:t:shadow", "n");
     assert_eq!(n, "1", "the refusing shadow limit was not charged");
 }
 
 #[test]
 
 fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request() {
-    let (_dir, redis) = start("lua-badargs");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-badargs");
     let good = limit("rl:t:bad", Algorithm::TokenBucket, 1, 1000);
     for clock in ["1.5", "-1", "soon"] {
         match s.call(clock, std::slice::from_ref(&good)) {
@@ -112,8 +101,7 @@ fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request()
 
 #[test]
 fn a_call_past_its_deadline_charges_nothing() {
-    let (_dir, redis) = start("lua-deadline");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-deadline");
     let l = limit("rl:t:deadline", Algorithm::TokenBucket, 5, 1000);
     let redis_ms = || {
         let t = redis.admin().cmd(&["TIME"]).unwrap().items();
@@ -143,13 +131,9 @@ fn a_call_past_its_deadline_charges_nothing() {
 
 #[test]
 fn a_batch_decides_in_order_exactly_as_one_call_per_request() {
-    let (_dir, redis) = start("lua-batch-order");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-batch-order");
     // The same 14 requests on two fresh keys: one batch, and one call each.
-    let batched = L {
-        burst: 10,
-        ..limit("rl:t:batched", Algorithm::TokenBucket, 10, 60_000)
-    };
+    let batched = limit("rl:t:batched", Algorithm::TokenBucket, 10, 60_000).with_burst(10);
     let single = L {
         key: "rl:t:single",
         ..batched.clone()
@@ -200,8 +184,7 @@ fn a_batch_decides_in_order_exactly_as_one_call_per_request() {
 
 #[test]
 fn in_a_batch_each_request_is_all_or_nothing_over_its_own_limits() {
-    let (_dir, redis) = start("lua-batch-atomic");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-batch-atomic");
     let second = limit("rl:{k}:r:second", Algorithm::TokenBucket, 5, 1000);
     let day = limit("rl:{k}:r:day", Algorithm::FixedWindow, 1, 86_400_000);
     let both = [second.clone(), day.clone()];
@@ -220,8 +203,7 @@ fn in_a_batch_each_request_is_all_or_nothing_over_its_own_limits() {
 
 #[test]
 fn a_redis_error_in_one_request_leaves_the_others_decided() {
-    let (_dir, redis) = start("lua-batch-error");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-batch-error");
     // A key holding another type (a limit whose algorithm changed): WRONGTYPE for that one.
     let mut admin = redis.admin();
     admin.cmd(&["ZADD", "rl:t:wrong", "1", "x"]).unwrap();
@@ -247,8 +229,7 @@ fn a_redis_error_in_one_request_leaves_the_others_decided() {
 
 #[test]
 fn the_restricted_user_can_touch_only_limiter_keys() {
-    let (_dir, redis) = start("lua-acl");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-acl");
     match s.call(
         "1",
         &[limit("not-a-limiter-key", Algorithm::TokenBucket, 1, 1000)],
@@ -257,15 +238,8 @@ fn the_restricted_user_can_touch_only_limiter_keys() {
         other => panic!("expected NOPERM, got {other:?}"),
     }
     let mut conn = redis.webdis_user();
-    let refused: [&[&str]; 6] = [
-        &["FLUSHALL"],
-        &["KEYS", "*"],
-        &["CONFIG", "GET", "*"],
-        &["EVAL", "return 1", "0"],
-        &["SCRIPT", "FLUSH"],
-        &["DEL", "rl:x"],
-    ];
-    for command in refused {
+    let others: [&[&str]; 1] = [&["DEL", "rl:x"]];
+    for command in e2e::procs::REFUSED_TO_WEBDIS.iter().chain(&others) {
         match conn.cmd(command).unwrap() {
             Resp::Error(message) => {
                 assert!(message.starts_with("NOPERM"), "{command:?}: {message}")

@@ -14,8 +14,7 @@ const ALL: [Algorithm; 5] = [
 
 #[test]
 fn a_refund_gives_back_what_an_untouched_charge_took() {
-    let (_dir, redis) = start("lua-refund");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-refund");
     let keys = [
         "rl:t:r-tb",
         "rl:t:r-gcra",
@@ -44,8 +43,7 @@ fn a_refund_gives_back_what_an_untouched_charge_took() {
 
 #[test]
 fn a_refund_never_gives_back_what_the_limit_has_since_refilled() {
-    let (_dir, redis) = start("lua-refund-absorbed");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-refund-absorbed");
     // 10 per second, bucket of 10. A charge of 5, then 2 s: the bucket is full again anyway,
     // so the charge holds nothing back any more. A refund must not add to the full bucket.
     for (algorithm, key) in [
@@ -133,8 +131,7 @@ fn a_refund_never_gives_back_what_the_limit_has_since_refilled() {
 
 #[test]
 fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
-    let (_dir, redis) = start("lua-refund-bad");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-refund-bad");
     let l = limit("rl:t:rb", Algorithm::TokenBucket, 10, 1000);
     let refund = Refund {
         check: l.check(),
@@ -163,8 +160,7 @@ fn leasing(l: L, max_units: u64, fraction: f64) -> L {
 
 #[test]
 fn a_lease_takes_a_fraction_of_what_is_left_and_near_the_limit_only_the_request() {
-    let (_dir, redis) = start("lua-lease-sizes");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-lease-sizes");
     // Buckets of 100 that refill 1 per 1000 s: nothing comes back during the test.
     // A fixed window of 100 per 1000 s: the same units, which come back when the window ends.
     for (algorithm, key) in [
@@ -174,10 +170,7 @@ fn a_lease_takes_a_fraction_of_what_is_left_and_near_the_limit_only_the_request(
     ] {
         let base = match algorithm {
             Algorithm::FixedWindow => limit(key, algorithm, 100, 1_000_000),
-            _ => L {
-                burst: 100,
-                ..limit(key, algorithm, 1, 1_000_000)
-            },
+            _ => limit(key, algorithm, 1, 1_000_000).with_burst(100),
         };
         let l = leasing(base, 10, 0.25);
         // k = min(10, floor(0.25 × left before)): 10 while 40 or more are left, then smaller,
@@ -215,8 +208,7 @@ fn a_lease_takes_a_fraction_of_what_is_left_and_near_the_limit_only_the_request(
 
 #[test]
 fn a_lease_is_sized_by_its_tightest_limit_and_the_cost_and_taken_on_all_or_none() {
-    let (_dir, redis) = start("lua-lease-limits");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-lease-limits");
     let wide = leasing(
         L {
             burst: 1000,
@@ -277,8 +269,7 @@ fn a_lease_is_sized_by_its_tightest_limit_and_the_cost_and_taken_on_all_or_none(
 
 #[test]
 fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
-    let (_dir, redis) = start("lua-lease-bad");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-lease-bad");
     let good = limit("rl:t:lease-good", Algorithm::TokenBucket, 10, 1000);
     let window = leasing(
         limit("rl:t:lease-window", Algorithm::SlidingWindowLog, 10, 1000),

@@ -13,8 +13,7 @@ const METERED: [(Algorithm, &str); 4] = [
 
 #[test]
 fn token_bucket_debt_refuses_until_repaid_with_the_exact_retry() {
-    let (_dir, redis) = start("lua-settle-debt-tb");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-settle-debt-tb");
     // 100 tokens per second (1 per 10 ms); a reservation of 40, then the usage was 130.
     let l = limit("rl:t:debt-tb", Algorithm::TokenBucket, 100, 1000);
     let reserve = L {
@@ -40,8 +39,7 @@ fn token_bucket_debt_refuses_until_repaid_with_the_exact_retry() {
 
 #[test]
 fn fixed_window_debt_is_repaid_by_the_next_windows() {
-    let (_dir, redis) = start("lua-settle-debt-fw");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-settle-debt-fw");
     let l = limit("rl:t:debt-fw", Algorithm::FixedWindow, 10, 1000);
     assert_eq!(s.one(T0, &l).0, 1);
     // The response used 25: 24 more, 25 counted in a window of 10: the next window starts at
@@ -60,8 +58,7 @@ fn fixed_window_debt_is_repaid_by_the_next_windows() {
 
 #[test]
 fn a_debt_refuses_on_every_metered_algorithm_and_a_give_back_restores_it() {
-    let (_dir, redis) = start("lua-settle-all");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-settle-all");
     for (algorithm, key) in METERED {
         let l = limit(key, algorithm, 10, 1000);
         let reserve = L {
@@ -90,8 +87,7 @@ fn a_debt_refuses_on_every_metered_algorithm_and_a_give_back_restores_it() {
 
 #[test]
 fn a_give_back_never_raises_a_limit_past_its_allowance() {
-    let (_dir, redis) = start("lua-settle-bound");
-    let mut s = Script::new(&redis);
+    let (_dir, redis, mut s) = script("lua-settle-bound");
     for (algorithm, key) in METERED {
         let l = limit(key, algorithm, 10, 1000);
         let reserve = L {
@@ -130,8 +126,7 @@ fn a_give_back_never_raises_a_limit_past_its_allowance() {
 
 #[test]
 fn after_mode_admits_while_a_unit_is_left_and_charges_nothing() {
-    let (_dir, redis) = start("lua-after");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-after");
     for (algorithm, key) in METERED {
         let after = L {
             cost: 500,
@@ -165,8 +160,7 @@ fn after_mode_admits_while_a_unit_is_left_and_charges_nothing() {
 
 #[test]
 fn a_settlement_request_holds_only_settlements() {
-    let (_dir, redis) = start("lua-settle-bad");
-    let mut s = Script::new(&redis);
+    let (_dir, _redis, mut s) = script("lua-settle-bad");
     let l = limit("rl:t:u-bad", Algorithm::SlidingWindowLog, 10, 1000);
     let command = DecideCall::settle(
         T0,
