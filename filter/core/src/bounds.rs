@@ -103,6 +103,15 @@ pub const MAX_READABLE_IDENTITY: usize = 128;
 /// (the estimate stands) and the rest of the body is not looked at.
 pub const MAX_USAGE_BODY: u64 = 16 << 20;
 
+/// JSON of a response nested deeper than this is unreadable (`too_deep`): the usage scanner
+/// keeps one bit per level.
+pub const MAX_DEPTH: u8 = 64;
+/// A usage path has 1 to 8 segments of 1 to 64 bytes of `[A-Za-z0-9_-]`.
+pub const MAX_SEGMENTS: usize = 8;
+pub const MAX_SEGMENT_LEN: usize = 64;
+/// Characters of a Redis error kept in a log line (the rest shown as `…`).
+pub const MAX_ERROR_TEXT: usize = 200;
+
 // --- Bounds on what a worker holds in memory. ---
 
 /// Entries of a worker's plan memo (`request::memo::PlanMemo`): a few thousand callers active
@@ -122,6 +131,17 @@ pub const MAX_KEPT_SETTLEMENTS: usize = 4096;
 pub const MAX_METERED_STREAMS: usize = 16_384;
 /// Keys one worker keeps state for; when full, the state that stops mattering first goes.
 pub const LOCAL_MAX_ENTRIES: usize = 10_000;
+/// Slots in a worker's table of recent identities' requests (which earn leases; a power of
+/// two): 16 bytes each, 128 KiB per worker once a leasable request came.
+pub const SIGHTING_SLOTS: usize = 8192;
+/// Calls given up on that a worker remembers, for a late answer to close its breaker (each
+/// worker has at most 8 in flight).
+pub const MAX_ABANDONED_CALLS: usize = 16;
+/// Give-back calls one worker sends per tick at most: the rest waits for the next tick (a
+/// Redis Cluster spreads keys over many slots).
+pub const MAX_GIVE_BACK_CALLS: usize = 4;
+/// Settlement calls in flight at most per worker: more settlements wait for their replies.
+pub const MAX_SETTLEMENT_CALLS: usize = 4;
 
 #[cfg(test)]
 mod tests {

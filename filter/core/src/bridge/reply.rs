@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use super::failure::BridgeFailure;
+use crate::bounds::MAX_ERROR_TEXT;
 use crate::decision::{Decision, LimitResult};
 
 /// A reply from Webdis as the host delivered it: no status means the call timed out or the
@@ -22,8 +23,6 @@ pub enum EvalOutcome {
     /// Redis does not have the script (it restarted): load it and retry.
     NoScript,
 }
-
-const MAX_ERROR_TEXT: usize = 200;
 
 fn shown_error(message: &str) -> String {
     let mut shown: String = message.chars().take(MAX_ERROR_TEXT).collect();

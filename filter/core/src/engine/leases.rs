@@ -36,6 +36,7 @@ use crate::request::plan::Plan;
 use super::packing::pack;
 use super::sightings::{Sightings, SEEN};
 use super::slots;
+use crate::bounds::MAX_GIVE_BACK_CALLS;
 pub use crate::bounds::MAX_LEASED_KEYS;
 
 /// Requests of a key, within one lease's `max_ms`, that earn it a lease (the last of them
@@ -59,10 +60,6 @@ const MOST_ASK: u64 = 1 << 30;
 /// client that comes back at its own pace gets a lease of its size, not the first one). A key
 /// never leased is remembered only as long as its requests may still earn it one.
 const KEEP_IDLE_NS: u128 = 10_000_000_000;
-
-/// Give-back calls one worker sends per tick at most: the rest waits for the next tick (a
-/// Redis Cluster spreads keys over many slots).
-const MAX_GIVE_BACK_CALLS: usize = 4;
 
 /// A lease asked for by a waiting request: no other ask for its keys goes while it is held,
 /// and it is given back with its call's outcome ([`Leases::redeem`]) or without a call

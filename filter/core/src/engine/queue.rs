@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::lag::{Deadline, Moment};
 use super::leases::{Leases, Ticket};
 use super::slots;
+use crate::bounds::MAX_ABANDONED_CALLS;
 use crate::bridge::{
     call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
     BridgeReply, BridgeRequest, DecideCall, EvalOutcome, RequestShape,
@@ -326,9 +327,6 @@ pub struct Queue {
     abandoned: VecDeque<u32>,
 }
 
-/// Abandoned calls remembered at most (each worker has at most 8 in flight).
-const ABANDONED: usize = 16;
-
 impl Queue {
     /// Requests waiting, and calls in flight.
     pub fn load(&self) -> (usize, usize) {
@@ -402,7 +400,7 @@ impl Queue {
 
     /// The call in flight with `token` is given up: its reply, if it comes, is not read.
     pub fn abandon(&mut self, token: u32) {
-        if self.abandoned.len() >= ABANDONED {
+        if self.abandoned.len() >= MAX_ABANDONED_CALLS {
             self.abandoned.pop_front();
         }
         self.abandoned.push_back(token);

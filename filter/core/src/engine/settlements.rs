@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use super::packing::pack;
 use super::tally::Tally;
+pub use crate::bounds::MAX_SETTLEMENT_CALLS;
 pub use crate::bounds::{MAX_KEPT_SETTLEMENTS, MAX_METERED_STREAMS};
 use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
@@ -28,9 +29,6 @@ use crate::decision::Settlement;
 use crate::metering::{UsageCharge, UsageMeter};
 use crate::metrics::RuleEvent;
 use crate::request::plan::Plan;
-
-/// Settlement calls in flight at most per worker: more settlements wait for their replies.
-pub const MAX_SETTLEMENT_CALLS: usize = 4;
 
 /// A settlement call in flight.
 #[derive(Debug)]

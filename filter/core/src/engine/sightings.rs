@@ -7,9 +7,7 @@
 //! first one's sightings (it must then earn its lease again: fewer leases, never a wrong
 //! decision, since a lease is charged in Redis before it is spent).
 
-/// Slots in the table (a power of two): 16 bytes each, 128 KiB per worker once a leasable
-/// request came.
-const SLOTS: usize = 8192;
+use crate::bounds::SIGHTING_SLOTS;
 
 /// Earlier requests remembered per key: the request that makes `SEEN + 1` within a lease's
 /// time earns the key a lease.
@@ -35,10 +33,10 @@ impl Sightings {
     /// ms).
     pub fn sighted(&mut self, key: &str, now: u128, max_ns: u128) -> Option<[u128; SEEN]> {
         if self.slots.is_empty() {
-            self.slots = vec![Slot::default(); SLOTS];
+            self.slots = vec![Slot::default(); SIGHTING_SLOTS];
         }
         let hash = hash(key.as_bytes());
-        let slot = &mut self.slots[(hash as usize) & (SLOTS - 1)];
+        let slot = &mut self.slots[(hash as usize) & (SIGHTING_SLOTS - 1)];
         let tag = (hash >> 32) as u32;
         let now_ms = ((now / 1_000_000) as u32).wrapping_add(1);
         if slot.tag != tag {
@@ -115,12 +113,16 @@ mod tests {
 
     #[test]
     fn keys_spread_over_the_slots() {
-        let used: std::collections::HashSet<usize> = (0..SLOTS)
+        let used: std::collections::HashSet<usize> = (0..SIGHTING_SLOTS)
             .map(|i| {
                 hash(format!("rl:{{header:x-api-key:client-{i}}}:all:minute").as_bytes()) as usize
-                    & (SLOTS - 1)
+                    & (SIGHTING_SLOTS - 1)
             })
             .collect();
-        assert!(used.len() > SLOTS / 2, "{} of {SLOTS} slots", used.len());
+        assert!(
+            used.len() > SIGHTING_SLOTS / 2,
+            "{} of {SIGHTING_SLOTS} slots",
+            used.len()
+        );
     }
 }

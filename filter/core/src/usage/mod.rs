@@ -8,6 +8,8 @@
 //! - [`RequestEstimate`]: the request body's bytes plus its `max_completion_tokens` /
 //!   `max_tokens`, an upper bound of the usage for byte-level tokenizers.
 
+pub use crate::bounds::{MAX_DEPTH, MAX_SEGMENTS, MAX_SEGMENT_LEN};
+
 mod estimate;
 mod event_stream;
 mod header;
@@ -24,11 +26,6 @@ use json::{Doc, Scanner};
 use path::Path;
 
 pub use crate::bounds::MAX_USAGE;
-/// Nesting deeper than this is refused (`too_deep`): the scanner keeps one bit per level.
-pub const MAX_DEPTH: u8 = 64;
-/// A usage path has 1 to 8 segments of 1 to 64 bytes of `[A-Za-z0-9_-]`.
-pub const MAX_SEGMENTS: usize = 8;
-pub const MAX_SEGMENT_LEN: usize = 64;
 /// The most a [`UsageReader`] holds: its own size plus its path (at most 8 segments of 64
 /// bytes, stored joined). Measured by the unit tests; no body, string or event is buffered.
 pub const READER_BYTES: usize = 160 + MAX_SEGMENTS * MAX_SEGMENT_LEN;
