@@ -70,8 +70,8 @@ impl Breaker {
         }
     }
 
-    /// Why the breaker opens at `now`, if the call in flight the longest, while requests
-    /// wait, has had no answer for its timeout (or `stall`, when set lower).
+    /// Why the breaker opens at `now`, if `call`, while requests wait, has had no answer for
+    /// its timeout (or `stall`, when set lower).
     pub fn hung(
         &mut self,
         settings: Option<Settings>,
@@ -204,7 +204,7 @@ mod tests {
         }
     }
 
-    /// The call in flight the longest: `age_ms` without an answer, of a call of `timeout_ms`.
+    /// A call in flight: `age_ms` without an answer, of a call of `timeout_ms`.
     fn unanswered(age_ms: u64, timeout_ms: u64) -> Unanswered {
         Unanswered {
             token: 1,

@@ -124,18 +124,25 @@ impl Engine {
         if !released.is_empty() {
             self.fail(config, host, released, BridgeFailure::Timeout, now, false);
         }
-        let Some(unanswered) = self.queue.longest_unanswered(at) else {
-            return;
-        };
         if self.queue.requests_wait() {
-            let hung = self.breaker.hung(config.breaker, unanswered, now);
+            let breaker = &mut self.breaker;
+            let hung = self
+                .queue
+                .unanswered(at)
+                .find_map(|call| breaker.hung(config.breaker, call, now));
             if hung.is_some() {
                 return self.opened(config, host, now, hung);
             }
         }
-        if unanswered.age >= unanswered.timeout {
-            if let Some(flight) = self.queue.take_call(unanswered.token) {
-                self.queue.abandon(unanswered.token);
+        let given_up: Vec<u32> = self
+            .queue
+            .unanswered(at)
+            .filter(|call| call.age >= call.timeout)
+            .map(|call| call.token)
+            .collect();
+        for token in given_up {
+            if let Some(flight) = self.queue.take_call(token) {
+                self.queue.abandon(token);
                 let members = flight.call.into_members();
                 self.fail(config, host, members, BridgeFailure::Timeout, now, true);
             }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::TICK;
 
 /// Lateness of a tick below this is ordinary timer jitter, not counted.
-pub const TOLERANCE_NS: u128 = 5_000_000;
+const TOLERANCE_NS: u128 = 5_000_000;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Lag {
@@ -66,14 +66,6 @@ pub struct Moment {
 }
 
 impl Moment {
-    /// An instant of a worker that has never run late (tests, and a host without a timer).
-    pub fn on_time(now: u128) -> Self {
-        Moment {
-            wall_ns: now,
-            work_ns: now,
-        }
-    }
-
     /// How long since `earlier`, in the worker's own time.
     pub fn work_since(&self, earlier: Moment) -> Duration {
         let ns = self.work_ns.saturating_sub(earlier.work_ns);

@@ -174,7 +174,7 @@ impl Call {
             .iter()
             .map(|m| m.plan.timeout)
             .min()
-            .unwrap_or(config.lag_allowance);
+            .unwrap_or_default();
         Call {
             stage: Stage::Deciding { reloaded: false },
             eval: BridgeRequest::evalsha(&config.script_sha, &call),
@@ -243,7 +243,7 @@ impl Call {
 
     /// Envoy's own timeout of the call: its timeout plus the lag allowance, in wall time.
     /// The engine stops waiting for it sooner, counting the worker's own time
-    /// ([`Queue::longest_unanswered`]); this bounds the wait however late the worker runs.
+    /// ([`Queue::unanswered`]); this bounds the wait however late the worker runs.
     pub fn envoy_timeout(&self, config: &Config) -> Duration {
         self.timeout
             .saturating_add(config.lag_allowance)
@@ -286,7 +286,7 @@ pub struct InFlight {
     pub call: Call,
 }
 
-/// The call in flight the longest without an answer.
+/// A call in flight, as the hang check sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unanswered {
     pub token: u32,
@@ -425,16 +425,14 @@ impl Queue {
         released
     }
 
-    /// The call in flight the longest at `at`, in the worker's own time.
-    pub fn longest_unanswered(&self, at: Moment) -> Option<Unanswered> {
-        self.in_flight
-            .iter()
-            .min_by_key(|f| f.dispatched.work_ns)
-            .map(|f| Unanswered {
-                token: f.token,
-                age: at.work_since(f.dispatched),
-                timeout: f.call.timeout,
-            })
+    /// Every call in flight at `at`: how long it has gone unanswered, in the worker's own
+    /// time, and its timeout.
+    pub fn unanswered(&self, at: Moment) -> impl Iterator<Item = Unanswered> + '_ {
+        self.in_flight.iter().map(move |f| Unanswered {
+            token: f.token,
+            age: at.work_since(f.dispatched),
+            timeout: f.call.timeout,
+        })
     }
 
     /// Whether any request waits on the bridge: for a call, or in one in flight.
@@ -518,7 +516,14 @@ mod tests {
         let plan = plan_of((0..limits).map(check).collect());
         Waiting {
             origin: Origin::Stream(n as u32),
-            deadline: Deadline::new(Moment::on_time(n), plan.timeout, Duration::ZERO),
+            deadline: Deadline::new(
+                Moment {
+                    wall_ns: n,
+                    work_ns: n,
+                },
+                plan.timeout,
+                Duration::ZERO,
+            ),
             plan,
             arrived_ns: n,
             slot,

@@ -353,3 +353,31 @@ fn without_a_clock_bookkeeping_takes_the_last_time_the_host_told() {
     );
     assert_eq!(h.failures.last(), Some(&BridgeFailure::Clock));
 }
+
+/// Every call in flight is watched, not only the oldest: with two out, the younger one of a
+/// rule with a shorter timeout hangs first and opens the breaker while requests wait.
+#[test]
+fn a_younger_call_with_a_shorter_timeout_is_seen_hung_first() {
+    let c = Config::parse(
+        br#"{"bridge": {"timeout": "1s"}, "batch": {"max_in_flight": 2}, "rules": [
+            {"name": "slow", "match": {"path_prefix": "/slow"}, "limits": [{"name": "m", "limit": 10, "window": "1m"}]},
+            {"name": "fast", "match": {"path_prefix": "/fast"}, "timeout": "100ms", "limits": [{"name": "m", "limit": 10, "window": "1m"}]}]}"#,
+    )
+    .unwrap();
+    let mut e = Engine::new(&c);
+    let mut h = FakeHost::new();
+    ticks(&mut e, &c, &mut h, 0, 0);
+    arrive(&mut e, &c, &mut h, 1, &req("/slow", "a"));
+    ticks(&mut e, &c, &mut h, 25, 50);
+    arrive(&mut e, &c, &mut h, 2, &req("/fast", "b"));
+    e.on_request(&c, &mut h, 3, &req("/slow", "c"));
+    assert_eq!(e.load(), (1, 2));
+    ticks(&mut e, &c, &mut h, 75, 125);
+    assert_eq!(h.breaker_open, 0, "the /fast call is 75 ms out of its 100");
+    ticks(&mut e, &c, &mut h, 150, 150);
+    assert_eq!(
+        h.breaker_open, 1,
+        "100 ms without an answer while a request waits"
+    );
+    assert_eq!(h.resumed, vec![2, 3, 1]);
+}
