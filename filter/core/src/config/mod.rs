@@ -389,6 +389,9 @@ pub struct Limit {
     pub lease: Option<Lease>,
     /// Metered by the usage read from the response (None: by the rule's cost per request).
     pub usage: Option<Usage>,
+    /// Each decision also reads the identity's override (another limit, `unlimited` or
+    /// `blocked`, set at runtime by an operator) beside its state, in the same script call.
+    pub overrides: bool,
 }
 
 /// How a worker leases units of a limit: one call charges the request and up to this many

@@ -158,6 +158,9 @@ pub(super) struct RawLimit {
     /// As the top-level `lease`, for this limit only (`false`: none for it).
     pub(super) lease: Option<Value>,
     pub(super) usage: Option<RawUsage>,
+    /// Operators may set another limit for one identity at runtime (see docs/operations.md).
+    #[serde(default)]
+    pub(super) overrides: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -333,6 +333,12 @@ impl RawLimit {
                 "every shard holds limit / shards and burst / shards: both must be at least shards",
             ));
         }
+        if self.overrides && shards > 1 {
+            return Err(invalid(
+                &format!("{field}.overrides"),
+                "a sharded limit spreads one identity over several slots: an override would have to be read on each; use shards 1",
+            ));
+        }
         let usage = match self.usage {
             None => None,
             Some(raw) => Some(super::usage::validate_usage(
@@ -352,6 +358,7 @@ impl RawLimit {
             shards,
             lease,
             usage,
+            overrides: self.overrides,
         })
     }
 }

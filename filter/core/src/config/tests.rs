@@ -74,6 +74,7 @@ fn minimal_config_takes_documented_defaults() {
             shards: 1,
             lease: None,
             usage: None,
+            overrides: false,
         }]
     );
     assert_eq!(c.script_sha.len(), 40);

@@ -24,21 +24,42 @@ pub fn redis_key(
     label: &str,
     identity: &[u8],
 ) -> String {
+    format!(
+        "{}{}:{}:{}",
+        config.key_prefix,
+        identity_tag(config, label, identity),
+        rule.name,
+        limit.name
+    )
+}
+
+/// The hash tag of an identity, braces included: `{label:sha1hex(identity)}`, or
+/// `{label=identity}` for a short printable identity with `hash_identities` off.
+pub fn identity_tag(config: &Config, label: &str, identity: &[u8]) -> String {
     let readable = !config.hash_identities
         && identity.len() <= MAX_READABLE_IDENTITY
         && identity
             .iter()
             .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-    let (tag, id) = if readable {
-        ('=', String::from_utf8_lossy(identity).into_owned())
+    if readable {
+        format!("{{{label}={}}}", String::from_utf8_lossy(identity))
     } else {
-        (':', sha1_hex(identity))
-    };
-    format!(
-        "{}{{{label}{tag}{id}}}:{}:{}",
-        config.key_prefix, rule.name, limit.name
-    )
+        format!("{{{label}:{}}}", sha1_hex(identity))
+    }
 }
+
+/// Where an operator's override of a limit for one identity lives, given the limit's state
+/// key: the state key and `:override`. On the identity's slot, so the script reads it with
+/// the state; rule and limit names hold no `:`, so no state key has this form.
+pub fn override_key(state_key: &str) -> String {
+    let mut key = String::with_capacity(state_key.len() + OVERRIDE_SUFFIX.len());
+    key.push_str(state_key);
+    key.push_str(OVERRIDE_SUFFIX);
+    key
+}
+
+/// What [`override_key`] adds to a state key.
+pub const OVERRIDE_SUFFIX: &str = ":override";
 
 /// The key counting a rule's new identities (its key budget): `prefix{key_budget}:rule`, or
 /// with a Redis Cluster one per slot, `prefix{b<n>}:key_budget:rule` where `{b<n>}` is a tag
