@@ -340,7 +340,7 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
         (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
-        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`, `lease`, `usage`"),
+        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `burst`, `shards`, `lease`, `usage`, `overrides`"),
         (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
         (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
         (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
