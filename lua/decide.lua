@@ -36,7 +36,15 @@
 -- reset_ms describe the state after this request: charged if committed, untouched if not.
 -- outcome is 1 (allowed) or 0 (refused), plus 2 when the limit's identity was new while its
 -- rule's key budget was used up: then the limit was decided on the rule's overflow state
--- ("shared") or refused until the budget's window ends ("deny").
+-- ("shared") or refused until the budget's window ends ("deny"); plus 4 when an override
+-- applied, 8 when the override found was malformed and ignored; plus 16 x the override's
+-- quota (its burst for token_bucket and gcra, else its limit; 0 for "unlimited" and
+-- "blocked"; see read_override below).
+--
+-- Overrides: a limit whose key index is "i:j" reads the identity's override at KEYS[j] before
+-- it is decided (and before a refund or settlement: they use the numbers it was decided
+-- with). "unlimited" allows and charges nothing, "blocked" refuses with the override's TTL as
+-- retry (0 when it has none), "limit" replaces the limit and burst.
 --
 -- Leases: when every limit of a committed request is in mode "lease", the request also takes
 -- k - 1 further requests' worth of units at once (all or nothing over its limits), which the
@@ -122,8 +130,15 @@ local function read_request(a)
     local settle = ARGV[b + 7] == 'settle'
     local after = ARGV[b + 7] == 'after'
     local budget = not (refund or lease or settle or after) and tonumber(ARGV[b + 8]) or 0
+    -- "i", or "i:j" for a limit that reads its identity's override at KEYS[j].
+    local key_index, override_index = tonumber(ARGV[b + 1]), nil
+    if not key_index then
+      key_index, override_index = string.match(ARGV[b + 1], '^(%d+):(%d+)$')
+    end
     local p = {
-      key = KEYS[tonumber(ARGV[b + 1]) or 0],
+      key = KEYS[tonumber(key_index) or 0],
+      override = override_index and KEYS[tonumber(override_index)],
+      algorithm_name = ARGV[b + 2],
       algorithm = ALGORITHMS[ARGV[b + 2]],
       limit = tonumber(ARGV[b + 3]),
       window = tonumber(ARGV[b + 4]),
@@ -140,7 +155,8 @@ local function read_request(a)
       delta = settle and tonumber(ARGV[b + 8]),
       after = after,
     }
-    if not p.key or not p.algorithm or not p.limit or p.limit < 1 or not p.window
+    if not p.key or (override_index and not p.override) or not p.algorithm or not p.limit
+        or p.limit < 1 or not p.window
         or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
         or (p.budget and (not BUDGETS[p.budget] or not p.overflow))
         or (refund and (not p.refund or not string.match(p.charged_at, '^%d+$')
@@ -155,6 +171,71 @@ local function read_request(a)
     limits[i] = p
   end
   return problem or limits, a + 1 + 9 * n
+end
+
+-- An override, as operators write it (ratelimit-admin): a hash with `mode` "limit" (then
+-- `limit`, and `burst` for the algorithms that have one), "unlimited" or "blocked"; its TTL is
+-- its expiry. Reads it into p and returns the outcome bits it adds: 4 when it applies, 8 when
+-- it is malformed (then the config's numbers apply).
+local MAX_LIMIT = 1000000000000
+local MAX_LOG_LIMIT = 10000
+local MAX_STATE_LIFETIME_MS = 2 * 366 * 86400000
+local HAS_BURST = {token_bucket = true, gcra = true}
+local function read_override(p)
+  local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst')
+  if type(o) ~= 'table' or o.err then
+    return 8
+  end
+  local mode = o[1]
+  if not mode then
+    return (o[2] or o[3]) and 8 or 0
+  end
+  if mode == 'unlimited' or mode == 'blocked' then
+    if o[2] or o[3] then
+      return 8
+    end
+    p[mode] = true
+    return 4
+  end
+  local function number(text)
+    return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
+  end
+  local limit, burst = number(o[2]), o[3] and number(o[3])
+  if mode ~= 'limit' or not limit or limit > MAX_LIMIT
+      or (p.algorithm_name == 'sliding_window_log' and limit > MAX_LOG_LIMIT)
+      or (o[3] and (not burst or burst > MAX_LIMIT or not HAS_BURST[p.algorithm_name])) then
+    return 8
+  end
+  burst = burst or limit
+  if burst / limit * p.window > MAX_STATE_LIFETIME_MS then
+    return 8
+  end
+  p.limit, p.burst = limit, burst
+  p.override_quota = HAS_BURST[p.algorithm_name] and burst or limit
+  return 4
+end
+
+-- A blocked identity is refused until its override expires; one without expiry has no time
+-- to wait for (retry 0: the caller sends no Retry-After).
+local function blocked_decision(p)
+  local ttl = redis.call('PTTL', p.override)
+  local wait = ttl > 0 and ttl or 0
+  return {allowed = false, kept_remaining = 0, kept_reset = wait, retry = wait,
+    commit = function() end}
+end
+
+-- An unlimited identity is allowed and charged nothing; its numbers are not shown.
+local function unlimited_decision()
+  return {allowed = true, kept_remaining = 0, kept_reset = 0, taken_remaining = 0,
+    taken_reset = 0, retry = 0, commit = function() end}
+end
+
+local function read_overrides(limits)
+  for _, p in ipairs(limits) do
+    if p.override then
+      p.override_bits = read_override(p)
+    end
+  end
 end
 
 -- The key budgets a request's limits use: for each, whether its identity is new and, if so,
@@ -228,11 +309,15 @@ end
 -- see SETTLES in lib.lua). It takes nothing and replies 1 for each limit.
 local function adjust_request(limits, mode)
   local reply = {1, #limits}
+  read_overrides(limits)
   for _, p in ipairs(limits) do
     if not p[mode] then
       error('ERR decide: a ' .. mode .. ' request holds only ' .. mode .. ' limits')
     end
-    p[mode](p.key, p, now)
+    -- An unlimited identity was charged nothing; a blocked one settles as configured.
+    if not p.unlimited then
+      p[mode](p.key, p, now)
+    end
     for _, v in ipairs({1, '0', '0', '0'}) do
       reply[#reply + 1] = v
     end
@@ -245,7 +330,7 @@ end
 local function lease_of(limits, decisions)
   local k = math.huge
   for i, p in ipairs(limits) do
-    if not p.lease then
+    if not p.lease or p.unlimited or p.blocked then
       return 1, decisions
     end
     if p.cost > 0 then
@@ -282,6 +367,7 @@ local function decide_request(limits)
   if limits[1].settle then
     return adjust_request(limits, 'settle')
   end
+  read_overrides(limits)
   -- Most calls carry no key budget: nothing to look up or count for them.
   local budgets = budget_count > 0 and apply_budgets(limits) or nil
   local decisions = {}
@@ -290,6 +376,10 @@ local function decide_request(limits)
     local d
     if p.refuse_ms then
       d = {allowed = false, kept_remaining = 0, kept_reset = p.refuse_ms, retry = p.refuse_ms}
+    elseif p.blocked then
+      d = blocked_decision(p)
+    elseif p.unlimited then
+      d = unlimited_decision()
     elseif p.after then
       d = decide_after(p)
     elseif p.settle or p.refund then
@@ -313,7 +403,9 @@ local function decide_request(limits)
     if charged[i] then
       d.commit()
     end
-    local outcome = (d.allowed and 1 or 0) + (limits[i].over and 2 or 0)
+    local p = limits[i]
+    local outcome = (d.allowed and 1 or 0) + (p.over and 2 or 0) + (p.override_bits or 0)
+      + 16 * (p.override_quota or 0)
     reply[#reply + 1] = outcome
     -- Debt is never shown as a negative remaining.
     local left = charged[i] and d.taken_remaining or d.kept_remaining

@@ -33,6 +33,8 @@ pub struct L {
     pub lease: Option<Lease>,
     /// A usage limit in mode `after`.
     pub after: bool,
+    /// Reads its identity's override (`"overrides": true`).
+    pub overrides: bool,
 }
 
 pub fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64) -> L {
@@ -47,6 +49,7 @@ pub fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64
         budget: None,
         lease: None,
         after: false,
+        overrides: false,
     }
 }
 
@@ -54,6 +57,14 @@ impl L {
     /// The same limit with `burst` units at once.
     pub fn with_burst(self, burst: u64) -> L {
         L { burst, ..self }
+    }
+
+    /// The same limit, reading its identity's override.
+    pub fn with_overrides(self) -> L {
+        L {
+            overrides: true,
+            ..self
+        }
     }
 
     pub fn check(&self) -> LimitCheck {
@@ -81,6 +92,7 @@ impl L {
                     })
                 }),
             ),
+            overrides: self.overrides,
         }
     }
 }

@@ -75,6 +75,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         burst: s.burst,
         cost,
         mode: Mode::of(false, None, false, None),
+        overrides: false,
     };
     let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();
@@ -319,6 +320,7 @@ fn check(s: &Scenario, key: &str, cost: u64, after: bool) -> LimitCheck {
         burst: s.burst,
         cost,
         mode: Mode::of(after, None, false, None),
+        overrides: false,
     }
 }
 

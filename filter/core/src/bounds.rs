@@ -86,6 +86,10 @@ pub const MAX_IN_FLIGHT: u64 = 8;
 pub const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
 /// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
 pub const MAX_LEASE_MS: u64 = 60_000;
+/// How long a worker acts on what Redis said of a limit with overrides without asking again:
+/// a refusal in its deny cache, and a lease, live at most this long. An override set, changed
+/// or removed, or a reset, reaches every worker within it.
+pub const OVERRIDE_STALE_MS: u64 = 1_000;
 /// Most shards of one limit: enough to spread a hot identity over a large cluster.
 pub const MAX_SHARDS: u64 = 64;
 /// Largest cost of one request (fixed, or a cost header's `max`).

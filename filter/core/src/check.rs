@@ -23,6 +23,8 @@ pub struct LimitCheck {
     pub burst: u64,
     pub cost: u64,
     pub mode: Mode,
+    /// The script reads the identity's override of this limit (`"overrides": true`).
+    pub overrides: bool,
 }
 
 /// How the script decides a limit (see `lua/decide.lua`).

@@ -16,6 +16,22 @@ pub struct LimitResult {
     /// A new identity over its rule's key budget: refused for it (mode `deny`) or decided on
     /// the rule's shared overflow state (mode `shared`).
     pub over_budget: bool,
+    /// The identity's override that decided this limit, if one did.
+    pub overridden: Option<Override>,
+    /// An override was found for the identity but is malformed: the config's numbers applied.
+    pub bad_override: bool,
+}
+
+/// An operator's override of one limit for one identity, as the script applied it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Override {
+    /// Another limit (and burst) per window: its quota as headers show it (the burst for
+    /// token_bucket and gcra, else the limit).
+    Limit(u64),
+    /// Allowed, charged nothing.
+    Unlimited,
+    /// Refused until the override expires.
+    Blocked,
 }
 
 /// What Redis decided for one request: all limits, in the order they were sent.

@@ -106,6 +106,10 @@ stats! {
         UsageDebt => "usage_debt",
         /// Usage limits: responses whose usage could not be read (the estimate stands).
         UsageUnread => "usage_unread",
+        /// Redis decided this limit under the identity's override.
+        Overridden => "overridden",
+        /// The identity's override of this limit is malformed: ignored, the config decided.
+        BadOverride => "bad_override",
     }
 }
 

@@ -4,7 +4,7 @@ use serde_json::json;
 
 use crate::check::LimitCheck;
 use crate::config::{Config, DenyBody, HeaderMode};
-use crate::decision::{Decision, LimitResult};
+use crate::decision::{Decision, LimitResult, Override};
 
 pub type Headers = Vec<(&'static str, String)>;
 
@@ -34,6 +34,8 @@ struct Shown {
     refused: bool,
     shadow: bool,
     retry_ms: f64,
+    /// Refused with no time to wait for: blocked by an override without expiry.
+    never: bool,
 }
 
 fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
@@ -47,9 +49,14 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
         })
         .unwrap_or(("rule", "limit"));
     let reset_s = whole_seconds_up(result.reset_ms);
+    let quota = match result.overridden {
+        Some(Override::Limit(quota)) => quota,
+        Some(Override::Blocked) => 0,
+        Some(Override::Unlimited) | None => check.quota,
+    };
     Shown {
         policy: format!("{rule}.{limit}"),
-        quota: check.quota,
+        quota,
         window_s: whole_seconds_up(check.window_ms as f64).max(1),
         remaining: whole_units(result.remaining),
         reset_s,
@@ -61,13 +68,16 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
         refused: !result.allowed,
         shadow: check.mode.is_shadow(),
         retry_ms: result.retry_ms,
+        never: result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0,
     }
 }
 
 fn shown_all(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Vec<Shown> {
+    // An identity's unlimited limit has nothing to show.
     checks
         .iter()
         .zip(&decision.limits)
+        .filter(|(_, r)| r.overridden != Some(Override::Unlimited))
         .map(|(c, r)| shown(config, c, r))
         .collect()
 }
@@ -121,7 +131,10 @@ fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
             .collect();
         let state: Vec<String> = limits
             .iter()
-            .map(|s| format!("\"{}\";r={};t={}", s.policy, s.remaining, s.t))
+            .map(|s| match s.never {
+                true => format!("\"{}\";r={}", s.policy, s.remaining),
+                false => format!("\"{}\";r={};t={}", s.policy, s.remaining, s.t),
+            })
             .collect();
         headers.push(("ratelimit-policy", policy.join(", ")));
         headers.push(("ratelimit", state.join(", ")));
@@ -130,12 +143,16 @@ fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
 }
 
 /// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
-/// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`.
+/// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`; none when a
+/// refusing limit has no such time (an identity blocked without expiry).
 pub fn denied(config: &Config, checks: &[LimitCheck], decision: &Decision) -> LocalResponse {
     let limits = shown_all(config, checks, decision);
     let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
     let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
-    let mut headers = vec![("retry-after", retry_after.to_string())];
+    let mut headers = Headers::new();
+    if !violated.iter().any(|s| s.never) {
+        headers.push(("retry-after", retry_after.to_string()));
+    }
     headers.extend(headers_for(config, &limits, true));
     let body = match config.deny_body {
         // Envoy gives a local reply with a body `content-type: text/plain` itself: one header
@@ -243,6 +260,7 @@ mod tests {
             burst: 20,
             cost: 1,
             mode: Mode::of(false, None, false, None),
+            overrides: false,
         };
         vec![
             base.clone(),
@@ -254,6 +272,7 @@ mod tests {
                 quota: 1000,
                 window_ms: 86_400_000,
                 mode: Mode::of(false, None, shadow_day, None),
+                overrides: false,
                 ..base
             },
         ]
@@ -266,6 +285,8 @@ mod tests {
             reset_ms,
             retry_ms,
             over_budget: false,
+            overridden: None,
+            bad_override: false,
         }
     }
 

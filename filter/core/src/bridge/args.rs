@@ -8,6 +8,7 @@ pub use crate::bounds::FRACTION_DECIMALS;
 use crate::check::{BudgetCheck, LimitCheck, Mode};
 use crate::config::Lease;
 use crate::decision::{Refund, Settlement};
+use crate::request::keys::override_key;
 
 /// The arguments of one call of the decision script for a batch of requests, in the layout
 /// `lua/decide.lua` reads. Built here and nowhere else: the filter and the Lua tests use it.
@@ -23,10 +24,11 @@ pub struct DecideCall {
     pub args: Vec<String>,
 }
 
-/// The first six arguments of a limit, the same for a decision and a refund: its key's index,
-/// algorithm, limit, window (ms), burst and cost.
-fn push_limit(args: &mut Vec<String>, key_index: usize, c: &LimitCheck) {
-    args.push(key_index.to_string());
+/// The first six arguments of a limit, the same for a decision and a refund: its key's index
+/// (with its override's, `i:j`, for a limit that reads one), algorithm, limit, window (ms),
+/// burst and cost.
+fn push_limit(args: &mut Vec<String>, key_index: String, c: &LimitCheck) {
+    args.push(key_index);
     args.push(c.algorithm.name().to_string());
     args.push(c.per_window.to_string());
     args.push(c.window_ms.to_string());
@@ -90,6 +92,8 @@ impl<'a> WireMode<'a> {
 struct KeyTable<'a> {
     keys: Vec<String>,
     index: HashMap<&'a str, usize>,
+    /// A state key's override key's index.
+    overrides: HashMap<&'a str, usize>,
 }
 
 impl<'a> KeyTable<'a> {
@@ -99,6 +103,21 @@ impl<'a> KeyTable<'a> {
             keys.push(key.to_string());
             keys.len()
         })
+    }
+
+    /// The key index argument of a limit whose state is at `key`: `i`, or `i:j` when it reads
+    /// its override (at [`override_key`]).
+    fn limit_index(&mut self, key: &'a str, overrides: bool) -> String {
+        let i = self.index_of(key);
+        if !overrides {
+            return i.to_string();
+        }
+        let keys = &mut self.keys;
+        let j = *self.overrides.entry(key).or_insert_with(|| {
+            keys.push(override_key(key));
+            keys.len()
+        });
+        format!("{i}:{j}")
     }
 }
 
@@ -131,7 +150,7 @@ impl DecideCall {
             count += 1;
             body.push(checks.len().to_string());
             for c in checks {
-                push_limit(&mut body, keys.index_of(&c.key), c);
+                push_limit(&mut body, keys.limit_index(&c.key, c.overrides), c);
                 let (shadow, budget) = match WireMode::of(c, ask_lease) {
                     WireMode::After => {
                         body.push("after".to_string());
@@ -228,7 +247,7 @@ impl DecideCall {
         ];
         for item in items {
             let (key, check, mode) = limit(item);
-            push_limit(&mut args, keys.index_of(key), &check);
+            push_limit(&mut args, keys.limit_index(key, check.overrides), &check);
             args.extend(mode);
         }
         DecideCall {

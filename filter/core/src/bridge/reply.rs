@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::failure::BridgeFailure;
-use crate::bounds::MAX_ERROR_TEXT;
-use crate::decision::{Decision, LimitResult};
+use crate::bounds::{MAX_ERROR_TEXT, MAX_LIMIT};
+use crate::decision::{Decision, LimitResult, Override};
 
 /// A reply from Webdis as the host delivered it: no status means the call timed out or the
 /// connection failed.
@@ -132,11 +132,10 @@ fn parse_request(
     let (values, rest) = rest.split_at(4 * expected);
     let mut limits = Vec::with_capacity(expected);
     for chunk in values.chunks_exact(4) {
-        // 0 or 1: refused or allowed; plus 2 when the identity was over the key budget.
-        let outcome = chunk[0]
-            .as_u64()
-            .filter(|v| *v <= 3)
-            .ok_or(BridgeFailure::BadReply("limit outcome is not 0 to 3"))?;
+        let outcome = chunk[0].as_u64().ok_or(BridgeFailure::BadReply(
+            "limit outcome is not a whole number",
+        ))?;
+        let (overridden, bad_override) = override_of(outcome)?;
         limits.push(LimitResult {
             allowed: outcome & 1 == 1,
             remaining: non_negative_number(&chunk[1])
@@ -146,6 +145,8 @@ fn parse_request(
             retry_ms: non_negative_number(&chunk[3])
                 .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
             over_budget: outcome & 2 == 2,
+            overridden,
+            bad_override,
         });
     }
     let decision = Decision {
@@ -154,6 +155,23 @@ fn parse_request(
         leased: committed.saturating_sub(1),
     };
     Ok((Ok(decision), rest))
+}
+
+/// What a limit's outcome says of its identity's override: 1 allowed, plus 2 over the key
+/// budget, plus 4 an override applied or 8 a malformed one was ignored, plus 16 × the
+/// override's quota (0: `unlimited` when allowed, `blocked` when refused).
+fn override_of(outcome: u64) -> Result<(Option<Override>, bool), BridgeFailure> {
+    let bad = BridgeFailure::BadReply("limit outcome is not one the script sends");
+    let (flags, limit) = (outcome & 15, outcome >> 4);
+    let overridden = match (flags & 12, limit) {
+        (0, 0) => None,
+        (8, 0) => return Ok((None, true)),
+        (4, 0) if flags & 1 == 1 => Some(Override::Unlimited),
+        (4, 0) => Some(Override::Blocked),
+        (4, limit) if limit <= MAX_LIMIT => Some(Override::Limit(limit)),
+        _ => return Err(bad),
+    };
+    Ok((overridden, false))
 }
 
 /// Reads the reply to `SCRIPT LOAD`: `{"SCRIPT":"<sha>"}`, which must name our script.
@@ -257,6 +275,8 @@ mod tests {
                             reset_ms: 6000.0,
                             retry_ms: 0.0,
                             over_budget: false,
+                            overridden: None,
+                            bad_override: false,
                         },
                         LimitResult {
                             allowed: false,
@@ -264,6 +284,8 @@ mod tests {
                             reset_ms: 59000.0,
                             retry_ms: 4500.0,
                             over_budget: false,
+                            overridden: None,
+                            bad_override: false,
                         },
                     ],
                     leased: 0
@@ -271,6 +293,38 @@ mod tests {
                 Err(BridgeFailure::Redis("ERR decide: bad".into()))
             ]))
         );
+    }
+
+    #[test]
+    fn overrides_are_read_from_the_outcome() {
+        let reply = ok(
+            r#"{"EVALSHA":[1,1,5,1,"4","6000","0",5,"0","0","0",4,"0","7200","7200",1605,"99","60000","0",9,"3","1000","0"]}"#,
+        );
+        let Ok(EvalOutcome::Decided(d)) = parse_eval_reply(reply, &[5]) else {
+            panic!("not decided");
+        };
+        let limits = &d[0].as_ref().unwrap().limits;
+        let seen: Vec<(Option<Override>, bool)> = limits
+            .iter()
+            .map(|l| (l.overridden, l.bad_override))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (None, false),
+                (Some(Override::Unlimited), false),
+                (Some(Override::Blocked), false),
+                (Some(Override::Limit(100)), false),
+                (None, true),
+            ]
+        );
+        for outcome in ["12", "28", "17", "-4", "1.5"] {
+            let body = format!(r#"{{"EVALSHA":[1,1,1,{outcome},"4","6000","0"]}}"#);
+            assert!(
+                parse_eval_reply(ok(&body), &[1]).is_err(),
+                "outcome {outcome}"
+            );
+        }
     }
 
     #[test]
@@ -373,11 +427,11 @@ mod tests {
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,true,"4","0","0"]}"#),
-                BridgeFailure::BadReply("limit outcome is not 0 to 3"),
+                BridgeFailure::BadReply("limit outcome is not a whole number"),
             ),
             (
-                ok(r#"{"EVALSHA":[1,1,1,4,"4","0","0"]}"#),
-                BridgeFailure::BadReply("limit outcome is not 0 to 3"),
+                ok(r#"{"EVALSHA":[1,1,1,12,"4","0","0"]}"#),
+                BridgeFailure::BadReply("limit outcome is not one the script sends"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,1,"four","0","0"]}"#),

@@ -10,6 +10,7 @@ use crate::check::LimitCheck;
 use crate::config::{Algorithm, OverBudget};
 use crate::decision::{Refund, Settlement};
 use crate::encode::path_segment_len;
+use crate::request::keys::OVERRIDE_SUFFIX;
 
 /// Digits of the clock and deadline arguments at most: Unix time in ns has 19 digits until the
 /// year 2286 (the deadline, in ms, has fewer).
@@ -46,6 +47,8 @@ pub struct LimitShape {
     pub burst: u64,
     pub cost: u64,
     pub mode: ModeShape,
+    /// It reads its identity's override: one more key, and `:j` after its key's index.
+    pub overrides: bool,
 }
 
 /// How a limit goes into a call: its last three arguments.
@@ -130,6 +133,7 @@ impl LimitShape {
             burst: check.burst,
             cost: check.cost,
             mode,
+            overrides: check.overrides,
         }
     }
 }
@@ -216,8 +220,15 @@ impl CallSize {
                 text("settle") + usize::from(delta < 0) + number(delta.unsigned_abs()) + number(0u8)
             }
         };
+        // `/` and the override key, and `:j` (`%3A` and the index).
+        let overrides = if limit.overrides {
+            1 + limit.key + path_segment_len(OVERRIDE_SUFFIX.as_bytes()) + 3 + self.index_digits
+        } else {
+            0
+        };
         1 + limit.key
             + index
+            + overrides
             + text(limit.algorithm.name())
             + number(limit.per_window)
             + number(limit.window_ms)

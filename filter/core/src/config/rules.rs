@@ -12,7 +12,7 @@ use super::*;
 pub use crate::bounds::{MAX_COST, MAX_SHARDS};
 use crate::bounds::{
     MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE, MAX_LOG_LIMIT, MAX_STATE_LIFETIME,
-    MAX_WINDOW,
+    MAX_WINDOW, OVERRIDE_STALE_MS,
 };
 
 /// What a rule takes from the top level when it does not set it.
@@ -257,7 +257,14 @@ impl RawLimit {
         field: &str,
         leasing: &LeaseContext,
     ) -> Result<Limit, ConfigError> {
-        let lease = leasing.resolve(self.lease, self.algorithm, field)?;
+        let mut lease = leasing.resolve(self.lease, self.algorithm, field)?;
+        if self.overrides {
+            // An override must reach every worker within the bound: no lease outlives it.
+            lease = lease.map(|l| Lease {
+                max_ms: l.max_ms.min(OVERRIDE_STALE_MS),
+                ..l
+            });
+        }
         check_name(&self.name, &format!("{field}.name"))?;
         let limit_field = format!("{field}.limit");
         if self.limit < 1 {

@@ -288,6 +288,8 @@ impl Leases {
                 reset_ms: newest.map_or(0.0, |g| g.reset_at_ns.saturating_sub(now) as f64 / 1e6),
                 retry_ms: 0.0,
                 over_budget: false,
+                overridden: None,
+                bad_override: false,
             });
         }
         Some(Decision {
@@ -629,6 +631,8 @@ mod tests {
                 reset_ms: 30_000.0,
                 retry_ms: 0.0,
                 over_budget: false,
+                overridden: None,
+                bad_override: false,
             }],
             leased: 3,
         };
@@ -670,6 +674,8 @@ mod tests {
                     reset_ms: 30_000.0,
                     retry_ms: 0.0,
                     over_budget: false,
+                    overridden: None,
+                    bad_override: false,
                 }],
                 leased: 3,
             };

@@ -83,6 +83,8 @@ impl LocalLimits {
                 reset_ms,
                 retry_ms,
                 over_budget: false,
+                overridden: None,
+                bad_override: false,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
             if charged && c.mode != Mode::After {
@@ -118,6 +120,7 @@ mod tests {
             burst: limit,
             cost: 1,
             mode: Mode::of(false, None, shadow, None),
+            overrides: false,
         }
     }
 

@@ -165,6 +165,12 @@ fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision
         if decision.allowed || event != RuleEvent::Allowed {
             tally.rule(check, event);
         }
+        if result.overridden.is_some() {
+            tally.rule(check, RuleEvent::Overridden);
+        }
+        if result.bad_override {
+            tally.rule(check, RuleEvent::BadOverride);
+        }
         if result.over_budget && budget_rule != Some(check.rule) {
             if budget_rule.is_none() {
                 host.count(Counter::KeyBudgetExceeded);

@@ -18,8 +18,9 @@
 //! call sent before the latest restart puts no refusal back.
 
 use super::queue::{Outcome, Sent};
+use crate::bounds::OVERRIDE_STALE_MS;
 use crate::check::LimitCheck;
-use crate::decision::{Decision, LimitResult};
+use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
 use crate::request::plan::Plan;
 
@@ -31,6 +32,8 @@ pub struct Refusal {
     /// The limit is whole again at this instant (for the `Reset` headers).
     pub reset_at_ns: u128,
     pub cost: u64,
+    /// The identity's override that refused it, if one did.
+    pub overridden: Option<Override>,
 }
 
 /// A bounded map from a limit's Redis key to its latest refusal; when full, the refusal that
@@ -156,8 +159,14 @@ impl Refusals {
                     allowed: false,
                     remaining: 0.0,
                     reset_ms: ms(r.reset_at_ns),
-                    retry_ms: ms(r.until_ns),
+                    // A block without expiry has no time to wait for, whatever the cache's.
+                    retry_ms: match (r.overridden, r.reset_at_ns > now) {
+                        (Some(Override::Blocked), false) => 0.0,
+                        _ => ms(r.until_ns),
+                    },
                     over_budget: false,
+                    overridden: r.overridden,
+                    bad_override: false,
                 });
             }
         }
@@ -186,10 +195,21 @@ impl Refusals {
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
             if !result.allowed && !check.mode.is_shadow() {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
+                let mut until_ns = at(result.retry_ms);
+                if check.overrides {
+                    // An operator may raise, lift or reset it at any time; a block without
+                    // expiry (retry 0) is held for the bound too.
+                    let stale = at(OVERRIDE_STALE_MS as f64);
+                    until_ns = match result.overridden {
+                        Some(Override::Blocked) if result.retry_ms == 0.0 => stale,
+                        _ => until_ns.min(stale),
+                    };
+                }
                 let refusal = Refusal {
-                    until_ns: at(result.retry_ms),
+                    until_ns,
                     reset_at_ns: at(result.reset_ms),
                     cost: check.cost,
+                    overridden: result.overridden,
                 };
                 self.cache.insert(&check.key, refusal);
             }
@@ -220,6 +240,7 @@ mod tests {
             until_ns,
             reset_at_ns: until_ns + 1000,
             cost,
+            overridden: None,
         }
     }
 
@@ -289,6 +310,8 @@ mod tests {
                 reset_ms: 2.0 * retry_ms,
                 retry_ms,
                 over_budget: false,
+                overridden: None,
+                bad_override: false,
             }],
             leased: 0,
         })

@@ -285,6 +285,8 @@ mod tests {
             reset_ms: 100.0,
             retry_ms: if allowed { 0.0 } else { 100.0 },
             over_budget: false,
+            overridden: None,
+            bad_override: false,
         }
     }
 

@@ -75,6 +75,7 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
                 budget,
             },
         },
+        overrides: limit.overrides,
     };
     // A settlement of the limit: its delta at its largest, either sign, its cost sent as 0.
     let settled = limit.usage.as_ref().map_or(0, |_| {

@@ -118,6 +118,7 @@ fn plan_into(
                     rule.shadow,
                     budget,
                 ),
+                overrides: limit.overrides,
             });
         }
     }

@@ -19,6 +19,7 @@ pub fn token_bucket_check(key: &str) -> LimitCheck {
         burst: 10,
         cost: 1,
         mode: Mode::of(false, None, false, None),
+        overrides: false,
     }
 }
 
@@ -36,6 +37,7 @@ pub fn minute_check(key: &str, algorithm: Algorithm, shadow: bool) -> LimitCheck
         burst: 20,
         cost: 1,
         mode: Mode::of(false, None, shadow, None),
+        overrides: false,
     }
 }
 
