@@ -23,8 +23,12 @@
 --            allowed while at least 1 unit is left, charging nothing (cost is ignored).
 --            or, to settle a usage limit (a charge of a signed number of units that never
 --            refuses: positive is debt, negative gives back; see SETTLES in lib.lua), mode
---            "settle", then the delta and "0". A settle request takes nothing and replies 1
---            for each limit, like a refund request; a request holds only settles or none.
+--            "settle", then the delta and "0"; for a concurrency limit, a release of the slot
+--            the request holds: "settle", "-1" and the request's id. A settle request takes
+--            nothing and replies 1 for each limit, like a refund request; a request that
+--            adjusts holds only refunds and settles, or none.
+--            or, for a concurrency limit (always), mode "hold", then the request's id (unique
+--            per request, the member its slot is held by) and "0".
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
@@ -129,7 +133,9 @@ local function read_request(a)
     local lease = ARGV[b + 7] == 'lease'
     local settle = ARGV[b + 7] == 'settle'
     local after = ARGV[b + 7] == 'after'
-    local budget = not (refund or lease or settle or after) and tonumber(ARGV[b + 8]) or 0
+    local hold = ARGV[b + 7] == 'hold'
+    local concurrency = ARGV[b + 2] == 'concurrency'
+    local budget = not (refund or lease or settle or after or hold) and tonumber(ARGV[b + 8]) or 0
     -- "i", or "i:j" for a limit that reads its identity's override at KEYS[j].
     local key_index, override_index = tonumber(ARGV[b + 1]), nil
     if not key_index then
@@ -154,6 +160,7 @@ local function read_request(a)
       settle = settle and SETTLES[ARGV[b + 2]],
       delta = settle and tonumber(ARGV[b + 8]),
       after = after,
+      member = (hold and ARGV[b + 8]) or (settle and concurrency and ARGV[b + 9]) or nil,
     }
     if not p.key or (override_index and not p.override) or not p.algorithm or not p.limit
         or p.limit < 1 or not p.window
@@ -165,7 +172,9 @@ local function read_request(a)
           or p.lease.max_units < 1 or not p.lease.fraction or p.lease.fraction <= 0
           or p.lease.fraction > 1))
         or (settle and (not p.settle or not p.delta or p.delta ~= math.floor(p.delta)))
-        or (after and not SETTLES[ARGV[b + 2]]) then
+        or (after and not SETTLES[ARGV[b + 2]])
+        or (concurrency and not ((hold or settle) and p.member and p.member ~= ''))
+        or (hold and not concurrency) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
@@ -304,19 +313,21 @@ local function charge_budgets(order, limits, charged)
   end
 end
 
--- A request that only adjusts what earlier calls charged, limit by limit: `mode` is "refund"
--- (gives back what an earlier charge took) or "settle" (charges a usage limit's settlement;
--- see SETTLES in lib.lua). It takes nothing and replies 1 for each limit.
-local function adjust_request(limits, mode)
+-- A request that only adjusts what earlier calls charged, limit by limit: each limit's mode
+-- is "refund" (gives back what an earlier charge took) or "settle" (charges a usage limit's
+-- settlement, or releases a concurrency slot; see SETTLES in lib.lua). It takes nothing and
+-- replies 1 for each limit.
+local function adjust_request(limits)
   local reply = {1, #limits}
   read_overrides(limits)
   for _, p in ipairs(limits) do
-    if not p[mode] then
-      error('ERR decide: a ' .. mode .. ' request holds only ' .. mode .. ' limits')
+    local adjust = p.refund or p.settle
+    if not adjust then
+      error('ERR decide: a request that adjusts holds only refunds and settlements')
     end
     -- An unlimited identity was charged nothing; a blocked one settles as configured.
     if not p.unlimited then
-      p[mode](p.key, p, now)
+      adjust(p.key, p, now)
     end
     for _, v in ipairs({1, '0', '0', '0'}) do
       reply[#reply + 1] = v
@@ -361,11 +372,8 @@ local function decide_after(p)
 end
 
 local function decide_request(limits)
-  if limits[1].refund then
-    return adjust_request(limits, 'refund')
-  end
-  if limits[1].settle then
-    return adjust_request(limits, 'settle')
+  if limits[1].refund or limits[1].settle then
+    return adjust_request(limits)
   end
   read_overrides(limits)
   -- Most calls carry no key budget: nothing to look up or count for them.

@@ -35,6 +35,8 @@ pub struct L {
     pub after: bool,
     /// Reads its identity's override (`"overrides": true`).
     pub overrides: bool,
+    /// A concurrency limit's request id (the slot it holds).
+    pub member: &'static str,
 }
 
 pub fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64) -> L {
@@ -50,6 +52,7 @@ pub fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64
         lease: None,
         after: false,
         overrides: false,
+        member: "",
     }
 }
 
@@ -57,6 +60,11 @@ impl L {
     /// The same limit with `burst` units at once.
     pub fn with_burst(self, burst: u64) -> L {
         L { burst, ..self }
+    }
+
+    /// The same concurrency limit, for the request `member`.
+    pub fn held_by(self, member: &'static str) -> L {
+        L { member, ..self }
     }
 
     /// The same limit, reading its identity's override.
@@ -78,20 +86,27 @@ impl L {
             window_ms: self.window_ms,
             burst: self.burst,
             cost: self.cost,
-            mode: Mode::of(
-                self.after,
-                self.lease,
-                self.shadow,
-                self.budget.map(|(rule, new_keys, window_ms, over_budget)| {
-                    Rc::new(BudgetCheck {
-                        counter_key: format!("rl:{{key_budget}}:{rule}"),
-                        overflow_key: format!("rl:{{overflow}}:{rule}:{}", self.algorithm.name()),
-                        new_keys,
-                        window_ms,
-                        over_budget,
-                    })
-                }),
-            ),
+            mode: if self.algorithm == Algorithm::Concurrency {
+                Mode::Hold(self.member.into())
+            } else {
+                Mode::of(
+                    self.after,
+                    self.lease,
+                    self.shadow,
+                    self.budget.map(|(rule, new_keys, window_ms, over_budget)| {
+                        Rc::new(BudgetCheck {
+                            counter_key: format!("rl:{{key_budget}}:{rule}"),
+                            overflow_key: format!(
+                                "rl:{{overflow}}:{rule}:{}",
+                                self.algorithm.name()
+                            ),
+                            new_keys,
+                            window_ms,
+                            over_budget,
+                        })
+                    }),
+                )
+            },
             overrides: self.overrides,
         }
     }

@@ -38,6 +38,10 @@ pub enum State {
     SlidingWindowLog {
         entries: Vec<f64>,
     },
+    /// The deadlines of the requests holding a slot.
+    Concurrency {
+        deadlines: Vec<f64>,
+    },
 }
 
 /// What deciding one limit says, before anything is charged.
@@ -87,6 +91,7 @@ pub fn evaluate(algorithm: Algorithm, state: Option<&State>, p: Params, now: f64
         Algorithm::FixedWindow => fixed_window(state, p, now),
         Algorithm::SlidingWindowCounter => sliding_window_counter(state, p, now),
         Algorithm::SlidingWindowLog => sliding_window_log(state, p, now),
+        Algorithm::Concurrency => concurrency(state, p, now),
     }
 }
 
@@ -119,7 +124,8 @@ pub fn settle(
     now: f64,
 ) -> Option<State> {
     match (algorithm, state) {
-        (Algorithm::SlidingWindowLog, _) => None,
+        // A concurrency limit's settlement is a release of one named slot, not a number.
+        (Algorithm::SlidingWindowLog | Algorithm::Concurrency, _) => None,
         (Algorithm::TokenBucket, state) => {
             let rate = p.limit / p.window;
             let (tokens, stamp) = match state {
@@ -413,6 +419,41 @@ fn sliding_window_log(state: Option<&State>, p: Params, now: f64) -> Evaluation 
     Evaluation {
         charged: State::SlidingWindowLog { entries },
         ..result
+    }
+}
+
+/// The script's `ALGORITHMS.concurrency`: slots whose deadline passed are free; a request is
+/// admitted while fewer than `limit` are held, holding one until `now + window`
+/// (max_duration), whatever its cost.
+fn concurrency(state: Option<&State>, p: Params, now: f64) -> Evaluation {
+    let mut deadlines: Vec<f64> = match state {
+        Some(State::Concurrency { deadlines }) => {
+            deadlines.iter().copied().filter(|&d| d > now).collect()
+        }
+        _ => Vec::new(),
+    };
+    deadlines.sort_by(f64::total_cmp);
+    let held = deadlines.len() as f64;
+    let allowed = held < p.limit;
+    let latest = deadlines
+        .first()
+        .map_or(1.0, |oldest| (oldest - now).ceil().max(1.0));
+    let kept = State::Concurrency {
+        deadlines: deadlines.clone(),
+    };
+    if allowed {
+        deadlines.push(now + p.window);
+    }
+    Evaluation {
+        allowed,
+        kept_remaining: (p.limit - held).max(0.0),
+        kept_reset: if allowed { 0.0 } else { latest },
+        taken_remaining: p.limit - held - 1.0,
+        taken_reset: 0.0,
+        retry: if allowed { 0.0 } else { latest.min(1000.0) },
+        charged: State::Concurrency { deadlines },
+        kept: Some(kept),
+        lifetime: p.window.ceil() + MARGIN_MS,
     }
 }
 

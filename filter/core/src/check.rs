@@ -41,6 +41,9 @@ pub enum Mode {
     /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot
     /// be read.
     After,
+    /// A concurrency limit: the request holds a slot, named by this id (its worker's and its
+    /// stream's; set by the engine before the request is sent), until its stream ends.
+    Hold(Rc<str>),
 }
 
 impl Mode {
@@ -79,7 +82,7 @@ impl Mode {
     pub fn budget(&self) -> Option<&Rc<BudgetCheck>> {
         match self {
             Mode::Enforce { budget } | Mode::Shadow { budget } => budget.as_ref(),
-            Mode::Lease(_) | Mode::After => None,
+            Mode::Lease(_) | Mode::After | Mode::Hold(_) => None,
         }
     }
 }

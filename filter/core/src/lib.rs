@@ -34,6 +34,7 @@ pub const DECISION_LUA: &str = concat!(
     include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/sliding_window_counter.lua"),
     include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/concurrency.lua"),
     include_str!("../../../lua/decide.lua"),
 );
 

@@ -53,6 +53,8 @@ fn fraction_text(fraction: f64) -> String {
 /// lease of `requests` requests' worth (`Some`) or not.
 pub(super) enum WireMode<'a> {
     After,
+    /// A concurrency limit: `hold`, the request's id, `0`.
+    Hold(&'a str),
     Lease {
         units: u64,
         fraction: f64,
@@ -67,6 +69,7 @@ impl<'a> WireMode<'a> {
     pub(super) fn of(check: &'a LimitCheck, requests: Option<u64>) -> Self {
         match (&check.mode, requests) {
             (Mode::After, _) => WireMode::After,
+            (Mode::Hold(member), _) => WireMode::Hold(member),
             (Mode::Lease(lease), Some(requests)) => WireMode::Lease {
                 units: lease_units(*lease, check, requests),
                 fraction: lease.fraction,
@@ -84,6 +87,15 @@ impl<'a> WireMode<'a> {
                 budget: budget.as_deref(),
             },
         }
+    }
+}
+
+/// The mode arguments releasing the slot a concurrency limit's request holds: `settle`, `-1`,
+/// its id (None: `check` holds no slot).
+fn release_of(check: &LimitCheck) -> Option<[String; 3]> {
+    match &check.mode {
+        Mode::Hold(member) => Some(["settle".to_string(), "-1".to_string(), member.to_string()]),
+        _ => None,
     }
 }
 
@@ -158,6 +170,12 @@ impl DecideCall {
                         body.push("0".to_string());
                         continue;
                     }
+                    WireMode::Hold(member) => {
+                        body.push("hold".to_string());
+                        body.push(member.to_string());
+                        body.push("0".to_string());
+                        continue;
+                    }
                     WireMode::Lease { units, fraction } => {
                         body.push("lease".to_string());
                         body.push(units.to_string());
@@ -206,11 +224,15 @@ impl DecideCall {
     /// later could meet decisions made after its clock, and then gives back nothing.
     pub fn refund(clock: u128, deadline_ms: u128, refunds: &[Refund]) -> Self {
         Self::adjustment(clock, deadline_ms, refunds, |r| {
-            let mode = [
-                "refund".to_string(),
-                r.charged_at_ns.to_string(),
-                format!("{}", r.left),
-            ];
+            // A concurrency slot is given back by its id: a release.
+            let mode = match release_of(&r.check) {
+                Some(release) => release,
+                None => [
+                    "refund".to_string(),
+                    r.charged_at_ns.to_string(),
+                    format!("{}", r.left),
+                ],
+            };
             (&*r.check.key, r.check.clone(), mode)
         })
     }
@@ -223,7 +245,8 @@ impl DecideCall {
                 cost: 0,
                 ..s.check.clone()
             };
-            let mode = ["settle".to_string(), s.delta.to_string(), "0".to_string()];
+            let mode = release_of(&s.check)
+                .unwrap_or_else(|| ["settle".to_string(), s.delta.to_string(), "0".to_string()]);
             (&*s.check.key, check, mode)
         })
     }

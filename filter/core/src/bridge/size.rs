@@ -6,7 +6,8 @@ use super::args::{WireMode, FRACTION_DECIMALS};
 #[cfg(doc)]
 use super::{BridgeRequest, DecideCall};
 use crate::bounds::MAX_CALL_PATH_BYTES;
-use crate::check::LimitCheck;
+use crate::bounds::MAX_MEMBER_BYTES;
+use crate::check::{LimitCheck, Mode};
 use crate::config::{Algorithm, OverBudget};
 use crate::decision::{Refund, Settlement};
 use crate::encode::path_segment_len;
@@ -68,6 +69,10 @@ pub enum ModeShape {
     After,
     /// Settling a usage limit: `settle`, the signed delta, `0` (its cost is sent as 0).
     Settle { delta: i64 },
+    /// A concurrency limit: `hold`, the request's id, `0`.
+    Hold,
+    /// Releasing a concurrency slot: `settle`, `-1`, the request's id.
+    Release,
 }
 
 /// A limit's key budget as the size model counts it.
@@ -87,6 +92,7 @@ impl LimitShape {
     pub fn of(check: &LimitCheck, lease_asked: Option<u64>) -> Self {
         let mode = match WireMode::of(check, lease_asked) {
             WireMode::After => ModeShape::After,
+            WireMode::Hold(_) => ModeShape::Hold,
             WireMode::Lease { units, .. } => ModeShape::Lease { units },
             WireMode::Decide { shadow, budget } => ModeShape::Decide {
                 shadow,
@@ -104,6 +110,9 @@ impl LimitShape {
 
     /// `refund` as [`DecideCall::refund`] sends it.
     pub fn refund(refund: &Refund) -> Self {
+        if matches!(refund.check.mode, Mode::Hold(_)) {
+            return Self::with_mode(&refund.check, ModeShape::Release);
+        }
         Self::with_mode(
             &refund.check,
             ModeShape::Refund {
@@ -115,8 +124,11 @@ impl LimitShape {
 
     /// `settlement` as [`DecideCall::settle`] sends it.
     pub fn settle(settlement: &Settlement) -> Self {
-        let mode = ModeShape::Settle {
-            delta: settlement.delta,
+        let mode = match settlement.check.mode {
+            Mode::Hold(_) => ModeShape::Release,
+            _ => ModeShape::Settle {
+                delta: settlement.delta,
+            },
         };
         LimitShape {
             cost: 0,
@@ -219,6 +231,9 @@ impl CallSize {
             ModeShape::Settle { delta } => {
                 text("settle") + usize::from(delta < 0) + number(delta.unsigned_abs()) + number(0u8)
             }
+            // The id is hex digits, `.` and decimal digits: nothing to percent-encode.
+            ModeShape::Hold => text("hold") + 1 + MAX_MEMBER_BYTES + number(0u8),
+            ModeShape::Release => text("settle") + text("-1") + 1 + MAX_MEMBER_BYTES,
         };
         // `/` and the override key, and `:j` (`%3A` and the index).
         let overrides = if limit.overrides {

@@ -62,6 +62,8 @@ pub enum Algorithm {
     SlidingWindowCounter,
     SlidingWindowLog,
     FixedWindow,
+    /// Requests in flight, not a rate: each admitted request holds a slot until it ends.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -72,6 +74,7 @@ impl Algorithm {
             Algorithm::SlidingWindowCounter => "sliding_window_counter",
             Algorithm::SlidingWindowLog => "sliding_window_log",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -312,7 +315,7 @@ pub fn state_lifetime_ms(algorithm: Algorithm, limit: u64, window: Duration, bur
             (u128::from(burst) * window).div_ceil(u128::from(limit.max(1)))
         }
         Algorithm::SlidingWindowCounter => 2 * window,
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => window,
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::Concurrency => window,
     }
 }
 

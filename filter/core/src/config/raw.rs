@@ -152,7 +152,9 @@ pub(super) struct RawLimit {
     #[serde(default)]
     pub(super) algorithm: Algorithm,
     pub(super) limit: u64,
-    pub(super) window: String,
+    /// Required, but for a concurrency limit, which takes `max_duration` instead.
+    pub(super) window: Option<String>,
+    pub(super) max_duration: Option<String>,
     pub(super) burst: Option<u64>,
     pub(super) shards: Option<u64>,
     /// As the top-level `lease`, for this limit only (`false`: none for it).

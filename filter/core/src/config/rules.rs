@@ -257,6 +257,9 @@ impl RawLimit {
         field: &str,
         leasing: &LeaseContext,
     ) -> Result<Limit, ConfigError> {
+        if self.algorithm == Algorithm::Concurrency {
+            check_concurrency(&self, field, leasing)?;
+        }
         let mut lease = leasing.resolve(self.lease, self.algorithm, field)?;
         if self.overrides {
             // An override must reach every worker within the bound: no lease outlives it.
@@ -284,8 +287,41 @@ impl RawLimit {
                 ),
             ));
         }
-        let window_field = format!("{field}.window");
-        let window = duration_field(Some(&self.window), &window_field, Duration::ZERO)?;
+        if self.algorithm == Algorithm::Concurrency && self.limit > MAX_LOG_LIMIT {
+            return Err(invalid(
+                &limit_field,
+                format!(
+                    "a concurrency limit keeps one entry per request in flight: must be at most {MAX_LOG_LIMIT}"
+                ),
+            ));
+        }
+        let concurrency = self.algorithm == Algorithm::Concurrency;
+        // A concurrency limit's state lives by its admissions' deadlines: the script takes
+        // max_duration where the others take their window.
+        let (window_field, window_text) = match (concurrency, &self.window, &self.max_duration) {
+            (false, Some(w), None) => (format!("{field}.window"), w),
+            (false, None, _) => return Err(invalid(&format!("{field}.window"), "is required")),
+            (false, Some(_), Some(_)) => {
+                return Err(invalid(
+                    &format!("{field}.max_duration"),
+                    "only a concurrency limit has a max_duration",
+                ))
+            }
+            (true, None, Some(d)) => (format!("{field}.max_duration"), d),
+            (true, Some(_), _) => {
+                return Err(invalid(
+                    &format!("{field}.window"),
+                    "a concurrency limit has no window: it counts requests in flight, each held at most max_duration",
+                ))
+            }
+            (true, None, None) => {
+                return Err(invalid(
+                    &format!("{field}.max_duration"),
+                    "is required for a concurrency limit: the longest a request holds its slot when its end is never seen",
+                ))
+            }
+        };
+        let window = duration_field(Some(window_text), &window_field, Duration::ZERO)?;
         if window.is_zero() {
             return Err(invalid(&window_field, "must be > 0"));
         }
@@ -367,6 +403,41 @@ impl RawLimit {
             usage,
             overrides: self.overrides,
         })
+    }
+}
+
+/// What a concurrency limit cannot be combined with: each of its requests holds a slot, by its
+/// own id, from its admission to its end, decided per request.
+fn check_concurrency(
+    raw: &RawLimit,
+    field: &str,
+    leasing: &LeaseContext,
+) -> Result<(), ConfigError> {
+    let why = if raw.lease.as_ref().is_some_and(|l| l != &Value::Bool(false)) {
+        Some(("lease", "a slot is held per request: it cannot be leased"))
+    } else if raw.shards.is_some_and(|s| s != 1) {
+        Some(("shards", "a concurrency limit is not sharded"))
+    } else if raw.usage.is_some() {
+        Some((
+            "usage",
+            "a concurrency limit counts requests in flight, not usage",
+        ))
+    } else if leasing.shadow {
+        Some((
+            "algorithm",
+            "a shadow rule cannot hold slots: put the concurrency limit in an enforced rule",
+        ))
+    } else if leasing.key_budget {
+        Some((
+            "algorithm",
+            "a rule with a key_budget cannot hold concurrency slots",
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some((key, why)) => Err(invalid(&format!("{field}.{key}"), why)),
+        None => Ok(()),
     }
 }
 

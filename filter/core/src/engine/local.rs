@@ -62,7 +62,11 @@ impl LocalLimits {
                     cost: c.cost as f64,
                 };
                 // A usage limit in mode `after`: admitted while a unit is left, as in Redis.
-                if c.mode == Mode::After {
+                // A concurrency limit is not decided here: the worker cannot see the slots the
+                // others hold (see docs/configuration.md, concurrency).
+                if matches!(c.mode, Mode::Hold(_)) {
+                    evaluate(c.algorithm, None, p, now)
+                } else if c.mode == Mode::After {
                     evaluate_after(c.algorithm, self.states.get(&c.key), p, now)
                 } else {
                     evaluate(c.algorithm, self.states.get(&c.key), p, now)
@@ -87,6 +91,9 @@ impl LocalLimits {
                 bad_override: false,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
+            if matches!(c.mode, Mode::Hold(_)) {
+                continue;
+            }
             if charged && c.mode != Mode::After {
                 self.states.insert(&c.key, expires, e.charged);
             } else if let Some(kept) = e.kept {

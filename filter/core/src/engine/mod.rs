@@ -26,6 +26,7 @@ use crate::request::view::RequestView;
 use crate::response::{self, Headers};
 use breaker::Breaker;
 use delivery::Delivery;
+use holds::Holds;
 use lag::Lag;
 use leases::Leases;
 use policy::{serve_locally, Conclusion, Policy};
@@ -40,6 +41,7 @@ pub use host::{Host, Verdict};
 mod breaker;
 mod calls;
 mod delivery;
+pub mod holds;
 mod host;
 pub mod lag;
 pub mod leases;
@@ -83,6 +85,8 @@ pub struct Engine {
     delivery: Delivery,
     /// Usage limits: the streams let through, and the settlements to send.
     settlements: Settlements,
+    /// Concurrency limits: the slots this worker's streams hold.
+    holds: Holds,
     /// Decision replies so far: a waiting request is asked about leases and refusals again
     /// only if one came since it was last asked (`Waiting::checked`).
     replies: u64,
@@ -146,7 +150,7 @@ impl Engine {
         view: &dyn RequestView,
     ) -> Option<Conclusion> {
         self.turn = self.turn.wrapping_add(1);
-        let plan = match plan_memo(config, view, self.turn, &mut self.memo) {
+        let mut plan = match plan_memo(config, view, self.turn, &mut self.memo) {
             Ok(plan) => plan,
             Err(bad) => {
                 host.count(Counter::BadRequests);
@@ -188,6 +192,9 @@ impl Engine {
             let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
             self.tally.flush(host);
             return Some(conclusion);
+        }
+        if plan.holds_slots() {
+            self.holds.admit(ctx, &mut plan);
         }
         let groups = slots::groups(config, &plan);
         if groups.len() > 1 {
@@ -273,6 +280,21 @@ impl Engine {
     ) -> Conclusion {
         self.refusals.remember(plan, &outcome, sent);
         let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
+        if !self.holds.is_empty() {
+            // A call that went out and was not answered may have been carried out unseen.
+            let maybe_held = matches!(
+                &outcome,
+                Outcome::Failed(
+                    BridgeFailure::NoResponse
+                        | BridgeFailure::Timeout
+                        | BridgeFailure::Status(500..)
+                        | BridgeFailure::BadReply(_)
+                        | BridgeFailure::Orphaned
+                )
+            );
+            let releases = self.holds.decided(ctx, charged, maybe_held);
+            self.release(host, releases);
+        }
         let conclusion = self
             .policy
             .conclude(config, host, &mut self.tally, plan, outcome);

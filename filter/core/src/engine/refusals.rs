@@ -19,7 +19,7 @@
 
 use super::queue::{Outcome, Sent};
 use crate::bounds::OVERRIDE_STALE_MS;
-use crate::check::LimitCheck;
+use crate::check::{LimitCheck, Mode};
 use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
 use crate::request::plan::Plan;
@@ -193,7 +193,9 @@ impl Refusals {
             return;
         }
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
-            if !result.allowed && !check.mode.is_shadow() {
+            // A concurrency slot may free at any moment: its refusal is never held.
+            let holds = matches!(check.mode, Mode::Hold(_));
+            if !result.allowed && !check.mode.is_shadow() && !holds {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
                 let mut until_ns = at(result.retry_ms);
                 if check.overrides {

@@ -157,7 +157,7 @@ impl Settlements {
         }
         self.lost += excess as u64;
         self.kept.retain(|s| {
-            let drop = excess > 0 && s.delta < 0;
+            let drop = excess > 0 && s.delta < 0 && !is_release(s);
             excess -= usize::from(drop);
             !drop
         });
@@ -316,8 +316,10 @@ impl Settlements {
     /// double charge errs on the limit's side), give-backs dropped and counted lost (never
     /// units the client did not pay back).
     fn after_doubt(&mut self, settlements: Vec<Settlement>) {
-        let (debts, give_backs): (Vec<_>, Vec<_>) =
-            settlements.into_iter().partition(|s| s.delta > 0);
+        // A release is sent again too: freeing a slot twice frees it once.
+        let (debts, give_backs): (Vec<_>, Vec<_>) = settlements
+            .into_iter()
+            .partition(|s| s.delta > 0 || is_release(s));
         self.lost += give_backs.len() as u64;
         self.keep(debts);
     }
@@ -328,6 +330,11 @@ impl Settlements {
         self.kept = settlements;
         self.bound();
     }
+}
+
+/// A concurrency slot's release, not a usage settlement.
+fn is_release(settlement: &Settlement) -> bool {
+    matches!(settlement.check.mode, crate::check::Mode::Hold(_))
 }
 
 /// The `usage` of the limit `check` is on, if it is a usage limit.

@@ -5,6 +5,7 @@ use super::host::Host;
 use super::Engine;
 use crate::bridge::BridgeFailure;
 use crate::config::Config;
+use crate::decision::Settlement;
 use crate::metering::{UsageCharge, UsageMeter};
 use crate::response::Headers;
 
@@ -32,6 +33,21 @@ impl Engine {
         self.tally.flush(host);
     }
 
+    /// Queues the releases of concurrency slots, sent from the root at its next wake-up (or
+    /// tick). Callable from any context.
+    pub(super) fn release(&mut self, host: &mut impl Host, releases: Vec<Settlement>) {
+        if releases.is_empty() {
+            return;
+        }
+        for release in releases {
+            self.settlements.push(release);
+        }
+        self.count_lost_settlements(host);
+        if !self.wake_pending && host.wake() {
+            self.wake_pending = true;
+        }
+    }
+
     /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
     /// is part of still decides the others (its own verdict goes nowhere) — unless the call
     /// was made from its context: that reply is lost with the stream, so the call's slot is
@@ -40,6 +56,10 @@ impl Engine {
         self.delivery.forget(ctx);
         self.splits.forget(ctx);
         self.settlements.forget(ctx);
+        if !self.holds.is_empty() {
+            let releases = self.holds.ended(ctx);
+            self.release(host, releases);
+        }
         if self.queue.load() == (0, 0) {
             return; // nothing waits nor is in flight (most streams end so)
         }

@@ -4,8 +4,8 @@
 use crate::bounds::{MAX_CALL_PATH_BYTES, MAX_LIMITS_PER_REQUEST};
 use crate::bridge::{BudgetShape, CallSize, LimitShape, ModeShape};
 use crate::config::{
-    cluster_budget, may_overlap, Admit, Config, ConfigError, Cost, Limit, Rule, WhenMissing,
-    MAX_USAGE,
+    cluster_budget, may_overlap, Admit, Algorithm, Config, ConfigError, Cost, Limit, Rule,
+    WhenMissing, MAX_USAGE,
 };
 use crate::encode::path_segment_len;
 use crate::request::keys::{
@@ -69,6 +69,7 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
             (None, Cost::Header { max, .. }) => *max,
         },
         mode: match &limit.usage {
+            _ if limit.algorithm == Algorithm::Concurrency => ModeShape::Hold,
             Some(u) if u.admit == Admit::After => ModeShape::After,
             _ => ModeShape::Decide {
                 shadow: rule.shadow,

@@ -8,7 +8,9 @@ use super::keys::{budget_check, shard_key};
 use super::memo::PlanMemo;
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::check::{LimitCheck, Mode};
-use crate::config::{Admit, Config, Cost, Estimate, FailureMode, Match, PathMatch, MAX_USAGE};
+use crate::config::{
+    Admit, Algorithm, Config, Cost, Estimate, FailureMode, Match, PathMatch, MAX_USAGE,
+};
 
 /// Everything decided about a request before asking Redis.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +26,11 @@ impl Plan {
     /// Every limit of the plan takes a lease: its requests may be served from leased units.
     pub fn leasable(&self) -> bool {
         !self.checks.is_empty() && self.checks.iter().all(|c| c.mode.lease().is_some())
+    }
+
+    /// Some limit of the plan is a concurrency limit: the request holds a slot while it runs.
+    pub fn holds_slots(&self) -> bool {
+        self.checks.iter().any(|c| matches!(c.mode, Mode::Hold(_)))
     }
 }
 
@@ -105,19 +112,25 @@ fn plan_into(
                 quota: limit.quota(),
                 window_ms: u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX),
                 burst: limit.shard_burst(),
-                cost: match &limit.usage {
-                    None => cost,
-                    Some(usage) => estimate(&usage.estimate, view)?,
+                cost: match (&limit.usage, limit.algorithm) {
+                    // A request holds one slot, whatever its cost.
+                    (_, Algorithm::Concurrency) => 1,
+                    (None, _) => cost,
+                    (Some(usage), _) => estimate(&usage.estimate, view)?,
                 },
-                mode: Mode::of(
-                    limit
-                        .usage
-                        .as_ref()
-                        .is_some_and(|u| u.admit == Admit::After),
-                    limit.lease,
-                    rule.shadow,
-                    budget,
-                ),
+                mode: if limit.algorithm == Algorithm::Concurrency {
+                    Mode::Hold(Rc::from(""))
+                } else {
+                    Mode::of(
+                        limit
+                            .usage
+                            .as_ref()
+                            .is_some_and(|u| u.admit == Admit::After),
+                        limit.lease,
+                        rule.shadow,
+                        budget,
+                    )
+                },
                 overrides: limit.overrides,
             });
         }
