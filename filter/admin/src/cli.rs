@@ -126,6 +126,8 @@ impl Words {
 
 /// The command line after the program's name; `env` gives the defaults from the environment.
 pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cli> {
+    // A variable set to nothing is one not set.
+    let env = |name: &str| env(name).filter(|v| !v.is_empty());
     let mut words = Words::default();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
