@@ -43,7 +43,12 @@ impl Store {
         let conn = client
             .get_connection_with_timeout(CONNECT_TIMEOUT)
             .map_err(|e| {
-                Error::failure(format!("cannot reach Redis at {shown}: {}", explain(&e)))
+                let why = explain(&e);
+                if e.kind() == ErrorKind::AuthenticationFailed {
+                    Error::failure(format!("Redis at {shown}: {why}"))
+                } else {
+                    Error::failure(format!("cannot reach Redis at {shown}: {why}"))
+                }
             })?;
         conn.set_read_timeout(Some(COMMAND_TIMEOUT))
             .and_then(|()| conn.set_write_timeout(Some(COMMAND_TIMEOUT)))
