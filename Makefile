@@ -18,7 +18,7 @@ RUST_MIN := 1.80
 need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
 	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
+.PHONY: admin admin-test check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -94,7 +94,7 @@ run: setup build ## run Redis, Webdis and Envoy (127.0.0.1:10000, admin :9901) i
 run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) behind Envoy's redis_proxy
 	ENVOY_BIN="$(ENVOY_BIN)" envoy/run-cluster.sh
 
-test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick config-test deploy-test ## run every test (what CI runs)
+test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick config-test admin-test deploy-test ## run every test (what CI runs)
 	@echo "all test layers passed"
 
 lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links; no pipe into grep -q or head in the scripts
@@ -104,7 +104,7 @@ lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warning
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p ratelimit-filter -p ratelimit-core -- -D warnings
 
-unit-test: setup-rust ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the Redis ACLs against the scripts, the fleet simulation's tests
+unit-test: setup-rust setup-packages ## core and adapter unit tests, native (and the test harness's own), parsers under random input, the Redis ACLs against the scripts and the admin tool (a real Redis), the fleet simulation's tests
 	@command -v python3 >/dev/null || { echo "unit-test: python3 is missing (the fleet simulation's tests): apt-get install python3" >&2; exit 1; }
 	cargo test -p ratelimit-core -p ratelimit-filter
 	cargo test -p e2e --lib
@@ -184,6 +184,16 @@ config-test: setup-envoy build ## the config checker's tests, its verdicts again
 	cargo test -p ratelimit-check
 	cargo test -p e2e --test checker
 	cargo run -q -p ratelimit-check -- envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml
+
+# --- The operator's command (docs/admin.md) ---
+admin: setup-rust ## build ratelimit-admin, the operator's command: target/release/ratelimit-admin
+	cargo build --release -p ratelimit-admin
+	@echo "built target/release/ratelimit-admin"
+
+admin-test: setup-rust setup-packages ## ratelimit-admin: its unit tests, then the built binary against a real Redis as its ACL user
+	cargo test -p ratelimit-admin
+	cargo build -p ratelimit-admin
+	cargo test -p e2e --test admin
 
 setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-test
 	@if [ "$$("$(TOOLS_VENV)/bin/kubernetes-validate" --version 2>/dev/null)" != "$(KUBERNETES_VALIDATE_VERSION)" ]; then \

@@ -2,8 +2,10 @@
 //! ports from the project's shipped configs, polls them until ready, and stops them by PID when
 //! dropped. `cluster` does the same for a Redis Cluster behind Envoy's redis_proxy.
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates,
-//! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose.
+//! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose;
+//! `admin` runs the operator's command, ratelimit-admin, as a user would.
 
+pub mod admin;
 pub mod busy;
 pub mod cluster;
 pub mod flood;

@@ -25,6 +25,8 @@ pub const REFUSED_TO_WEBDIS: [&[&str]; 5] = [
 pub const REDIS_ADMIN: (&str, &str) = ("admin", "admin-demo-secret");
 /// Password of Redis's default user, which Webdis logs in as (envoy/redis.conf).
 pub const REDIS_WEBDIS_PASSWORD: &str = "webdis-demo-secret";
+/// The user the operator's command ratelimit-admin logs in as (envoy/redis.conf).
+pub const REDIS_TOOL: (&str, &str) = ("ratelimit-admin", "ratelimit-admin-demo-secret");
 
 /// How long a process may take to start: Envoy compiles the filter first, which takes tens of
 /// seconds on a loaded machine.
@@ -262,6 +264,24 @@ impl Redis {
     /// A connection as the restricted user Webdis uses.
     pub fn webdis_user(&self) -> RedisConn {
         RedisConn::login(self.port, "default", REDIS_WEBDIS_PASSWORD).expect("redis login")
+    }
+
+    /// A connection as the user ratelimit-admin logs in as.
+    pub fn tool_user(&self) -> RedisConn {
+        RedisConn::login(self.port, REDIS_TOOL.0, REDIS_TOOL.1).expect("redis login")
+    }
+
+    /// The URL ratelimit-admin is given for this Redis, as `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("redis://{user}:{password}@127.0.0.1:{}", self.port)
+    }
+
+    /// Redis's clock (`TIME`) in Unix ns: the clock the tool computes with.
+    pub fn time_ns(&self) -> u128 {
+        let items = self.admin().cmd(&["TIME"]).unwrap().items();
+        let seconds: u128 = items[0].text().parse().unwrap();
+        let micros: u128 = items[1].text().parse().unwrap();
+        seconds * 1_000_000_000 + micros * 1_000
     }
 
     /// How many times Redis ran `command` (lower case, e.g. `evalsha`), from `INFO commandstats`.

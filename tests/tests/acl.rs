@@ -1,11 +1,17 @@
 //! The Redis users that run the decision script may call every command the scripts call: Redis
 //! checks ACLs inside scripts, so a command missing from a shipped ACL fails every decision (or
-//! refund) that reaches it, and only on the setup that ships that ACL. No processes: this reads
-//! the scripts and the shipped Redis configs, the deployment recipes' included.
+//! refund) that reaches it, and only on the setup that ships that ACL. This reads the scripts
+//! and the shipped Redis configs, the deployment recipes' included.
+//!
+//! The `ratelimit-admin` user of the operator's command may run exactly the commands the tool
+//! sends (`ratelimit_admin::COMMANDS`), on keys under `rl:`: checked in every shipped config,
+//! and against a real Redis, which refuses it every other command and every other key.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
+
+use e2e::{Redis, Resp, WorkDir};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -42,21 +48,44 @@ fn commands_the_scripts_call() -> BTreeSet<String> {
     commands
 }
 
-/// The commands the `default` user of a Redis config may run (its `+cmd` rules, lower case).
-/// The line may be indented: in a Kubernetes manifest it is inside a YAML block string.
-fn default_user_commands(config: &str) -> BTreeSet<String> {
+/// The rules of user `user` in a Redis config (its `user NAME …` line, after the name). The
+/// line may be indented: in a Kubernetes manifest it is inside a YAML block string.
+fn user_rules(config: &str, user: &str) -> Vec<String> {
     let path = repo().join(config);
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let start = format!("user {user} ");
     let line = text
         .lines()
         .map(str::trim_start)
-        .find(|l| l.starts_with("user default "))
-        .unwrap_or_else(|| panic!("{config}: no `user default` line"));
+        .find(|l| l.starts_with(&start))
+        .unwrap_or_else(|| panic!("{config}: no `user {user}` line"));
     line.split_whitespace()
-        .filter_map(|rule| rule.strip_prefix('+'))
-        .map(str::to_ascii_lowercase)
+        .skip(2)
+        .map(str::to_string)
         .collect()
 }
+
+/// The commands user `user` of a Redis config may run (its `+cmd` rules, lower case).
+fn user_commands(config: &str, user: &str) -> BTreeSet<String> {
+    user_rules(config, user)
+        .iter()
+        .filter_map(|rule| rule.strip_prefix('+'))
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+fn default_user_commands(config: &str) -> BTreeSet<String> {
+    user_commands(config, "default")
+}
+
+/// Every shipped config whose Redis the operator's command may reach (a single Redis: the
+/// tool does not work with a Redis Cluster, whose nodes have no such user).
+const ADMIN_TOOL_CONFIGS: [&str; 3] = [
+    "envoy/redis.conf",
+    "deploy/kubernetes/10-redis.yaml",
+    "deploy/compose/redis.conf",
+];
+const TOOL_USER: &str = "ratelimit-admin";
 
 #[test]
 fn the_scripts_call_the_commands_this_test_knows() {
@@ -91,5 +120,139 @@ fn every_shipped_redis_acl_allows_every_command_the_scripts_call() {
                 "{config}: the default user may not run {needed}"
             );
         }
+    }
+}
+
+#[test]
+fn every_shipped_redis_has_the_admin_tools_user_with_exactly_its_commands_on_its_keys() {
+    let wanted: BTreeSet<String> = ratelimit_admin::COMMANDS
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    for config in ADMIN_TOOL_CONFIGS {
+        let rules = user_rules(config, TOOL_USER);
+        assert_eq!(
+            user_commands(config, TOOL_USER),
+            wanted,
+            "{config}: the {TOOL_USER} user's commands are those the tool sends"
+        );
+        let first_grant = rules.iter().position(|r| r.starts_with('+'));
+        let reset = rules.iter().position(|r| r == "-@all");
+        assert!(
+            reset.is_some() && reset < first_grant,
+            "{config}: -@all before any grant: {rules:?}"
+        );
+        let keys: Vec<&String> = rules
+            .iter()
+            .filter(|r| r.starts_with('~') || r.starts_with('%'))
+            .collect();
+        assert_eq!(keys, ["~rl:*"], "{config}: keys under the prefix only");
+        assert!(
+            rules.iter().all(|r| !r.starts_with('&')
+                && r != "allkeys"
+                && r != "allcommands"
+                && !r.starts_with("+@")),
+            "{config}: no channels, no categories, not all keys: {rules:?}"
+        );
+        for needed in ["on", "resetkeys", "resetchannels"] {
+            assert!(
+                rules.iter().any(|r| r == needed),
+                "{config}: {needed} missing: {rules:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_admin_tools_user_runs_what_the_tool_sends_and_nothing_else() {
+    let dir = WorkDir::new("acl-admin-user");
+    let redis = Redis::start(&dir);
+    let mut tool = redis.tool_user();
+    // Each command as the tool sends it, on keys under the prefix, in the tool's order.
+    let allowed: [&[&str]; 13] = [
+        &["TIME"],
+        &["MULTI"],
+        &["DEL", "rl:{t:1}:r:l:override"],
+        &[
+            "HSET",
+            "rl:{t:1}:r:l:override",
+            "mode",
+            "limit",
+            "limit",
+            "5",
+        ],
+        &["PEXPIREAT", "rl:{t:1}:r:l:override", "99999999999999"],
+        &[
+            "XADD",
+            "rl:{admin}:audit",
+            "MAXLEN",
+            "~",
+            "10000",
+            "*",
+            "who",
+            "t",
+        ],
+        &["EXEC"],
+        &["HGETALL", "rl:{t:1}:r:l:override"],
+        &["PTTL", "rl:{t:1}:r:l:override"],
+        &["HMGET", "rl:{t:1}:r:l", "tokens", "ts"],
+        &["ZRANGE", "rl:{t:1}:r:log", "0", "-1", "WITHSCORES"],
+        &[
+            "SCAN",
+            "0",
+            "MATCH",
+            "rl:{*}:*:override",
+            "COUNT",
+            "1000",
+            "TYPE",
+            "hash",
+        ],
+        &["XREVRANGE", "rl:{admin}:audit", "+", "-", "COUNT", "20"],
+    ];
+    let tried: BTreeSet<String> = allowed.iter().map(|c| c[0].to_ascii_lowercase()).collect();
+    let sent: BTreeSet<String> = ratelimit_admin::COMMANDS
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(tried, sent, "every command the tool sends is tried here");
+    for command in allowed {
+        let reply = tool.cmd(command).unwrap();
+        assert!(!matches!(reply, Resp::Error(_)), "{command:?}: {reply:?}");
+    }
+    assert_eq!(
+        redis
+            .admin()
+            .cmd(&["HGET", "rl:{t:1}:r:l:override", "limit"])
+            .unwrap()
+            .text(),
+        "5",
+        "the transaction ran"
+    );
+    // Commands the tool does not need, and keys outside the prefix: refused by the ACL.
+    let refused: [&[&str]; 17] = [
+        &["FLUSHALL"],
+        &["FLUSHDB"],
+        &["KEYS", "*"],
+        &["CONFIG", "GET", "*"],
+        &["EVAL", "return 1", "0"],
+        &["EVALSHA", "0000000000000000000000000000000000000000", "0"],
+        &["SCRIPT", "LOAD", "return 1"],
+        &["INFO"],
+        &["ACL", "LIST"],
+        &["GET", "rl:{t:1}:r:l"],
+        &["SET", "rl:{t:1}:r:l", "1"],
+        &["HSET", "other:x", "mode", "limit"],
+        &["DEL", "other:x"],
+        &["HGETALL", "session:1"],
+        &["HMGET", "other:x", "tokens"],
+        &["PEXPIREAT", "other:x", "1"],
+        &["XADD", "other:audit", "*", "who", "t"],
+    ];
+    for command in refused {
+        let reply = tool.cmd(command).unwrap();
+        assert!(
+            matches!(&reply, Resp::Error(e) if e.starts_with("NOPERM")),
+            "{command:?} is refused: {reply:?}"
+        );
     }
 }

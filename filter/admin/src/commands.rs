@@ -1,0 +1,686 @@
+//! Each subcommand: what it resolves from the config first (so a bad name never reaches
+//! Redis), what it reads or changes, and its report, for people and as JSON.
+
+use ratelimit_core::config::{show_duration, Algorithm, Config, Limit, Rule};
+use ratelimit_core::request::keys::OVERRIDE_SUFFIX;
+use serde_json::{json, Value};
+
+use crate::audit::{self, Entry};
+use crate::cli::{Cli, Command, Named};
+use crate::error::{Error, Result};
+use crate::overrides::{self, Mode, Override};
+use crate::state::{self, Standing};
+use crate::store::Store;
+use crate::target::{self, Identity};
+use crate::when::{expiry, show_instant, show_span};
+
+/// What a command prints: `human` on a terminal, `json` with `--json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub json: Value,
+    pub human: String,
+}
+
+/// Runs `cli`'s command; `user` is who makes a change when `--by` is not given.
+pub fn run(cli: &Cli, user: Option<String>) -> Result<Report> {
+    let path = cli.config.as_deref().ok_or_else(|| {
+        Error::usage("no filter config: give --config FILE or set RATELIMIT_ADMIN_CONFIG")
+    })?;
+    let config = target::load(path, cli.select)?;
+    if config.redis_cluster {
+        return Err(Error::failure(format!(
+            "{path}: the filter reaches a Redis Cluster (bridge.redis_cluster): ratelimit-admin works with a single Redis only (docs/admin.md)"
+        )));
+    }
+    let who = cli
+        .by
+        .clone()
+        .or(user)
+        .filter(|w| !w.is_empty())
+        .unwrap_or_else(|| "unknown".to_string());
+    let mut ctx = Context {
+        config: &config,
+        cli,
+        who,
+        store: None,
+    };
+    match &cli.command {
+        Command::Help => Ok(Report {
+            json: json!({"usage": crate::USAGE}),
+            human: format!("{}\n", crate::USAGE),
+        }),
+        Command::Inspect { rule, identity } => ctx.inspect(rule, identity),
+        Command::Reset {
+            rule,
+            identity,
+            limit,
+        } => ctx.reset(rule, identity, limit.as_deref()),
+        Command::OverrideSet {
+            target,
+            setting,
+            expires,
+            note,
+        } => {
+            let (rule, limit, id) = ctx.named(target)?;
+            overrides::require_overrides(rule, limit)?;
+            let mode = overrides::check(rule, limit, setting)?;
+            ctx.override_set(rule, limit, &id, mode, expires.as_deref(), note.as_deref())
+        }
+        Command::OverrideGet(target) => {
+            let (rule, limit, id) = ctx.named(target)?;
+            ctx.override_get(rule, limit, &id)
+        }
+        Command::OverrideRm(target) => {
+            let (rule, limit, id) = ctx.named(target)?;
+            ctx.override_rm(rule, limit, &id)
+        }
+        Command::OverrideList { rule } => ctx.override_list(rule.as_deref()),
+        Command::Audit { count } => ctx.audit(*count),
+    }
+}
+
+struct Context<'a> {
+    config: &'a Config,
+    cli: &'a Cli,
+    who: String,
+    store: Option<Store>,
+}
+
+impl<'a> Context<'a> {
+    /// The Redis connection, made on first use: a command line the config refuses never
+    /// needs Redis.
+    fn store(&mut self) -> Result<&mut Store> {
+        if self.store.is_none() {
+            let url = self.cli.redis.as_deref().ok_or_else(|| {
+                Error::usage("no Redis: give --redis URL or set RATELIMIT_ADMIN_REDIS")
+            })?;
+            self.store = Some(Store::connect(url)?);
+        }
+        self.store
+            .as_mut()
+            .ok_or_else(|| Error::failure("no Redis connection"))
+    }
+
+    fn now_ms(&mut self) -> Result<f64> {
+        self.store()?.time_ms()
+    }
+
+    fn named(&self, n: &Named) -> Result<(&'a Rule, &'a Limit, Identity)> {
+        let rule = target::rule(self.config, &n.rule)?;
+        let limit = target::limit(rule, &n.limit)?;
+        let id = target::identity(self.config, rule, self.cli.from.as_deref(), &n.identity)?;
+        Ok((rule, limit, id))
+    }
+
+    fn audit_key(&self) -> String {
+        audit::key(&self.config.key_prefix)
+    }
+
+    fn inspect(&mut self, rule_name: &str, identity: &str) -> Result<Report> {
+        let rule = target::rule(self.config, rule_name)?;
+        let id = target::identity(self.config, rule, self.cli.from.as_deref(), identity)?;
+        let now = self.now_ms()?;
+        let mut human = format!("rule {}, identity {}\n", rule.name, identity_line(&id));
+        let mut limits = Vec::new();
+        for limit in &rule.limits {
+            let found = if limit.overrides {
+                let key = target::override_key_of(self.config, rule, limit, &id);
+                read_override(self.store()?, &key, now)?
+            } else {
+                None
+            };
+            let (per_window, burst) = in_effect(limit, found.as_ref().map(|o| o.mode));
+            let window = limit.window.as_millis() as f64;
+            let mut shards = Vec::new();
+            let mut total = Standing {
+                left: 0.0,
+                whole_in_ms: 0.0,
+                debt: 0.0,
+            };
+            for key in target::state_keys(self.config, rule, limit, &id) {
+                let store = self.store()?;
+                let stored = state::read(store, limit.algorithm, &key)?;
+                let pttl: i64 = store.run(redis::cmd("PTTL").arg(&key), &format!("PTTL {key}"))?;
+                let s = state::standing(
+                    limit.algorithm,
+                    stored.as_ref(),
+                    per_window as f64,
+                    window,
+                    burst as f64,
+                    now,
+                );
+                total.left += s.left;
+                total.whole_in_ms = total.whole_in_ms.max(s.whole_in_ms);
+                total.debt += s.debt;
+                shards.push(json!({
+                    "key": key,
+                    "exists": stored.is_some(),
+                    "left": s.left,
+                    "whole_in_ms": s.whole_in_ms,
+                    "debt": s.debt,
+                    "expires_in_ms": u64::try_from(pttl).ok(),
+                }));
+            }
+            let mode = found.as_ref().map(|o| o.mode);
+            let left = match mode {
+                Some(Mode::Unlimited) => None,
+                Some(Mode::Blocked) => Some(0.0),
+                _ => Some(total.left),
+            };
+            human.push_str(&limit_report(
+                limit,
+                found.as_ref(),
+                left,
+                &total,
+                per_window,
+                &shards,
+                now,
+            ));
+            limits.push(json!({
+                "limit": limit.name,
+                "algorithm": limit.algorithm.name(),
+                "config": {
+                    "limit": limit.limit,
+                    "window_ms": limit.window.as_millis() as u64,
+                    "burst": limit.burst,
+                    "shards": limit.shards,
+                    "overrides": limit.overrides,
+                },
+                "override": found.as_ref().map(Override::json),
+                "in_effect": {
+                    "mode": mode.map_or("config", Mode::name),
+                    "limit": per_window,
+                    "burst": burst,
+                },
+                "left": left,
+                "whole_in_ms": total.whole_in_ms,
+                "debt": total.debt,
+                "shards": shards,
+                // Concurrency limits (requests in flight, a sorted set of reservations) will
+                // report here; no limit of that kind exists yet.
+                "in_flight": Value::Null,
+            }));
+        }
+        Ok(Report {
+            json: json!({
+                "rule": rule.name,
+                "identity": identity_json(&id),
+                "now_ms": now as u64,
+                "limits": limits,
+            }),
+            human,
+        })
+    }
+
+    fn reset(&mut self, rule_name: &str, identity: &str, limit: Option<&str>) -> Result<Report> {
+        let rule = target::rule(self.config, rule_name)?;
+        let limits: Vec<&Limit> = match limit {
+            Some(name) => vec![target::limit(rule, name)?],
+            None => rule.limits.iter().collect(),
+        };
+        let id = target::identity(self.config, rule, self.cli.from.as_deref(), identity)?;
+        let now = self.now_ms()? as u64;
+        let stream = self.audit_key();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut changed = Vec::new();
+        for limit in &limits {
+            let keys = target::state_keys(self.config, rule, limit, &id);
+            pipe.cmd("DEL").arg(&keys);
+            let joined = keys.join(" ");
+            audit::append(
+                &mut pipe,
+                &stream,
+                &Entry {
+                    who: &self.who,
+                    what: "reset",
+                    rule: &rule.name,
+                    limit: &limit.name,
+                    key: &joined,
+                    when_ms: now,
+                    detail: "",
+                },
+            );
+            changed.push((limit.name.as_str(), keys));
+        }
+        let deleted: Vec<u64> = self
+            .store()?
+            .atomic(&pipe, "reset (MULTI DEL, XADD … EXEC)")?;
+        let mut human = String::new();
+        let mut json_limits = Vec::new();
+        for ((name, keys), n) in changed
+            .iter()
+            .zip(deleted.iter().chain(std::iter::repeat(&0)))
+        {
+            human.push_str(&format!(
+                "reset rule {}, limit {name}, identity {}: {n} of {} state key{} deleted\n",
+                rule.name,
+                identity_line(&id),
+                keys.len(),
+                if keys.len() == 1 { "" } else { "s" }
+            ));
+            json_limits.push(json!({"limit": name, "keys": keys, "deleted": n}));
+        }
+        Ok(Report {
+            json: json!({"rule": rule.name, "identity": identity_json(&id), "limits": json_limits}),
+            human,
+        })
+    }
+
+    fn override_set(
+        &mut self,
+        rule: &Rule,
+        limit: &Limit,
+        id: &Identity,
+        mode: Mode,
+        expires: Option<&str>,
+        note: Option<&str>,
+    ) -> Result<Report> {
+        let key = target::override_key_of(self.config, rule, limit, id);
+        let now = self.now_ms()? as u64;
+        let expires_at = expires
+            .map(|text| expiry(text, now))
+            .transpose()
+            .map_err(Error::usage)?;
+        let fields = overrides::fields(mode, &self.who, now, note);
+        let mut detail: Vec<String> = fields
+            .iter()
+            .filter(|(f, _)| matches!(*f, "mode" | "limit" | "burst"))
+            .map(|(f, v)| format!("{f}={v}"))
+            .collect();
+        detail.push(match expires_at {
+            Some(at) => format!("expires={}", show_instant(at)),
+            None => "expires=never".to_string(),
+        });
+        if let Some(note) = note {
+            detail.push(format!("note={note:?}"));
+        }
+        let detail = detail.join(" ");
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        // A new override replaces the old one whole: no field (a burst) outlives it.
+        pipe.cmd("DEL").arg(&key).ignore();
+        pipe.cmd("HSET").arg(&key).arg(&fields).ignore();
+        if let Some(at) = expires_at {
+            pipe.cmd("PEXPIREAT").arg(&key).arg(at).ignore();
+        }
+        audit::append(
+            &mut pipe,
+            &self.audit_key(),
+            &Entry {
+                who: &self.who,
+                what: "override set",
+                rule: &rule.name,
+                limit: &limit.name,
+                key: &key,
+                when_ms: now,
+                detail: &detail,
+            },
+        );
+        self.store()?.atomic::<()>(
+            &pipe,
+            "override set (MULTI DEL, HSET, PEXPIREAT, XADD … EXEC)",
+        )?;
+        let set = Override {
+            key: key.clone(),
+            mode,
+            by: Some(self.who.clone()),
+            at_ms: Some(now),
+            note: note.map(str::to_string),
+            expires_at_ms: expires_at,
+        };
+        Ok(Report {
+            human: format!(
+                "override set: rule {}, limit {}, identity {}: {}\n  key {key}\n",
+                rule.name,
+                limit.name,
+                identity_line(id),
+                set.line(now)
+            ),
+            json: json!({
+                "rule": rule.name,
+                "limit": limit.name,
+                "identity": identity_json(id),
+                "override": set.json(),
+            }),
+        })
+    }
+
+    fn override_get(&mut self, rule: &Rule, limit: &Limit, id: &Identity) -> Result<Report> {
+        let key = target::override_key_of(self.config, rule, limit, id);
+        let now = self.now_ms()?;
+        let found = read_override(self.store()?, &key, now)?;
+        let mut human = format!(
+            "rule {}, limit {}, identity {}: ",
+            rule.name,
+            limit.name,
+            identity_line(id)
+        );
+        match &found {
+            Some(o) => human.push_str(&format!("override {}\n  key {key}\n", o.line(now as u64))),
+            None => human.push_str(&format!("no override\n  key {key}\n")),
+        }
+        if !limit.overrides {
+            human.push_str("  note: this limit does not read overrides (no \"overrides\": true)\n");
+        }
+        Ok(Report {
+            json: json!({
+                "rule": rule.name,
+                "limit": limit.name,
+                "identity": identity_json(id),
+                "key": key,
+                "reads_overrides": limit.overrides,
+                "override": found.as_ref().map(Override::json),
+            }),
+            human,
+        })
+    }
+
+    fn override_rm(&mut self, rule: &Rule, limit: &Limit, id: &Identity) -> Result<Report> {
+        let key = target::override_key_of(self.config, rule, limit, id);
+        let now = self.now_ms()? as u64;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.cmd("DEL").arg(&key);
+        audit::append(
+            &mut pipe,
+            &self.audit_key(),
+            &Entry {
+                who: &self.who,
+                what: "override rm",
+                rule: &rule.name,
+                limit: &limit.name,
+                key: &key,
+                when_ms: now,
+                detail: "",
+            },
+        );
+        let (removed,): (u64,) = self
+            .store()?
+            .atomic(&pipe, "override rm (MULTI DEL, XADD … EXEC)")?;
+        Ok(Report {
+            human: format!(
+                "rule {}, limit {}, identity {}: {}\n  key {key}\n",
+                rule.name,
+                limit.name,
+                identity_line(id),
+                if removed > 0 {
+                    "override removed"
+                } else {
+                    "no override to remove"
+                }
+            ),
+            json: json!({
+                "rule": rule.name,
+                "limit": limit.name,
+                "identity": identity_json(id),
+                "key": key,
+                "removed": removed > 0,
+            }),
+        })
+    }
+
+    fn override_list(&mut self, rule: Option<&str>) -> Result<Report> {
+        let prefix = glob_escape(&self.config.key_prefix);
+        let pattern = match rule {
+            Some(name) => {
+                let rule = target::rule(self.config, name)?;
+                format!(
+                    "{prefix}{{*}}:{}:*{OVERRIDE_SUFFIX}",
+                    glob_escape(&rule.name)
+                )
+            }
+            None => format!("{prefix}{{*}}:*{OVERRIDE_SUFFIX}"),
+        };
+        let now = self.now_ms()?;
+        let store = self.store()?;
+        let mut keys = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, batch): (String, Vec<String>) = store.run(
+                redis::cmd("SCAN")
+                    .arg(&cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("TYPE")
+                    .arg("hash"),
+                &format!("SCAN MATCH {pattern}"),
+            )?;
+            keys.extend(batch);
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+        // SCAN may return a key more than once.
+        keys.sort();
+        keys.dedup();
+        let mut human = String::new();
+        let mut list = Vec::new();
+        for key in keys {
+            let Some((tag, rule_name, limit_name)) =
+                split_override_key(&self.config.key_prefix, &key)
+            else {
+                continue;
+            };
+            let known = self
+                .config
+                .rules
+                .iter()
+                .find(|r| r.name == rule_name)
+                .and_then(|r| r.limits.iter().find(|l| l.name == limit_name))
+                .is_some_and(|l| l.overrides);
+            let store = self.store()?;
+            let entry = match read_override(store, &key, now) {
+                Ok(Some(o)) => {
+                    human.push_str(&format!(
+                        "{rule_name}/{limit_name} {tag}: {}",
+                        o.line(now as u64)
+                    ));
+                    json!({"key": key, "rule": rule_name, "limit": limit_name, "identity_tag": tag, "read_by_filter": known, "override": o.json()})
+                }
+                // Gone between SCAN and HGETALL (expired, removed).
+                Ok(None) => continue,
+                Err(e) => {
+                    human.push_str(&format!("{rule_name}/{limit_name} {tag}: unreadable: {e}"));
+                    json!({"key": key, "rule": rule_name, "limit": limit_name, "identity_tag": tag, "read_by_filter": known, "error": e.message})
+                }
+            };
+            if !known {
+                human.push_str(" (no limit of this config reads it)");
+            }
+            human.push('\n');
+            list.push(entry);
+        }
+        if list.is_empty() {
+            human.push_str("no overrides\n");
+        }
+        Ok(Report {
+            json: json!({"pattern": pattern, "overrides": list}),
+            human,
+        })
+    }
+
+    fn audit(&mut self, count: usize) -> Result<Report> {
+        let stream = self.audit_key();
+        let entries = audit::latest(self.store()?, &stream, count)?;
+        let mut human: String = entries.iter().map(|e| audit::line(e) + "\n").collect();
+        if entries.is_empty() {
+            human.push_str(&format!("no entries in {stream}\n"));
+        }
+        Ok(Report {
+            json: json!({"stream": stream, "entries": entries}),
+            human,
+        })
+    }
+}
+
+/// The override at `key`, if there is one.
+fn read_override(store: &mut Store, key: &str, now: f64) -> Result<Option<Override>> {
+    let hash: Vec<(String, String)> =
+        store.run(redis::cmd("HGETALL").arg(key), &format!("HGETALL {key}"))?;
+    if hash.is_empty() {
+        return Ok(None);
+    }
+    let pttl: i64 = store.run(redis::cmd("PTTL").arg(key), &format!("PTTL {key}"))?;
+    overrides::parse(key, &hash, pttl, now as u64)
+        .map(Some)
+        .map_err(Error::failure)
+}
+
+/// The limit and burst a decision uses: the override's with mode `limit` (its burst defaults
+/// to its limit), else the config's of one shard.
+fn in_effect(limit: &Limit, mode: Option<Mode>) -> (u64, u64) {
+    match mode {
+        Some(Mode::Limit { limit: n, burst }) => {
+            let has_burst = matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+            (n, if has_burst { burst.unwrap_or(n) } else { n })
+        }
+        _ => (limit.shard_limit(), limit.shard_burst()),
+    }
+}
+
+fn limit_report(
+    limit: &Limit,
+    found: Option<&Override>,
+    left: Option<f64>,
+    total: &Standing,
+    per_window: u64,
+    shards: &[Value],
+    now: f64,
+) -> String {
+    let mut out = format!(
+        "  limit {}: {} {} per {}",
+        limit.name,
+        limit.algorithm.name(),
+        limit.limit,
+        show_duration(limit.window)
+    );
+    if matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+        out.push_str(&format!(", burst {}", limit.burst));
+    }
+    if limit.shards > 1 {
+        out.push_str(&format!(", {} shards", limit.shards));
+    }
+    out.push('\n');
+    match found {
+        Some(o) => out.push_str(&format!("    override: {}\n", o.line(now as u64))),
+        None if limit.overrides => out.push_str("    override: none\n"),
+        None => {}
+    }
+    match left {
+        None => out.push_str("    left now: unlimited (override)\n"),
+        Some(left) => {
+            let blocked = matches!(found.map(|o| o.mode), Some(Mode::Blocked));
+            out.push_str(&format!(
+                "    left now: {}{}",
+                units(left),
+                if blocked {
+                    " (blocked by override)".to_string()
+                } else {
+                    format!(" of {}", per_window * limit.shards.max(1))
+                }
+            ));
+            if total.whole_in_ms > 0.0 {
+                out.push_str(&format!(
+                    "; whole again in {}",
+                    show_span(total.whole_in_ms)
+                ));
+            } else {
+                out.push_str("; whole");
+            }
+            if total.debt > 0.0 {
+                out.push_str(&format!("; debt {}", units(total.debt)));
+            }
+            out.push('\n');
+        }
+    }
+    for shard in shards {
+        let key = shard["key"].as_str().unwrap_or("");
+        let state = match shard["expires_in_ms"].as_u64() {
+            _ if shard["exists"] == json!(false) => "no state".to_string(),
+            Some(ms) => format!("expires in {}", show_span(ms as f64)),
+            None => "no expiry".to_string(),
+        };
+        if limit.shards > 1 {
+            out.push_str(&format!(
+                "    shard {key}: left {}, {state}\n",
+                units(shard["left"].as_f64().unwrap_or(0.0))
+            ));
+        } else {
+            out.push_str(&format!("    state {key}: {state}\n"));
+        }
+    }
+    out
+}
+
+/// Units as people read them: whole when whole, else to 3 decimals.
+fn units(n: f64) -> String {
+    let rounded = (n * 1000.0).floor() / 1000.0;
+    if rounded.fract() == 0.0 {
+        format!("{rounded:.0}")
+    } else {
+        format!("{rounded}")
+    }
+}
+
+fn identity_line(id: &Identity) -> String {
+    match &id.grouped {
+        Some(group) => format!(
+            "{} {group} (the address's group, as the filter keys it)",
+            id.label
+        ),
+        None => format!("{} {:?}", id.label, id.shown()),
+    }
+}
+
+fn identity_json(id: &Identity) -> Value {
+    json!({"label": id.label, "value": id.shown(), "grouped": id.grouped.is_some()})
+}
+
+/// A key prefix or rule name inside a SCAN pattern: glob characters matched literally.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `prefix{tag}:rule:limit:override` → (`{tag}`, rule, limit). The tag ends at the first `}`:
+/// neither a digest nor a readable identity holds a brace.
+fn split_override_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str, &'k str)> {
+    let rest = key.strip_prefix(prefix)?;
+    let close = rest.find('}')?;
+    let (tag, tail) = rest.split_at(close + 1);
+    let tail = tail.strip_prefix(':')?.strip_suffix(OVERRIDE_SUFFIX)?;
+    let (rule, limit) = tail.split_once(':')?;
+    Some((tag, rule, limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_keys_split_into_tag_rule_and_limit() {
+        assert_eq!(
+            split_override_key("rl:", "rl:{header:x-api-key:ab12}:api:per_minute:override"),
+            Some(("{header:x-api-key:ab12}", "api", "per_minute"))
+        );
+        assert_eq!(split_override_key("rl:", "rl:{h=a}:api:m"), None);
+        assert_eq!(glob_escape("r*l[1]:"), "r\\*l\\[1\\]:");
+    }
+
+    #[test]
+    fn units_are_whole_or_three_decimals() {
+        assert_eq!(units(7.0), "7");
+        assert_eq!(units(7.00049), "7");
+        assert_eq!(units(6.5), "6.5");
+    }
+}
