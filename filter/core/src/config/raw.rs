@@ -152,7 +152,10 @@ pub(super) struct RawLimit {
     #[serde(default)]
     pub(super) algorithm: Algorithm,
     pub(super) limit: u64,
+    /// A duration, or (fixed_window) a calendar window: `day`, `week`, `month`.
     pub(super) window: String,
+    /// A calendar window's UTC offset, `±HH:MM` (default UTC).
+    pub(super) utc_offset: Option<String>,
     pub(super) burst: Option<u64>,
     pub(super) shards: Option<u64>,
     /// As the top-level `lease`, for this limit only (`false`: none for it).

@@ -273,9 +273,13 @@ impl Engine {
     ) -> Conclusion {
         self.refusals.remember(plan, &outcome, sent);
         let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
-        let conclusion = self
-            .policy
-            .conclude(config, host, &mut self.tally, plan, outcome);
+        let conclusion = self.policy.conclude(
+            config,
+            host,
+            &mut self.tally,
+            (plan, self.last_now_ns),
+            outcome,
+        );
         if config.metered && matches!(conclusion, Conclusion::Resume(_)) {
             self.settlements
                 .admitted(config, ctx, plan, charged, &mut self.tally);
