@@ -145,7 +145,11 @@ mod tests {
         assert_eq!((refused.allowed, refused.limits[0].retry_ms), (false, 1.0));
         let next = local.decide(std::slice::from_ref(&month), february);
         assert!(next.allowed);
-        assert_eq!(next.limits[0].reset_ms, 29.0 * 86_400_000.0, "February 2028");
+        assert_eq!(
+            next.limits[0].reset_ms,
+            29.0 * 86_400_000.0,
+            "February 2028"
+        );
     }
 
     #[test]
