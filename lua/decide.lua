@@ -11,8 +11,12 @@
 -- ARGV[4]    number of key budgets B, then four per budget: counter key index, new keys per
 --            window, window (ms), "shared" | "deny"
 -- then, per request: its number of limits n, then nine per limit:
---            key index (into KEYS), algorithm, limit, window (ms), burst, cost,
+--            key index (into KEYS), algorithm, limit, window, burst, cost,
 --            "enforce" | "shadow", budget index (0: none), overflow key index (0: none)
+--            The window is its length in ms (digits), or for fixed_window a calendar window:
+--            "D", "W" or "M" (a day, an ISO week from Monday, a month from the 1st), then its
+--            UTC offset in minutes, signed: "M+330" is a month at UTC+05:30, "D-300" a day at
+--            UTC-05:00, "W+0" a week in UTC. Parsed only when it is not plain digits.
 --            or, to give back what an earlier call charged (Redis Cluster: another slot
 --            refused the request), mode "refund", then the charge's clock (Unix ns) and the
 --            remaining it replied. A refund request takes nothing and replies 1 for each
@@ -93,6 +97,17 @@ local function whole(v)
   return v and v >= 0 and v == math.floor(v)
 end
 
+-- A calendar window argument ("M+330"): {unit = "D" | "W" | "M", offset = ms east of UTC},
+-- or nil.
+local function calendar_of(text)
+  local unit, sign, minutes = string.match(text, '^([DWM])([+-])(%d+)$')
+  minutes = tonumber(minutes)
+  if not unit or minutes > 840 then
+    return nil
+  end
+  return {unit = unit, offset = (sign == '-' and -minutes or minutes) * 60000}
+end
+
 local requests = tonumber(ARGV[3])
 if not whole(requests) then
   return redis.error_reply('ERR decide: bad request count')
@@ -162,9 +177,14 @@ local function read_request(a)
       after = after,
       member = (hold and ARGV[b + 8]) or (settle and concurrency and ARGV[b + 9]) or nil,
     }
+    local window_ok = p.window and p.window > 0
+    if not p.window and ARGV[b + 2] == 'fixed_window' then
+      p.calendar = calendar_of(ARGV[b + 4])
+      window_ok = p.calendar ~= nil
+    end
     if not p.key or (override_index and not p.override) or not p.algorithm or not p.limit
-        or p.limit < 1 or not p.window
-        or p.window <= 0 or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
+        or p.limit < 1 or not window_ok
+        or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
         or (p.budget and (not BUDGETS[p.budget] or not p.overflow))
         or (refund and (not p.refund or not string.match(p.charged_at, '^%d+$')
           or not p.left or p.left < 0))
@@ -216,7 +236,8 @@ local function read_override(p)
     return 8
   end
   burst = burst or limit
-  if burst / limit * p.window > MAX_STATE_LIFETIME_MS then
+  -- A calendar window is a month at most.
+  if burst / limit * (p.window or 31 * 86400000) > MAX_STATE_LIFETIME_MS then
     return 8
   end
   p.limit, p.burst = limit, burst

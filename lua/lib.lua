@@ -4,7 +4,8 @@
 --
 --   ALGORITHMS.name = function(key, p, now) -> d
 --     key  the limit's state key
---     p    {limit = n, window = ms, burst = n, cost = n}
+--     p    {limit = n, window = ms, burst = n, cost = n}; a fixed window's calendar window
+--          has p.calendar = {unit = "D" | "W" | "M", offset = ms east of UTC} and no window
 --     now  {str = Unix ns as a decimal string, ms = Unix ms as a number}
 --     d    {allowed = bool, retry = ms until the request would be allowed (0 if allowed),
 --           kept_remaining, kept_reset = remaining and ms until whole, if nothing is taken,

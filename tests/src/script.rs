@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 pub use ratelimit_core::bridge::DecideCall;
 pub use ratelimit_core::check::{BudgetCheck, LimitCheck, Mode};
-pub use ratelimit_core::config::{Algorithm, Lease, OverBudget};
+pub use ratelimit_core::config::{Algorithm, Calendar, CalendarUnit, Lease, OverBudget, Window};
 pub use ratelimit_core::decision::{Refund, Settlement};
 pub use ratelimit_core::testing::cases::{self, CaseTable};
 
@@ -23,7 +23,7 @@ pub struct L {
     pub key: &'static str,
     pub algorithm: Algorithm,
     pub limit: u64,
-    pub window_ms: u64,
+    pub window: Window,
     pub burst: u64,
     pub cost: u64,
     pub shadow: bool,
@@ -44,7 +44,7 @@ pub fn limit(key: &'static str, algorithm: Algorithm, limit: u64, window_ms: u64
         key,
         algorithm,
         limit,
-        window_ms,
+        window: Window::ms(window_ms),
         burst: limit,
         cost: 1,
         shadow: false,
@@ -75,6 +75,15 @@ impl L {
         }
     }
 
+    /// The same limit over calendar windows of `unit` at `offset_minutes` east of UTC.
+    pub fn calendar(self, unit: CalendarUnit, offset_minutes: i16) -> L {
+        let window = Window::Calendar(Calendar {
+            unit,
+            offset_minutes,
+        });
+        L { window, ..self }
+    }
+
     pub fn check(&self) -> LimitCheck {
         LimitCheck {
             rule: 0,
@@ -83,7 +92,7 @@ impl L {
             algorithm: self.algorithm,
             per_window: self.limit,
             quota: self.burst,
-            window_ms: self.window_ms,
+            window: self.window,
             burst: self.burst,
             cost: self.cost,
             mode: if self.algorithm == Algorithm::Concurrency {
@@ -231,7 +240,8 @@ pub type Case = (u128, u64, i64, &'static str, &'static str, &'static str);
 pub fn run_table(script: &mut Script, key: &'static str, table: &CaseTable) {
     let base = L {
         burst: table.burst,
-        ..limit(key, table.algorithm, table.limit, table.window_ms)
+        window: table.window,
+        ..limit(key, table.algorithm, table.limit, 1)
     };
     for (i, &(at, cost, allowed, remaining, reset, retry)) in table.cases.iter().enumerate() {
         let l = L {

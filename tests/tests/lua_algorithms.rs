@@ -110,6 +110,16 @@ fn fixed_window_counts_per_aligned_window() {
 }
 
 #[test]
+fn fixed_window_counts_per_calendar_month() {
+    let (_dir, redis) = start("lua-fixed-month");
+    run_table(
+        &mut Script::new(&redis),
+        "rl:t:fixed-month",
+        &cases::FIXED_WINDOW_MONTH,
+    );
+}
+
+#[test]
 fn sliding_window_counter_weights_the_previous_window() {
     let (_dir, redis) = start("lua-sliding-counter");
     let table = &cases::SLIDING_WINDOW_COUNTER;

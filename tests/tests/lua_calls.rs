@@ -72,12 +72,18 @@ fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request()
             ..good.clone()
         },
         L {
-            window_ms: 0,
+            window: Window::ms(0),
             ..good.clone()
         },
         L {
             burst: 0,
             ..good.clone()
+        },
+        // A calendar window on another algorithm than fixed_window, and an offset beyond 14 h.
+        good.clone().calendar(CalendarUnit::Month, 0),
+        L {
+            algorithm: Algorithm::FixedWindow,
+            ..good.clone().calendar(CalendarUnit::Day, 841)
         },
     ] {
         let answers = s.decide_batch(
@@ -97,6 +103,16 @@ fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request()
     let items = s.conn.cmd(&command).unwrap().items();
     assert_eq!((items[0].int(), items[1].int()), (1, -1));
     assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
+    // A window that is neither digits nor a calendar window.
+    let fixed = limit("rl:t:bad-fixed", Algorithm::FixedWindow, 1, 1000);
+    for window in ["Y+0", "M330", "M+", "M+-5", "month", "D+1.5"] {
+        let mut command = s.command("1", &[std::slice::from_ref(&fixed)]);
+        let at = command.iter().position(|a| a == "fixed_window").unwrap() + 2;
+        command[at] = window.into();
+        let items = s.conn.cmd(&command).unwrap().items();
+        assert_eq!((items[0].int(), items[1].int()), (1, -1), "{window}");
+        assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
+    }
 }
 
 #[test]

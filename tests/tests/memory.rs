@@ -115,7 +115,7 @@ fn filler_identity(i: usize) -> String {
 /// The demo rule's limit (token bucket, 10 per minute) on `key`, as the filter sends it.
 fn demo_check(key: String) -> LimitCheck {
     LimitCheck {
-        window_ms: 60_000,
+        window: ratelimit_core::config::Window::ms(60_000),
         ..token_bucket_check(&key)
     }
 }

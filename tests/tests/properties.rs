@@ -3,7 +3,8 @@
 //! (`ratelimit_core::algorithms`, what the `local` failure mode runs) must agree decision by
 //! decision; and the twin keeps each algorithm's promises: never more than its bound in any
 //! window, a refused request retried after its `retry` is allowed, a clock going backwards never
-//! refills. proptest shrinks a failing sequence to a minimal one. Seeded and bounded here;
+//! refills. Fixed windows run over calendar windows too (days, ISO weeks, months at random UTC
+//! offsets, from instants just before a boundary in 1970 to 2170). proptest shrinks a failing sequence to a minimal one. Seeded and bounded here;
 //! `PROPTEST_CASES=N` runs more (`make fuzz`).
 
 use proptest::prelude::*;
@@ -15,7 +16,7 @@ use e2e::{Redis, RedisConn, WorkDir};
 use ratelimit_core::algorithms::{evaluate, Params, State};
 use ratelimit_core::bridge::DecideCall;
 use ratelimit_core::check::{LimitCheck, Mode};
-use ratelimit_core::config::Algorithm;
+use ratelimit_core::config::{Algorithm, Calendar, CalendarUnit, Window};
 use ratelimit_core::local::unix_ms;
 
 const T0: u128 = 1_764_489_600_000_000_000;
@@ -37,6 +38,27 @@ struct Scenario {
     window_ms: u64,
     burst: u64,
     steps: Vec<(i64, u64)>,
+    /// A fixed window's calendar: its windows instead of `window_ms`'s.
+    calendar: Option<Calendar>,
+    /// The clock before the first step (Unix ns).
+    start: u128,
+}
+
+impl Scenario {
+    fn window(&self) -> Window {
+        match self.calendar {
+            Some(c) => Window::Calendar(c),
+            None => Window::ms(self.window_ms),
+        }
+    }
+
+    /// The index of the window holding Unix ms `t` (aligned windows).
+    fn window_index(&self, t: f64) -> f64 {
+        match self.calendar {
+            Some(c) => c.index(t),
+            None => (t / self.window_ms as f64).floor(),
+        }
+    }
 }
 
 fn scenario(algorithm: Algorithm, max_steps: usize) -> impl Strategy<Value = Scenario> {
@@ -52,8 +74,60 @@ fn scenario(algorithm: Algorithm, max_steps: usize) -> impl Strategy<Value = Sce
             window_ms,
             burst: if buckets { burst } else { limit },
             steps,
+            calendar: None,
+            start: T0,
         })
     })
+}
+
+/// A fixed window over calendar windows: a unit, an offset, a start just before one of its
+/// boundaries (1970 to 2170), and steps of up to a second (piling up in one window) or up to
+/// half the unit's longest window (crossing boundaries), now and then back.
+fn calendar_scenario(max_steps: usize) -> impl Strategy<Value = Scenario> {
+    let unit = prop_oneof![
+        Just(CalendarUnit::Day),
+        Just(CalendarUnit::Week),
+        Just(CalendarUnit::Month)
+    ];
+    let years_ms = 200 * 365 * 86_400_000u64;
+    (1u64..=20, unit, -840i16..=840, 0..years_ms, 0u64..7_200_000).prop_flat_map(
+        move |(limit, unit, offset_minutes, at, before)| {
+            let calendar = Calendar {
+                unit,
+                offset_minutes,
+            };
+            let longest = calendar.longest_ms() as i64;
+            let boundary = calendar.end(calendar.index(at as f64)) as u128;
+            let start = (boundary - u128::from(before).min(boundary)) * MS;
+            let step = prop_oneof![
+                4 => 0i64..1000,
+                4 => 0i64..(longest / 2),
+                1 => -(longest / 4)..0,
+            ];
+            prop::collection::vec((step, 1u64..=4), 1..max_steps).prop_map(move |steps| Scenario {
+                algorithm: Algorithm::FixedWindow,
+                limit,
+                window_ms: longest as u64,
+                burst: limit,
+                steps,
+                calendar: Some(calendar),
+                start,
+            })
+        },
+    )
+}
+
+/// Every algorithm's scenarios, and the fixed window's over calendar windows, by name.
+fn every_scenario(max_steps: usize) -> Vec<(String, BoxedStrategy<Scenario>)> {
+    let mut all: Vec<(String, BoxedStrategy<Scenario>)> = ALGORITHMS
+        .iter()
+        .map(|a| (a.name().to_string(), scenario(*a, max_steps).boxed()))
+        .collect();
+    all.push((
+        "fixed_window (calendar)".to_string(),
+        calendar_scenario(max_steps).boxed(),
+    ));
+    all
 }
 
 fn runner(cases: u32) -> TestRunner {
@@ -71,7 +145,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         algorithm: s.algorithm,
         per_window: s.limit,
         quota: s.burst,
-        window_ms: s.window_ms,
+        window: s.window(),
         burst: s.burst,
         cost,
         mode: Mode::of(false, None, false, None),
@@ -84,12 +158,7 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
 }
 
 fn params(s: &Scenario, cost: u64) -> Params {
-    Params {
-        limit: s.limit as f64,
-        window: s.window_ms as f64,
-        burst: s.burst as f64,
-        cost: cost as f64,
-    }
+    Params::new(s.limit, s.window(), s.burst, cost)
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -98,7 +167,7 @@ fn close(a: f64, b: f64) -> bool {
 
 /// The instants of the scenario (ns), the clock moving by each step.
 fn instants(s: &Scenario) -> Vec<u128> {
-    let mut now = T0 as i128;
+    let mut now = s.start as i128;
     s.steps
         .iter()
         .map(|(step, _)| {
@@ -119,12 +188,13 @@ fn the_lua_scripts_and_their_rust_twins_agree_decision_by_decision() {
         .unwrap()
         .text();
     let mut total = 0u64;
-    for algorithm in ALGORITHMS {
+    for (name, scenarios) in every_scenario(30) {
         let mut runner = runner(60);
         let case = std::cell::Cell::new(0u64);
-        let result = runner.run(&scenario(algorithm, 30), |s| {
+        let result = runner.run(&scenarios, |s| {
             case.set(case.get() + 1);
-            let key = format!("rl:prop:{}:{}", algorithm.name(), case.get());
+            let algorithm = s.algorithm;
+            let key = format!("rl:prop:{name}:{}", case.get());
             let mut conn = conn.borrow_mut();
             let mut state: Option<State> = None;
             for ((_, cost), now) in s.steps.iter().zip(instants(&s)) {
@@ -138,7 +208,7 @@ fn the_lua_scripts_and_their_rust_twins_agree_decision_by_decision() {
                         && close(from_redis.2, twin.2)
                         && close(from_redis.3, twin.3),
                     "at {} ms, cost {cost}: Lua {from_redis:?}, Rust {twin:?}",
-                    (now as i128 - T0 as i128) / MS as i128
+                    (now as i128 - s.start as i128) / MS as i128
                 );
                 if e.allowed {
                     state = Some(e.charged);
@@ -149,7 +219,7 @@ fn the_lua_scripts_and_their_rust_twins_agree_decision_by_decision() {
             Ok(())
         });
         if let Err(failure) = result {
-            panic!("{}: {failure}", algorithm.name());
+            panic!("{name}: {failure}");
         }
         total += case.get();
     }
@@ -183,10 +253,11 @@ fn replay(
 #[test]
 fn every_algorithm_keeps_its_promises() {
     let total = std::cell::Cell::new(0u64);
-    for algorithm in ALGORITHMS {
+    for (name, scenarios) in every_scenario(40) {
         let mut runner = runner(2000);
-        let result = runner.run(&scenario(algorithm, 40), |s| {
+        let result = runner.run(&scenarios, |s| {
             total.set(total.get() + 1);
+            let algorithm = s.algorithm;
             let steps = replay(&s);
             let w = s.window_ms as f64;
             // Never more than the bound in any window, over clocks that only move forward.
@@ -208,7 +279,7 @@ fn every_algorithm_keeps_its_promises() {
                         // Any sliding window holds at most `limit`.
                         Algorithm::SlidingWindowLog if span < w => s.limit as f64,
                         // An aligned window holds at most `limit`; a span touches this many.
-                        _ => s.limit as f64 * ((t1 / w).floor() - (t0 / w).floor() + 1.0),
+                        _ => s.limit as f64 * (s.window_index(*t1) - s.window_index(*t0) + 1.0),
                     };
                     prop_assert!(
                         allowed <= bound + 1e-6,
@@ -258,7 +329,7 @@ fn every_algorithm_keeps_its_promises() {
             Ok(())
         });
         if let Err(failure) = result {
-            panic!("{}: {failure}", algorithm.name());
+            panic!("{name}: {failure}");
         }
     }
     println!(
@@ -289,12 +360,7 @@ const METERED: [Algorithm; 4] = [
 fn usage_scenario(algorithm: Algorithm) -> impl Strategy<Value = (Scenario, Vec<Usage>)> {
     let buckets = matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
     (1u64..=20, 50u64..=3000, 1u64..=30).prop_flat_map(move |(limit, window_ms, burst)| {
-        let op = prop_oneof![
-            3 => (1u64..=6).prop_map(Usage::Reserve),
-            1 => Just(Usage::After),
-            3 => (-8i64..=12).prop_map(Usage::Settle),
-        ];
-        let step = (0i64..(window_ms as i64), op);
+        let step = (0i64..(window_ms as i64), usage_op());
         prop::collection::vec(step, 1..30).prop_map(move |ops| {
             let scenario = Scenario {
                 algorithm,
@@ -302,10 +368,41 @@ fn usage_scenario(algorithm: Algorithm) -> impl Strategy<Value = (Scenario, Vec<
                 window_ms,
                 burst: if buckets { burst } else { limit },
                 steps: ops.iter().map(|(dt, _)| (*dt, 1)).collect(),
+                calendar: None,
+                start: T0,
             };
             (scenario, ops.into_iter().map(|(_, op)| op).collect())
         })
     })
+}
+
+fn usage_op() -> impl Strategy<Value = Usage> {
+    prop_oneof![
+        3 => (1u64..=6).prop_map(Usage::Reserve),
+        1 => Just(Usage::After),
+        3 => (-8i64..=12).prop_map(Usage::Settle),
+    ]
+}
+
+/// A usage limit's scenario and what happens at each of its steps.
+type UsageScenario = (Scenario, Vec<Usage>);
+
+/// Every metered algorithm's usage scenarios, and the fixed window's over calendar windows
+/// (its clock moving forward only), by name.
+fn usage_scenarios() -> Vec<(String, BoxedStrategy<UsageScenario>)> {
+    let mut all: Vec<_> = METERED
+        .iter()
+        .map(|a| (a.name().to_string(), usage_scenario(*a).boxed()))
+        .collect();
+    let calendar = calendar_scenario(30).prop_flat_map(|mut s| {
+        for step in &mut s.steps {
+            step.0 = step.0.abs();
+        }
+        let n = s.steps.len();
+        prop::collection::vec(usage_op(), n).prop_map(move |ops| (s.clone(), ops))
+    });
+    all.push(("fixed_window (calendar)".to_string(), calendar.boxed()));
+    all
 }
 
 fn check(s: &Scenario, key: &str, cost: u64, after: bool) -> LimitCheck {
@@ -316,7 +413,7 @@ fn check(s: &Scenario, key: &str, cost: u64, after: bool) -> LimitCheck {
         algorithm: s.algorithm,
         per_window: s.limit,
         quota: s.burst,
-        window_ms: s.window_ms,
+        window: s.window(),
         burst: s.burst,
         cost,
         mode: Mode::of(after, None, false, None),
@@ -340,18 +437,19 @@ fn settlements_and_after_admissions_agree_with_their_twins_and_keep_their_promis
         .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
         .unwrap()
         .text();
-    for algorithm in METERED {
+    for (name, scenarios) in usage_scenarios() {
         let mut runner = runner(60);
         let case = std::cell::Cell::new(0u64);
-        let result = runner.run(&usage_scenario(algorithm), |(s, ops)| {
+        let result = runner.run(&scenarios, |(s, ops)| {
             case.set(case.get() + 1);
-            let key = format!("rl:prop-usage:{}:{}", algorithm.name(), case.get());
+            let algorithm = s.algorithm;
+            let key = format!("rl:prop-usage:{name}:{}", case.get());
             let mut conn = conn.borrow_mut();
             let mut state: Option<State> = None;
             let capacity = s.burst as f64;
             for (op, now) in ops.iter().zip(instants(&s)) {
                 let ms = unix_ms(now);
-                let at = (now - T0) / MS;
+                let at = (now - s.start) / MS;
                 match *op {
                     Usage::Settle(delta) => {
                         let settlement = Settlement {
@@ -425,7 +523,7 @@ fn settlements_and_after_admissions_agree_with_their_twins_and_keep_their_promis
             Ok(())
         });
         if let Err(failure) = result {
-            panic!("{}: {failure}", algorithm.name());
+            panic!("{name}: {failure}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Each subcommand: what it resolves from the config first (so a bad name never reaches
 //! Redis), what it reads or changes, and its report, for people and as JSON.
 
-use ratelimit_core::config::{show_duration, Algorithm, Config, Limit, Rule};
+use ratelimit_core::config::{Algorithm, Config, Limit, Rule};
 use ratelimit_core::request::keys::OVERRIDE_SUFFIX;
 use serde_json::{json, Value};
 
@@ -130,7 +130,7 @@ impl<'a> Context<'a> {
                 None
             };
             let (per_window, burst) = in_effect(limit, found.as_ref().map(|o| o.mode));
-            let window = limit.window.as_millis() as f64;
+            let window = limit.window.longest_ms() as f64;
             let mut shards = Vec::new();
             let mut total = Standing {
                 left: 0.0,
@@ -147,6 +147,7 @@ impl<'a> Context<'a> {
                     per_window as f64,
                     window,
                     burst as f64,
+                    limit.window.calendar(),
                     now,
                 );
                 total.left += s.left;
@@ -167,6 +168,10 @@ impl<'a> Context<'a> {
                 Some(Mode::Blocked) => Some(0.0),
                 _ => Some(total.left),
             };
+            let in_flight = match (limit.algorithm, left) {
+                (Algorithm::Concurrency, Some(free)) => json!((per_window as f64 - free).max(0.0)),
+                _ => Value::Null,
+            };
             human.push_str(&limit_report(
                 limit,
                 found.as_ref(),
@@ -181,7 +186,7 @@ impl<'a> Context<'a> {
                 "algorithm": limit.algorithm.name(),
                 "config": {
                     "limit": limit.limit,
-                    "window_ms": limit.window.as_millis() as u64,
+                    "window": limit.window.show(),
                     "burst": limit.burst,
                     "shards": limit.shards,
                     "overrides": limit.overrides,
@@ -196,9 +201,8 @@ impl<'a> Context<'a> {
                 "whole_in_ms": total.whole_in_ms,
                 "debt": total.debt,
                 "shards": shards,
-                // Concurrency limits (requests in flight, a sorted set of reservations) will
-                // report here; no limit of that kind exists yet.
-                "in_flight": Value::Null,
+                // A concurrency limit's slots held now (its `left` are the free ones).
+                "in_flight": in_flight,
             }));
         }
         Ok(Report {
@@ -551,13 +555,21 @@ fn limit_report(
     shards: &[Value],
     now: f64,
 ) -> String {
-    let mut out = format!(
-        "  limit {}: {} {} per {}",
-        limit.name,
-        limit.algorithm.name(),
-        limit.limit,
-        show_duration(limit.window)
-    );
+    let mut out = match limit.algorithm {
+        Algorithm::Concurrency => format!(
+            "  limit {}: concurrency, {} in flight, each held at most {}",
+            limit.name,
+            limit.limit,
+            limit.window.show()
+        ),
+        _ => format!(
+            "  limit {}: {} {} per {}",
+            limit.name,
+            limit.algorithm.name(),
+            limit.limit,
+            limit.window.show()
+        ),
+    };
     if matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
         out.push_str(&format!(", burst {}", limit.burst));
     }

@@ -2,7 +2,7 @@
 //! Rust twins' `State`, and what the twins say of it now: units left, when whole, debt.
 
 use ratelimit_core::algorithms::{evaluate, Params, State};
-use ratelimit_core::config::Algorithm;
+use ratelimit_core::config::{Algorithm, Calendar};
 
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -14,6 +14,19 @@ pub fn read(store: &mut Store, algorithm: Algorithm, key: &str) -> Result<Option
         Algorithm::Gcra => &["tat"],
         Algorithm::FixedWindow => &["w", "n"],
         Algorithm::SlidingWindowCounter => &["w", "cur", "prev"],
+        Algorithm::Concurrency => {
+            let held: Vec<(String, f64)> = store.run(
+                redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES"),
+                &format!("ZRANGE {key}"),
+            )?;
+            return Ok((!held.is_empty()).then(|| State::Concurrency {
+                deadlines: held.into_iter().map(|(_, deadline)| deadline).collect(),
+            }));
+        }
         Algorithm::SlidingWindowLog => {
             let entries: Vec<(String, f64)> = store.run(
                 redis::cmd("ZRANGE")
@@ -80,7 +93,7 @@ fn from_fields(
             }),
             None => None,
         },
-        Algorithm::SlidingWindowLog => None,
+        Algorithm::SlidingWindowLog | Algorithm::Concurrency => None,
     })
 }
 
@@ -123,6 +136,7 @@ pub fn standing(
     limit: f64,
     window: f64,
     burst: f64,
+    calendar: Option<Calendar>,
     now: f64,
 ) -> Standing {
     let p = Params {
@@ -130,6 +144,7 @@ pub fn standing(
         window,
         burst,
         cost: 0.0,
+        calendar,
     };
     let e = evaluate(algorithm, state, p, now);
     let debt = match (&e.charged, state) {
@@ -141,7 +156,7 @@ pub fn standing(
             let into = (now - w * window).clamp(0.0, window);
             prev * (window - into) / window + cur - limit
         }
-        (State::SlidingWindowLog { .. }, _) => 0.0,
+        (State::SlidingWindowLog { .. } | State::Concurrency { .. }, _) => 0.0,
     };
     Standing {
         left: e.kept_remaining.max(0.0),
@@ -206,6 +221,7 @@ mod tests {
             10.0,
             10_000.0,
             10.0,
+            None,
             NOW + 1000.0,
         );
         assert_eq!(
@@ -228,6 +244,7 @@ mod tests {
             10.0,
             60_000.0,
             10.0,
+            None,
             NOW,
         );
         assert_eq!((s.left, s.debt), (0.0, 3.0));
@@ -237,6 +254,7 @@ mod tests {
             10.0,
             60_000.0,
             10.0,
+            None,
             NOW,
         );
         assert_eq!(
@@ -253,7 +271,15 @@ mod tests {
     fn gcra_debt_is_its_tat_beyond_the_burst() {
         // 10 per 10 s, burst 5: TAT 8 intervals ahead is 3 beyond the burst.
         let state = State::Gcra { tat: NOW + 8000.0 };
-        let s = standing(Algorithm::Gcra, Some(&state), 10.0, 10_000.0, 5.0, NOW);
+        let s = standing(
+            Algorithm::Gcra,
+            Some(&state),
+            10.0,
+            10_000.0,
+            5.0,
+            None,
+            NOW,
+        );
         assert_eq!((s.left, s.whole_in_ms, s.debt), (0.0, 8000.0, 3.0));
     }
 }

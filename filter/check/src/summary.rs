@@ -74,7 +74,7 @@ fn limit_line(limit: &Limit, cost: &Cost) -> String {
         limit.name,
         limit.algorithm.name(),
         limit.limit,
-        show_duration(limit.window)
+        limit.window.show()
     );
     if matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
         line.push_str(&format!(", burst {}", limit.burst));

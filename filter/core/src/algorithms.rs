@@ -3,16 +3,47 @@
 //! unavailable; each function mirrors its Lua file line for line, so read them side by side.
 //! Times are Unix milliseconds as `f64` (sub-millisecond precision is all local mode needs).
 
-use crate::config::Algorithm;
+use crate::config::{Algorithm, Calendar, Window};
 
 /// One limit's parameters, as the script gets them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
     pub limit: f64,
-    /// Milliseconds.
+    /// Milliseconds (a calendar window's longest, unused by the fixed window that has one).
     pub window: f64,
     pub burst: f64,
     pub cost: f64,
+    /// A fixed window's calendar (day, week, month): its windows instead of `window`'s.
+    pub calendar: Option<Calendar>,
+}
+
+impl Params {
+    /// The parameters of a limit of `limit` per `window`, `burst` at once, for `cost`.
+    pub fn new(limit: u64, window: Window, burst: u64, cost: u64) -> Params {
+        Params {
+            limit: limit as f64,
+            window: window.longest_ms() as f64,
+            burst: burst as f64,
+            cost: cost as f64,
+            calendar: window.calendar(),
+        }
+    }
+
+    /// The fixed window holding Unix ms `now` (the script's `window_index`).
+    fn window_index(&self, now: f64) -> f64 {
+        match self.calendar {
+            None => (now / self.window).floor(),
+            Some(c) => c.index(now),
+        }
+    }
+
+    /// The Unix ms at which fixed window `index` ends (the script's `window_end`).
+    fn window_end(&self, index: f64) -> f64 {
+        match self.calendar {
+            None => (index + 1.0) * self.window,
+            Some(c) => c.end(index),
+        }
+    }
 }
 
 /// A limit's state for one key.
@@ -152,7 +183,7 @@ pub fn settle(
             })
         }
         (Algorithm::FixedWindow, state) => {
-            let index = (now / p.window).floor();
+            let index = p.window_index(now);
             let (index, n) = match state {
                 Some(State::FixedWindow { w, n }) => fixed_window_now(index, Some(*w), *n, p.limit),
                 _ if delta <= 0.0 => return None,
@@ -272,11 +303,14 @@ fn gcra(state: Option<&State>, p: Params, now: f64) -> Evaluation {
 fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
     let (index, n) = match state {
         Some(State::FixedWindow { w, n }) => {
-            fixed_window_now((now / p.window).floor(), Some(*w), *n, p.limit)
+            fixed_window_now(p.window_index(now), Some(*w), *n, p.limit)
         }
-        _ => ((now / p.window).floor(), 0.0),
+        _ => (p.window_index(now), 0.0),
     };
-    let ends_in = ((index + 1.0) * p.window - now).max(0.0);
+    let ends_at = p.window_end(index);
+    let ends_in = (ends_at - now).max(0.0);
+    // The ms from this window's end to the end of the k-th window after it.
+    let beyond = |k: f64| p.window_end(index + k) - ends_at;
     // Windows after this one that debt still fills.
     let owed = ((n / p.limit).ceil() - 1.0).max(0.0);
     let allowed = n + p.cost <= p.limit;
@@ -289,17 +323,13 @@ fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
     Evaluation {
         allowed,
         kept_remaining: (p.limit - n).max(0.0),
-        kept_reset: if n > 0.0 {
-            ends_in + owed * p.window
-        } else {
-            0.0
-        },
+        kept_reset: if n > 0.0 { ends_in + beyond(owed) } else { 0.0 },
         taken_remaining: p.limit - n - p.cost,
         taken_reset: ends_in,
         retry: if allowed {
             0.0
         } else {
-            (ends_in + (windows - 1.0) * p.window).ceil()
+            (ends_in + beyond(windows - 1.0)).ceil()
         },
         charged: State::FixedWindow {
             w: index,
@@ -471,12 +501,7 @@ mod tests {
     fn run(table: &CaseTable) {
         let mut state: Option<State> = None;
         for (i, &(at, cost, allowed, remaining, reset, retry)) in table.cases.iter().enumerate() {
-            let p = Params {
-                limit: table.limit as f64,
-                window: table.window_ms as f64,
-                burst: table.burst as f64,
-                cost: cost as f64,
-            };
+            let p = Params::new(table.limit, table.window, table.burst, cost);
             let e = evaluate(table.algorithm, state.as_ref(), p, T0 + at as f64);
             let got = (e.allowed, e.reply(e.allowed));
             assert_eq!(

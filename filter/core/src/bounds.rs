@@ -154,7 +154,9 @@ pub const MAX_SETTLEMENT_CALLS: usize = 4;
 mod tests {
     use super::*;
     use crate::config::fixtures::*;
-    use crate::config::{show_duration, state_lifetime_ms, Algorithm};
+    use crate::config::{
+        show_duration, state_lifetime_ms, Algorithm, Calendar, CalendarUnit, Window,
+    };
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -302,22 +304,26 @@ mod tests {
 
     #[test]
     fn lifetimes_and_durations() {
-        let year = MAX_WINDOW;
+        let year = Window::Fixed(MAX_WINDOW);
+        let ms = MAX_WINDOW.as_millis();
         assert_eq!(
             state_lifetime_ms(Algorithm::TokenBucket, 1, year, 2),
-            2 * year.as_millis()
+            2 * ms
         );
-        assert_eq!(
-            state_lifetime_ms(Algorithm::Gcra, 3, Duration::from_millis(10), 1),
-            4
-        );
+        assert_eq!(state_lifetime_ms(Algorithm::Gcra, 3, Window::ms(10), 1), 4);
         assert_eq!(
             state_lifetime_ms(Algorithm::SlidingWindowCounter, 5, year, 5),
-            2 * year.as_millis()
+            2 * ms
         );
+        assert_eq!(state_lifetime_ms(Algorithm::FixedWindow, 5, year, 5), ms);
+        // A calendar month lives as long as the longest month.
+        let month = Window::Calendar(Calendar {
+            unit: CalendarUnit::Month,
+            offset_minutes: -840,
+        });
         assert_eq!(
-            state_lifetime_ms(Algorithm::FixedWindow, 5, year, 5),
-            year.as_millis()
+            state_lifetime_ms(Algorithm::FixedWindow, 5, month, 5),
+            31 * 86_400_000
         );
         // The largest PEXPIRE argument (lifetime + 60 s) stays an exact integer Redis and Lua
         // write without exponent.

@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use crate::config::{Algorithm, Lease, OverBudget};
+use crate::config::{Algorithm, Lease, OverBudget, Window};
 
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +19,8 @@ pub struct LimitCheck {
     pub per_window: u64,
     /// What headers call the limit: the burst for buckets, `per_window` for windows.
     pub quota: u64,
-    pub window_ms: u64,
+    /// Its window: a length in ms (the script's hot path), or a calendar window.
+    pub window: Window,
     pub burst: u64,
     pub cost: u64,
     pub mode: Mode,

@@ -6,6 +6,7 @@
 pub mod algorithms;
 pub mod bounds;
 pub mod bridge;
+pub mod calendar;
 pub mod check;
 pub mod config;
 pub mod decision;

@@ -5,6 +5,7 @@ use serde_json::json;
 use crate::check::LimitCheck;
 use crate::config::{Config, DenyBody, HeaderMode};
 use crate::decision::{Decision, LimitResult, Override};
+use crate::engine::local::unix_ms;
 
 pub type Headers = Vec<(&'static str, String)>;
 
@@ -38,7 +39,9 @@ struct Shown {
     never: bool,
 }
 
-fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
+/// `now_ms` (Unix ms) dates the decision: a calendar window's `w` is the length of the window
+/// it fell in (a month of 28 to 31 days).
+fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64) -> Shown {
     let (rule, limit) = config
         .rules
         .get(check.rule)
@@ -57,7 +60,7 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
     Shown {
         policy: format!("{rule}.{limit}"),
         quota,
-        window_s: whole_seconds_up(check.window_ms as f64).max(1),
+        window_s: whole_seconds_up(check.window.length_at(now_ms)).max(1),
         remaining: whole_units(result.remaining),
         reset_s,
         t: if result.allowed {
@@ -72,13 +75,19 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult) -> Shown {
     }
 }
 
-fn shown_all(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Vec<Shown> {
+fn shown_all(
+    config: &Config,
+    checks: &[LimitCheck],
+    decision: &Decision,
+    now_ns: u128,
+) -> Vec<Shown> {
+    let now_ms = unix_ms(now_ns);
     // An identity's unlimited limit has nothing to show.
     checks
         .iter()
         .zip(&decision.limits)
         .filter(|(_, r)| r.overridden != Some(Override::Unlimited))
-        .map(|(c, r)| shown(config, c, r))
+        .map(|(c, r)| shown(config, c, r, now_ms))
         .collect()
 }
 
@@ -98,14 +107,20 @@ fn most_restrictive(limits: &[Shown], denied: bool) -> Option<&Shown> {
     })
 }
 
-/// Rate-limit headers for a decided request (allowed or refused), as configured.
-pub fn rate_limit_headers(config: &Config, checks: &[LimitCheck], decision: &Decision) -> Headers {
+/// Rate-limit headers for a request decided at `now_ns` (Unix ns; allowed or refused), as
+/// configured.
+pub fn rate_limit_headers(
+    config: &Config,
+    checks: &[LimitCheck],
+    decision: &Decision,
+    now_ns: u128,
+) -> Headers {
     if config.headers == HeaderMode::None {
         return Headers::new();
     }
     headers_for(
         config,
-        &shown_all(config, checks, decision),
+        &shown_all(config, checks, decision, now_ns),
         !decision.allowed,
     )
 }
@@ -144,9 +159,15 @@ fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
 
 /// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
 /// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`; none when a
-/// refusing limit has no such time (an identity blocked without expiry).
-pub fn denied(config: &Config, checks: &[LimitCheck], decision: &Decision) -> LocalResponse {
-    let limits = shown_all(config, checks, decision);
+/// refusing limit has no such time (an identity blocked without expiry). Decided at `now_ns`
+/// (Unix ns).
+pub fn denied(
+    config: &Config,
+    checks: &[LimitCheck],
+    decision: &Decision,
+    now_ns: u128,
+) -> LocalResponse {
+    let limits = shown_all(config, checks, decision, now_ns);
     let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
     let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
     let mut headers = Headers::new();
@@ -235,9 +256,12 @@ fn whole_units(remaining: f64) -> u64 {
 mod tests {
     use super::*;
     use crate::check::Mode;
-    use crate::config::Algorithm;
+    use crate::config::{Algorithm, Window};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// 2025-11-30 08:00 UTC.
+    const NOW: u128 = 1_764_489_600_000_000_000;
 
     fn config(headers: &str, body: &str) -> Config {
         let json = format!(
@@ -256,7 +280,7 @@ mod tests {
             algorithm: Algorithm::TokenBucket,
             per_window: 10,
             quota: 20,
-            window_ms: 1000,
+            window: Window::ms(1000),
             burst: 20,
             cost: 1,
             mode: Mode::of(false, None, false, None),
@@ -270,7 +294,7 @@ mod tests {
                 algorithm: Algorithm::FixedWindow,
                 per_window: 1000,
                 quota: 1000,
-                window_ms: 86_400_000,
+                window: Window::ms(86_400_000),
                 mode: Mode::of(false, None, shadow_day, None),
                 overrides: false,
                 ..base
@@ -326,7 +350,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let h = rate_limit_headers(&c, &checks(false), &d);
+        let h = rate_limit_headers(&c, &checks(false), &d, NOW);
         assert_eq!(get(&h, "x-ratelimit-limit"), Some("1000"));
         assert_eq!(get(&h, "x-ratelimit-remaining"), Some("4"));
         assert_eq!(get(&h, "x-ratelimit-reset"), Some("50000"));
@@ -344,7 +368,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let h = rate_limit_headers(&c, &checks(false), &d);
+        let h = rate_limit_headers(&c, &checks(false), &d, NOW);
         assert_eq!(
             get(&h, "ratelimit-policy"),
             Some(r#""api.second";q=20;w=1, "api.day";q=1000;w=86400"#)
@@ -356,6 +380,41 @@ mod tests {
         assert_eq!(get(&h, "x-ratelimit-remaining"), Some("19"));
     }
 
+    /// A calendar month's `w` is the length of the month the request falls in; `t` and the
+    /// reset count to its end.
+    #[test]
+    fn a_calendar_window_shows_the_length_of_the_current_one() {
+        let c = config("both", "text");
+        let mut month = checks(false);
+        month[1].window = Window::Calendar(crate::calendar::Calendar {
+            unit: crate::calendar::Unit::Month,
+            offset_minutes: 0,
+        });
+        // 16 hours to December at NOW (November 30, 08:00 UTC).
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                result(true, 19.5, 50.0, 0.0),
+                result(true, 9.0, 57_600_000.0, 0.0),
+            ],
+            leased: 0,
+        };
+        let h = rate_limit_headers(&c, &month, &d, NOW);
+        assert_eq!(
+            get(&h, "ratelimit-policy"),
+            Some(r#""api.second";q=20;w=1, "api.day";q=1000;w=2592000"#)
+        );
+        assert_eq!(
+            get(&h, "ratelimit"),
+            Some(r#""api.second";r=19;t=1, "api.day";r=9;t=57600"#)
+        );
+        assert_eq!(get(&h, "x-ratelimit-reset"), Some("57600"));
+        // In December the same limit shows 31 days.
+        let december = NOW + 57_600_000_000_000;
+        let h = rate_limit_headers(&c, &month, &d, december);
+        assert!(get(&h, "ratelimit-policy").is_some_and(|p| p.ends_with("w=2678400")));
+    }
+
     #[test]
     fn header_mode_none_adds_nothing() {
         let mut c = config("x-ratelimit", "text");
@@ -365,13 +424,13 @@ mod tests {
             limits: vec![result(true, 1.0, 1.0, 0.0), result(true, 1.0, 1.0, 0.0)],
             leased: 0,
         };
-        assert!(rate_limit_headers(&c, &checks(false), &d).is_empty());
+        assert!(rate_limit_headers(&c, &checks(false), &d, NOW).is_empty());
         let refused = Decision {
             allowed: false,
             limits: vec![result(false, 0.0, 1.0, 2500.0), result(true, 1.0, 1.0, 0.0)],
             leased: 0,
         };
-        let r = denied(&c, &checks(false), &refused);
+        let r = denied(&c, &checks(false), &refused, NOW);
         // (Envoy adds `content-type: text/plain` to a local reply's text body itself.)
         assert_eq!(r.headers, vec![("retry-after", "3".to_string())]);
     }
@@ -387,7 +446,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&c, &checks(false), &d);
+        let r = denied(&c, &checks(false), &d, NOW);
         assert_eq!(r.status, 429);
         assert_eq!(get(&r.headers, "retry-after"), Some("7200"));
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("1000"));
@@ -410,7 +469,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&c, &checks(true), &d);
+        let r = denied(&c, &checks(true), &d, NOW);
         assert_eq!(get(&r.headers, "retry-after"), Some("1"));
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("20"));
     }
@@ -426,7 +485,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&c, &checks(false), &d);
+        let r = denied(&c, &checks(false), &d, NOW);
         assert_eq!(
             get(&r.headers, "content-type"),
             Some("application/problem+json")

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 pub use crate::bounds::FRACTION_DECIMALS;
 use crate::check::{BudgetCheck, LimitCheck, Mode};
-use crate::config::Lease;
+use crate::config::{Lease, Window};
 use crate::decision::{Refund, Settlement};
 use crate::request::keys::override_key;
 
@@ -18,20 +18,20 @@ pub struct DecideCall {
     pub keys: Vec<String>,
     /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
     /// budget (counter key index, new keys, window ms, `shared` | `deny`), then per request its
-    /// number of limits and nine values per limit (key index, algorithm, limit, window ms,
-    /// burst, cost, mode, budget index or 0, overflow key index or 0; in mode `lease` the
+    /// number of limits and nine values per limit (key index, algorithm, limit, window
+    /// ([`window_arg`]), burst, cost, mode, budget index or 0, overflow key index or 0; in mode `lease` the
     /// last two are the lease's max units and fraction).
     pub args: Vec<String>,
 }
 
 /// The first six arguments of a limit, the same for a decision and a refund: its key's index
-/// (with its override's, `i:j`, for a limit that reads one), algorithm, limit, window (ms),
-/// burst and cost.
+/// (with its override's, `i:j`, for a limit that reads one), algorithm, limit, window, burst
+/// and cost.
 fn push_limit(args: &mut Vec<String>, key_index: String, c: &LimitCheck) {
     args.push(key_index);
     args.push(c.algorithm.name().to_string());
     args.push(c.per_window.to_string());
-    args.push(c.window_ms.to_string());
+    args.push(window_arg(c.window));
     args.push(c.burst.to_string());
     args.push(c.cost.to_string());
 }
@@ -42,6 +42,17 @@ pub fn lease_units(lease: Lease, check: &LimitCheck, requests: u64) -> u64 {
     match check.cost {
         0 => lease.max_units,
         cost => lease.max_units.min(requests.saturating_mul(cost)).max(1),
+    }
+}
+
+/// The window argument: its length in ms, digits only; or a calendar window (fixed_window
+/// only) as its unit's letter and its UTC offset in signed minutes: `D+330` (a day at
+/// +05:30), `W+0` (an ISO week in UTC), `M-300` (a month at -05:00). The script reads it as a
+/// calendar only when it is not plain digits.
+pub fn window_arg(window: Window) -> String {
+    match window {
+        Window::Fixed(d) => d.as_millis().to_string(),
+        Window::Calendar(c) => c.wire(),
     }
 }
 
@@ -391,6 +402,28 @@ mod tests {
             "{} > {}",
             path.len(),
             fixed + bytes
+        );
+    }
+
+    #[test]
+    fn a_calendar_window_goes_as_its_unit_and_offset() {
+        use crate::config::CalendarUnit::{Day, Month, Week};
+        let calendar = |unit, offset_minutes| {
+            let mut c = check("rl:{k:1}:plan:month", Algorithm::FixedWindow, false);
+            c.window = Window::Calendar(crate::config::Calendar {
+                unit,
+                offset_minutes,
+            });
+            c
+        };
+        let checks = [calendar(Month, 330), calendar(Day, -300), calendar(Week, 0)];
+        let call = DecideCall::new("1", 0, [&checks[..]]);
+        let windows: Vec<&str> = call.args[5..].chunks(9).map(|a| a[3].as_str()).collect();
+        assert_eq!(windows, ["M+330", "D-300", "W+0"]);
+        let path = BridgeRequest::evalsha("sha", &call).path;
+        assert!(
+            path.contains("/M%2B330/") && path.contains("/D-300/"),
+            "{path}"
         );
     }
 

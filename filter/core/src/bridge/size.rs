@@ -8,7 +8,7 @@ use super::{BridgeRequest, DecideCall};
 use crate::bounds::MAX_CALL_PATH_BYTES;
 use crate::bounds::MAX_MEMBER_BYTES;
 use crate::check::{LimitCheck, Mode};
-use crate::config::{Algorithm, OverBudget};
+use crate::config::{Algorithm, OverBudget, Window};
 use crate::decision::{Refund, Settlement};
 use crate::encode::path_segment_len;
 use crate::request::keys::OVERRIDE_SUFFIX;
@@ -30,6 +30,14 @@ fn number(n: impl Into<u128>) -> usize {
     1 + digits(n.into())
 }
 
+/// Bytes of `/` and a window argument ([`super::args::window_arg`]).
+fn window_bytes(window: Window) -> usize {
+    match window {
+        Window::Fixed(d) => number(d.as_millis()),
+        Window::Calendar(c) => 1 + c.wire_len(),
+    }
+}
+
 /// Bytes of `/` and a text, percent-encoded.
 fn text(value: &str) -> usize {
     1 + path_segment_len(value.as_bytes())
@@ -44,7 +52,7 @@ pub struct LimitShape {
     pub key: usize,
     pub algorithm: Algorithm,
     pub per_window: u64,
-    pub window_ms: u64,
+    pub window: Window,
     pub burst: u64,
     pub cost: u64,
     pub mode: ModeShape,
@@ -141,7 +149,7 @@ impl LimitShape {
             key: path_segment_len(check.key.as_bytes()),
             algorithm: check.algorithm,
             per_window: check.per_window,
-            window_ms: check.window_ms,
+            window: check.window,
             burst: check.burst,
             cost: check.cost,
             mode,
@@ -246,7 +254,7 @@ impl CallSize {
             + overrides
             + text(limit.algorithm.name())
             + number(limit.per_window)
-            + number(limit.window_ms)
+            + window_bytes(limit.window)
             + number(limit.burst)
             + number(limit.cost)
             + mode
@@ -335,7 +343,7 @@ mod tests {
                 c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
                 c.per_window = u64::MAX;
                 c.burst = u64::MAX;
-                c.window_ms = u64::MAX;
+                c.window = Window::ms(u64::MAX);
                 c.cost = u64::MAX;
                 c
             })
@@ -360,7 +368,7 @@ mod tests {
                 c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
                 c.per_window = u64::MAX;
                 c.burst = u64::MAX;
-                c.window_ms = u64::MAX;
+                c.window = Window::ms(u64::MAX);
                 c.cost = u64::MAX;
                 let lease = Some(Lease {
                     max_units: u64::MAX,
@@ -389,9 +397,22 @@ mod tests {
     fn the_size_model_is_exact_in_every_mode() {
         let clock = "9".repeat(MAX_CLOCK_DIGITS);
         let deadline = u128::from(u64::MAX);
+        // Every third window a calendar one, at the longest offsets either way.
+        let calendar = |offset_minutes| {
+            Window::Calendar(crate::config::Calendar {
+                unit: crate::config::CalendarUnit::Month,
+                offset_minutes,
+            })
+        };
         let plain: Vec<LimitCheck> = longest_checks(9)
             .into_iter()
-            .map(|mut c| {
+            .enumerate()
+            .map(|(i, mut c)| {
+                match i % 6 {
+                    0 => c.window = calendar(840),
+                    3 => c.window = calendar(-840),
+                    _ => {}
+                }
                 c.mode = match c.mode {
                     Mode::Enforce { .. } => Mode::Enforce { budget: None },
                     Mode::Shadow { .. } => Mode::Shadow { budget: None },

@@ -24,6 +24,7 @@ mod validate;
 use crate::bounds::{
     MAX_BATCH_REQUESTS, MAX_BREAKER_FAILURES, MAX_DENY_CACHE_ENTRIES, MAX_IN_FLIGHT,
 };
+pub use crate::calendar::{Calendar, Unit as CalendarUnit};
 pub use overlap::may_overlap;
 pub use raw::{parse_duration, show_duration};
 pub use rules::MAX_COST;
@@ -306,8 +307,8 @@ pub fn cluster_budget(budget: &KeyBudget) -> (u64, Duration) {
 }
 
 /// How long a limit's state lives at most, in ms (the scripts' `PEXPIRE` less its margin).
-pub fn state_lifetime_ms(algorithm: Algorithm, limit: u64, window: Duration, burst: u64) -> u128 {
-    let window = window.as_millis();
+pub fn state_lifetime_ms(algorithm: Algorithm, limit: u64, window: Window, burst: u64) -> u128 {
+    let window = window.longest_ms();
     match algorithm {
         // Full again once burst tokens came back at limit per window; GCRA's TAT is at most
         // burst intervals of window / limit ahead.
@@ -374,13 +375,62 @@ pub enum KeySource {
     Path,
 }
 
+/// A limit's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// A fixed length; windows aligned to the Unix epoch, so every replica agrees on edges.
+    Fixed(Duration),
+    /// A calendar day, ISO week or month in a fixed UTC offset (`fixed_window` only).
+    Calendar(Calendar),
+}
+
+impl Window {
+    /// A fixed window of `ms` milliseconds.
+    pub const fn ms(ms: u64) -> Window {
+        Window::Fixed(Duration::from_millis(ms))
+    }
+
+    /// Its length in ms; for a calendar window, its unit's longest (a month of 31 days).
+    pub fn longest_ms(self) -> u128 {
+        match self {
+            Window::Fixed(d) => d.as_millis(),
+            Window::Calendar(c) => u128::from(c.longest_ms()),
+        }
+    }
+
+    /// The length (ms) of the window holding Unix ms `now`: a calendar month's own.
+    pub fn length_at(self, now: f64) -> f64 {
+        match self {
+            Window::Fixed(d) => d.as_millis() as f64,
+            Window::Calendar(c) => c.length_at(now),
+        }
+    }
+
+    /// The calendar, if it is a calendar window.
+    pub fn calendar(self) -> Option<Calendar> {
+        match self {
+            Window::Fixed(_) => None,
+            Window::Calendar(c) => Some(c),
+        }
+    }
+
+    /// As the config writes it: `1m`, `month`, `day at +05:30`.
+    pub fn show(self) -> String {
+        match self {
+            Window::Fixed(d) => show_duration(d),
+            Window::Calendar(c) if c.offset_minutes == 0 => c.unit.name().to_string(),
+            Window::Calendar(c) => format!("{} at UTC{}", c.unit.name(), c.show_offset()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     pub name: String,
     pub algorithm: Algorithm,
     /// Requests (cost units) per window.
     pub limit: u64,
-    pub window: Duration,
+    pub window: Window,
     /// Token bucket and GCRA: the most that can be spent at once (default: `limit`).
     pub burst: u64,
     /// Each identity's state split over this many keys (1: not split), each holding

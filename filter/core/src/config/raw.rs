@@ -152,9 +152,12 @@ pub(super) struct RawLimit {
     #[serde(default)]
     pub(super) algorithm: Algorithm,
     pub(super) limit: u64,
-    /// Required, but for a concurrency limit, which takes `max_duration` instead.
+    /// Required, but for a concurrency limit, which takes `max_duration` instead. A duration,
+    /// or (fixed_window) a calendar window: `day`, `week`, `month`.
     pub(super) window: Option<String>,
     pub(super) max_duration: Option<String>,
+    /// A calendar window's UTC offset, `±HH:MM` (default UTC).
+    pub(super) utc_offset: Option<String>,
     pub(super) burst: Option<u64>,
     pub(super) shards: Option<u64>,
     /// As the top-level `lease`, for this limit only (`false`: none for it).

@@ -14,6 +14,7 @@ use crate::bounds::{
     MAX_KEY_SOURCE_BYTES, MAX_LIMIT, MAX_LIMITS_PER_RULE, MAX_LOG_LIMIT, MAX_STATE_LIFETIME,
     MAX_WINDOW, OVERRIDE_STALE_MS,
 };
+use crate::calendar::parse_offset;
 
 /// What a rule takes from the top level when it does not set it.
 pub(super) struct RuleDefaults {
@@ -298,8 +299,8 @@ impl RawLimit {
         let concurrency = self.algorithm == Algorithm::Concurrency;
         // A concurrency limit's state lives by its admissions' deadlines: the script takes
         // max_duration where the others take their window.
-        let (window_field, window_text) = match (concurrency, &self.window, &self.max_duration) {
-            (false, Some(w), None) => (format!("{field}.window"), w),
+        let (window_key, window_text) = match (concurrency, &self.window, &self.max_duration) {
+            (false, Some(w), None) => ("window", w),
             (false, None, _) => return Err(invalid(&format!("{field}.window"), "is required")),
             (false, Some(_), Some(_)) => {
                 return Err(invalid(
@@ -307,7 +308,7 @@ impl RawLimit {
                     "only a concurrency limit has a max_duration",
                 ))
             }
-            (true, None, Some(d)) => (format!("{field}.max_duration"), d),
+            (true, None, Some(d)) => ("max_duration", d),
             (true, Some(_), _) => {
                 return Err(invalid(
                     &format!("{field}.window"),
@@ -321,16 +322,13 @@ impl RawLimit {
                 ))
             }
         };
-        let window = duration_field(Some(window_text), &window_field, Duration::ZERO)?;
-        if window.is_zero() {
-            return Err(invalid(&window_field, "must be > 0"));
-        }
-        if window > MAX_WINDOW {
-            return Err(invalid(
-                &window_field,
-                format!("must be at most {}", show_duration(MAX_WINDOW)),
-            ));
-        }
+        let window = limit_window(
+            window_text,
+            self.utc_offset.as_deref(),
+            self.algorithm,
+            &format!("{field}.{window_key}"),
+            field,
+        )?;
         let burst = match self.burst {
             None => self.limit,
             Some(_) if !self.algorithm.has_burst() => {
@@ -439,6 +437,69 @@ fn check_concurrency(
         Some((key, why)) => Err(invalid(&format!("{field}.{key}"), why)),
         None => Ok(()),
     }
+}
+
+/// A limit's `window` and `utc_offset`: a duration, or for a fixed window a calendar day,
+/// week or month, in UTC or at the offset given.
+fn limit_window(
+    text: &str,
+    utc_offset: Option<&str>,
+    algorithm: Algorithm,
+    window_field: &str,
+    field: &str,
+) -> Result<Window, ConfigError> {
+    let offset_field = format!("{field}.utc_offset");
+    if let Some(unit) = CalendarUnit::from_name(text) {
+        if algorithm != Algorithm::FixedWindow {
+            return Err(invalid(
+                window_field,
+                format!(
+                    "\"{text}\" is a calendar window, which only fixed_window takes; {} needs a duration such as \"1d\"",
+                    algorithm.name()
+                ),
+            ));
+        }
+        let offset_minutes = match utc_offset {
+            None => 0,
+            Some(offset) => parse_offset(offset).ok_or_else(|| {
+                invalid(
+                    &offset_field,
+                    format!("invalid offset \"{offset}\": expected ±HH:MM between -14:00 and +14:00, like \"+05:30\""),
+                )
+            })?,
+        };
+        return Ok(Window::Calendar(Calendar {
+            unit,
+            offset_minutes,
+        }));
+    }
+    let window = duration_field(Some(text), window_field, Duration::ZERO).map_err(|e| {
+        if algorithm == Algorithm::FixedWindow {
+            let message = format!(
+                "{}, or a calendar window: \"day\", \"week\" or \"month\"",
+                e.message
+            );
+            invalid(window_field, message)
+        } else {
+            e
+        }
+    })?;
+    if window.is_zero() {
+        return Err(invalid(window_field, "must be > 0"));
+    }
+    if window > MAX_WINDOW {
+        return Err(invalid(
+            window_field,
+            format!("must be at most {}", show_duration(MAX_WINDOW)),
+        ));
+    }
+    if utc_offset.is_some() {
+        return Err(invalid(
+            &offset_field,
+            "only a calendar window (\"day\", \"week\" or \"month\") takes an offset: a window of a fixed length is aligned to the Unix epoch",
+        ));
+    }
+    Ok(Window::Fixed(window))
 }
 
 pub(super) fn validate_cost(value: Option<Value>, field: &str) -> Result<Cost, ConfigError> {

@@ -69,7 +69,7 @@ fn minimal_config_takes_documented_defaults() {
             name: "per_minute".into(),
             algorithm: Algorithm::TokenBucket,
             limit: 10,
-            window: Duration::from_secs(60),
+            window: Window::Fixed(Duration::from_secs(60)),
             burst: 10,
             shards: 1,
             lease: None,
@@ -351,7 +351,18 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`, `concurrency`"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
         (limit(r#""limit": 1, "window": "1s", "burst": 0"#), "rules[0].limits[0].burst: must be >= 1"),
-        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `max_duration`, `burst`, `shards`, `lease`, `usage`, `overrides`"),
+        (limit(r#""limit": 1, "window": "1s", "rate": 5"#), "rules[0].limits[0].rate: unknown field `rate`, expected one of `name`, `algorithm`, `limit`, `window`, `max_duration`, `utc_offset`, `burst`, `shards`, `lease`, `usage`, `overrides`"),
+        (limit(r#""limit": 1, "window": "month""#), "rules[0].limits[0].window: \"month\" is a calendar window, which only fixed_window takes; token_bucket needs a duration such as \"1d\""),
+        (limit(r#""limit": 1, "window": "week", "algorithm": "sliding_window_log""#), "rules[0].limits[0].window: \"week\" is a calendar window, which only fixed_window takes; sliding_window_log needs a duration such as \"1d\""),
+        (limit(r#""limit": 1, "window": "monthly", "algorithm": "fixed_window""#), "rules[0].limits[0].window: invalid duration \"monthly\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\", or a calendar window: \"day\", \"week\" or \"month\""),
+        (limit(r#""limit": 1, "window": "Month", "algorithm": "fixed_window""#), "rules[0].limits[0].window: invalid duration \"Month\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\", or a calendar window: \"day\", \"week\" or \"month\""),
+        (limit(r#""limit": 1, "window": "1d", "algorithm": "fixed_window", "utc_offset": "+05:30""#), "rules[0].limits[0].utc_offset: only a calendar window (\"day\", \"week\" or \"month\") takes an offset: a window of a fixed length is aligned to the Unix epoch"),
+        (limit(r#""limit": 1, "window": "1h", "utc_offset": "+01:00""#), "rules[0].limits[0].utc_offset: only a calendar window (\"day\", \"week\" or \"month\") takes an offset: a window of a fixed length is aligned to the Unix epoch"),
+        (limit(r#""limit": 1, "window": "day", "algorithm": "fixed_window", "utc_offset": "+14:30""#), "rules[0].limits[0].utc_offset: invalid offset \"+14:30\": expected ±HH:MM between -14:00 and +14:00, like \"+05:30\""),
+        (limit(r#""limit": 1, "window": "day", "algorithm": "fixed_window", "utc_offset": "05:30""#), "rules[0].limits[0].utc_offset: invalid offset \"05:30\": expected ±HH:MM between -14:00 and +14:00, like \"+05:30\""),
+        (limit(r#""limit": 1, "window": "day", "algorithm": "fixed_window", "utc_offset": "+5:30""#), "rules[0].limits[0].utc_offset: invalid offset \"+5:30\": expected ±HH:MM between -14:00 and +14:00, like \"+05:30\""),
+        (limit(r#""limit": 1, "window": "day", "algorithm": "fixed_window", "utc_offset": "-03:75""#), "rules[0].limits[0].utc_offset: invalid offset \"-03:75\": expected ±HH:MM between -14:00 and +14:00, like \"+05:30\""),
+        (limit(r#""limit": 1, "window": "day", "algorithm": "fixed_window", "utc_offset": 330"#), "rules[0].limits[0].utc_offset: invalid type: integer `330`, expected a string"),
         (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
         (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
         (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
@@ -376,6 +387,38 @@ fn bad_configs_name_the_field() {
         let got = Config::parse(json.as_bytes()).unwrap_err().to_string();
         assert_eq!(got, want, "config {json}");
     }
+}
+
+#[test]
+fn calendar_windows_are_read_with_their_offsets() {
+    let c = Config::parse(
+        br#"{"rules": [{"name": "plan", "limits": [
+            {"name": "monthly", "algorithm": "fixed_window", "limit": 100000, "window": "month", "utc_offset": "+05:30"},
+            {"name": "weekly", "algorithm": "fixed_window", "limit": 5000, "window": "week"},
+            {"name": "daily", "algorithm": "fixed_window", "limit": 1000, "window": "day", "utc_offset": "-14:00"},
+            {"name": "plain", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]}]}"#,
+    )
+    .unwrap();
+    let windows: Vec<Window> = c.rules[0].limits.iter().map(|l| l.window).collect();
+    let calendar = |unit, offset_minutes| {
+        Window::Calendar(Calendar {
+            unit,
+            offset_minutes,
+        })
+    };
+    assert_eq!(
+        windows,
+        [
+            calendar(CalendarUnit::Month, 330),
+            calendar(CalendarUnit::Week, 0),
+            calendar(CalendarUnit::Day, -840),
+            Window::ms(86_400_000),
+        ]
+    );
+    assert_eq!(windows[0].show(), "month at UTC+05:30");
+    assert_eq!(windows[1].show(), "week");
+    assert_eq!(windows[2].show(), "day at UTC-14:00");
+    assert_eq!(windows[3].show(), "1d");
 }
 
 #[test]

@@ -55,12 +55,7 @@ impl LocalLimits {
         let evaluations: Vec<_> = checks
             .iter()
             .map(|c| {
-                let p = Params {
-                    limit: c.per_window as f64,
-                    window: c.window_ms as f64,
-                    burst: c.burst as f64,
-                    cost: c.cost as f64,
-                };
+                let p = Params::new(c.per_window, c.window, c.burst, c.cost);
                 // A usage limit in mode `after`: admitted while a unit is left, as in Redis.
                 // A concurrency limit is not decided here: the worker cannot see the slots the
                 // others hold (see docs/configuration.md, concurrency).
@@ -111,7 +106,7 @@ impl LocalLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Algorithm;
+    use crate::config::{Algorithm, Window};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -123,7 +118,7 @@ mod tests {
             algorithm,
             per_window: limit,
             quota: limit,
-            window_ms: 60_000,
+            window: Window::ms(60_000),
             burst: limit,
             cost: 1,
             mode: Mode::of(false, None, shadow, None),
@@ -140,6 +135,31 @@ mod tests {
         assert_eq!((s.per_window, s.burst, s.quota), (12, 12, 12));
         let s = scaled(&check("k", Algorithm::FixedWindow, 3, false), 0.125);
         assert_eq!((s.per_window, s.burst), (1, 1));
+    }
+
+    #[test]
+    fn a_calendar_month_ends_on_the_first_in_its_offset() {
+        let mut local = LocalLimits::default();
+        let mut month = check("m", Algorithm::FixedWindow, 1, false);
+        month.window = Window::Calendar(crate::config::Calendar {
+            unit: crate::config::CalendarUnit::Month,
+            offset_minutes: 60,
+        });
+        // 2028-02-01 00:00 at +01:00 is 2028-01-31 23:00 UTC.
+        let february = 1_832_976_000_000_000_000u128 - 3_600_000_000_000;
+        let ms = 1_000_000;
+        let first = local.decide(std::slice::from_ref(&month), february - 2 * ms);
+        assert!(first.allowed);
+        assert_eq!(first.limits[0].reset_ms, 2.0);
+        let refused = local.decide(std::slice::from_ref(&month), february - ms);
+        assert_eq!((refused.allowed, refused.limits[0].retry_ms), (false, 1.0));
+        let next = local.decide(std::slice::from_ref(&month), february);
+        assert!(next.allowed);
+        assert_eq!(
+            next.limits[0].reset_ms,
+            29.0 * 86_400_000.0,
+            "February 2028"
+        );
     }
 
     #[test]

@@ -295,9 +295,13 @@ impl Engine {
             let releases = self.holds.decided(ctx, charged, maybe_held);
             self.release(host, releases);
         }
-        let conclusion = self
-            .policy
-            .conclude(config, host, &mut self.tally, plan, outcome);
+        let conclusion = self.policy.conclude(
+            config,
+            host,
+            &mut self.tally,
+            (plan, self.last_now_ns),
+            outcome,
+        );
         if config.metered && matches!(conclusion, Conclusion::Resume(_)) {
             self.settlements
                 .admitted(config, ctx, plan, charged, &mut self.tally);

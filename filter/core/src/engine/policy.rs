@@ -29,13 +29,14 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The one place an outcome becomes "let it through" or "answer it", counted.
+    /// The one place an outcome becomes "let it through" or "answer it", counted; `now` (Unix
+    /// ns, the worker's latest clock) dates its headers.
     pub fn conclude(
         &mut self,
         config: &Config,
         host: &mut impl Host,
         tally: &mut Tally,
-        plan: &Plan,
+        (plan, now): (&Plan, u128),
         outcome: Outcome,
     ) -> Conclusion {
         match outcome {
@@ -49,12 +50,13 @@ impl Policy {
                     config,
                     &plan.checks,
                     &decision,
+                    now,
                 ))
             }
             Outcome::Decided(decision) => {
                 host.count(Counter::Denied);
                 count_decision(host, tally, plan, &decision);
-                Conclusion::Answer(response::denied(config, &plan.checks, &decision))
+                Conclusion::Answer(response::denied(config, &plan.checks, &decision, now))
             }
             Outcome::Failed(failure) => {
                 // An open breaker was logged once when it opened; no call failed here.
@@ -120,10 +122,12 @@ impl Policy {
         let decision = self.local.decide(&checks, now);
         if decision.allowed {
             host.count(Counter::Allowed);
-            Conclusion::Resume(response::rate_limit_headers(config, &checks, &decision))
+            Conclusion::Resume(response::rate_limit_headers(
+                config, &checks, &decision, now,
+            ))
         } else {
             host.count(Counter::Denied);
-            Conclusion::Answer(response::denied(config, &checks, &decision))
+            Conclusion::Answer(response::denied(config, &checks, &decision, now))
         }
     }
 }
@@ -140,14 +144,14 @@ pub fn serve_locally(
     if plan.leasable() && !leases.is_empty() {
         if let Some(decision) = leases.spend(plan, now) {
             tally.lease_hit(plan);
-            let headers = response::rate_limit_headers(config, &plan.checks, &decision);
+            let headers = response::rate_limit_headers(config, &plan.checks, &decision, now);
             return Some(Conclusion::Resume(headers));
         }
     }
     let (checks, decision) = refusals.refusal(plan, now)?;
     tally.deny_hit(&checks);
     Some(Conclusion::Answer(response::denied(
-        config, &checks, &decision,
+        config, &checks, &decision, now,
     )))
 }
 

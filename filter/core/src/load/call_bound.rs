@@ -61,7 +61,7 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
         key: path_segment_len(key.as_bytes()),
         algorithm: limit.algorithm,
         per_window: limit.limit,
-        window_ms: millis(limit.window),
+        window: limit.window,
         burst: limit.burst,
         cost: match (&limit.usage, &rule.cost) {
             (Some(usage), _) => usage.estimate.max(),

@@ -110,7 +110,7 @@ fn plan_into(
                 algorithm: limit.algorithm,
                 per_window: limit.shard_limit(),
                 quota: limit.quota(),
-                window_ms: u64::try_from(limit.window.as_millis()).unwrap_or(u64::MAX),
+                window: limit.window,
                 burst: limit.shard_burst(),
                 cost: match (&limit.usage, limit.algorithm) {
                     // A request holds one slot, whatever its cost.
@@ -251,7 +251,7 @@ fn request_cost(cost: &Cost, view: &dyn RequestView) -> Result<u64, BadRequest> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Algorithm;
+    use crate::config::{Algorithm, Window};
     use crate::request::memo::MAX_MEMO_IDENTITY;
     use crate::slot::key_slot;
     use crate::testing::request::FakeRequest;
@@ -354,7 +354,7 @@ mod tests {
         assert_ne!(p.checks[0].key, p.checks[1].key);
         assert!(p.checks[0].key.ends_with("}:api:second"));
         assert_eq!(p.checks[1].algorithm, Algorithm::FixedWindow);
-        assert_eq!(p.checks[1].window_ms, 86_400_000);
+        assert_eq!(p.checks[1].window, Window::ms(86_400_000));
         assert_eq!((p.checks[2].quota, p.checks[2].burst), (10, 10));
     }
 

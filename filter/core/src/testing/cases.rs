@@ -2,16 +2,17 @@
 //! script (`tests/tests/lua_scripts.rs`, against a real Redis) are held to: a limit on one
 //! key, then its requests in order, each with what the script replies.
 
-use crate::config::Algorithm;
+use crate::calendar::{Calendar, Unit};
+use crate::config::{Algorithm, Window};
 
 /// `(ms after a whole second, cost, allowed, remaining, reset ms, retry ms)`.
 pub type Case = (u64, u64, bool, f64, f64, f64);
 
-/// A limit (`limit` units per `window_ms`, `burst` at once) and its cases on one fresh key.
+/// A limit (`limit` units per `window`, `burst` at once) and its cases on one fresh key.
 pub struct CaseTable {
     pub algorithm: Algorithm,
     pub limit: u64,
-    pub window_ms: u64,
+    pub window: Window,
     pub burst: u64,
     pub cases: &'static [Case],
 }
@@ -21,7 +22,7 @@ pub struct CaseTable {
 pub const TOKEN_BUCKET: CaseTable = CaseTable {
     algorithm: Algorithm::TokenBucket,
     limit: 2,
-    window_ms: 1000,
+    window: Window::ms(1000),
     burst: 5,
     cases: &[
         (0, 1, true, 4.0, 500.0, 0.0),
@@ -42,7 +43,7 @@ pub const TOKEN_BUCKET: CaseTable = CaseTable {
 pub const GCRA: CaseTable = CaseTable {
     algorithm: Algorithm::Gcra,
     limit: 10,
-    window_ms: 1000,
+    window: Window::ms(1000),
     burst: 3,
     cases: &[
         (0, 1, true, 2.0, 100.0, 0.0),
@@ -60,7 +61,7 @@ pub const GCRA: CaseTable = CaseTable {
 pub const FIXED_WINDOW: CaseTable = CaseTable {
     algorithm: Algorithm::FixedWindow,
     limit: 3,
-    window_ms: 1000,
+    window: Window::ms(1000),
     burst: 3,
     cases: &[
         (200, 2, true, 1.0, 800.0, 0.0),
@@ -71,13 +72,34 @@ pub const FIXED_WINDOW: CaseTable = CaseTable {
     ],
 };
 
+/// 3 per calendar month at UTC−05:00. The tables' instants count from 2025-11-30 08:00 UTC
+/// (the tests' T0), 03:00 on November 30 at that offset: November ends 21 hours later
+/// (December 1, 05:00 UTC), and December lasts 31 days. Spent at November's last
+/// millisecond, whole again at December's first, not before.
+pub const FIXED_WINDOW_MONTH: CaseTable = CaseTable {
+    algorithm: Algorithm::FixedWindow,
+    limit: 3,
+    window: Window::Calendar(Calendar {
+        unit: Unit::Month,
+        offset_minutes: -300,
+    }),
+    burst: 3,
+    cases: &[
+        (0, 2, true, 1.0, 75_600_000.0, 0.0),
+        (75_599_999, 1, true, 0.0, 1.0, 0.0),
+        (75_599_999, 1, false, 0.0, 1.0, 1.0),
+        (75_600_000, 1, true, 2.0, 2_678_400_000.0, 0.0),
+        (75_600_001, 4, false, 2.0, 2_678_399_999.0, 2_678_399_999.0),
+    ],
+};
+
 /// 10 per sliding second, the previous window weighted by how much of it the sliding window
 /// still covers: half-way into the next window it counts half (5 used, 5 left); at 1.6 s
 /// 10 - (10 × 0.4 + 5) = 1 is left, and a cost of 2 fits at 1.7 s.
 pub const SLIDING_WINDOW_COUNTER: CaseTable = CaseTable {
     algorithm: Algorithm::SlidingWindowCounter,
     limit: 10,
-    window_ms: 1000,
+    window: Window::ms(1000),
     burst: 10,
     cases: &[
         (500, 10, true, 0.0, 1500.0, 0.0),
@@ -93,7 +115,7 @@ pub const SLIDING_WINDOW_COUNTER: CaseTable = CaseTable {
 pub const SLIDING_WINDOW_LOG: CaseTable = CaseTable {
     algorithm: Algorithm::SlidingWindowLog,
     limit: 3,
-    window_ms: 1000,
+    window: Window::ms(1000),
     burst: 3,
     cases: &[
         (0, 1, true, 2.0, 1000.0, 0.0),
@@ -106,11 +128,12 @@ pub const SLIDING_WINDOW_LOG: CaseTable = CaseTable {
     ],
 };
 
-/// Every table, one per algorithm.
+/// Every table: one per algorithm, and a calendar window.
 pub const TABLES: &[&CaseTable] = &[
     &TOKEN_BUCKET,
     &GCRA,
     &FIXED_WINDOW,
+    &FIXED_WINDOW_MONTH,
     &SLIDING_WINDOW_COUNTER,
     &SLIDING_WINDOW_LOG,
 ];

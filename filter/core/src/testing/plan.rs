@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::check::{LimitCheck, Mode};
-use crate::config::{Algorithm, FailureMode};
+use crate::config::{Algorithm, FailureMode, Window};
 use crate::request::plan::Plan;
 
 /// An enforced token bucket of 10 a second (burst 10) on `key`, cost 1, no lease or budget.
@@ -15,7 +15,7 @@ pub fn token_bucket_check(key: &str) -> LimitCheck {
         algorithm: Algorithm::TokenBucket,
         per_window: 10,
         quota: 10,
-        window_ms: 1000,
+        window: Window::ms(1000),
         burst: 10,
         cost: 1,
         mode: Mode::of(false, None, false, None),
@@ -33,7 +33,7 @@ pub fn minute_check(key: &str, algorithm: Algorithm, shadow: bool) -> LimitCheck
         algorithm,
         per_window: 10,
         quota: 20,
-        window_ms: 60_000,
+        window: Window::ms(60_000),
         burst: 20,
         cost: 1,
         mode: Mode::of(false, None, shadow, None),
