@@ -5,7 +5,7 @@
 -- argument) after it was admitted. No slot outlives its deadline.
 --
 -- State (a sorted set at the limit's key):
---   member  the request's id, p.member ("<worker>.<stream>", unique per proxy worker)
+--   member  the request's id, p.member ("<worker>-<stream>", unique per proxy worker)
 --   score   Unix ms at which its slot frees itself (admission + max_duration)
 -- Memory: one entry per request in flight. Expires max_duration after the newest admission,
 -- + 60 s. A request holds one slot whatever its cost.

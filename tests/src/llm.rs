@@ -147,6 +147,9 @@ struct Shared {
     counter: AtomicU64,
     requests: AtomicU64,
     chunked_requests: AtomicU64,
+    /// Requests being answered now, and the most at once (concurrency limits).
+    in_flight: AtomicU64,
+    peak_in_flight: AtomicU64,
     log: Mutex<Log>,
     /// A clone of each open connection, to shut it down when the server stops.
     open: Mutex<HashMap<u64, TcpStream>>,
@@ -170,6 +173,8 @@ impl LlmUpstream {
             counter: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             chunked_requests: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            peak_in_flight: AtomicU64::new(0),
             log: Mutex::new(Log::default()),
             open: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
@@ -206,6 +211,16 @@ impl LlmUpstream {
     /// Requests whose body came chunked.
     pub fn chunked_requests(&self) -> u64 {
         self.shared.chunked_requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests being answered now (read, their answer not yet all written).
+    pub fn in_flight(&self) -> u64 {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most requests answered at once so far.
+    pub fn peak_in_flight(&self) -> u64 {
+        self.shared.peak_in_flight.load(Ordering::SeqCst)
     }
 
     /// Connections open now.
@@ -325,7 +340,11 @@ fn serve(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let close = request
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        if !answer(&request, &mut writer, shared)? || close {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        let answered = answer(&request, &mut writer, shared);
+        shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if !answered? || close {
             return Ok(());
         }
     }

@@ -87,7 +87,7 @@ pub const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
 /// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
 pub const MAX_LEASE_MS: u64 = 60_000;
 /// The longest id a request holding a concurrency slot is sent with: its worker's 16 hex
-/// digits, `.`, its stream's `u32` in decimal.
+/// digits, `-`, its stream's `u32` in decimal.
 pub const MAX_MEMBER_BYTES: usize = 16 + 1 + 10;
 /// How long a worker acts on what Redis said of a limit with overrides without asking again:
 /// a refusal in its deny cache, and a lease, live at most this long. An override set, changed

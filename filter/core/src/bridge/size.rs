@@ -239,7 +239,7 @@ impl CallSize {
             ModeShape::Settle { delta } => {
                 text("settle") + usize::from(delta < 0) + number(delta.unsigned_abs()) + number(0u8)
             }
-            // The id is hex digits, `.` and decimal digits: nothing to percent-encode.
+            // The id is hex digits, `-` and decimal digits: nothing to percent-encode.
             ModeShape::Hold => text("hold") + 1 + MAX_MEMBER_BYTES + number(0u8),
             ModeShape::Release => text("settle") + text("-1") + 1 + MAX_MEMBER_BYTES,
         };

@@ -70,7 +70,7 @@ impl Holds {
         for check in plan.checks.iter_mut() {
             if let Mode::Hold(id) = &mut check.mode {
                 let m = member
-                    .get_or_insert_with(|| format!("{:016x}.{ctx}", self.worker).into())
+                    .get_or_insert_with(|| format!("{:016x}-{ctx}", self.worker).into())
                     .clone();
                 *id = m;
                 held.push(check.clone());

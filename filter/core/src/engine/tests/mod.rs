@@ -14,6 +14,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 mod batches;
 mod breaker;
 mod cluster;
+mod holds;
 mod leases;
 mod refusals;
 mod usage;
