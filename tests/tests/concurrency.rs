@@ -161,7 +161,7 @@ fn a_streamed_answer_holds_its_slot_to_its_last_event() {
 #[test]
 fn the_slots_of_an_envoy_killed_mid_stream_free_at_max_duration_not_before() {
     const MAX_MS: u64 = 3_000;
-    let mut s = stack("concurrency-killed", 2, "3s", 2);
+    let s = stack("concurrency-killed", 2, "3s", 2);
     let a = s.replicas[0].port;
     let sent = Instant::now();
     let _streams: Vec<_> = (0..2)
