@@ -22,7 +22,10 @@ const CONFIG: &str = r#"{"bridge": {"cluster": "webdis"}, "ipv4_prefix": 24, "ru
     {"name": "gcra", "algorithm": "gcra", "limit": 10, "window": "1d"},
     {"name": "fw", "algorithm": "fixed_window", "limit": 10, "window": "366d"},
     {"name": "swc", "algorithm": "sliding_window_counter", "limit": 10, "window": "183d"},
-    {"name": "swl", "algorithm": "sliding_window_log", "limit": 10, "window": "1d"}]}]}"#;
+    {"name": "swl", "algorithm": "sliding_window_log", "limit": 10, "window": "1d"}]},
+  {"name": "slots", "limits": [
+    {"name": "streams", "algorithm": "concurrency", "limit": 3, "max_duration": "10m"},
+    {"name": "monthly", "algorithm": "fixed_window", "limit": 100, "window": "month", "utc_offset": "+05:30"}]}]}"#;
 
 struct Setup {
     dir: WorkDir,
@@ -672,5 +675,47 @@ fn each_bad_input_is_a_clear_error_with_its_exit_status() {
     assert!(
         err.contains("--redis http://127.0.0.1:6379: not a Redis URL"),
         "{err}"
+    );
+}
+
+#[test]
+fn inspect_counts_the_slots_in_flight_and_a_calendar_window_as_the_script_does() {
+    let mut s = setup("admin-inspect-slots");
+    let key = s
+        .keys
+        .limit_key("slots", "streams", "header:x-api-key", b"erin");
+    let slots = as_script(&key, Algorithm::Concurrency, 3, 600_000);
+    let now = s.redis.time_ns();
+    assert_eq!(s.script.one(now, &slots.clone().held_by("w-1")).0, 1);
+    assert_eq!(s.script.one(now, &slots.clone().held_by("w-2")).0, 1);
+    let month_key = s
+        .keys
+        .limit_key("slots", "monthly", "header:x-api-key", b"erin");
+    let monthly = L {
+        cost: 7,
+        ..as_script(&month_key, Algorithm::FixedWindow, 100, 0).calendar(CalendarUnit::Month, 330)
+    };
+    assert_eq!(s.script.one(now, &monthly).0, 1);
+    let report = s.admin.json(&["inspect", "slots", "erin"]);
+    let limits = report["limits"].as_array().unwrap();
+    let streams = limits.iter().find(|x| x["limit"] == "streams").unwrap();
+    assert_eq!(streams["in_flight"], 2.0);
+    assert_eq!(streams["left"], 1.0);
+    let month = limits.iter().find(|x| x["limit"] == "monthly").unwrap();
+    assert_eq!(month["left"], 93.0, "the calendar month's count: {month}");
+    assert_eq!(month["config"]["window"], "month at UTC+05:30");
+    // Released: one more free.
+    s.script
+        .settle(s.redis.time_ns(), &slots.held_by("w-1"), -1);
+    let report = s.admin.json(&["inspect", "slots", "erin"]);
+    let streams = report["limits"][0].clone();
+    assert_eq!(
+        (streams["in_flight"].clone(), streams["left"].clone()),
+        (1.0.into(), 2.0.into())
+    );
+    let human = s.admin.run(&["inspect", "slots", "erin"]).stdout;
+    assert!(
+        human.contains("concurrency, 3 in flight, each held at most 10m"),
+        "{human}"
     );
 }
