@@ -688,6 +688,54 @@ fn example_public_api_tiers() {
 }
 
 #[test]
+fn example_plans() {
+    let (_dir, redis, _webdis, envoy) = example("plans.yaml");
+    let keys = envoy.keys();
+    // The default plan, as every key gets it.
+    let r = envoy.keyed("default-customer");
+    assert_eq!(r.status, 200);
+    let policy = r.header("ratelimit-policy").unwrap_or_default().to_string();
+    for item in [
+        "\"plans.per_second\";q=40;w=1",
+        "\"plans.monthly\";q=100000",
+        "\"plans.in_flight\";q=4",
+    ] {
+        assert!(policy.contains(item), "{item} in {policy}");
+    }
+    // Another plan for one customer, set at runtime beside its state: a burst of 3, 1 a
+    // second (5 requests sent at once see at most 4 allowed, whatever the machine's pace
+    // within a second).
+    let state = keys.limit_key("plans", "per_second", "header:x-api-key", b"small-customer");
+    redis
+        .admin()
+        .cmd(&[
+            "HSET",
+            &format!("{state}:override"),
+            "mode",
+            "limit",
+            "limit",
+            "1",
+            "burst",
+            "3",
+        ])
+        .unwrap();
+    let got = statuses(5, || envoy.keyed("small-customer"));
+    assert_eq!(got[..3], [200, 200, 200], "{got:?}");
+    assert!(got.contains(&429), "{got:?}");
+    let refused = envoy.keyed("small-customer");
+    let policy = refused.header("ratelimit-policy").unwrap_or_default();
+    assert!(policy.contains("\"plans.per_second\";q=3;w=1"), "{policy}");
+    // The monthly quota counts in the calendar month; each slot in flight is released when
+    // its response ends.
+    let monthly = keys.limit_key("plans", "monthly", "header:x-api-key", b"default-customer");
+    assert_eq!(redis.hash_field(&monthly, "n"), "1");
+    let slots = keys.limit_key("plans", "in_flight", "header:x-api-key", b"small-customer");
+    wait_for("every slot released", Duration::from_secs(10), || {
+        (redis.admin().cmd(&["ZCARD", &slots]).unwrap().int() == 0).then_some(())
+    });
+}
+
+#[test]
 fn example_login_per_ip() {
     let (_dir, _redis, _webdis, envoy) = example("login_per_ip.yaml");
     let login = |client: &str| {

@@ -141,6 +141,7 @@ fn shipped_envoy_configs_validate() {
             "examples/internal_shadow.yaml",
             "examples/llm_tokens.yaml",
             "examples/login_per_ip.yaml",
+            "examples/plans.yaml",
             "examples/public_api_tiers.yaml",
             "examples/remote_module.yaml"
         ]
