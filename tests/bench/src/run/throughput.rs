@@ -64,6 +64,11 @@ pub fn round_order<'a>(names: &[&'a str], alternate: bool) -> Vec<&'a str> {
         // The last one is followed by both, as the first is preceded by both.
         match refs.get(i % refs.len().max(1)) {
             Some(one) if alternate && i + 1 < scenarios.len() => order.push(one),
+            // Its turn's reference first: the one before it (followed by the other) then has
+            // both within two runs after it, whether the scenarios are odd or even in number.
+            Some(_) if alternate => {
+                order.extend(refs.iter().cycle().skip(i % refs.len()).take(refs.len()))
+            }
             _ => order.extend(&refs),
         }
     }
@@ -498,6 +503,15 @@ mod tests {
 
     #[test]
     fn alternating_references_keep_both_within_two_runs_of_each_scenario() {
+        // An even and an odd number of scenarios between the references.
+        let fewer: Vec<&str> = SCENARIOS
+            .iter()
+            .copied()
+            .filter(|n| *n != "local_ratelimit")
+            .collect();
+        for names in [SCENARIOS, &fewer[..]] {
+            alternating_keeps_both_references_near(names);
+        }
         let full = round_order(SCENARIOS, false);
         let order = round_order(SCENARIOS, true);
         assert!(
@@ -506,6 +520,10 @@ mod tests {
             order.len(),
             full.len()
         );
+    }
+
+    fn alternating_keeps_both_references_near(names: &[&str]) {
+        let order = round_order(names, true);
         for (i, name) in order.iter().enumerate() {
             if !RUN_ORDER.contains(name) {
                 continue;
