@@ -98,6 +98,8 @@ pub struct Policy {
     /// default (1 s). A lease ends that long before the bucket would be full again, so with
     /// the default a lease on a bucket that refills within a second never lasts.
     pub clock_skew_ms: Option<u64>,
+    /// `"overrides": true`: each decision also reads the identity's override in Redis.
+    pub overrides: bool,
 }
 
 /// A lease on a limit, as the filter's `lease` object writes it.
@@ -130,15 +132,22 @@ impl Lease {
 }
 
 impl Policy {
-    /// The name of the policy's rule: leased and unleased policies of one algorithm keep
-    /// their state under different Redis keys.
+    /// The name of the policy's rule: leased and unleased policies of one algorithm (and
+    /// those with overrides on) keep their state under different Redis keys.
     pub fn rule_name(&self) -> String {
-        match self.lease {
-            Some(_) => format!("bench-{}-leased", self.algorithm),
-            None => format!("bench-{}", self.algorithm),
+        let mut name = format!("bench-{}", self.algorithm);
+        if self.lease.is_some() {
+            name += "-leased";
         }
+        if self.overrides {
+            name += "-overrides";
+        }
+        name
     }
 }
+
+/// The name of the one limit of every rule [`filter_json`] writes.
+pub const LIMIT_NAME: &str = "bench";
 
 /// The filter's JSON config enforcing `policies` on the `x-api-key` header (fail open), from
 /// the shipped one, so the bridge settings and credentials stay the shipped ones. With several
@@ -163,7 +172,7 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
                 p.rate_per_sec
             );
             let mut limit = json!({
-                "name": "bench",
+                "name": LIMIT_NAME,
                 "algorithm": p.algorithm,
                 "limit": p.rate_per_sec as u64,
                 "window": "1s",
@@ -173,6 +182,9 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
             }
             if let Some(lease) = p.lease {
                 limit["lease"] = lease.json();
+            }
+            if p.overrides {
+                limit["overrides"] = json!(true);
             }
             let mut rule = json!({
                 "name": p.rule_name(),
@@ -462,6 +474,7 @@ mod tests {
             timeout_ms: 150,
             lease: None,
             clock_skew_ms: None,
+            overrides: false,
         }
     }
 
@@ -552,6 +565,27 @@ mod tests {
         let plain = filter_json(&shipped, &[policy("token_bucket")], false).to_string();
         let config = ratelimit_core::Config::parse(plain.as_bytes()).expect("a valid config");
         assert_eq!(config.rules[0].limits[0].lease, None);
+    }
+
+    /// A policy with overrides on is a limit the filter reads overrides for, under a rule of
+    /// its own.
+    #[test]
+    fn overrides_are_written_where_the_filter_reads_them() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = filter_json_block(&shipped);
+        let shipped: Value = serde_json::from_str(&block).expect("JSON");
+        let with = Policy {
+            overrides: true,
+            ..policy("token_bucket")
+        };
+        let json = filter_json(&shipped, &[with, policy("token_bucket")], false);
+        assert_eq!(json["rules"][0]["name"], "bench-token_bucket-overrides");
+        assert_eq!(json["rules"][0]["limits"][0]["overrides"], true);
+        assert!(json["rules"][1]["limits"][0].get("overrides").is_none());
+        let config = ratelimit_core::Config::parse(json.to_string().as_bytes()).expect("valid");
+        let overrides: Vec<bool> = config.rules.iter().map(|r| r.limits[0].overrides).collect();
+        assert_eq!(overrides, [true, false]);
+        assert_eq!(config.rules[0].limits[0].name, LIMIT_NAME);
     }
 
     #[test]

@@ -76,6 +76,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
             failure_mode: "open",
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(10),
+            overrides: false,
         },
         outages: Vec::new(),
         floods: Vec::new(),

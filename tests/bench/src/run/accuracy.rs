@@ -27,6 +27,7 @@ pub fn unleased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             timeout_ms: s.timeout_ms,
             lease: None,
             clock_skew_ms: None,
+            overrides: false,
         })
         .collect();
     let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();
@@ -138,6 +139,7 @@ pub fn leased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             timeout_ms: s.timeout_ms,
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
+            overrides: false,
         })
         .collect();
     let workers = 2;

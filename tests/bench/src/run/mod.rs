@@ -134,6 +134,7 @@ pub fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
         timeout_ms,
         lease: None,
         clock_skew_ms: None,
+        overrides: false,
     }
 }
 
