@@ -104,6 +104,10 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
             "the filter built with the measurement-only feature `phase-plan-only` into target/phase-plan-only/ (plan, then continue undecided); the rule and load of filter-allow-1key".into(),
         ),
         (
+            "filter-allow-1key-overrides".into(),
+            "the rule and load of filter-allow-1key, its limit with `\"overrides\": true`, no override set in Redis (each decision's lookup finds nothing); an Envoy of its own".into(),
+        ),
+        (
             "filter-deny-hotkey".into(),
             format!(
                 "one key, capacity 10, rate 1/s, bridge timeout {} ms",

@@ -14,6 +14,7 @@ mod json;
 mod leases;
 pub mod model;
 mod outage;
+mod overrides;
 mod table;
 mod throughput;
 mod usage;
@@ -146,6 +147,8 @@ impl Report {
         r += &self.phase_text();
         r += "\n## Leases\n\n";
         r += &self.lease_text();
+        r += "\n## Overrides\n\n";
+        r += &self.override_cost_text();
         r += "\n## Global accuracy\n\n";
         r += &self.accuracy_text();
         r += "\n### With leases\n\n";

@@ -18,6 +18,7 @@ pub const SCENARIOS: &[&str] = &[
     "filter-allow-10k-keys",
     "filter-allow-1key-leased",
     "filter-allow-10k-keys-leased",
+    "filter-allow-1key-overrides",
     "filter-deny-hotkey",
     "filter-bridge-down",
     "filter-bridge-hung",
@@ -71,6 +72,10 @@ pub const LEASE_PAIRS: &[(&str, &str)] = &[
     ("filter-allow-1key", "filter-allow-1key-leased"),
     ("filter-allow-10k-keys", "filter-allow-10k-keys-leased"),
 ];
+
+/// The allow scenario with overrides off and its twin with overrides on (none set): what
+/// the lookup costs.
+pub const OVERRIDE_PAIR: (&str, &str) = ("filter-allow-1key", "filter-allow-1key-overrides");
 
 /// The refill per second of the unleased allow scenarios' limit (named in the leases text).
 pub const UNLEASED_ALLOW_RATE: f64 = 1_000_000.0;

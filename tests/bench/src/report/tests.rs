@@ -525,3 +525,39 @@ fn busy_rows_count_failed_open_units_and_say_why_one_did_not_run() {
         .missing("")
         .contains(&"busy-machine row cpu-quota".to_string()));
 }
+
+#[test]
+fn the_cost_of_overrides_sets_the_allow_scenario_with_them_against_it_without() {
+    let r = report(vec![scenario("baseline", 50_000.0)]);
+    assert_eq!(r.override_cost_text(), "Not run.\n");
+    assert!(r.json()["overrides_over_off"].is_null());
+    let mut off = scenario("filter-allow-1key", 10_000.0);
+    let mut on = scenario("filter-allow-1key-overrides", 9_000.0);
+    for (s, hmget) in [(&mut off, 100), (&mut on, 200)] {
+        s.cost.allowed = 100;
+        s.cost.redis_commands =
+            BTreeMap::from([("evalsha".to_string(), 10), ("hmget".to_string(), hmget)]);
+    }
+    let r = report(vec![
+        scenario("baseline", 50_000.0),
+        scenario("filter-pass-through", 40_000.0),
+        off,
+        on,
+    ]);
+    let text = r.override_cost_text();
+    assert!(
+        text.contains("| `filter-allow-1key` | 10,000 | 0.20 (0.20–0.20) | 0.25 (0.25–0.25) | – | – | – | 1.10 | 1.00 | 0 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| `filter-allow-1key-overrides` | 9,000 | 0.18 (0.18–0.18) | 0.23 (0.23–0.23) | – | – | – | 2.10 | 2.00 | 0 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("**0.90 (0.90–0.90)**, rounds 0.90 / 0.90 / 0.90"),
+        "{text}"
+    );
+    let pair = &r.json()["overrides_over_off"];
+    assert_eq!(pair["scenario"], "filter-allow-1key-overrides");
+    assert_eq!(pair["over"], "filter-allow-1key");
+}
