@@ -149,6 +149,38 @@ impl Policy {
 /// The name of the one limit of every rule [`filter_json`] writes.
 pub const LIMIT_NAME: &str = "bench";
 
+/// An identity's override of a limit with a burst, as an operator writes it: the hash at
+/// `<state key>:override` with `mode` `limit`, and the limit (per 1 s window) and burst that
+/// replace the config's for that identity. No TTL: it holds for the whole run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Override {
+    pub limit: u64,
+    pub burst: u64,
+}
+
+impl Override {
+    /// The fields and values of the override's hash, for `HSET`.
+    pub fn fields(&self) -> Vec<String> {
+        vec![
+            "mode".into(),
+            "limit".into(),
+            "limit".into(),
+            self.limit.to_string(),
+            "burst".into(),
+            self.burst.to_string(),
+        ]
+    }
+
+    /// `policy` with the override's numbers: what the identity's decisions enforce.
+    pub fn applied_to(&self, policy: &Policy) -> Policy {
+        Policy {
+            capacity: self.burst,
+            rate_per_sec: self.limit as f64 / WINDOW_S,
+            ..*policy
+        }
+    }
+}
+
 /// The filter's JSON config enforcing `policies` on the `x-api-key` header (fail open), from
 /// the shipped one, so the bridge settings and credentials stay the shipped ones. With several
 /// policies, each is a rule that applies to requests whose `x-bench-algorithm` header names
@@ -568,7 +600,7 @@ mod tests {
     }
 
     /// A policy with overrides on is a limit the filter reads overrides for, under a rule of
-    /// its own.
+    /// its own; an override's numbers are what the allowance is computed from.
     #[test]
     fn overrides_are_written_where_the_filter_reads_them() {
         let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
@@ -586,6 +618,19 @@ mod tests {
         let overrides: Vec<bool> = config.rules.iter().map(|r| r.limits[0].overrides).collect();
         assert_eq!(overrides, [true, false]);
         assert_eq!(config.rules[0].limits[0].name, LIMIT_NAME);
+
+        let raised = Override {
+            limit: 200,
+            burst: 300,
+        };
+        assert_eq!(
+            raised.fields(),
+            ["mode", "limit", "limit", "200", "burst", "300"]
+        );
+        let under = raised.applied_to(&with);
+        assert_eq!((under.capacity, under.rate_per_sec), (300, 200.0));
+        assert!(under.overrides);
+        assert_eq!(burst_plus_rate(&under, 10.0, 12.5), 800.0);
     }
 
     #[test]

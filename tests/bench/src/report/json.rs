@@ -107,6 +107,7 @@ impl Report {
             "accuracy": accuracy,
             "overload_per_second": self.timeline.per_second,
             "accuracy_leased": accuracy_leased,
+            "accuracy_overrides": self.accuracy_overrides_json(accuracy_json),
             "usage_accuracy": self.usage.iter().map(super::usage::usage_json).collect::<Vec<_>>(),
             "busy_machine": self.busy.iter().map(|r| json!({
                 "name": r.name, "how": r.how, "skipped": r.skipped,
