@@ -6,7 +6,7 @@ use e2e::{envoy_bin, root, wasm_path};
 
 use crate::config::Lease;
 use crate::measure;
-use crate::report::thousands;
+use crate::report::{thousands, OVERRIDE_ROWS};
 use crate::run::{leased_policy, LEASED_CLOCK_SKEW_MS};
 use crate::settings::Settings;
 use crate::wrk;
@@ -104,6 +104,10 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
             "the filter built with the measurement-only feature `phase-plan-only` into target/phase-plan-only/ (plan, then continue undecided); the rule and load of filter-allow-1key".into(),
         ),
         (
+            "filter-allow-1key-overrides".into(),
+            "the rule and load of filter-allow-1key, its limit with `\"overrides\": true`, no override set in Redis (each decision's lookup finds nothing); an Envoy of its own".into(),
+        ),
+        (
             "filter-deny-hotkey".into(),
             format!(
                 "one key, capacity 10, rate 1/s, bridge timeout {} ms",
@@ -124,6 +128,25 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
                 Lease::DEFAULT.json(),
                 LEASED_CLOCK_SKEW_MS,
                 s.accuracy_conns
+            ),
+        ),
+        (
+            "accuracy with an override".into(),
+            format!(
+                "token_bucket, capacity {}, rate {}/s, `\"overrides\": true`, on 4 replicas × 2 workers × {} connections for {} s, one key per row, its override set before the row's first request (no expiry): {}",
+                s.capacity,
+                s.rate,
+                s.accuracy_conns,
+                s.accuracy_s,
+                OVERRIDE_ROWS
+                    .iter()
+                    .map(|(name, factor)| format!(
+                        "`{name}` limit {} per 1 s, burst {}",
+                        (s.rate * factor).round(),
+                        (s.capacity as f64 * factor).round()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ),
         ),
     ]

@@ -98,6 +98,8 @@ pub struct Policy {
     /// default (1 s). A lease ends that long before the bucket would be full again, so with
     /// the default a lease on a bucket that refills within a second never lasts.
     pub clock_skew_ms: Option<u64>,
+    /// `"overrides": true`: each decision also reads the identity's override in Redis.
+    pub overrides: bool,
 }
 
 /// A lease on a limit, as the filter's `lease` object writes it.
@@ -130,12 +132,51 @@ impl Lease {
 }
 
 impl Policy {
-    /// The name of the policy's rule: leased and unleased policies of one algorithm keep
-    /// their state under different Redis keys.
+    /// The name of the policy's rule: leased and unleased policies of one algorithm (and
+    /// those with overrides on) keep their state under different Redis keys.
     pub fn rule_name(&self) -> String {
-        match self.lease {
-            Some(_) => format!("bench-{}-leased", self.algorithm),
-            None => format!("bench-{}", self.algorithm),
+        let mut name = format!("bench-{}", self.algorithm);
+        if self.lease.is_some() {
+            name += "-leased";
+        }
+        if self.overrides {
+            name += "-overrides";
+        }
+        name
+    }
+}
+
+/// The name of the one limit of every rule [`filter_json`] writes.
+pub const LIMIT_NAME: &str = "bench";
+
+/// An identity's override of a limit with a burst, as an operator writes it: the hash at
+/// `<state key>:override` with `mode` `limit`, and the limit (per 1 s window) and burst that
+/// replace the config's for that identity. No TTL: it holds for the whole run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Override {
+    pub limit: u64,
+    pub burst: u64,
+}
+
+impl Override {
+    /// The fields and values of the override's hash, for `HSET`.
+    pub fn fields(&self) -> Vec<String> {
+        vec![
+            "mode".into(),
+            "limit".into(),
+            "limit".into(),
+            self.limit.to_string(),
+            "burst".into(),
+            self.burst.to_string(),
+        ]
+    }
+
+    /// `policy` with the override's numbers: what the identity's decisions enforce.
+    pub fn applied_to(&self, policy: &Policy) -> Policy {
+        Policy {
+            capacity: self.burst,
+            rate_per_sec: self.limit as f64 / WINDOW_S,
+            ..*policy
         }
     }
 }
@@ -163,7 +204,7 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
                 p.rate_per_sec
             );
             let mut limit = json!({
-                "name": "bench",
+                "name": LIMIT_NAME,
                 "algorithm": p.algorithm,
                 "limit": p.rate_per_sec as u64,
                 "window": "1s",
@@ -173,6 +214,9 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
             }
             if let Some(lease) = p.lease {
                 limit["lease"] = lease.json();
+            }
+            if p.overrides {
+                limit["overrides"] = json!(true);
             }
             let mut rule = json!({
                 "name": p.rule_name(),
@@ -462,6 +506,7 @@ mod tests {
             timeout_ms: 150,
             lease: None,
             clock_skew_ms: None,
+            overrides: false,
         }
     }
 
@@ -552,6 +597,40 @@ mod tests {
         let plain = filter_json(&shipped, &[policy("token_bucket")], false).to_string();
         let config = ratelimit_core::Config::parse(plain.as_bytes()).expect("a valid config");
         assert_eq!(config.rules[0].limits[0].lease, None);
+    }
+
+    /// A policy with overrides on is a limit the filter reads overrides for, under a rule of
+    /// its own; an override's numbers are what the allowance is computed from.
+    #[test]
+    fn overrides_are_written_where_the_filter_reads_them() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = filter_json_block(&shipped);
+        let shipped: Value = serde_json::from_str(&block).expect("JSON");
+        let with = Policy {
+            overrides: true,
+            ..policy("token_bucket")
+        };
+        let json = filter_json(&shipped, &[with, policy("token_bucket")], false);
+        assert_eq!(json["rules"][0]["name"], "bench-token_bucket-overrides");
+        assert_eq!(json["rules"][0]["limits"][0]["overrides"], true);
+        assert!(json["rules"][1]["limits"][0].get("overrides").is_none());
+        let config = ratelimit_core::Config::parse(json.to_string().as_bytes()).expect("valid");
+        let overrides: Vec<bool> = config.rules.iter().map(|r| r.limits[0].overrides).collect();
+        assert_eq!(overrides, [true, false]);
+        assert_eq!(config.rules[0].limits[0].name, LIMIT_NAME);
+
+        let raised = Override {
+            limit: 200,
+            burst: 300,
+        };
+        assert_eq!(
+            raised.fields(),
+            ["mode", "limit", "limit", "200", "burst", "300"]
+        );
+        let under = raised.applied_to(&with);
+        assert_eq!((under.capacity, under.rate_per_sec), (300, 200.0));
+        assert!(under.overrides);
+        assert_eq!(burst_plus_rate(&under, 10.0, 12.5), 800.0);
     }
 
     #[test]

@@ -7,8 +7,12 @@ use super::{steady_seconds, Accuracy, LeaseCounters, Report, Timeline};
 
 /// A table whose first columns are every accuracy table's (see [`accuracy_cells`]).
 fn accuracy_columns() -> Table {
-    Table::new()
-        .left("algorithm")
+    accuracy_columns_after(Table::new())
+}
+
+/// `t` with every accuracy table's columns added (a table that names its rows first).
+pub(super) fn accuracy_columns_after(t: Table) -> Table {
+    t.left("algorithm")
         .left("replicas × workers × connections")
         .left("load")
         .right("window s")
@@ -22,7 +26,7 @@ fn accuracy_columns() -> Table {
 }
 
 /// An accuracy run's cells under [`accuracy_columns`], each table adding its own after them.
-fn accuracy_cells(a: &Accuracy) -> Vec<String> {
+pub(super) fn accuracy_cells(a: &Accuracy) -> Vec<String> {
     let load = match a.offered_per_sec {
         Some(rate) => format!("paced, {} req/s", thousands(rate)),
         None => "closed loop, as fast as answered".into(),

@@ -103,9 +103,11 @@ impl Report {
             "settings": self.settings.iter().cloned().collect::<BTreeMap<_, _>>(),
             "scenarios": self.scenarios.iter().map(|s| self.scenario_json(s)).collect::<Vec<_>>(),
             "leased_over_unleased": leased_over_unleased,
+            "overrides_over_off": self.overrides_over_off_json(),
             "accuracy": accuracy,
             "overload_per_second": self.timeline.per_second,
             "accuracy_leased": accuracy_leased,
+            "accuracy_overrides": self.accuracy_overrides_json(accuracy_json),
             "usage_accuracy": self.usage.iter().map(super::usage::usage_json).collect::<Vec<_>>(),
             "busy_machine": self.busy.iter().map(|r| json!({
                 "name": r.name, "how": r.how, "skipped": r.skipped,

@@ -14,6 +14,7 @@ mod json;
 mod leases;
 pub mod model;
 mod outage;
+mod overrides;
 mod table;
 mod throughput;
 mod usage;
@@ -42,6 +43,8 @@ pub struct Report {
     pub accuracy_leased: Vec<Accuracy>,
     pub timeline_leased: Timeline,
     pub chart_file_leased: String,
+    /// The accuracy rows on keys with an override.
+    pub accuracy_overrides: Vec<OverrideAccuracy>,
     /// The accuracy rows of usage limits.
     pub usage: Vec<UsageAccuracy>,
     /// The busy-machine rows.
@@ -146,10 +149,14 @@ impl Report {
         r += &self.phase_text();
         r += "\n## Leases\n\n";
         r += &self.lease_text();
+        r += "\n## Overrides\n\n";
+        r += &self.override_cost_text();
         r += "\n## Global accuracy\n\n";
         r += &self.accuracy_text();
         r += "\n### With leases\n\n";
         r += &self.accuracy_leased_text();
+        r += "\n### With an override\n\n";
+        r += &self.accuracy_overrides_text();
         r += "\n### On a busy machine\n\n";
         r += &self.busy_text();
         r += "\n### Usage limits (LLM tokens)\n\n";
@@ -260,6 +267,16 @@ impl Report {
                 .any(|a| a.algorithm == *algorithm && a.sent > 0);
             if !found {
                 missing.push(format!("accuracy {algorithm} with leases"));
+            }
+        }
+        for (name, _) in OVERRIDE_ROWS {
+            if !self
+                .accuracy_overrides
+                .iter()
+                .any(|o| o.name == *name && o.run.sent > 0)
+                || !markdown.contains(&format!("| `{name}` |"))
+            {
+                missing.push(format!("override accuracy row {name}"));
             }
         }
         for (name, _, _) in USAGE_ROWS {

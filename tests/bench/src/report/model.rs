@@ -18,6 +18,7 @@ pub const SCENARIOS: &[&str] = &[
     "filter-allow-10k-keys",
     "filter-allow-1key-leased",
     "filter-allow-10k-keys-leased",
+    "filter-allow-1key-overrides",
     "filter-deny-hotkey",
     "filter-bridge-down",
     "filter-bridge-hung",
@@ -71,6 +72,14 @@ pub const LEASE_PAIRS: &[(&str, &str)] = &[
     ("filter-allow-1key", "filter-allow-1key-leased"),
     ("filter-allow-10k-keys", "filter-allow-10k-keys-leased"),
 ];
+
+/// The allow scenario with overrides off and its twin with overrides on (none set): what
+/// the lookup costs.
+pub const OVERRIDE_PAIR: (&str, &str) = ("filter-allow-1key", "filter-allow-1key-overrides");
+
+/// The accuracy rows with an override (token bucket, overrides on): each row's name, and the
+/// override's limit and burst as a multiple of the policy's.
+pub const OVERRIDE_ROWS: &[(&str, f64)] = &[("override-raised", 2.0), ("override-lowered", 0.5)];
 
 /// The refill per second of the unleased allow scenarios' limit (named in the leases text).
 pub const UNLEASED_ALLOW_RATE: f64 = 1_000_000.0;
@@ -402,6 +411,25 @@ impl Accuracy {
         self.let_through()
             .saturating_sub(self.allowance.floor() as u64)
     }
+}
+
+/// An accuracy run on a key with an override: its allowance is the override's.
+#[derive(Clone, Debug, Default)]
+pub struct OverrideAccuracy {
+    /// One of [`OVERRIDE_ROWS`].
+    pub name: String,
+    /// The limit as the config writes it (per 1 s, and its burst); the run's `capacity` and
+    /// `rate_per_sec` are the override's.
+    pub config_limit: u64,
+    pub config_burst: u64,
+    /// What the config's numbers would allow over the run's window: had the override been
+    /// ignored, the run would be held to this.
+    pub config_allowance: f64,
+    /// Decisions Redis made under the override, and overrides it found malformed and ignored
+    /// (`ratelimit_rule.<rule>.<limit>.overridden`, `.bad_override`, summed over the replicas).
+    pub overridden: u64,
+    pub bad_override: u64,
+    pub run: Accuracy,
 }
 
 /// Allowed, denied and failed responses in each second of the overload run.

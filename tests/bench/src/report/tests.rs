@@ -64,6 +64,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
         timeline: Timeline::default(),
         chart_file: String::new(),
         accuracy_leased: Vec::new(),
+        accuracy_overrides: Vec::new(),
         usage: Vec::new(),
         busy: Vec::new(),
         timeline_leased: Timeline::default(),
@@ -76,6 +77,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
             failure_mode: "open",
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(10),
+            overrides: false,
         },
         outages: Vec::new(),
         floods: Vec::new(),
@@ -523,4 +525,112 @@ fn busy_rows_count_failed_open_units_and_say_why_one_did_not_run() {
     assert!(r
         .missing("")
         .contains(&"busy-machine row cpu-quota".to_string()));
+}
+
+/// An override row as the runner fills it: allowance under the override's numbers (C, R of
+/// the run), the config's own beside it.
+fn override_row(name: &str, factor: f64, allowed: u64) -> OverrideAccuracy {
+    OverrideAccuracy {
+        name: name.into(),
+        config_limit: 100,
+        config_burst: 100,
+        config_allowance: 1150.0,
+        overridden: allowed + 10,
+        bad_override: 0,
+        run: Accuracy {
+            algorithm: "token_bucket".into(),
+            replicas: 4,
+            workers: 2,
+            conns_per_replica: 8,
+            capacity: (100.0 * factor) as u64,
+            rate_per_sec: 100.0 * factor,
+            window_s: 10.5,
+            allowance: 1150.0 * factor,
+            allowance_inner: 1150.0 * factor - 2.0,
+            formula: "C + R × window".into(),
+            sent: 5000,
+            allowed,
+            filter_allowed: allowed,
+            ..Accuracy::default()
+        },
+    }
+}
+
+#[test]
+fn every_override_row_is_required_and_judged_against_the_override() {
+    let mut r = report(Vec::new());
+    let missing = r.missing("");
+    for (name, _) in OVERRIDE_ROWS {
+        assert!(
+            missing.contains(&format!("override accuracy row {name}")),
+            "{name}: {missing:?}"
+        );
+    }
+    assert!(missing.contains(&"filter-allow-1key-overrides".to_string()));
+    r.accuracy_overrides = vec![
+        override_row("override-raised", 2.0, 2290),
+        override_row("override-lowered", 0.5, 576),
+    ];
+    let markdown = r.markdown();
+    let missing = r.missing(&markdown);
+    assert!(
+        !missing.iter().any(|m| m.contains("override accuracy")),
+        "{missing:?}"
+    );
+    assert!(
+        markdown.contains("| `override-raised` | 100, 100 | 200, 200 | token_bucket | 4 × 2 × 8 |"),
+        "{markdown}"
+    );
+    // 576 allowed against floor(575.0): one over.
+    assert_eq!(r.accuracy_overrides[1].run.overshoot(), 1);
+    assert!(markdown.contains("| **1** |"));
+    assert!(markdown.contains("| 1150.0 | 586 | 0 |"), "{markdown}");
+    let json = r.json();
+    let rows = json["accuracy_overrides"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["name"], "override-raised");
+    assert_eq!(rows[0]["override"]["burst"], 200);
+    assert_eq!(rows[0]["config"]["limit"], 100);
+    assert_eq!(rows[0]["overshoot"], 0);
+    assert_eq!(rows[1]["overshoot"], 1);
+    assert_eq!(rows[1]["allowance_under_config"], 1150.0);
+}
+
+#[test]
+fn the_cost_of_overrides_sets_the_allow_scenario_with_them_against_it_without() {
+    let r = report(vec![scenario("baseline", 50_000.0)]);
+    assert_eq!(r.override_cost_text(), "Not run.\n");
+    assert!(r.json()["overrides_over_off"].is_null());
+    let mut off = scenario("filter-allow-1key", 10_000.0);
+    let mut on = scenario("filter-allow-1key-overrides", 9_000.0);
+    for (s, hmget) in [(&mut off, 100), (&mut on, 200)] {
+        s.cost.allowed = 100;
+        s.cost.redis_commands =
+            BTreeMap::from([("evalsha".to_string(), 10), ("hmget".to_string(), hmget)]);
+    }
+    let r = report(vec![
+        scenario("baseline", 50_000.0),
+        scenario("filter-pass-through", 40_000.0),
+        off,
+        on,
+    ]);
+    let text = r.override_cost_text();
+    assert!(
+        text.contains("| `filter-allow-1key` | 10,000 | 0.20 (0.20–0.20) | 0.25 (0.25–0.25) | – | – | – | 1.10 | 1.00 | 0 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| `filter-allow-1key-overrides` | 9,000 | 0.18 (0.18–0.18) | 0.23 (0.23–0.23) | – | – | – | 2.10 | 2.00 | 0 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("**0.90 (0.90–0.90)**, rounds 0.90 / 0.90 / 0.90"),
+        "{text}"
+    );
+    let pair = &r.json()["overrides_over_off"];
+    assert_eq!(pair["scenario"], "filter-allow-1key-overrides");
+    assert_eq!(pair["over"], "filter-allow-1key");
 }

@@ -1,15 +1,23 @@
 //! The accuracy runs: every algorithm on 2 and 4 replicas sharing one key, with several
-//! workers per replica, with leases on; and the paced 3× overload timelines.
+//! workers per replica, with leases on, with an override; and the paced 3× overload
+//! timelines.
 
 use std::time::Duration;
 
 use e2e::procs::{Envoy, Redis, Webdis};
+use e2e::resp::Resp;
+use ratelimit_core::request::keys::override_key;
 
 use super::{Bench, LEASED_CLOCK_SKEW_MS};
 use crate::client::{self, Load};
-use crate::config::{Algorithm, Front, Lease, Policy, ALGORITHMS, POLICY_HEADER};
+use crate::config::{
+    Algorithm, Front, Lease, Override, Policy, ALGORITHMS, LIMIT_NAME, POLICY_HEADER,
+};
 use crate::measure;
-use crate::report::{Accuracy, LeaseCounters, Timeline, CONCURRENT_ALGORITHMS, LEASED_ALGORITHMS};
+use crate::report::{
+    Accuracy, LeaseCounters, OverrideAccuracy, Timeline, CONCURRENT_ALGORITHMS, LEASED_ALGORITHMS,
+    OVERRIDE_ROWS,
+};
 
 /// The accuracy runs (2 and 4 replicas, each algorithm) and the overload timeline (the first
 /// algorithm), on a fresh Redis shared by 4 Envoys, each with its own Webdis. The Envoys hold
@@ -27,6 +35,7 @@ pub fn unleased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             timeout_ms: s.timeout_ms,
             lease: None,
             clock_skew_ms: None,
+            overrides: false,
         })
         .collect();
     let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();
@@ -138,6 +147,7 @@ pub fn leased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             timeout_ms: s.timeout_ms,
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
+            overrides: false,
         })
         .collect();
     let workers = 2;
@@ -162,6 +172,121 @@ pub fn leased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
         format!("overload-{}-leased", policies[0].algorithm),
     );
     (runs, timeline)
+}
+
+/// The accuracy rows with an override named by `--only` (all without it), on processes of
+/// their own: a fresh Redis, 4 Webdis, 4 Envoys with 2 workers whose token bucket has
+/// overrides on. Each row's key gets its override (limit and burst a multiple of the
+/// policy's) before its first request, and is judged against the override's allowance.
+pub fn overrides(b: &Bench) -> Vec<OverrideAccuracy> {
+    let s = &b.s;
+    let wanted: Vec<_> = OVERRIDE_ROWS.iter().filter(|r| s.wants(r.0)).collect();
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let Some(algorithm) = ALGORITHMS.iter().find(|a| a.name == "token_bucket") else {
+        return Vec::new();
+    };
+    let redis = Redis::start(&b.dir);
+    let policy = Policy {
+        failure_mode: "open",
+        algorithm: algorithm.name,
+        capacity: s.capacity,
+        rate_per_sec: s.rate,
+        timeout_ms: s.timeout_ms,
+        lease: None,
+        clock_skew_ms: None,
+        overrides: true,
+    };
+    let workers = 2;
+    let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| b.start_envoy_workers(Front::Filter(&[policy]), w.port, workers))
+        .collect();
+    // The keys as the filter names them, from the config the Envoys run.
+    let keys = envoys[0].keys();
+    let mut admin = redis.admin();
+    let counter = |event: &str| {
+        format!(
+            "wasmcustom.ratelimit_rule.{}.{LIMIT_NAME}.{event}",
+            policy.rule_name()
+        )
+    };
+    let mut rows = Vec::new();
+    for (name, factor) in wanted {
+        let key = format!("accuracy-{name}");
+        let o = Override {
+            limit: (s.rate * factor).round() as u64,
+            burst: (s.capacity as f64 * factor).round() as u64,
+        };
+        let state = keys.limit_key(
+            &policy.rule_name(),
+            LIMIT_NAME,
+            "header:x-api-key",
+            key.as_bytes(),
+        );
+        let hash = override_key(&state);
+        let mut hset = vec!["HSET".to_string(), hash.clone()];
+        hset.extend(o.fields());
+        let reply = admin.cmd(&hset);
+        assert!(
+            matches!(reply, Ok(Resp::Int(3))),
+            "HSET of the override {hash}: {reply:?}"
+        );
+        let under = o.applied_to(&policy);
+        let load = Load {
+            ports: envoys.iter().map(|e| e.port).collect(),
+            conns_per_port: s.accuracy_conns,
+            duration: Duration::from_secs_f64(s.accuracy_s),
+            headers: accuracy_headers(algorithm.name, key),
+            paced_total_per_sec: None,
+            post: None,
+        };
+        let before: Vec<_> = envoys
+            .iter()
+            .map(|e| measure::envoy_stats(e.admin_port))
+            .collect();
+        let (run, _) = accuracy_run(&envoys, workers, algorithm, &under, &load, s.accuracy_s);
+        // Each worker adds its per-rule counts at its next tick (25 ms).
+        std::thread::sleep(Duration::from_millis(200));
+        let sum = |name: &str| -> u64 {
+            envoys
+                .iter()
+                .zip(&before)
+                .map(|(e, b)| {
+                    let d = measure::delta(b, &measure::envoy_stats(e.admin_port));
+                    d.get(name).copied().unwrap_or(0)
+                })
+                .sum()
+        };
+        let row = OverrideAccuracy {
+            name: name.to_string(),
+            config_limit: s.rate as u64,
+            config_burst: s.capacity,
+            // A bucket's allowance depends on the span only, not on where it starts.
+            config_allowance: (algorithm.allowance)(&policy, 0.0, run.window_s),
+            overridden: sum(&counter("overridden")),
+            bad_override: sum(&counter("bad_override")),
+            run,
+        };
+        b.say(&format!(
+            "accuracy {name} (limit {} burst {} over the config's {} and {}), {} replicas x {workers} workers: {} requests, {} allowed, allowance {:.1}, overshoot {}, {} decisions under the override, {} malformed",
+            o.limit,
+            o.burst,
+            row.config_limit,
+            row.config_burst,
+            envoys.len(),
+            row.run.sent,
+            row.run.let_through(),
+            row.run.allowance,
+            row.run.overshoot(),
+            row.overridden,
+            row.bad_override
+        ));
+        rows.push(row);
+    }
+    rows
 }
 
 /// One closed-loop accuracy run: `s.accuracy_conns` connections per Envoy spending `key` under

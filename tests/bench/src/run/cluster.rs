@@ -147,6 +147,7 @@ pub fn run(b: &Bench, rounds: usize) -> ClusterSection {
         timeout_ms: 150,
         lease: None,
         clock_skew_ms: None,
+        overrides: false,
     };
     let runs: [(&str, &str, u64); 3] = [
         ("token_bucket", "token_bucket", 1),

@@ -47,8 +47,8 @@ impl Bench {
     }
 }
 
-/// Every part of the bench, one after the other (with `--only`, the throughput scenarios
-/// named), and the report of them.
+/// Every part of the bench, one after the other (with `--only`, the throughput scenarios and
+/// rows named), and the report of them.
 pub fn everything(b: &Bench, started_utc: String) -> Report {
     let s = &b.s;
     let scenarios = throughput::run(b);
@@ -83,7 +83,9 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
     } else {
         Default::default()
     };
-    // With --only, the usage rows it names (they are quick and need processes of their own).
+    // With --only, the override and usage rows it names (they are quick and need processes
+    // of their own).
+    let accuracy_overrides = accuracy::overrides(b);
     let usage = usage::run(b);
     Report {
         quick: s.quick,
@@ -100,6 +102,7 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
         accuracy_leased,
         timeline_leased,
         chart_file_leased: "overload-leased.svg".into(),
+        accuracy_overrides,
         usage,
         busy,
         leased: leased_policy(s.timeout_ms),
@@ -134,6 +137,7 @@ pub fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
         timeout_ms,
         lease: None,
         clock_skew_ms: None,
+        overrides: false,
     }
 }
 

@@ -12,7 +12,7 @@ use e2e::resp::RedisConn;
 use e2e::LlmUpstream;
 
 use super::{filter_policy, leased_policy, Bench};
-use crate::config::{Front, UsagePolicy};
+use crate::config::{Front, Policy, UsagePolicy};
 use crate::measure::{self, BENCH_OWN_COMMANDS};
 use crate::report::UNLEASED_ALLOW_RATE;
 use crate::report::{Cost, LeaseCounters, Measured, Scenario, PASS_THROUGH, SCENARIOS};
@@ -48,7 +48,8 @@ const LLM_ESTIMATE: u64 = 2000;
 /// references, then each other scenario followed by the references again (`alternate`: by
 /// one of them, in turn, so each scenario still has a run of both within two runs on either
 /// side, in about three quarters of the runs); then the serial pair bracketed by its reference; then the
-/// repeat. An unleased scenario is followed by its leased twin, so the two run close together.
+/// repeat. An unleased scenario is followed by its leased twin (and `filter-allow-1key` then by
+/// its twin with overrides on), so the twins run close together.
 pub fn round_order<'a>(names: &[&'a str], alternate: bool) -> Vec<&'a str> {
     let present = |wanted: &[&str]| -> Vec<&'a str> {
         wanted
@@ -64,6 +65,11 @@ pub fn round_order<'a>(names: &[&'a str], alternate: bool) -> Vec<&'a str> {
         // The last one is followed by both, as the first is preceded by both.
         match refs.get(i % refs.len().max(1)) {
             Some(one) if alternate && i + 1 < scenarios.len() => order.push(one),
+            // Its turn's reference first: the one before it (followed by the other) then has
+            // both within two runs after it, whether the scenarios are odd or even in number.
+            Some(_) if alternate => {
+                order.extend(refs.iter().cycle().skip(i % refs.len()).take(refs.len()))
+            }
             _ => order.extend(&refs),
         }
     }
@@ -91,6 +97,7 @@ const RUN_ORDER: &[&str] = &[
     "filter-plan-only",
     "filter-allow-1key",
     "filter-allow-1key-leased",
+    "filter-allow-1key-overrides",
     "filter-allow-10k-keys",
     "filter-allow-10k-keys-leased",
     "filter-deny-hotkey",
@@ -178,6 +185,12 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         s.timeout_ms,
     )];
     let leased = [leased_policy(s.timeout_ms)];
+    // The allow policy with overrides on; the bench sets no override, so each lookup finds
+    // nothing.
+    let overriding = [Policy {
+        overrides: true,
+        ..allow[0]
+    }];
     let deny = [filter_policy(10, 1.0, s.timeout_ms)];
     let envoy = |front: Front, webdis_port: u16| b.start_envoy(front, webdis_port);
     let want = |names: &[&str]| names.iter().any(|n| s.wants(n));
@@ -197,6 +210,8 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
     .then(|| envoy(Front::Filter(&allow), webdis.port));
     let leasing = want(&["filter-allow-1key-leased", "filter-allow-10k-keys-leased"])
         .then(|| envoy(Front::Filter(&leased), webdis.port));
+    let overrides = want(&["filter-allow-1key-overrides"])
+        .then(|| envoy(Front::Filter(&overriding), webdis.port));
     let denying = want(&["filter-deny-hotkey"]).then(|| envoy(Front::Filter(&deny), webdis.port));
     let hung =
         want(&["filter-bridge-hung"]).then(|| envoy(Front::Filter(&allow), hung_webdis.port));
@@ -243,6 +258,7 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         spec("filter-serial", "as filter-allow-1key, 1 connection, one request at a time", "baseline-serial", &serial, target(&redis, &allowing, Some(&webdis), true)),
         spec("filter-allow-1key-leased", "as filter-allow-1key with a lease on a limit spent faster than it refills (see Leases)", "baseline", &one_key, target(&redis, &leasing, Some(&webdis), true)),
         spec("filter-allow-10k-keys-leased", "as filter-allow-10k-keys with a lease on the same limit", "baseline", &ten_k, target(&redis, &leasing, Some(&webdis), true)),
+        spec("filter-allow-1key-overrides", "as filter-allow-1key with `\"overrides\": true` on the limit and no override set: each decision also looks up the key's override and finds none", "baseline", &one_key, target(&redis, &overrides, Some(&webdis), true)),
         spec("filter-deny-hotkey", "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429", "baseline", &deny_load, target(&redis, &denying, Some(&webdis), true)),
         spec("filter-bridge-hung", "the filter, its Webdis stopped (SIGSTOP): the breaker opens on the first call without an answer for its timeout while requests wait, then requests fail open without a call", "baseline", &one_key, target(&redis, &hung, Some(&hung_webdis), true)),
         spec("filter-bridge-down", "the filter, nothing listening on its Webdis port: connection refused, the breaker opens, fail open without a call", "baseline", &one_key, target(&redis, &down, None, true)),
@@ -452,6 +468,10 @@ mod tests {
             let u = order.iter().position(|o| o == unleased).expect("unleased");
             assert_eq!(order[u + 3], *leased);
         }
+        // Overrides on runs right after the leased twin of the scenario it is set against.
+        let (off, on) = crate::report::OVERRIDE_PAIR;
+        let u = order.iter().position(|o| *o == off).expect("off");
+        assert_eq!(order[u + 6], on);
     }
 
     #[test]
@@ -498,6 +518,15 @@ mod tests {
 
     #[test]
     fn alternating_references_keep_both_within_two_runs_of_each_scenario() {
+        // An even and an odd number of scenarios between the references.
+        let fewer: Vec<&str> = SCENARIOS
+            .iter()
+            .copied()
+            .filter(|n| *n != "local_ratelimit")
+            .collect();
+        for names in [SCENARIOS, &fewer[..]] {
+            alternating_keeps_both_references_near(names);
+        }
         let full = round_order(SCENARIOS, false);
         let order = round_order(SCENARIOS, true);
         assert!(
@@ -506,6 +535,10 @@ mod tests {
             order.len(),
             full.len()
         );
+    }
+
+    fn alternating_keeps_both_references_near(names: &[&str]) {
+        let order = round_order(names, true);
         for (i, name) in order.iter().enumerate() {
             if !RUN_ORDER.contains(name) {
                 continue;
