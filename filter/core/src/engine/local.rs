@@ -6,7 +6,8 @@
 use crate::algorithms::{evaluate, evaluate_after, Params, State};
 pub use crate::bounds::LOCAL_MAX_ENTRIES;
 use crate::check::{LimitCheck, Mode};
-use crate::decision::{Decision, LimitResult};
+use crate::config::Algorithm;
+use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
 
 #[derive(Debug)]
@@ -99,6 +100,83 @@ impl LocalLimits {
             allowed: committed,
             limits,
             leased: 0,
+        }
+    }
+}
+
+/// How long a worker remembers an override it saw Redis apply, for the `local` failure mode.
+pub const OVERRIDE_SEEN_NS: u128 = 3_600 * 1_000_000_000;
+
+/// The overrides this worker last saw Redis apply, per limit key: while the bridge is
+/// unavailable, the `local` failure mode decides an identity as its override last said (seen
+/// within [`OVERRIDE_SEEN_NS`]), not by the config's numbers. An override set or changed during
+/// the outage is seen when Redis answers again.
+#[derive(Debug)]
+pub struct SeenOverrides {
+    entries: ExpiringMap<(u128, Override)>,
+}
+
+impl Default for SeenOverrides {
+    fn default() -> Self {
+        SeenOverrides {
+            entries: ExpiringMap::new(LOCAL_MAX_ENTRIES),
+        }
+    }
+}
+
+/// A check as the override last seen for its identity makes it.
+#[derive(Debug, PartialEq)]
+pub enum Seen {
+    Check(LimitCheck),
+    Unlimited,
+    Blocked,
+}
+
+impl SeenOverrides {
+    /// Redis decided `checks` as `decision` at `now`: what it said of each one's override.
+    pub fn saw(&mut self, checks: &[LimitCheck], decision: &Decision, now: u128) {
+        for (check, result) in checks.iter().zip(&decision.limits) {
+            if !check.overrides {
+                continue;
+            }
+            match result.overridden {
+                Some(o) => {
+                    let until = now.saturating_add(OVERRIDE_SEEN_NS);
+                    self.entries.insert(&check.key, until, (until, o));
+                }
+                None => self.entries.remove(&check.key),
+            }
+        }
+    }
+
+    /// `check` under the override last seen for its key at `now`.
+    pub fn apply(&self, check: &LimitCheck, now: u128) -> Seen {
+        let seen = check
+            .overrides
+            .then(|| self.entries.get(&check.key))
+            .flatten()
+            .filter(|(until, _)| *until > now);
+        match seen.map(|(_, o)| *o) {
+            None => Seen::Check(check.clone()),
+            Some(Override::Unlimited) => Seen::Unlimited,
+            Some(Override::Blocked) => Seen::Blocked,
+            // The reply gives the quota (a bucket's burst, a window's limit); a bucket keeps
+            // the config's ratio of limit to burst.
+            Some(Override::Limit(quota)) => {
+                let per_window = match check.algorithm {
+                    Algorithm::TokenBucket | Algorithm::Gcra => {
+                        let ratio = check.per_window as f64 / check.burst.max(1) as f64;
+                        ((quota as f64 * ratio).round() as u64).max(1)
+                    }
+                    _ => quota,
+                };
+                Seen::Check(LimitCheck {
+                    per_window,
+                    burst: quota,
+                    quota,
+                    ..check.clone()
+                })
+            }
         }
     }
 }

@@ -4,14 +4,14 @@
 
 use super::host::Host;
 use super::leases::Leases;
-use super::local::{scaled, LocalLimits};
+use super::local::{scaled, LocalLimits, Seen, SeenOverrides};
 use super::queue::Outcome;
 use super::refusals::Refusals;
 use super::tally::Tally;
 use crate::bridge::{BridgeFailure, FailureCause};
 use crate::check::LimitCheck;
 use crate::config::{Config, FailureMode};
-use crate::decision::Decision;
+use crate::decision::{Decision, LimitResult, Override};
 use crate::metrics::{Counter, RuleCount, RuleEvent};
 use crate::request::plan::Plan;
 use crate::response::{self, Headers, LocalResponse};
@@ -26,6 +26,8 @@ pub enum Conclusion {
 pub struct Policy {
     /// The state of the `local` failure mode.
     local: LocalLimits,
+    /// The overrides Redis applied lately, for the `local` failure mode.
+    seen: SeenOverrides,
 }
 
 impl Policy {
@@ -39,6 +41,11 @@ impl Policy {
         (plan, now): (&Plan, u128),
         outcome: Outcome,
     ) -> Conclusion {
+        if let Outcome::Decided(decision) = &outcome {
+            if plan.checks.iter().any(|c| c.overrides) {
+                self.seen.saw(&plan.checks, decision, now);
+            }
+        }
         match outcome {
             Outcome::Decided(decision) if decision.allowed => {
                 host.count(Counter::Allowed);
@@ -105,6 +112,10 @@ impl Policy {
     /// by this worker alone at `local_share` of each (the others let it through).
     fn decide_locally(&mut self, config: &Config, host: &mut impl Host, plan: &Plan) -> Conclusion {
         host.count(Counter::FailureModeLocal);
+        let Some(now) = host.now_unix_ns() else {
+            return Conclusion::Resume(Headers::new());
+        };
+        let mut blocked = Vec::new();
         let checks: Vec<LimitCheck> = plan
             .checks
             .iter()
@@ -114,11 +125,33 @@ impl Policy {
                     .get(c.rule)
                     .is_some_and(|r| r.failure_mode == FailureMode::Local)
             })
-            .map(|c| scaled(c, config.local_share))
+            .filter_map(|c| match self.seen.apply(c, now) {
+                Seen::Check(c) => Some(scaled(&c, config.local_share)),
+                Seen::Unlimited => None,
+                Seen::Blocked => {
+                    blocked.push(c.clone());
+                    None
+                }
+            })
             .collect();
-        let Some(now) = host.now_unix_ns() else {
-            return Conclusion::Resume(Headers::new());
-        };
+        if !blocked.is_empty() {
+            host.count(Counter::Denied);
+            let refused = LimitResult {
+                allowed: false,
+                remaining: 0.0,
+                reset_ms: 0.0,
+                retry_ms: 0.0,
+                over_budget: false,
+                overridden: Some(Override::Blocked),
+                bad_override: false,
+            };
+            let decision = Decision {
+                allowed: false,
+                limits: vec![refused; blocked.len()],
+                leased: 0,
+            };
+            return Conclusion::Answer(response::denied(config, &blocked, &decision, now));
+        }
         let decision = self.local.decide(&checks, now);
         if decision.allowed {
             host.count(Counter::Allowed);

@@ -16,6 +16,7 @@ mod breaker;
 mod cluster;
 mod holds;
 mod leases;
+mod overrides;
 mod refusals;
 mod usage;
 
