@@ -7,6 +7,9 @@ use e2e::{envoy_bin, root, wasm_path};
 use crate::config::Lease;
 use crate::measure;
 use crate::report::{thousands, OVERRIDE_ROWS};
+use crate::run::concurrency::{
+    CONCURRENCY_EVENTS, CONCURRENCY_EVENT_DELAY_MS, CONCURRENCY_MAX_DURATION_S, CONCURRENCY_SLOTS,
+};
 use crate::run::{leased_policy, LEASED_CLOCK_SKEW_MS};
 use crate::settings::Settings;
 use crate::wrk;
@@ -147,6 +150,13 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
                     ))
                     .collect::<Vec<_>>()
                     .join("; ")
+            ),
+        ),
+        (
+            "accuracy of a concurrency limit".into(),
+            format!(
+                "one key, `limit` {CONCURRENCY_SLOTS} in flight, `max_duration` {CONCURRENCY_MAX_DURATION_S} s, bridge timeout 150 ms, fail open, on 4 replicas × 2 workers × {} keep-alive clients for {} s, each answer a stream of {CONCURRENCY_EVENTS} events {CONCURRENCY_EVENT_DELAY_MS} ms apart from the test upstream, the next request sent when it is read",
+                s.accuracy_conns, s.accuracy_s
             ),
         ),
     ]

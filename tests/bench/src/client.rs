@@ -11,6 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct KeepAlive {
     port: u16,
     request: Vec<u8>,
+    /// The answers are streams (chunked): read to their last chunk.
+    streamed: bool,
     conn: Option<BufReader<TcpStream>>,
 }
 
@@ -37,6 +39,7 @@ impl KeepAlive {
         KeepAlive {
             port,
             request,
+            streamed: post.is_some_and(|p| p.streamed),
             conn: None,
         }
     }
@@ -59,6 +62,7 @@ impl KeepAlive {
             self.connect()?;
         }
         let result = match self.conn.as_mut() {
+            Some(conn) if self.streamed => exchange_streamed(conn, &self.request),
             Some(conn) => exchange(conn, &self.request),
             None => Err(std::io::Error::other("not connected")),
         };
@@ -83,6 +87,27 @@ fn exchange(conn: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<
     conn.get_mut().write_all(request)?;
     let head = e2e::http::read_kept(conn)?;
     Ok((head.status, head.keep, head.decided))
+}
+
+/// [`exchange`] for an answer that may be a stream: read chunk by chunk to its end. A stream
+/// cut short is an error (it was not answered whole, and the connection is unusable).
+fn exchange_streamed(
+    conn: &mut BufReader<TcpStream>,
+    request: &[u8],
+) -> std::io::Result<(u16, bool, bool)> {
+    conn.get_mut().write_all(request)?;
+    let answer = e2e::http::read_streamed(conn)?;
+    if !answer.complete {
+        return Err(std::io::Error::other("the answer ended early"));
+    }
+    let keep = !answer
+        .header("connection")
+        .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    let decided = answer
+        .headers
+        .iter()
+        .any(|(name, _)| name.starts_with("x-ratelimit-") || name.starts_with("ratelimit"));
+    Ok((answer.status, keep, decided))
 }
 
 /// A load on one key through several Envoys.
@@ -111,6 +136,9 @@ pub struct Post {
     pub seed_header: Option<String>,
     /// Added to the connection's number in `seed_header` (another sequence per run).
     pub seed_base: u64,
+    /// The answers are streams (`"stream": true` in the body): each is read to its last event
+    /// before the next request is sent.
+    pub streamed: bool,
 }
 
 /// One response: when it was read (since the start of the load), how long it took, from which

@@ -303,6 +303,37 @@ pub fn usage_filter_json(shipped: &Value, policies: &[UsagePolicy], never_match:
     config
 }
 
+/// A rule with one concurrency limit on the OpenAI-compatible test upstream: at most `limit`
+/// requests of a key in flight at once, across every replica.
+#[derive(Clone, Copy, Debug)]
+pub struct ConcurrencyPolicy {
+    /// The rule's name (the row's).
+    pub name: &'static str,
+    /// Requests of a key in flight at once.
+    pub limit: u64,
+    /// How long a slot whose release never comes stays held.
+    pub max_duration_s: u64,
+    pub timeout_ms: u64,
+}
+
+/// The name of the concurrency rule's one limit.
+pub const CONCURRENCY_LIMIT_NAME: &str = "in_flight";
+
+/// The filter's JSON config enforcing `policy` on the `x-api-key` header, fail open (the third
+/// place that knows the config schema: the concurrency limit's).
+pub fn concurrency_filter_json(shipped: &Value, policy: &ConcurrencyPolicy) -> Value {
+    let mut config = shipped.clone();
+    config["bridge"]["timeout"] = json!(format!("{}ms", policy.timeout_ms));
+    config["failure_mode"] = json!("open");
+    config["rules"] = json!([{
+        "name": policy.name,
+        "key": { "from": ["header:x-api-key"] },
+        "limits": [{"name": CONCURRENCY_LIMIT_NAME, "algorithm": "concurrency",
+                    "limit": policy.limit, "max_duration": format!("{}s", policy.max_duration_s)}],
+    }]);
+    config
+}
+
 /// The rules of the busy-machine rows, on the shipped filter JSON (its bridge, timeout and
 /// breaker as shipped): a fail-open token bucket of `hot_rate` units per second (burst as
 /// much) on `/hot`, costs 1 to 5 from `x-cost`; and a fail-closed rule on `/accounts`, one
@@ -350,6 +381,12 @@ pub enum Front<'a> {
     Llm {
         policies: Option<&'a [UsagePolicy]>,
         never_match: bool,
+        upstream: u16,
+    },
+    /// Every request routed to the test upstream on port `upstream`, under the concurrency
+    /// rule of [`concurrency_filter_json`].
+    LlmConcurrency {
+        policy: &'a ConcurrencyPolicy,
         upstream: u16,
     },
 }
@@ -407,6 +444,17 @@ pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -
                 Some(_) => yaml,
                 None => replace_wasm_filter(&yaml, ""),
             }
+        }
+        Front::LlmConcurrency { policy, upstream } => {
+            let mut edits = llm_route_edits(*upstream);
+            edits.extend(json_block_edits(|shipped| {
+                concurrency_filter_json(shipped, policy)
+            }));
+            let edits: Vec<(&str, &str)> = edits
+                .iter()
+                .map(|(a, b)| (a.as_str(), b.as_str()))
+                .collect();
+            envoy_config(port, admin_port, webdis_port, &edits)
         }
         Front::Busy(hot_rate) => {
             let edits = busy_filter_edits(*hot_rate);
@@ -699,6 +747,40 @@ mod tests {
         assert_eq!(two["rules"][0]["match"]["header"]["value"], "usage-reserve");
         let never = usage_filter_json(&shipped, &policies[..1], true);
         assert_eq!(never["rules"][0]["match"]["path_exact"], NEVER_MATCHED_PATH);
+    }
+
+    /// The concurrency config is one the filter accepts: one rule, one concurrency limit with
+    /// its slots and `max_duration`, routed to the upstream.
+    #[test]
+    fn the_filter_accepts_the_concurrency_config() {
+        let shipped = std::fs::read_to_string(root().join("envoy/envoy.yaml")).expect("envoy.yaml");
+        let (block, _) = filter_json_block(&shipped);
+        let shipped: Value = serde_json::from_str(&block).expect("JSON");
+        let policy = ConcurrencyPolicy {
+            name: "concurrency",
+            limit: 8,
+            max_duration_s: 600,
+            timeout_ms: 150,
+        };
+        let json = concurrency_filter_json(&shipped, &policy);
+        let limit = &json["rules"][0]["limits"][0];
+        assert_eq!(limit["algorithm"], "concurrency");
+        assert_eq!(limit["limit"], 8);
+        assert_eq!(limit["max_duration"], "600s");
+        let config = ratelimit_core::Config::parse(json.to_string().as_bytes());
+        assert!(config.is_ok(), "{:?}: {json}", config.err());
+        let yaml = envoy_yaml(
+            &Front::LlmConcurrency {
+                policy: &policy,
+                upstream: 4321,
+            },
+            10000,
+            10001,
+            10002,
+        );
+        assert!(yaml.contains("route: { cluster: llm }"));
+        assert!(yaml.contains("port_value: 4321"));
+        assert!(yaml.contains(CONCURRENCY_LIMIT_NAME));
     }
 
     /// Every request goes to the upstream: the route's direct answer is replaced by a route

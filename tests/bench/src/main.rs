@@ -2,8 +2,8 @@
 //! Envoy on free loopback ports) and stops again, then `target/bench/report.md` with
 //! `results.json` and the raw outputs beside it. `--quick` (or BENCH_QUICK=1): the same
 //! scenarios, short, for a smoke run (written to `target/bench-quick/`). `--out DIR` writes
-//! elsewhere; `--only a,b` runs just these throughput scenarios (and the override, usage and
-//! busy-machine rows named); `--rounds N` sets the rounds
+//! elsewhere; `--only a,b` runs just these throughput scenarios (and the override, usage,
+//! concurrency and busy-machine rows named); `--rounds N` sets the rounds
 //! (at least 3: fewer fail the check of results.json).
 //!
 //! The runners are in `run/` (one file per part), the report in `report/`; the filter's config
@@ -87,6 +87,9 @@ fn main() {
     }
     if !report.usage.is_empty() {
         println!("{}", report.usage_table());
+    }
+    if report.concurrency.is_some() {
+        println!("{}", report.concurrency_table());
     }
     if !problems.is_empty() {
         eprintln!(

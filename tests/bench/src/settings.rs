@@ -6,9 +6,9 @@ use e2e::root;
 
 pub struct Settings {
     pub quick: bool,
-    /// `--only a,b`: just these throughput scenarios, override and usage accuracy rows and
-    /// busy-machine rows, no other accuracy runs (for measuring a change by hand; the report then says
-    /// what it lacks).
+    /// `--only a,b`: just these throughput scenarios, override, usage and concurrency accuracy
+    /// rows and busy-machine rows, no other accuracy runs (for measuring a change by hand; the
+    /// report then says what it lacks).
     pub only: Option<Vec<String>>,
     pub out: PathBuf,
     /// Rounds of the throughput scenarios (each figure is the median over them; `--rounds N`
@@ -34,8 +34,8 @@ pub struct Settings {
 pub const USAGE: &str = "usage: bench [--quick] [--out DIR] [--only a,b,...] [--rounds N]
   --quick        every part, short (also BENCH_QUICK=1); output in target/bench-quick
   --out DIR      write the report there (default target/bench, or target/bench-quick)
-  --only a,b     just these throughput scenarios, override and usage accuracy rows and
-                 busy-machine rows
+  --only a,b     just these throughput scenarios, override, usage and concurrency
+                 accuracy rows and busy-machine rows
   --rounds N     rounds of the throughput scenarios (default 7, 3 with --quick; at least 3)
   --help         this text";
 

@@ -109,6 +109,7 @@ impl Report {
             "accuracy_leased": accuracy_leased,
             "accuracy_overrides": self.accuracy_overrides_json(accuracy_json),
             "usage_accuracy": self.usage.iter().map(super::usage::usage_json).collect::<Vec<_>>(),
+            "concurrency_accuracy": self.concurrency.as_ref().map(super::concurrency::concurrency_json),
             "busy_machine": self.busy.iter().map(|r| json!({
                 "name": r.name, "how": r.how, "skipped": r.skipped,
                 "replicas": r.replicas, "workers": r.workers,

@@ -8,6 +8,7 @@
 mod accuracy;
 mod busy;
 mod cluster;
+mod concurrency;
 mod flood;
 pub mod format;
 mod json;
@@ -47,6 +48,8 @@ pub struct Report {
     pub accuracy_overrides: Vec<OverrideAccuracy>,
     /// The accuracy rows of usage limits.
     pub usage: Vec<UsageAccuracy>,
+    /// The accuracy row of a concurrency limit.
+    pub concurrency: Option<ConcurrencyAccuracy>,
     /// The busy-machine rows.
     pub busy: Vec<BusyRow>,
     /// The leased throughput scenarios' policy.
@@ -161,6 +164,8 @@ impl Report {
         r += &self.busy_text();
         r += "\n### Usage limits (LLM tokens)\n\n";
         r += &self.usage_text();
+        r += "\n### Concurrency limits (requests in flight)\n\n";
+        r += &self.concurrency_text();
         r += "\n## Under 3× overload, over time\n\n";
         r += &self.timeline_text();
         r += "\n### With leases\n\n";
@@ -285,6 +290,11 @@ impl Report {
             {
                 missing.push(format!("usage accuracy row {name}"));
             }
+        }
+        if self.concurrency.as_ref().is_none_or(|c| c.sent == 0)
+            || !markdown.contains(&format!("| `{CONCURRENCY_ROW}` |"))
+        {
+            missing.push(format!("concurrency accuracy row {CONCURRENCY_ROW}"));
         }
         if self.timeline_leased.per_second.is_empty() {
             missing.push("overload timeline with leases".into());

@@ -633,6 +633,70 @@ impl UsageAccuracy {
     }
 }
 
+/// The accuracy row of a concurrency limit, by name (`--only concurrency`).
+pub const CONCURRENCY_ROW: &str = "concurrency";
+
+/// The accuracy row of a concurrency limit: clients on several replicas stream answers on one
+/// key, more clients than slots; judged by the most requests of the key the upstream answered
+/// at once.
+#[derive(Clone, Debug, Default)]
+pub struct ConcurrencyAccuracy {
+    pub name: String,
+    /// Requests of the key in flight at once, and how long a slot never released is held.
+    pub limit: u64,
+    pub max_duration_s: u64,
+    /// Each answer: this many events, this far apart.
+    pub events: u32,
+    pub event_delay_ms: u64,
+    pub replicas: usize,
+    pub workers: u32,
+    pub conns_per_replica: usize,
+    pub duration_s: f64,
+    /// From the first request sent to the last response read.
+    pub span_s: f64,
+    /// The most requests the upstream answered at once (every request that reached it,
+    /// decided or let through by the failure policy).
+    pub peak_in_flight: u64,
+    pub sent: u64,
+    /// Streams answered whole (200), refused (429), anything else (another status, a
+    /// stream cut short, no answer).
+    pub answered: u64,
+    pub refused: u64,
+    pub failed: u64,
+    /// The filter's counters over the run, summed over the replicas.
+    pub fail_open: u64,
+    pub release_calls: u64,
+    pub settlements_lost: u64,
+    /// What Redis ran over the run: `ZADD` (a slot taken) and `ZREM` (a slot released) in
+    /// the script, from `INFO commandstats`.
+    pub slots_taken: u64,
+    pub slots_released: u64,
+    /// ZCARD of the key once every stream had ended, polled until 0 or a bound: its last
+    /// value, and how long after the last stream ended it was 0 (None: not within the bound).
+    pub slots_left: u64,
+    pub drained_ms: Option<f64>,
+}
+
+impl ConcurrencyAccuracy {
+    /// Requests in flight at once beyond the limit.
+    pub fn overshoot(&self) -> u64 {
+        self.peak_in_flight.saturating_sub(self.limit)
+    }
+
+    /// Streams answered per second of the span.
+    pub fn answers_per_s(&self) -> f64 {
+        if self.span_s > 0.0 {
+            self.answered as f64 / self.span_s
+        } else {
+            0.0
+        }
+    }
+
+    pub fn clients(&self) -> usize {
+        self.replicas * self.conns_per_replica
+    }
+}
+
 /// A busy-machine row: the mixed load of `e2e::busy::MixedLoad` on 2 replicas × 2 workers
 /// with the shipped bridge timeout and breaker, beside CPU-bound neighbours or with each
 /// Envoy under a CPU quota. Every unit that passed counts, decided or let through by the

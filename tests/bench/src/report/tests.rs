@@ -66,6 +66,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
         accuracy_leased: Vec::new(),
         accuracy_overrides: Vec::new(),
         usage: Vec::new(),
+        concurrency: None,
         busy: Vec::new(),
         timeline_leased: Timeline::default(),
         chart_file_leased: String::new(),
@@ -485,6 +486,67 @@ fn every_usage_row_is_required_in_the_report_and_in_results_json() {
     r.usage[1].sent = 0;
     let missing = r.missing(&r.markdown());
     assert!(missing.contains(&"usage accuracy row usage-estimate-too-low".to_string()));
+}
+
+fn concurrency_row(peak: u64) -> ConcurrencyAccuracy {
+    ConcurrencyAccuracy {
+        name: CONCURRENCY_ROW.into(),
+        limit: 8,
+        max_duration_s: 600,
+        events: 4,
+        event_delay_ms: 50,
+        replicas: 4,
+        workers: 2,
+        conns_per_replica: 8,
+        duration_s: 1.5,
+        span_s: 2.0,
+        peak_in_flight: peak,
+        sent: 500,
+        answered: 60,
+        refused: 440,
+        slots_taken: 60,
+        slots_released: 60,
+        drained_ms: Some(30.0),
+        ..ConcurrencyAccuracy::default()
+    }
+}
+
+/// The concurrency row is judged by the most in flight at the upstream against the slots,
+/// is required in the report and in results.json, and says when slots were left held.
+#[test]
+fn the_concurrency_row_is_judged_by_the_most_in_flight_and_required() {
+    assert_eq!(concurrency_row(8).overshoot(), 0);
+    assert_eq!(concurrency_row(3).overshoot(), 0);
+    assert_eq!(concurrency_row(11).overshoot(), 3);
+    assert_eq!(concurrency_row(8).answers_per_s(), 30.0);
+    assert_eq!(concurrency_row(8).clients(), 32);
+
+    let mut r = report(Vec::new());
+    let wanted = format!("concurrency accuracy row {CONCURRENCY_ROW}");
+    assert!(r.missing("").contains(&wanted));
+    assert!(r
+        .markdown()
+        .contains("### Concurrency limits (requests in flight)\n\nNot run."));
+    r.concurrency = Some(concurrency_row(8));
+    let markdown = r.markdown();
+    assert!(!r.missing(&markdown).contains(&wanted), "{markdown}");
+    assert!(markdown.contains("| `concurrency` | 8 | 4 × 2 × 8 |"));
+    assert!(markdown.contains("| **0** |"));
+    assert!(markdown.contains("| 0 (30 ms) |"));
+    let json = r.json();
+    assert_eq!(json["concurrency_accuracy"]["overshoot"], 0);
+    assert_eq!(json["concurrency_accuracy"]["clients"], 32);
+    assert_eq!(json["concurrency_accuracy"]["slots_released"], 60);
+
+    // Slots still held at the bound show in bold; a row without a request is missing.
+    let mut left = concurrency_row(8);
+    (left.slots_left, left.drained_ms) = (2, None);
+    r.concurrency = Some(left);
+    assert!(r.concurrency_table().contains("| **2** |"));
+    if let Some(c) = r.concurrency.as_mut() {
+        c.sent = 0;
+    }
+    assert!(r.missing(&r.markdown()).contains(&wanted));
 }
 
 /// A busy row counts every unit that passed, decided or not, against a full bucket plus the

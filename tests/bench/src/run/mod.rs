@@ -4,6 +4,7 @@
 pub mod accuracy;
 pub mod busy;
 pub mod cluster;
+pub mod concurrency;
 pub mod flood;
 pub mod outage;
 pub mod throughput;
@@ -83,10 +84,11 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
     } else {
         Default::default()
     };
-    // With --only, the override and usage rows it names (they are quick and need processes
-    // of their own).
+    // With --only, the override, usage and concurrency rows it names (they are quick and need
+    // processes of their own).
     let accuracy_overrides = accuracy::overrides(b);
     let usage = usage::run(b);
+    let concurrency = concurrency::run(b);
     Report {
         quick: s.quick,
         started_utc,
@@ -104,6 +106,7 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
         chart_file_leased: "overload-leased.svg".into(),
         accuracy_overrides,
         usage,
+        concurrency,
         busy,
         leased: leased_policy(s.timeout_ms),
         outages,

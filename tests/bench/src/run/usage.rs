@@ -100,6 +100,7 @@ fn one_row(
                 .into(),
             seed_header: Some(llm::USAGE_RANDOM.to_string()),
             seed_base,
+            streamed: false,
         }),
     };
     let served_before = upstream.served_for(&key);
