@@ -35,8 +35,12 @@ struct Shown {
     refused: bool,
     shadow: bool,
     retry_ms: f64,
-    /// Refused with no time to wait for: blocked by an override without expiry.
+    /// Refused with no time to wait for: blocked by an override without expiry, or a request
+    /// that never fits.
     never: bool,
+    /// Refused because the request costs more than the limit ever holds (`quota`).
+    never_fits: bool,
+    cost: u64,
 }
 
 /// `now_ms` (Unix ms) dates the decision: a calendar window's `w` is the length of the window
@@ -71,7 +75,10 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64)
         refused: !result.allowed,
         shadow: check.mode.is_shadow(),
         retry_ms: result.retry_ms,
-        never: result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0,
+        never: result.never_fits
+            || (result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0),
+        never_fits: result.never_fits,
+        cost: check.cost,
     }
 }
 
@@ -92,13 +99,18 @@ fn shown_all(
 }
 
 /// The limit the single-valued headers describe: when refused, the refusing limit with the
-/// longest wait; else the one with the fewest units left (the later reset on a tie).
+/// longest wait (one with no time to wait for first); else the one with the fewest units left
+/// (the later reset on a tie).
 fn most_restrictive(limits: &[Shown], denied: bool) -> Option<&Shown> {
     if denied {
         return limits
             .iter()
             .filter(|s| s.refused && !s.shadow)
-            .max_by(|a, b| a.retry_ms.total_cmp(&b.retry_ms));
+            .max_by(|a, b| {
+                a.never
+                    .cmp(&b.never)
+                    .then(a.retry_ms.total_cmp(&b.retry_ms))
+            });
     }
     limits.iter().min_by(|a, b| {
         a.remaining
@@ -159,8 +171,8 @@ fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
 
 /// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
 /// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`; none when a
-/// refusing limit has no such time (an identity blocked without expiry). Decided at `now_ns`
-/// (Unix ns).
+/// refusing limit has no such time (an identity blocked without expiry, a request that costs
+/// more than a limit ever holds: the body then says so). Decided at `now_ns` (Unix ns).
 pub fn denied(
     config: &Config,
     checks: &[LimitCheck],
@@ -175,20 +187,35 @@ pub fn denied(
         headers.push(("retry-after", retry_after.to_string()));
     }
     headers.extend(headers_for(config, &limits, true));
+    // Why no wait helps: one sentence per limit the request can never fit.
+    let never_fits: Vec<String> = violated
+        .iter()
+        .filter(|s| s.never_fits)
+        .map(|s| {
+            format!(
+                "{}: this request costs {}, more than the {} the limit ever holds",
+                s.policy, s.cost, s.quota
+            )
+        })
+        .collect();
     let body = match config.deny_body {
         // Envoy gives a local reply with a body `content-type: text/plain` itself: one header
         // less to send (each costs Envoy about as much as a tenth of a plain request).
-        DenyBody::Text => DENIED_BODY.to_string(),
+        DenyBody::Text if never_fits.is_empty() => DENIED_BODY.to_string(),
+        DenyBody::Text => format!("{DENIED_BODY}{}\n", never_fits.join("\n")),
         DenyBody::ProblemJson => {
             headers.push(("content-type", "application/problem+json".to_string()));
             let names: Vec<&str> = violated.iter().map(|s| s.policy.as_str()).collect();
-            json!({
+            let mut problem = json!({
                 "type": QUOTA_EXCEEDED_TYPE,
                 "title": "Request cannot be satisfied as assigned quota has been exceeded",
                 "status": 429,
                 "violated-policies": names,
-            })
-            .to_string()
+            });
+            if !never_fits.is_empty() {
+                problem["detail"] = never_fits.join("; ").into();
+            }
+            problem.to_string()
         }
     };
     LocalResponse {
@@ -311,6 +338,7 @@ mod tests {
             over_budget: false,
             overridden: None,
             bad_override: false,
+            never_fits: false,
         }
     }
 
@@ -472,6 +500,39 @@ mod tests {
         let r = denied(&c, &checks(true), &d, NOW);
         assert_eq!(get(&r.headers, "retry-after"), Some("1"));
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("20"));
+    }
+
+    #[test]
+    fn a_request_that_never_fits_gets_no_retry_time_and_is_told_why() {
+        let mut c = checks(false);
+        c[0].cost = 25;
+        let never = LimitResult {
+            never_fits: true,
+            ..result(false, 20.0, 0.0, 0.0)
+        };
+        let d = Decision {
+            allowed: false,
+            limits: vec![never, result(true, 999.0, 1000.0, 0.0)],
+            leased: 0,
+        };
+        let r = denied(&config("ietf", "text"), &c, &d, NOW);
+        assert_eq!(r.status, 429);
+        assert_eq!(get(&r.headers, "retry-after"), None);
+        assert_eq!(
+            get(&r.headers, "ratelimit"),
+            Some("\"api.second\";r=20, \"api.day\";r=999;t=1")
+        );
+        assert_eq!(
+            r.body,
+            "rate limit exceeded\napi.second: this request costs 25, more than the 20 the limit ever holds\n"
+        );
+        let r = denied(&config("ietf", "problem+json"), &c, &d, NOW);
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "api.second: this request costs 25, more than the 20 the limit ever holds"
+        );
+        assert_eq!(body["violated-policies"], json!(["api.second"]));
     }
 
     #[test]
