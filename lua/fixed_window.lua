@@ -116,10 +116,11 @@ ALGORITHMS.fixed_window = function(key, p, now)
       redis.call('HSET', key, 'w', index, 'n', n + p.cost)
       redis.call('PEXPIRE', key, math.ceil(ends_in) + 60000)
     end
+  elseif p.cost > p.limit then
+    d.retry = NEVER
   else
-    -- A cost above the limit never fits; the next window is the earliest honest answer.
     -- Debt: each window that starts repays `limit`, until n + cost fits.
-    local windows = p.cost > p.limit and 1 or math.max(1, math.ceil((n + p.cost - p.limit) / p.limit))
+    local windows = math.max(1, math.ceil((n + p.cost - p.limit) / p.limit))
     d.retry = math.ceil(ends_in + beyond(windows - 1))
   end
   return d

@@ -26,6 +26,8 @@ ALGORITHMS.gcra = function(key, p, now)
       redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
       redis.call('PEXPIRE', key, math.ceil(new_tat - now.ms) + 60000)
     end
+  elseif p.cost > p.burst then
+    d.retry = NEVER -- even at TAT = now, more than burst intervals early
   else
     d.retry = math.ceil(allow_at - now.ms)
   end

@@ -7,7 +7,8 @@
 --     p    {limit = n, window = ms, burst = n, cost = n}; a fixed window's calendar window
 --          has p.calendar = {unit = "D" | "W" | "M", offset = ms east of UTC} and no window
 --     now  {str = Unix ns as a decimal string, ms = Unix ms as a number}
---     d    {allowed = bool, retry = ms until the request would be allowed (0 if allowed),
+--     d    {allowed = bool, retry = ms until the request would be allowed (0 if allowed,
+--           NEVER if it never can: its cost is above what the limit holds),
 --           kept_remaining, kept_reset = remaining and ms until whole, if nothing is taken,
 --           taken_remaining, taken_reset, commit = function writing the state: if allowed}
 --
@@ -37,6 +38,10 @@ local LEASABLE = {}
 -- back, never past the full allowance. A state that expired is settled as a fresh one (full):
 -- a charge takes from the whole allowance, a give-back has nothing to add to.
 local SETTLES = {}
+
+-- An algorithm's retry for a request whose cost is more than the limit ever holds (a
+-- bucket's burst, a window's limit): no wait makes it fit. See decide.lua's reply.
+local NEVER = -1
 
 -- Is Unix-ns string a later than b? Equal-length digit strings compare like numbers.
 local function later(a, b)

@@ -48,6 +48,8 @@ ALGORITHMS.sliding_window_counter = function(key, p, now)
       redis.call('HSET', key, 'w', index, 'cur', cur + p.cost, 'prev', prev)
       redis.call('PEXPIRE', key, math.ceil(2 * W - into) + 60000)
     end
+  elseif p.cost > p.limit then
+    d.retry = NEVER
   else
     d.retry = math.ceil(wait_for(p.limit - p.cost) or (2 * W - into))
   end

@@ -34,7 +34,7 @@ ALGORITHMS.sliding_window_log = function(key, p, now)
       redis.call('PEXPIRE', key, math.ceil(p.window) + 60000)
     end
   elseif p.cost > p.limit then
-    d.retry = math.ceil(p.window)
+    d.retry = NEVER
   else
     -- The request fits once the (count + cost - limit) oldest entries have left the window.
     local k = count + p.cost - p.limit

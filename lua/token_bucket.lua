@@ -38,6 +38,8 @@ ALGORITHMS.token_bucket = function(key, p, now)
       redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
       redis.call('PEXPIRE', key, math.ceil(ahead + capacity / rate) + 60000)
     end
+  elseif p.cost > capacity then
+    d.retry = NEVER
   else
     d.retry = math.ceil(ahead + (p.cost - tokens) / rate)
   end

@@ -13,7 +13,7 @@ use proptest::test_runner::TestRunner;
 mod common;
 
 use e2e::{Redis, RedisConn, WorkDir};
-use ratelimit_core::algorithms::{evaluate, Params, State};
+use ratelimit_core::algorithms::{evaluate, Params, State, NEVER};
 use ratelimit_core::bridge::DecideCall;
 use ratelimit_core::check::{LimitCheck, Mode};
 use ratelimit_core::config::{Algorithm, Calendar, CalendarUnit, Window};
@@ -301,6 +301,14 @@ fn every_algorithm_keeps_its_promises() {
                     Algorithm::TokenBucket | Algorithm::Gcra => s.burst,
                     _ => s.limit,
                 };
+                // A cost above what the limit ever holds is refused with no retry time, and only
+                // such a cost.
+                prop_assert!(
+                    (e.retry == NEVER) == (!e.allowed && *cost > capacity),
+                    "cost {cost}, capacity {capacity}: allowed {}, retry {}",
+                    e.allowed,
+                    e.retry
+                );
                 // (Once a clock has gone back, a window's state is ahead of it, and its retry
                 // is counted from the window it stays in: a promise for clocks that move on.)
                 if !e.allowed && *cost <= capacity && i < back {

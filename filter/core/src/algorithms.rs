@@ -5,6 +5,10 @@
 
 use crate::config::{Algorithm, Calendar, Window};
 
+/// The retry of a request whose cost is more than the limit ever holds (a bucket's burst, a
+/// window's limit): no wait makes it fit. The script's `NEVER`, replied as `-1`.
+pub const NEVER: f64 = -1.0;
+
 /// One limit's parameters, as the script gets them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -84,7 +88,7 @@ pub struct Evaluation {
     pub kept_reset: f64,
     pub taken_remaining: f64,
     pub taken_reset: f64,
-    /// When refused: ms until the request would be allowed.
+    /// When refused: ms until the request would be allowed, or [`NEVER`].
     pub retry: f64,
     /// The state once charged (only used if allowed), and how long it matters (ms).
     pub charged: State,
@@ -260,6 +264,8 @@ fn token_bucket(state: Option<&State>, p: Params, now: f64) -> Evaluation {
         taken_reset: ahead + (capacity - left) / rate,
         retry: if allowed {
             0.0
+        } else if p.cost > capacity {
+            NEVER
         } else {
             (ahead + (p.cost - tokens) / rate).ceil()
         },
@@ -291,6 +297,9 @@ fn gcra(state: Option<&State>, p: Params, now: f64) -> Evaluation {
         taken_reset: new_tat - now,
         retry: if allowed {
             0.0
+        } else if p.cost > p.burst {
+            // Even at TAT = now, more than burst intervals early.
+            NEVER
         } else {
             (allow_at - now).ceil()
         },
@@ -314,12 +323,8 @@ fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
     // Windows after this one that debt still fills.
     let owed = ((n / p.limit).ceil() - 1.0).max(0.0);
     let allowed = n + p.cost <= p.limit;
-    // A cost above the limit never fits: the next window; debt: each window repays `limit`.
-    let windows = if p.cost > p.limit {
-        1.0
-    } else {
-        ((n + p.cost - p.limit) / p.limit).ceil().max(1.0)
-    };
+    // Debt: each window that starts repays `limit`, until n + cost fits.
+    let windows = ((n + p.cost - p.limit) / p.limit).ceil().max(1.0);
     Evaluation {
         allowed,
         kept_remaining: (p.limit - n).max(0.0),
@@ -328,6 +333,8 @@ fn fixed_window(state: Option<&State>, p: Params, now: f64) -> Evaluation {
         taken_reset: ends_in,
         retry: if allowed {
             0.0
+        } else if p.cost > p.limit {
+            NEVER
         } else {
             (ends_in + beyond(windows - 1.0)).ceil()
         },
@@ -386,6 +393,8 @@ fn sliding_window_counter(state: Option<&State>, p: Params, now: f64) -> Evaluat
         taken_reset: (big_w - into) + big_w,
         retry: if allowed {
             0.0
+        } else if p.cost > p.limit {
+            NEVER
         } else {
             wait_for(p.limit - p.cost)
                 .unwrap_or(2.0 * big_w - into)
@@ -420,7 +429,7 @@ fn sliding_window_log(state: Option<&State>, p: Params, now: f64) -> Evaluation 
     let retry = if allowed {
         0.0
     } else if p.cost > p.limit {
-        p.window.ceil()
+        NEVER
     } else {
         // The request fits once the (count + cost - limit) oldest entries have left.
         let k = (count + p.cost - p.limit) as usize;

@@ -11,8 +11,11 @@ pub struct LimitResult {
     pub remaining: f64,
     /// Milliseconds until the limit is whole again.
     pub reset_ms: f64,
-    /// When refused: milliseconds until this request would be allowed.
+    /// When refused: milliseconds until this request would be allowed (0 when it never is).
     pub retry_ms: f64,
+    /// Refused because the request costs more than the limit ever holds (a bucket's burst, a
+    /// window's limit): no wait makes it fit.
+    pub never_fits: bool,
     /// A new identity over its rule's key budget: refused for it (mode `deny`) or decided on
     /// the rule's shared overflow state (mode `shared`).
     pub over_budget: bool,

@@ -110,6 +110,9 @@ stats! {
         Overridden => "overridden",
         /// The identity's override of this limit is malformed: ignored, the config decided.
         BadOverride => "bad_override",
+        /// This limit refused a request that costs more than it ever holds (its burst or
+        /// limit): no wait would have let it through.
+        NeverFits => "never_fits",
     }
 }
 

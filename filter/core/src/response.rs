@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use crate::check::LimitCheck;
-use crate::config::{Config, DenyBody, HeaderMode};
+use crate::config::{Algorithm, Config, DenyBody, HeaderMode};
 use crate::decision::{Decision, LimitResult, Override};
 use crate::engine::local::unix_ms;
 
@@ -35,8 +35,22 @@ struct Shown {
     refused: bool,
     shadow: bool,
     retry_ms: f64,
-    /// Refused with no time to wait for: blocked by an override without expiry.
+    /// Refused with no time to wait for: blocked by an override without expiry, or a request
+    /// that never fits.
     never: bool,
+    /// Refused because the request costs more than the limit ever holds (`quota`).
+    never_fits: bool,
+    cost: u64,
+    reset_ms: f64,
+    /// Which of OpenAI's header sets describes it: a usage limit counts tokens, any other
+    /// limit requests (a concurrency limit neither).
+    openai: Option<OpenAiSet>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenAiSet {
+    Requests,
+    Tokens,
 }
 
 /// `now_ms` (Unix ms) dates the decision: a calendar window's `w` is the length of the window
@@ -51,6 +65,16 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64)
                 .map(|l| (r.name.as_str(), l.name.as_str()))
         })
         .unwrap_or(("rule", "limit"));
+    let usage = config
+        .rules
+        .get(check.rule)
+        .and_then(|r| r.limits.get(check.limit))
+        .is_some_and(|l| l.usage.is_some());
+    let openai = match (check.algorithm, usage) {
+        (Algorithm::Concurrency, _) => None,
+        (_, true) => Some(OpenAiSet::Tokens),
+        (_, false) => Some(OpenAiSet::Requests),
+    };
     let reset_s = whole_seconds_up(result.reset_ms);
     let quota = match result.overridden {
         Some(Override::Limit(quota)) => quota,
@@ -71,7 +95,12 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64)
         refused: !result.allowed,
         shadow: check.mode.is_shadow(),
         retry_ms: result.retry_ms,
-        never: result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0,
+        never: result.never_fits
+            || (result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0),
+        never_fits: result.never_fits,
+        cost: check.cost,
+        reset_ms: result.reset_ms,
+        openai,
     }
 }
 
@@ -92,15 +121,21 @@ fn shown_all(
 }
 
 /// The limit the single-valued headers describe: when refused, the refusing limit with the
-/// longest wait; else the one with the fewest units left (the later reset on a tie).
-fn most_restrictive(limits: &[Shown], denied: bool) -> Option<&Shown> {
+/// longest wait (one with no time to wait for first); else the one with the fewest units left
+/// (the later reset on a tie).
+fn most_restrictive<'a>(limits: &[&'a Shown], denied: bool) -> Option<&'a Shown> {
     if denied {
         return limits
             .iter()
+            .copied()
             .filter(|s| s.refused && !s.shadow)
-            .max_by(|a, b| a.retry_ms.total_cmp(&b.retry_ms));
+            .max_by(|a, b| {
+                a.never
+                    .cmp(&b.never)
+                    .then(a.retry_ms.total_cmp(&b.retry_ms))
+            });
     }
-    limits.iter().min_by(|a, b| {
+    limits.iter().copied().min_by(|a, b| {
         a.remaining
             .cmp(&b.remaining)
             .then(b.reset_s.cmp(&a.reset_s))
@@ -127,8 +162,9 @@ pub fn rate_limit_headers(
 
 fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
     let mut headers = Headers::new();
+    let all: Vec<&Shown> = limits.iter().collect();
     if config.headers.x_ratelimit() {
-        if let Some(s) = most_restrictive(limits, denied) {
+        if let Some(s) = most_restrictive(&all, denied) {
             headers.push(("x-ratelimit-limit", s.quota.to_string()));
             headers.push((
                 "x-ratelimit-remaining",
@@ -154,13 +190,77 @@ fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
         headers.push(("ratelimit-policy", policy.join(", ")));
         headers.push(("ratelimit", state.join(", ")));
     }
+    if config.headers == HeaderMode::OpenAi {
+        let sets = [
+            (
+                OpenAiSet::Requests,
+                [
+                    "x-ratelimit-limit-requests",
+                    "x-ratelimit-remaining-requests",
+                    "x-ratelimit-reset-requests",
+                ],
+            ),
+            (
+                OpenAiSet::Tokens,
+                [
+                    "x-ratelimit-limit-tokens",
+                    "x-ratelimit-remaining-tokens",
+                    "x-ratelimit-reset-tokens",
+                ],
+            ),
+        ];
+        for (set, [limit, remaining, reset]) in sets {
+            let of_set: Vec<&Shown> = all
+                .iter()
+                .copied()
+                .filter(|s| s.openai == Some(set))
+                .collect();
+            // On a 429 the set's refusing limit, if one of its limits refused; else the one
+            // with the fewest units left.
+            let shown = most_restrictive(&of_set, denied).or(most_restrictive(&of_set, false));
+            if let Some(s) = shown {
+                headers.push((limit, s.quota.to_string()));
+                headers.push((remaining, s.remaining.to_string()));
+                headers.push((reset, openai_duration(s.reset_ms)));
+            }
+        }
+    }
     headers
+}
+
+/// A wait as OpenAI writes it (Go's duration format, to the millisecond): `0s`, `120ms`,
+/// `1s`, `1.5s`, `6m0s`, `2h3m4s`. Rounded up: a client that waits that long finds the limit
+/// whole.
+fn openai_duration(ms: f64) -> String {
+    let ms = if ms.is_finite() && ms > 0.0 {
+        ms.ceil() as u64
+    } else {
+        0
+    };
+    if ms == 0 {
+        return "0s".to_string();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, m, s, frac) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+    let secs = if frac == 0 {
+        format!("{s}s")
+    } else {
+        let digits = format!("{frac:03}");
+        format!("{s}.{}s", digits.trim_end_matches('0'))
+    };
+    match (h, m) {
+        (0, 0) => secs,
+        (0, m) => format!("{m}m{secs}"),
+        (h, m) => format!("{h}h{m}m{secs}"),
+    }
 }
 
 /// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
 /// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`; none when a
-/// refusing limit has no such time (an identity blocked without expiry). Decided at `now_ns`
-/// (Unix ns).
+/// refusing limit has no such time (an identity blocked without expiry, a request that costs
+/// more than a limit ever holds: the body then says so). Decided at `now_ns` (Unix ns).
 pub fn denied(
     config: &Config,
     checks: &[LimitCheck],
@@ -170,25 +270,53 @@ pub fn denied(
     let limits = shown_all(config, checks, decision, now_ns);
     let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
     let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
+    let never = violated.iter().any(|s| s.never);
     let mut headers = Headers::new();
-    if !violated.iter().any(|s| s.never) {
+    if !never {
         headers.push(("retry-after", retry_after.to_string()));
     }
+    if config.headers == HeaderMode::OpenAi {
+        if never {
+            // OpenAI's clients retry a 429 with backoff unless told not to.
+            headers.push(("x-should-retry", "false".to_string()));
+        } else {
+            let ms = violated
+                .iter()
+                .map(|s| s.retry_ms.ceil())
+                .fold(1.0, f64::max);
+            headers.push(("retry-after-ms", format!("{ms}")));
+        }
+    }
     headers.extend(headers_for(config, &limits, true));
+    // Why no wait helps: one sentence per limit the request can never fit.
+    let never_fits: Vec<String> = violated
+        .iter()
+        .filter(|s| s.never_fits)
+        .map(|s| {
+            format!(
+                "{}: this request costs {}, more than the {} the limit ever holds",
+                s.policy, s.cost, s.quota
+            )
+        })
+        .collect();
     let body = match config.deny_body {
         // Envoy gives a local reply with a body `content-type: text/plain` itself: one header
         // less to send (each costs Envoy about as much as a tenth of a plain request).
-        DenyBody::Text => DENIED_BODY.to_string(),
+        DenyBody::Text if never_fits.is_empty() => DENIED_BODY.to_string(),
+        DenyBody::Text => format!("{DENIED_BODY}{}\n", never_fits.join("\n")),
         DenyBody::ProblemJson => {
             headers.push(("content-type", "application/problem+json".to_string()));
             let names: Vec<&str> = violated.iter().map(|s| s.policy.as_str()).collect();
-            json!({
+            let mut problem = json!({
                 "type": QUOTA_EXCEEDED_TYPE,
                 "title": "Request cannot be satisfied as assigned quota has been exceeded",
                 "status": 429,
                 "violated-policies": names,
-            })
-            .to_string()
+            });
+            if !never_fits.is_empty() {
+                problem["detail"] = never_fits.join("; ").into();
+            }
+            problem.to_string()
         }
     };
     LocalResponse {
@@ -311,6 +439,7 @@ mod tests {
             over_budget: false,
             overridden: None,
             bad_override: false,
+            never_fits: false,
         }
     }
 
@@ -472,6 +601,143 @@ mod tests {
         let r = denied(&c, &checks(true), &d, NOW);
         assert_eq!(get(&r.headers, "retry-after"), Some("1"));
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("20"));
+    }
+
+    /// A rule of 60 requests a minute and a usage limit of 4000 tokens a minute.
+    fn openai_config() -> Config {
+        let json = r#"{"headers": "openai", "rules": [{"name": "llm", "limits": [
+            {"name": "requests", "limit": 60, "window": "1m"},
+            {"name": "tokens", "limit": 4000, "window": "1m",
+             "usage": {"from": "body:usage.total_tokens", "estimate": 500}}]}]}"#;
+        Config::parse(json.as_bytes()).unwrap()
+    }
+
+    fn openai_checks(token_cost: u64) -> Vec<LimitCheck> {
+        let c = checks(false);
+        vec![
+            LimitCheck {
+                per_window: 60,
+                quota: 60,
+                burst: 60,
+                ..c[0].clone()
+            },
+            LimitCheck {
+                limit: 1,
+                key: "k2".into(),
+                per_window: 4000,
+                quota: 4000,
+                burst: 4000,
+                cost: token_cost,
+                ..c[0].clone()
+            },
+        ]
+    }
+
+    #[test]
+    fn openai_durations_are_written_as_go_does() {
+        let cases = [
+            (0.0, "0s"),
+            (0.2, "1ms"),
+            (120.0, "120ms"),
+            (1000.0, "1s"),
+            (1500.0, "1.5s"),
+            (360_000.0, "6m0s"),
+            (7_384_000.0, "2h3m4s"),
+            (7_384_250.0, "2h3m4.25s"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(openai_duration(ms), text, "{ms} ms");
+        }
+    }
+
+    #[test]
+    fn openai_headers_name_the_request_limit_and_the_token_limit() {
+        let d = Decision {
+            allowed: true,
+            limits: vec![
+                result(true, 59.0, 1000.0, 0.0),
+                result(true, 3500.0, 7500.0, 0.0),
+            ],
+            leased: 0,
+        };
+        let h = rate_limit_headers(&openai_config(), &openai_checks(500), &d, NOW);
+        let want = [
+            ("x-ratelimit-limit-requests", "60"),
+            ("x-ratelimit-remaining-requests", "59"),
+            ("x-ratelimit-reset-requests", "1s"),
+            ("x-ratelimit-limit-tokens", "4000"),
+            ("x-ratelimit-remaining-tokens", "3500"),
+            ("x-ratelimit-reset-tokens", "7.5s"),
+        ];
+        let want: Headers = want.iter().map(|(n, v)| (*n, v.to_string())).collect();
+        assert_eq!(h, want);
+    }
+
+    #[test]
+    fn an_openai_429_carries_retry_after_ms_or_says_not_to_retry() {
+        let d = Decision {
+            allowed: false,
+            limits: vec![
+                result(true, 59.0, 1000.0, 0.0),
+                result(false, 300.0, 55_000.0, 2_501.0),
+            ],
+            leased: 0,
+        };
+        let r = denied(&openai_config(), &openai_checks(500), &d, NOW);
+        assert_eq!(get(&r.headers, "retry-after"), Some("3"));
+        assert_eq!(get(&r.headers, "retry-after-ms"), Some("2501"));
+        assert_eq!(get(&r.headers, "x-should-retry"), None);
+        assert_eq!(get(&r.headers, "x-ratelimit-remaining-tokens"), Some("300"));
+        assert_eq!(get(&r.headers, "x-ratelimit-reset-tokens"), Some("55s"));
+        let never = LimitResult {
+            never_fits: true,
+            ..result(false, 4000.0, 0.0, 0.0)
+        };
+        let d = Decision {
+            allowed: false,
+            limits: vec![result(true, 59.0, 1000.0, 0.0), never],
+            leased: 0,
+        };
+        let r = denied(&openai_config(), &openai_checks(5000), &d, NOW);
+        assert_eq!(get(&r.headers, "retry-after"), None);
+        assert_eq!(get(&r.headers, "retry-after-ms"), None);
+        assert_eq!(get(&r.headers, "x-should-retry"), Some("false"));
+        assert!(r.body.contains(
+            "llm.tokens: this request costs 5000, more than the 4000 the limit ever holds"
+        ));
+    }
+
+    #[test]
+    fn a_request_that_never_fits_gets_no_retry_time_and_is_told_why() {
+        let mut c = checks(false);
+        c[0].cost = 25;
+        let never = LimitResult {
+            never_fits: true,
+            ..result(false, 20.0, 0.0, 0.0)
+        };
+        let d = Decision {
+            allowed: false,
+            limits: vec![never, result(true, 999.0, 1000.0, 0.0)],
+            leased: 0,
+        };
+        let r = denied(&config("ietf", "text"), &c, &d, NOW);
+        assert_eq!(r.status, 429);
+        assert_eq!(get(&r.headers, "retry-after"), None);
+        assert_eq!(
+            get(&r.headers, "ratelimit"),
+            Some("\"api.second\";r=20, \"api.day\";r=999;t=1")
+        );
+        assert_eq!(
+            r.body,
+            "rate limit exceeded\napi.second: this request costs 25, more than the 20 the limit ever holds\n"
+        );
+        let r = denied(&config("ietf", "problem+json"), &c, &d, NOW);
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "api.second: this request costs 25, more than the 20 the limit ever holds"
+        );
+        assert_eq!(body["violated-policies"], json!(["api.second"]));
     }
 
     #[test]

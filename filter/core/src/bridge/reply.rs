@@ -136,17 +136,19 @@ fn parse_request(
             "limit outcome is not a whole number",
         ))?;
         let (overridden, bad_override) = override_of(outcome)?;
+        let allowed = outcome & 1 == 1;
+        let (retry_ms, never_fits) = retry_of(&chunk[3], allowed)?;
         limits.push(LimitResult {
-            allowed: outcome & 1 == 1,
+            allowed,
             remaining: non_negative_number(&chunk[1])
                 .ok_or(BridgeFailure::BadReply("remaining is not a number >= 0"))?,
             reset_ms: non_negative_number(&chunk[2])
                 .ok_or(BridgeFailure::BadReply("reset is not a number >= 0"))?,
-            retry_ms: non_negative_number(&chunk[3])
-                .ok_or(BridgeFailure::BadReply("retry-after is not a number >= 0"))?,
+            retry_ms,
             over_budget: outcome & 2 == 2,
             overridden,
             bad_override,
+            never_fits,
         });
     }
     let decision = Decision {
@@ -219,6 +221,23 @@ fn command_result(reply: BridgeReply<'_>, command: &str) -> Result<Value, Bridge
     }
 }
 
+/// A limit's retry: ms >= 0, or -1 on a refusal that no wait helps (the request costs more
+/// than the limit ever holds), read as retry 0 and `never_fits`.
+fn retry_of(value: &Value, allowed: bool) -> Result<(f64, bool), BridgeFailure> {
+    let never = match value {
+        Value::String(s) => s == "-1",
+        Value::Number(n) => n.as_i64() == Some(-1),
+        _ => false,
+    };
+    if never && !allowed {
+        return Ok((0.0, true));
+    }
+    let retry = non_negative_number(value).ok_or(BridgeFailure::BadReply(
+        "retry-after is not a number >= 0, or -1 on a refusal",
+    ))?;
+    Ok((retry, false))
+}
+
 /// Numbers come back as strings (Redis truncates Lua numbers); accept plain integers too.
 fn non_negative_number(value: &Value) -> Option<f64> {
     let n = match value {
@@ -257,6 +276,20 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_that_never_fits_is_read() {
+        let Ok(EvalOutcome::Decided(d)) =
+            parse_eval_reply(ok(r#"{"EVALSHA":[1,0,1,0,"3","900","-1"]}"#), &[1])
+        else {
+            panic!("not decided");
+        };
+        let limit = d[0].as_ref().unwrap().limits[0];
+        assert!(limit.never_fits && !limit.allowed && limit.retry_ms == 0.0);
+        // Only a refusal can say it.
+        assert!(parse_eval_reply(ok(r#"{"EVALSHA":[1,1,1,1,"3","900","-1"]}"#), &[1]).is_err());
+        assert!(parse_eval_reply(ok(r#"{"EVALSHA":[1,0,1,0,"3","900","-2"]}"#), &[1]).is_err());
+    }
+
+    #[test]
     fn decisions_are_read() {
         assert_eq!(
             parse_eval_reply(
@@ -277,6 +310,7 @@ mod tests {
                             over_budget: false,
                             overridden: None,
                             bad_override: false,
+                            never_fits: false,
                         },
                         LimitResult {
                             allowed: false,
@@ -286,6 +320,7 @@ mod tests {
                             over_budget: false,
                             overridden: None,
                             bad_override: false,
+                            never_fits: false,
                         },
                     ],
                     leased: 0
@@ -451,7 +486,7 @@ mod tests {
             ),
             (
                 ok(r#"{"EVALSHA":[1,0,1,0,"0","0",{}]}"#),
-                BridgeFailure::BadReply("retry-after is not a number >= 0"),
+                BridgeFailure::BadReply("retry-after is not a number >= 0, or -1 on a refusal"),
             ),
         ];
         for (reply, want) in cases {

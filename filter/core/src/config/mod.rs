@@ -107,6 +107,10 @@ pub enum HeaderMode {
     Ietf,
     #[serde(rename = "both")]
     Both,
+    /// OpenAI's: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, for the rule's
+    /// most restrictive request limit and usage limit; `retry-after-ms` on a 429.
+    #[serde(rename = "openai")]
+    OpenAi,
     /// None of them (a 429 still carries `Retry-After`).
     #[serde(rename = "none")]
     None,

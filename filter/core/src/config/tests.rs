@@ -301,7 +301,7 @@ fn bad_configs_name_the_field() {
         (top(r#", "deny_cache": "on""#), "deny_cache: must be true, false or {\"max_entries\": N}"),
         (top(r#", "failure_mode": "sometimes""#), "failure_mode: unknown variant `sometimes`, expected one of `open`, `closed`, `local`"),
         (top(r#", "clock": "ntp""#), "clock: unknown variant `ntp`, expected `proxy` or `redis`"),
-        (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `none`"),
+        (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `openai`, `none`"),
         (top(r#", "deny_body": "html""#), "deny_body: unknown variant `html`, expected `text` or `problem+json`"),
         (top(r#", "hash_identities": "yes""#), "hash_identities: invalid type: string \"yes\", expected a boolean"),
         (top(r#", "key_prefix": """#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),

@@ -290,6 +290,7 @@ impl Leases {
                 over_budget: false,
                 overridden: None,
                 bad_override: false,
+                never_fits: false,
             });
         }
         Some(Decision {
@@ -633,6 +634,7 @@ mod tests {
                 over_budget: false,
                 overridden: None,
                 bad_override: false,
+                never_fits: false,
             }],
             leased: 3,
         };
@@ -676,6 +678,7 @@ mod tests {
                     over_budget: false,
                     overridden: None,
                     bad_override: false,
+                    never_fits: false,
                 }],
                 leased: 3,
             };

@@ -3,7 +3,7 @@
 //! (`algorithms.rs`), at `local_share` of each limit and burst. With `local_share` =
 //! 1 / (replicas × workers), the fleet together lets through about what one Redis would.
 
-use crate::algorithms::{evaluate, evaluate_after, Params, State};
+use crate::algorithms::{evaluate, evaluate_after, Params, State, NEVER};
 pub use crate::bounds::LOCAL_MAX_ENTRIES;
 use crate::check::{LimitCheck, Mode};
 use crate::config::Algorithm;
@@ -77,14 +77,16 @@ impl LocalLimits {
         for (e, c) in evaluations.into_iter().zip(checks) {
             let charged = committed && e.allowed;
             let (remaining, reset_ms, retry_ms) = e.reply(charged);
+            let never_fits = !e.allowed && retry_ms == NEVER;
             limits.push(LimitResult {
                 allowed: e.allowed,
                 remaining,
                 reset_ms,
-                retry_ms,
+                retry_ms: if never_fits { 0.0 } else { retry_ms },
                 over_budget: false,
                 overridden: None,
                 bad_override: false,
+                never_fits,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
             if matches!(c.mode, Mode::Hold(_)) {

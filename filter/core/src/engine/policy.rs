@@ -144,6 +144,7 @@ impl Policy {
                 over_budget: false,
                 overridden: Some(Override::Blocked),
                 bad_override: false,
+                never_fits: false,
             };
             let decision = Decision {
                 allowed: false,
@@ -207,6 +208,9 @@ fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision
         }
         if result.bad_override {
             tally.rule(check, RuleEvent::BadOverride);
+        }
+        if result.never_fits {
+            tally.rule(check, RuleEvent::NeverFits);
         }
         if result.over_budget && budget_rule != Some(check.rule) {
             if budget_rule.is_none() {

@@ -167,6 +167,7 @@ impl Refusals {
                     over_budget: false,
                     overridden: r.overridden,
                     bad_override: false,
+                    never_fits: false,
                 });
             }
         }
@@ -193,9 +194,11 @@ impl Refusals {
             return;
         }
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
-            // A concurrency slot may free at any moment: its refusal is never held.
+            // A concurrency slot may free at any moment: its refusal is never held. A request
+            // that never fits has no instant to hold its refusal until (and an override or a
+            // new config may raise the limit): each is asked again, and answered so again.
             let holds = matches!(check.mode, Mode::Hold(_));
-            if !result.allowed && !check.mode.is_shadow() && !holds {
+            if !result.allowed && !check.mode.is_shadow() && !holds && !result.never_fits {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
                 let mut until_ns = at(result.retry_ms);
                 if check.overrides {
@@ -314,9 +317,26 @@ mod tests {
                 over_budget: false,
                 overridden: None,
                 bad_override: false,
+                never_fits: false,
             }],
             leased: 0,
         })
+    }
+
+    #[test]
+    fn a_request_that_never_fits_is_not_held() {
+        let mut r = Refusals::new(10);
+        let a = plan_on("a");
+        let sent = Sent {
+            at_ns: 1_000,
+            epoch: r.epoch(),
+        };
+        let Outcome::Decided(mut decision) = refused(0.0) else {
+            unreachable!()
+        };
+        decision.limits[0].never_fits = true;
+        r.remember(&a, &Outcome::Decided(decision), Some(sent));
+        assert_eq!(r.refused_keys(), 0);
     }
 
     #[test]

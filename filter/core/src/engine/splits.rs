@@ -287,6 +287,7 @@ mod tests {
             over_budget: false,
             overridden: None,
             bad_override: false,
+            never_fits: false,
         }
     }
 

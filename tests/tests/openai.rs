@@ -1,0 +1,68 @@
+//! `"headers": "openai"` with the official `openai` Python client (installed into .venv by
+//! `make setup-openai`): real Envoy, Webdis and Redis in front of the tests' OpenAI-compatible
+//! upstream (`e2e::llm`). The client's side is tests/openai/client_check.py.
+
+use std::process::Command;
+
+use e2e::procs::filter_config_edit;
+use e2e::{root, Envoy, LlmUpstream, Redis, Webdis, WorkDir};
+
+/// 1 request a second and 4000 tokens a minute per `x-api-key`, the tokens estimated from the
+/// request body; OpenAI's headers, problem+json bodies.
+const FILTER: &str = r#"{
+  "bridge": {"cluster": "webdis", "authority": "webdis", "username": "ratelimit",
+             "password": "ratelimit-demo-secret", "timeout": "150ms"},
+  "headers": "openai", "deny_body": "problem+json",
+  "rules": [{"name": "llm", "key": {"from": ["header:x-api-key"]}, "limits": [
+    {"name": "requests", "limit": 1, "window": "1s"},
+    {"name": "tokens", "limit": 4000, "window": "1m",
+     "usage": {"from": "body:usage.total_tokens",
+               "estimate": {"request": {"completion_default": 16}}}}]}]
+}"#;
+
+#[test]
+fn the_openai_client_reads_the_headers_and_honours_retry_after_ms() {
+    let python = root().join(".venv/bin/python");
+    assert!(
+        Command::new(&python)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success()),
+        "{} cannot import openai: run `make setup-openai`",
+        python.display()
+    );
+    let dir = WorkDir::new("openai");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let upstream = LlmUpstream::start();
+    let (from, to) = filter_config_edit(FILTER);
+    let route = (
+        "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n",
+        "                route: { cluster: upstream, timeout: 60s }\n",
+    );
+    let cluster = format!(
+        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
+        upstream.port
+    );
+    let edits = [
+        (from.as_str(), to.as_str()),
+        route,
+        ("  clusters:\n", cluster.as_str()),
+    ];
+    let envoy = Envoy::start(&dir, webdis.port, &edits);
+    let out = Command::new(&python)
+        .arg(root().join("tests/openai/client_check.py"))
+        .arg(format!("http://127.0.0.1:{}/v1", envoy.port))
+        .output()
+        .expect("python runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "client_check failed:\n{text}");
+    println!("{text}");
+    // The request that never fits was counted, and reached no upstream.
+    envoy.wait_counter("ratelimit_rule.llm.tokens.never_fits", 1);
+    assert_eq!(upstream.requests(), 2, "the two allowed requests only");
+}
