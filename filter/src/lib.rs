@@ -7,10 +7,10 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use ratelimit_core::request::plan::request_body_bound;
+use ratelimit_core::request::plan::request_body_plan;
 use ratelimit_core::request::view::{first_header, header_count};
 use ratelimit_core::response;
-use ratelimit_core::usage::RequestEstimate;
+use ratelimit_core::usage::{OutputKeys, RequestEstimate};
 use usage::{HeldBody, Reading};
 
 mod host;
@@ -243,13 +243,18 @@ impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let view = RequestHeaders::default();
         if !end_of_stream {
-            if let Some(max_body) = request_body_bound(&self.worker.config, &view) {
+            if let Some(plan) = request_body_plan(&self.worker.config, &view) {
                 // The body is held (buffered by Envoy) until it ends; the headers go on.
                 // Envoy's proxy-wasm host turns a pause of the headers into a pause of the
                 // whole stream, and no body callback would come while they are held. The
                 // upstream request then has no body before the decision; a refusal resets it.
                 view.all();
-                self.held = Some((HeldBody::new(max_body), view));
+                if plan.include_usage {
+                    // The body may grow once read, after these headers left: its length
+                    // is left to the framing (chunked to HTTP/1.1 upstreams).
+                    wasm_host::remove_request_header("content-length");
+                }
+                self.held = Some((HeldBody::new(plan.max_body, plan.include_usage), view));
                 return Action::Continue;
             }
         }
@@ -269,6 +274,7 @@ impl HttpContext for Request {
         if !end_of_stream {
             return Action::Pause; // StopIterationAndBuffer: Envoy keeps the body
         }
+        held.add_include_usage(body_size);
         self.body_ended()
     }
 
@@ -380,9 +386,9 @@ impl RequestView for RequestHeaders {
             .or_else(|| wasm_host::property_text(&["route_name"]))
     }
 
-    fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
+    fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<u64> {
         let mut body = self.body.as_ref()?.try_borrow_mut().ok()?;
-        body.finish(completion_default).ok()
+        body.finish_with(completion_default, keys).ok()
     }
 }
 

@@ -14,14 +14,38 @@ pub struct HeldBody {
     pub max_body: u64,
     /// Bytes of the buffered body already fed (Envoy hands the whole buffer each time).
     pub fed: usize,
+    /// `stream_options.include_usage` may be added to the body.
+    pub include_usage: bool,
 }
 
 impl HeldBody {
-    pub fn new(max_body: u64) -> Self {
+    pub fn new(max_body: u64, include_usage: bool) -> Self {
+        let estimate = RequestEstimate::new(max_body);
         HeldBody {
-            estimate: RequestEstimate::new(max_body),
+            estimate: if include_usage {
+                estimate.with_stream_keys()
+            } else {
+                estimate
+            },
             max_body,
             fed: 0,
+            include_usage,
+        }
+    }
+
+    /// The whole body of `size` bytes is buffered: adds `include_usage` to a streamed
+    /// request lacking it (the core says where). The upstream already has the headers,
+    /// sent without `content-length` for such requests, so the longer body stays framed.
+    pub fn add_include_usage(&mut self, size: usize) {
+        if !self.include_usage {
+            return;
+        }
+        let Some(insert) = self.estimate.include_usage() else {
+            return;
+        };
+        let body = wasm_host::request_body(0, size);
+        if let Some(edited) = insert.apply(&body) {
+            wasm_host::replace_request_body(0, size, &edited);
         }
     }
 

@@ -169,6 +169,25 @@ pub fn request_body(start: usize, len: usize) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// Replaces the `len` bytes from `start` of the buffered request body with `value`; false
+/// (logged) if Envoy refuses.
+pub fn replace_request_body(start: usize, len: usize, value: &[u8]) -> bool {
+    match hostcalls::set_buffer(BufferType::HttpRequestBody, start, len, value) {
+        Ok(()) => true,
+        Err(status) => {
+            log::warn!("cannot replace the request body: {status:?}");
+            false
+        }
+    }
+}
+
+/// Removes a request header of the callback's request (logged if Envoy refuses).
+pub fn remove_request_header(name: &str) {
+    if let Err(status) = hostcalls::remove_map_value(MapType::HttpRequestHeaders, name) {
+        log::warn!("cannot remove request header {name}: {status:?}");
+    }
+}
+
 /// The response body chunk of `len` bytes passing now.
 pub fn response_body(len: usize) -> Vec<u8> {
     hostcalls::get_buffer(BufferType::HttpResponseBody, 0, len)

@@ -445,6 +445,10 @@ fn read_chunked(reader: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
 enum Endpoint {
     Chat,
     Completions,
+    /// OpenAI's Responses API: usage in the JSON, or in the stream's `response.completed`.
+    Responses,
+    /// Anthropic's Messages API: input (with cache counts) and output tokens apart.
+    Messages,
 }
 
 /// Everything an answer is made of.
@@ -465,6 +469,8 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
     let endpoint = match (request.method.as_str(), request.path.split('?').next()) {
         ("POST", Some("/v1/chat/completions")) => Endpoint::Chat,
         ("POST", Some("/v1/completions")) => Endpoint::Completions,
+        ("POST", Some("/v1/responses")) => Endpoint::Responses,
+        ("POST", Some("/v1/messages")) => Endpoint::Messages,
         _ => {
             write_json(out, 404, &[], &error_body("no such endpoint"))?;
             return Ok(true);
@@ -485,6 +491,8 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
         id: match endpoint {
             Endpoint::Chat => format!("chatcmpl-test-{n}"),
             Endpoint::Completions => format!("cmpl-test-{n}"),
+            Endpoint::Responses => format!("resp_test_{n}"),
+            Endpoint::Messages => format!("msg_test_{n}"),
         },
         model: json["model"].as_str().unwrap_or(MODEL).to_string(),
         usage: chosen_usage(request, n),
@@ -510,6 +518,11 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
         let _ = out.shutdown(Shutdown::Both);
         return Ok(false);
     }
+    if matches!(endpoint, Endpoint::Responses | Endpoint::Messages) {
+        // These always report their usage (shapes are the OpenAI endpoints').
+        record(shared, request, Some(plan.usage));
+        return answer_provider(&plan, stream, out);
+    }
     let reported = match shape {
         Some(Shape::Header) => Some(plan.usage),
         Some(_) => None,
@@ -522,6 +535,89 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
     } else {
         answer_json(&plan, out)
     }
+}
+
+/// A Responses API or Messages API answer, JSON or streamed, carrying `plan.usage` in all.
+fn answer_provider(plan: &Plan, stream: bool, out: &mut TcpStream) -> std::io::Result<bool> {
+    let (input, output) = split(plan.usage);
+    let text: String = CONTENT.concat();
+    let (id, model) = (&plan.id, &plan.model);
+    // Anthropic: a quarter of the input each as cache writes and reads.
+    let (cache_write, cache_read) = (input / 4, input / 4);
+    let fresh = input - cache_write - cache_read;
+    let events: Vec<(&str, String)> = match (plan.endpoint, stream) {
+        (Endpoint::Messages, false) => {
+            let body = format!(
+                r#"{{"id":"{id}","type":"message","role":"assistant","model":"{model}","content":[{{"type":"text","text":"{text}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{{"input_tokens":{fresh},"cache_creation_input_tokens":{cache_write},"cache_read_input_tokens":{cache_read},"output_tokens":{output}}}}}"#
+            );
+            write_json(out, plan.status, &[], &body)?;
+            return Ok(true);
+        }
+        (Endpoint::Responses, false) => {
+            let body = format!(
+                r#"{{"id":"{id}","object":"response","status":"completed","model":"{model}","output":[{{"type":"message","role":"assistant","content":[{{"type":"output_text","text":"{text}"}}]}}],"usage":{{"input_tokens":{input},"output_tokens":{output},"total_tokens":{}}}}}"#,
+                plan.usage
+            );
+            write_json(out, plan.status, &[], &body)?;
+            return Ok(true);
+        }
+        (Endpoint::Messages, true) => vec![
+            (
+                "message_start",
+                format!(
+                    r#"{{"type":"message_start","message":{{"id":"{id}","type":"message","role":"assistant","model":"{model}","content":[],"usage":{{"input_tokens":{fresh},"cache_creation_input_tokens":{cache_write},"cache_read_input_tokens":{cache_read},"output_tokens":1}}}}}}"#
+                ),
+            ),
+            (
+                "content_block_delta",
+                format!(
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{text}"}}}}"#
+                ),
+            ),
+            (
+                "message_delta",
+                format!(
+                    r#"{{"type":"message_delta","delta":{{"stop_reason":null}},"usage":{{"output_tokens":{}}}}}"#,
+                    output / 2
+                ),
+            ),
+            (
+                "message_delta",
+                format!(
+                    r#"{{"type":"message_delta","delta":{{"stop_reason":"end_turn"}},"usage":{{"output_tokens":{output}}}}}"#
+                ),
+            ),
+            ("message_stop", r#"{"type":"message_stop"}"#.to_string()),
+        ],
+        _ => vec![
+            (
+                "response.created",
+                format!(
+                    r#"{{"type":"response.created","sequence_number":0,"response":{{"id":"{id}","status":"in_progress","usage":null}}}}"#
+                ),
+            ),
+            (
+                "response.output_text.delta",
+                format!(
+                    r#"{{"type":"response.output_text.delta","sequence_number":1,"delta":"{text}"}}"#
+                ),
+            ),
+            (
+                "response.completed",
+                format!(
+                    r#"{{"type":"response.completed","sequence_number":2,"response":{{"id":"{id}","status":"completed","usage":{{"input_tokens":{input},"output_tokens":{output},"total_tokens":{}}}}}}}"#,
+                    plan.usage
+                ),
+            ),
+        ],
+    };
+    let head = response_head(plan.status, "text/event-stream; charset=utf-8", &[], None);
+    out.write_all(head.as_bytes())?;
+    for (name, data) in events {
+        write_chunk(out, format!("event: {name}\ndata: {data}\n\n").as_bytes())?;
+    }
+    out.write_all(b"0\r\n\r\n")?;
+    Ok(true)
 }
 
 /// The total tokens of an answer, as the request chose it.
@@ -634,13 +730,13 @@ fn answer_json(plan: &Plan, out: &mut TcpStream) -> std::io::Result<bool> {
         Endpoint::Chat => format!(
             r#"{{"index":0,"message":{{"role":"assistant","content":"{text}","refusal":null,"annotations":[]}},"logprobs":null,"finish_reason":"stop"}}"#
         ),
-        Endpoint::Completions => {
+        _ => {
             format!(r#"{{"text":"{text}","index":0,"logprobs":null,"finish_reason":"stop"}}"#)
         }
     };
     let object = match plan.endpoint {
         Endpoint::Chat => "chat.completion",
-        Endpoint::Completions => "text_completion",
+        _ => "text_completion",
     };
     let usage = usage_member(plan)
         .map(|u| format!(",{u}"))
@@ -734,7 +830,7 @@ fn write_chunk(out: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
 fn stream_events(plan: &Plan, include_usage: bool) -> Vec<String> {
     let (object, created) = match plan.endpoint {
         Endpoint::Chat => ("chat.completion.chunk", created()),
-        Endpoint::Completions => ("text_completion", created()),
+        _ => ("text_completion", created()),
     };
     let head = format!(
         r#"{{"id":"{}","object":"{object}","created":{created},"model":"{}","system_fingerprint":null"#,
@@ -757,7 +853,7 @@ fn stream_events(plan: &Plan, include_usage: bool) -> Vec<String> {
             Endpoint::Chat => format!(
                 r#"{{"index":0,"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":{finish}}}"#
             ),
-            Endpoint::Completions => {
+            _ => {
                 format!(r#"{{"text":"{text}","index":0,"logprobs":null,"finish_reason":{finish}}}"#)
             }
         };

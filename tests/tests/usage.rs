@@ -539,3 +539,64 @@ fn settlements_due_while_webdis_hangs_land_after_it_resumes() {
     assert_eq!(s.counter("tokens", "usage_unread"), 0);
     s.assert_no_wasm_failure();
 }
+
+/// OpenAI's Responses API and Anthropic's Messages API, JSON and streamed, each charged
+/// exactly the usage the upstream reported; a streamed chat completion without
+/// `include_usage` is sent with it and charged exactly too.
+#[test]
+fn named_formats_charge_exactly_and_include_usage_is_added() {
+    let s = Llm::start(
+        "usage-formats",
+        r#"{"name": "openai", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "openai", "include_usage": true,
+                      "estimate": {"request": {"completion_default": 1000}}}},
+           {"name": "anthropic", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "anthropic", "estimate": 1000}}"#,
+    );
+    let post = |key: &str, path: &str, stream: bool, tokens: u64| {
+        let body = format!(
+            r#"{{"model":"m","stream":{stream},"max_tokens":64,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        let tokens = tokens.to_string();
+        let headers: Vec<(&str, &[u8])> = vec![
+            ("x-api-key", key.as_bytes()),
+            ("content-type", b"application/json"),
+            (USAGE, tokens.as_bytes()),
+        ];
+        let r = post_streamed(s.envoy.port, path, &headers, body.as_bytes()).expect("an answer");
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.complete, "{path}");
+        r
+    };
+    post("resp-json", "/v1/responses", false, 31);
+    post("resp-stream", "/v1/responses", true, 42);
+    post("msg-json", "/v1/messages", false, 53);
+    post("msg-stream", "/v1/messages", true, 64);
+    let r = post("inject", "/v1/chat/completions", true, 75);
+    // The client sees the extra last chunk: no choices, the usage.
+    let data = sse_data(&r.body());
+    let usage_chunk = &data[data.len() - 2];
+    let v: serde_json::Value = serde_json::from_str(usage_chunk).expect("JSON chunk");
+    assert_eq!(v["choices"], serde_json::json!([]));
+    assert_eq!(v["usage"]["total_tokens"], 75);
+    s.wait_count("openai", "resp-json", 31, "the Responses API JSON usage");
+    s.wait_count("openai", "resp-stream", 42, "response.completed's usage");
+    s.wait_count("anthropic", "msg-json", 53, "the Messages API JSON usage");
+    s.wait_count(
+        "anthropic",
+        "msg-stream",
+        64,
+        "message_start + message_delta",
+    );
+    s.wait_count("openai", "inject", 75, "the injected include_usage stream");
+    for (key, sum) in [
+        ("resp-json", 31),
+        ("resp-stream", 42),
+        ("msg-json", 53),
+        ("msg-stream", 64),
+        ("inject", 75),
+    ] {
+        assert_eq!(s.upstream.served_for(key).sum, sum, "{key}");
+    }
+    s.assert_no_wasm_failure();
+}

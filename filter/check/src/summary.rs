@@ -112,9 +112,13 @@ fn cost_part(cost: &Cost) -> String {
 
 /// A usage limit: where its usage is read, how it admits, and its estimate.
 fn usage_part(usage: &Usage) -> String {
-    let from = match &usage.from {
-        UsageSource::Body(path) => format!("body {}", path.join(".")),
-        UsageSource::Header(name) => format!("header {name}"),
+    let from = match (&usage.from, usage.format) {
+        (_, Some(format)) => format!("format {}", format.name()),
+        (UsageSource::Body(body), None) => {
+            let paths: Vec<String> = body.paths().map(|p| p.join(".")).collect();
+            format!("body {}", paths.join(" or "))
+        }
+        (UsageSource::Header(name), None) => format!("header {name}"),
     };
     let estimate = match &usage.estimate {
         Estimate::Fixed(units) => format!("{units}"),
@@ -127,6 +131,7 @@ fn usage_part(usage: &Usage) -> String {
         Estimate::Request {
             completion_default,
             max_body,
+            ..
         } => format!(
             "request body bytes + max tokens (default {completion_default}), body at most {max_body} bytes"
         ),

@@ -90,8 +90,8 @@ impl UsageMeter {
                         None => UsageRead::Missing,
                     });
                 }
-                UsageSource::Body(path) => match kind {
-                    Some(kind) => m.reader = Some(UsageReader::new(kind, path, MAX_USAGE_BODY)),
+                UsageSource::Body(usage) => match kind {
+                    Some(kind) => m.reader = Some(UsageReader::of(kind, usage, MAX_USAGE_BODY)),
                     None => m.read = Some(UsageRead::Missing),
                 },
             }
@@ -174,7 +174,10 @@ mod tests {
     }
 
     fn body() -> UsageSource {
-        UsageSource::Body(vec!["usage".into(), "total_tokens".into()])
+        UsageSource::Body(crate::usage::BodyUsage::first_of(vec![vec![
+            "usage".into(),
+            "total_tokens".into(),
+        ]]))
     }
 
     #[test]

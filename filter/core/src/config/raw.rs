@@ -274,10 +274,13 @@ pub fn show_duration(d: Duration) -> String {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawUsage {
-    pub(super) from: String,
+    /// A source, a named format, or a list of body paths.
+    pub(super) from: Value,
     #[serde(default)]
     pub(super) admit: Admit,
     pub(super) estimate: Option<Value>,
+    #[serde(default)]
+    pub(super) include_usage: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,6 +1,8 @@
 //! The configuration's fixtures: every default, every field's error message.
 
 use super::*;
+
+use crate::usage::{BodyUsage, OutputKeys};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -545,20 +547,28 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
     assert_eq!(
         limits[1].usage,
         Some(Usage {
-            from: UsageSource::Body(vec!["usage".into(), "total_tokens".into()]),
+            from: UsageSource::Body(BodyUsage::first_of(vec![vec![
+                "usage".into(),
+                "total_tokens".into()
+            ]])),
+            format: None,
             admit: Admit::Reserve,
             estimate: Estimate::Request {
                 completion_default: 1024,
-                max_body: 1 << 20
+                max_body: 1 << 20,
+                output: OutputKeys::Completion,
             },
+            include_usage: false,
         })
     );
     assert_eq!(
         limits[2].usage,
         Some(Usage {
             from: UsageSource::Header("x-usage-tokens".into()),
+            format: None,
             admit: Admit::After,
             estimate: Estimate::Fixed(500),
+            include_usage: false,
         })
     );
     assert_eq!(
@@ -571,10 +581,46 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
         })
     );
     assert_eq!(parse_bytes("512KiB"), Some(512 << 10));
+    assert_usage_formats_parse();
     assert_eq!(parse_bytes("3MiB"), Some(3 << 20));
     assert_eq!(parse_bytes("100"), Some(100));
     assert_eq!(parse_bytes("1GiB"), None);
     assert_eq!(parse_bytes("MiB"), None);
+}
+
+/// Named formats and lists of paths, with the output bounds each estimate reads.
+fn assert_usage_formats_parse() {
+    let c = fixtures::parse(&with_rule(
+        r#"{"name": "r", "limits": [
+            {"name": "a", "limit": 100, "window": "1m",
+             "usage": {"from": "openai", "estimate": {"request": {}}, "include_usage": true}},
+            {"name": "b", "limit": 100, "window": "1m",
+             "usage": {"from": "anthropic", "estimate": {"request": {}}}},
+            {"name": "c", "limit": 100, "window": "1m",
+             "usage": {"from": ["body:usage.total_tokens", "body:response.usage.total_tokens"], "estimate": 5}}]}"#,
+    ))
+    .unwrap();
+    let usage = |i: usize| c.rules[0].limits[i].usage.clone().unwrap();
+    assert_eq!(usage(0).from, UsageSource::Body(BodyUsage::openai()));
+    assert_eq!(usage(0).format, Some(Format::OpenAi));
+    assert!(usage(0).include_usage);
+    assert!(matches!(
+        usage(0).estimate,
+        Estimate::Request {
+            output: OutputKeys::OpenAi,
+            ..
+        }
+    ));
+    assert_eq!(usage(1).from, UsageSource::Body(BodyUsage::anthropic()));
+    assert!(matches!(
+        usage(1).estimate,
+        Estimate::Request {
+            output: OutputKeys::Anthropic,
+            ..
+        }
+    ));
+    assert_eq!(usage(2).from, UsageSource::Body(BodyUsage::openai()));
+    assert_eq!(usage(2).format, None);
 }
 
 #[test]
@@ -596,7 +642,17 @@ fn bad_usage_configs_name_the_field() {
         (usage("sliding_window_log", "", r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: only token_bucket, gcra, fixed_window and sliding_window_counter limits take usage: a log keeps one entry per unit")),
         (usage("token_bucket", r#", "lease": true"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}.lease: a usage limit takes no lease: its cost is known per request only")),
         (usage("token_bucket", r#", "shards": 2"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: a usage limit takes no shards: its settlement must reach the shard its request was charged on")),
-        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "body:PATH" (such as "body:usage.total_tokens") or "header:NAME""#)),
+        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": 7, "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": [], "estimate": 5}"#), format!("{f}.from: a list holds 1 to 8 body paths")),
+        (usage("gcra", "", r#"{"from": ["body:a", "body:b", "body:c", "body:d", "body:e", "body:f", "body:g", "body:h", "body:i"], "estimate": 5}"#), format!("{f}.from: a list holds 1 to 8 body paths")),
+        (usage("gcra", "", r#"{"from": ["body:a", "body:b", "header:x-used"], "estimate": 5}"#), format!(r#"{f}.from[2]: must be "body:PATH": a list holds body paths (a header or a format stands alone)"#)),
+        (usage("gcra", "", r#"{"from": ["openai"], "estimate": 5}"#), format!(r#"{f}.from[0]: must be "body:PATH": a list holds body paths (a header or a format stands alone)"#)),
+        (usage("gcra", "", r#"{"from": ["body:a", "body:a..b"], "estimate": 5}"#), format!("{f}.from[1]: each segment of a usage path (dot-separated) has 1 to 64 characters")),
+        (usage("gcra", "", r#"{"from": "OpenAI", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs "from": "openai": the option is OpenAI's"#)),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs an estimate from the request ({{"request": {{...}}}}): the option is added to the request body read for it"#)),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": 1}"#), format!("{f}.include_usage: invalid type: integer `1`, expected a boolean")),
         (usage("gcra", "", r#"{"from": "body:usage..total", "estimate": 5}"#), format!("{f}.from: each segment of a usage path (dot-separated) has 1 to 64 characters")),
         (usage("gcra", "", r#"{"from": "header:x usage", "estimate": 5}"#), format!("{f}.from: must be a header name (letters, digits and !#$%&'*+-.^_`|~)")),
         (usage("fixed_window", "", r#"{"from": "body:u"}"#), format!("{f}.estimate: is required")),
@@ -609,7 +665,7 @@ fn bad_usage_configs_name_the_field() {
         (body(r#""estimate": {"request": {"completion_default": 1000000000001}}"#), format!("{f}.estimate.request.completion_default: must be at most 1000000000000")),
         (body(r#""estimate": {"request": {"prompt": 5}}"#), format!("{f}.estimate: unknown field `prompt`, expected `completion_default` or `max_body`")),
         (body(r#""admit": "later", "estimate": 5"#), format!("{f}.admit: unknown variant `later`, expected `reserve` or `after`")),
-        (body(r#""estimate": 5, "read": 1"#), format!("{f}.read: unknown field `read`, expected one of `from`, `admit`, `estimate`")),
+        (body(r#""estimate": 5, "read": 1"#), format!("{f}.read: unknown field `read`, expected one of `from`, `admit`, `estimate`, `include_usage`")),
     ];
     for (json, want) in cases {
         assert_eq!(

@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::fields::check_header_name;
 use super::raw::{RawEstimateHeader, RawRequestEstimate, RawUsage};
 use super::{invalid, Admit, Algorithm, ConfigError};
-use crate::usage::parse_usage_path;
+use crate::usage::{parse_usage_path, BodyUsage, OutputKeys, MAX_PATHS};
 
 pub use crate::bounds::{DEFAULT_MAX_BODY, MAX_MAX_BODY, MAX_USAGE};
 
@@ -14,16 +14,38 @@ pub use crate::bounds::{DEFAULT_MAX_BODY, MAX_MAX_BODY, MAX_USAGE};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Usage {
     pub from: UsageSource,
+    /// The named format `from` gave, if any.
+    pub format: Option<Format>,
     pub admit: Admit,
     pub estimate: Estimate,
+    /// Streamed OpenAI chat completions and completions lacking
+    /// `stream_options.include_usage` are sent upstream with it.
+    pub include_usage: bool,
+}
+
+/// A provider's usage format, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    OpenAi,
+    Anthropic,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::OpenAi => "openai",
+            Format::Anthropic => "anthropic",
+        }
+    }
 }
 
 /// Where a response's usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UsageSource {
-    /// A dotted JSON path in the response body (`application/json`, or the `data:` events of
-    /// `text/event-stream`).
-    Body(Vec<String>),
+    /// Dotted JSON paths in the response body (`application/json`, or the `data:` events of
+    /// `text/event-stream`): one or more fields added up, each at the first of its paths
+    /// present.
+    Body(BodyUsage),
     /// A response header (lower-case name) holding a whole number.
     Header(String),
 }
@@ -40,11 +62,12 @@ pub enum Estimate {
         max: u64,
         default: u64,
     },
-    /// The request body's bytes plus its `max_completion_tokens`, else `max_tokens`, else
-    /// `completion_default`; a body over `max_body` bytes is refused (413).
+    /// The request body's bytes plus the first of its output bounds present (`output`, by
+    /// format), else `completion_default`; a body over `max_body` bytes is refused (413).
     Request {
         completion_default: u64,
         max_body: u64,
+        output: OutputKeys,
     },
 }
 
@@ -102,30 +125,91 @@ pub(super) fn validate_usage(
             "a usage limit takes no shards: its settlement must reach the shard its request was charged on",
         ));
     }
-    let from_field = format!("{field}.from");
-    let from = if let Some(path) = raw.from.strip_prefix("body:") {
-        UsageSource::Body(parse_usage_path(path).map_err(|e| invalid(&from_field, e))?)
-    } else if let Some(name) = raw.from.strip_prefix("header:") {
-        UsageSource::Header(check_header_name(name, &from_field)?)
-    } else {
-        return Err(invalid(
-            &from_field,
-            r#"must be "body:PATH" (such as "body:usage.total_tokens") or "header:NAME""#,
-        ));
-    };
+    let (from, format) = validate_from(&raw.from, &format!("{field}.from"))?;
     let estimate_field = format!("{field}.estimate");
     let Some(estimate) = raw.estimate else {
         return Err(invalid(&estimate_field, "is required"));
     };
-    let estimate = validate_estimate(estimate, &estimate_field)?;
+    let output = match format {
+        Some(Format::OpenAi) => OutputKeys::OpenAi,
+        Some(Format::Anthropic) => OutputKeys::Anthropic,
+        None => OutputKeys::Completion,
+    };
+    let estimate = validate_estimate(estimate, &estimate_field, output)?;
+    if raw.include_usage {
+        if format != Some(Format::OpenAi) {
+            return Err(invalid(
+                &format!("{field}.include_usage"),
+                r#"needs "from": "openai": the option is OpenAI's"#,
+            ));
+        }
+        if !matches!(estimate, Estimate::Request { .. }) {
+            return Err(invalid(
+                &format!("{field}.include_usage"),
+                r#"needs an estimate from the request ({"request": {...}}): the option is added to the request body read for it"#,
+            ));
+        }
+    }
     Ok(Usage {
         from,
+        format,
         admit: raw.admit,
         estimate,
+        include_usage: raw.include_usage,
     })
 }
 
-fn validate_estimate(value: Value, field: &str) -> Result<Estimate, ConfigError> {
+/// `from`: `"body:PATH"`, `"header:NAME"`, a format's name, or a list of `"body:PATH"`.
+fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Format>), ConfigError> {
+    let shape = r#"must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#;
+    if let Some(list) = from.as_array() {
+        if list.is_empty() || list.len() > MAX_PATHS {
+            return Err(invalid(
+                field,
+                format!("a list holds 1 to {MAX_PATHS} body paths"),
+            ));
+        }
+        let mut paths = Vec::with_capacity(list.len());
+        for (i, entry) in list.iter().enumerate() {
+            let entry_field = format!("{field}[{i}]");
+            let path = entry.as_str().and_then(|text| text.strip_prefix("body:"));
+            let Some(path) = path else {
+                return Err(invalid(
+                    &entry_field,
+                    r#"must be "body:PATH": a list holds body paths (a header or a format stands alone)"#,
+                ));
+            };
+            paths.push(parse_usage_path(path).map_err(|e| invalid(&entry_field, e))?);
+        }
+        return Ok((UsageSource::Body(BodyUsage::first_of(paths)), None));
+    }
+    let Some(text) = from.as_str() else {
+        return Err(invalid(field, shape));
+    };
+    Ok(match text {
+        "openai" => (UsageSource::Body(BodyUsage::openai()), Some(Format::OpenAi)),
+        "anthropic" => (
+            UsageSource::Body(BodyUsage::anthropic()),
+            Some(Format::Anthropic),
+        ),
+        _ => {
+            if let Some(path) = text.strip_prefix("body:") {
+                let path = parse_usage_path(path).map_err(|e| invalid(field, e))?;
+                (UsageSource::Body(BodyUsage::first_of(vec![path])), None)
+            } else if let Some(name) = text.strip_prefix("header:") {
+                (UsageSource::Header(check_header_name(name, field)?), None)
+            } else {
+                return Err(invalid(field, shape));
+            }
+        }
+    })
+}
+
+fn validate_estimate(
+    value: Value,
+    field: &str,
+    output: OutputKeys,
+) -> Result<Estimate, ConfigError> {
     let range = format!("must be between 1 and {MAX_USAGE}");
     if let Some(n) = value.as_u64() {
         if !(1..=MAX_USAGE).contains(&n) {
@@ -162,6 +246,7 @@ fn validate_estimate(value: Value, field: &str) -> Result<Estimate, ConfigError>
         return Ok(Estimate::Request {
             completion_default,
             max_body,
+            output,
         });
     }
     if !object.contains_key("header") {

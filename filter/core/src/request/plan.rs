@@ -170,28 +170,61 @@ fn matches(
 /// `max_body`; None when no body is needed (or a header it matches on is bad: the decision
 /// then answers 400 at once).
 pub fn request_body_bound(config: &Config, view: &dyn RequestView) -> Option<u64> {
+    request_body_plan(config, view).map(|p| p.max_body)
+}
+
+/// What the filter does with a request body it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyPlan {
+    /// The smallest `max_body` of the usage limits estimated from it.
+    pub max_body: u64,
+    /// A usage limit with `include_usage` applies and the request is a `POST` to a chat
+    /// completions or completions path: the option may be added to its body.
+    pub include_usage: bool,
+}
+
+/// [`request_body_bound`], and whether `include_usage` may be added to the body.
+pub fn request_body_plan(config: &Config, view: &dyn RequestView) -> Option<BodyPlan> {
     if !config.metered {
         return None;
     }
     let method = view.header(":method").unwrap_or_default();
     let path = path_only(view.header(":path").unwrap_or_default());
-    let mut bound: Option<u64> = None;
+    let mut plan: Option<BodyPlan> = None;
     for rule in &config.rules {
-        let from_body = rule
-            .limits
-            .iter()
-            .filter_map(|l| match l.usage.as_ref()?.estimate {
-                Estimate::Request { max_body, .. } => Some(max_body),
-                _ => None,
-            });
-        let Some(max_body) = from_body.min() else {
+        let mut max_body: Option<u64> = None;
+        let mut include_usage = false;
+        for usage in rule.limits.iter().filter_map(|l| l.usage.as_ref()) {
+            if let Estimate::Request { max_body: m, .. } = usage.estimate {
+                max_body = Some(max_body.map_or(m, |b| b.min(m)));
+                include_usage |= usage.include_usage;
+            }
+        }
+        let Some(max_body) = max_body else {
             continue;
         };
         if matches(&rule.matcher, view, method, path).ok()? {
-            bound = Some(bound.map_or(max_body, |b| b.min(max_body)));
+            let include_usage = include_usage && method == b"POST" && streams_usage(path);
+            plan = Some(match plan {
+                None => BodyPlan {
+                    max_body,
+                    include_usage,
+                },
+                Some(p) => BodyPlan {
+                    max_body: p.max_body.min(max_body),
+                    include_usage: p.include_usage || include_usage,
+                },
+            });
         }
     }
-    bound
+    plan
+}
+
+/// OpenAI's endpoints whose streams report usage only with `stream_options.include_usage`:
+/// chat completions and (legacy) completions. The Responses API refuses the option.
+fn streams_usage(path: &[u8]) -> bool {
+    // `/chat/completions` ends so too.
+    path.ends_with(b"/completions")
 }
 
 /// A usage limit's cost for a request: its estimate.
@@ -213,9 +246,11 @@ fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadReque
             request_cost(&cost, view)
         }
         Estimate::Request {
-            completion_default, ..
+            completion_default,
+            output,
+            ..
         } => Ok(view
-            .usage_estimate(*completion_default)
+            .usage_estimate(*completion_default, *output)
             .unwrap_or(*completion_default)
             .min(MAX_USAGE)),
     }
@@ -573,7 +608,11 @@ mod tests {
         fn route_name(&self) -> Option<String> {
             self.0.route_name()
         }
-        fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
+        fn usage_estimate(
+            &self,
+            completion_default: u64,
+            _keys: crate::usage::OutputKeys,
+        ) -> Option<u64> {
             Some(self.1 + self.2.unwrap_or(completion_default))
         }
     }

@@ -1,6 +1,8 @@
 //! The request as the limiter reads it: the host's view of one request, the header lookups
 //! every part of a plan shares, and the answer to a request it refuses to read.
 
+use crate::usage::OutputKeys;
+
 /// What the limiter may read of a request.
 pub trait RequestView {
     /// A request header's raw value (`:path` and `:method` included); the first copy if the
@@ -15,10 +17,10 @@ pub trait RequestView {
     /// The name of the route Envoy picked, if it has one.
     fn route_name(&self) -> Option<String>;
     /// The estimate of a usage limit with `estimate.request` whose completion default is
-    /// `completion_default`, read from the request body (None: no body was read; the estimate
-    /// is then the completion default alone).
-    fn usage_estimate(&self, completion_default: u64) -> Option<u64> {
-        let _ = completion_default;
+    /// `completion_default` and whose output bound is read at `keys`, read from the request
+    /// body (None: no body was read; the estimate is then the completion default alone).
+    fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<u64> {
+        let _ = (completion_default, keys);
         None
     }
 }

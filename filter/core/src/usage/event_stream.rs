@@ -4,8 +4,8 @@
 //! dispatches the event. Each event's data goes straight into a JSON [`Scanner`] as it
 //! arrives: no line or event is held.
 
-use super::json::{Doc, Scanner};
-use super::path::Path;
+use super::json::Doc;
+use super::sum::{combine, BodyUsage, Docs, MAX_PATHS};
 use super::{Unreadable, UsageRead};
 
 const BOM: &[u8] = b"\xef\xbb\xbf";
@@ -29,7 +29,7 @@ enum Line {
     Comment,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Events {
     line: Line,
     /// A `\r` ended the last line: a `\n` right after it belongs to it.
@@ -41,13 +41,14 @@ pub(crate) struct Events {
     /// The pending event's data so far spells the start of `[DONE]`.
     done_read: u8,
     done_possible: bool,
-    doc: Scanner,
-    /// The verdict of the last dispatched event with something (not `null`) at the path.
-    last: Option<UsageRead>,
+    doc: Docs,
+    /// Per field, the verdict of the last dispatched event with something (not `null`) at
+    /// one of its paths.
+    last: [Option<UsageRead>; MAX_PATHS],
 }
 
 impl Events {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(usage: &BodyUsage) -> Self {
         Events {
             line: Line::Start,
             after_cr: false,
@@ -55,12 +56,12 @@ impl Events {
             has_data: false,
             done_read: 0,
             done_possible: true,
-            doc: Scanner::new(),
-            last: None,
+            doc: Docs::new(usage),
+            last: [None; MAX_PATHS],
         }
     }
 
-    pub(crate) fn feed(&mut self, chunk: &[u8], path: &Path) {
+    pub(crate) fn feed(&mut self, chunk: &[u8]) {
         let mut i = 0;
         while let Some(&b) = chunk.get(i) {
             if usize::from(self.bom) < BOM.len() {
@@ -93,21 +94,21 @@ impl Events {
                     .position(|&c| c == b'\n' || c == b'\r')
                     .unwrap_or(rest.len());
                 let value = rest.get(..len).unwrap_or_default();
-                self.data(value, path);
+                self.data(value);
                 i += len;
                 if len > 0 {
                     continue;
                 }
             }
-            self.step(b, path);
+            self.step(b);
             i += 1;
         }
     }
 
-    fn step(&mut self, b: u8, path: &Path) {
+    fn step(&mut self, b: u8) {
         if b == b'\n' || b == b'\r' {
             self.after_cr = b == b'\r';
-            return self.line_end(path);
+            return self.line_end();
         }
         match self.line {
             Line::Start if b == b':' => self.line = Line::Comment,
@@ -116,13 +117,13 @@ impl Events {
                     read: 0,
                     data: true,
                 };
-                self.step(b, path);
+                self.step(b);
             }
             Line::Field { read, data } => {
                 if b == b':' {
                     let is_data = data && usize::from(read) == 4;
                     if is_data {
-                        self.data_line(path);
+                        self.data_line();
                         self.line = Line::DataColon;
                     } else {
                         self.line = Line::Value { data: false };
@@ -137,40 +138,40 @@ impl Events {
             Line::DataColon => {
                 self.line = Line::Value { data: true };
                 if b != b' ' {
-                    self.data(&[b], path);
+                    self.data(&[b]);
                 }
             }
             Line::Value { data } => {
                 if data {
-                    self.data(&[b], path);
+                    self.data(&[b]);
                 }
             }
             Line::Comment => {}
         }
     }
 
-    fn line_end(&mut self, path: &Path) {
+    fn line_end(&mut self) {
         match self.line {
             Line::Start => self.dispatch(),
             // A field name alone is the field with an empty value.
             Line::Field {
                 read: 4,
                 data: true,
-            } => self.data_line(path),
+            } => self.data_line(),
             _ => {}
         }
         self.line = Line::Start;
     }
 
     /// A data line starts: lines after the first are joined with a line feed.
-    fn data_line(&mut self, path: &Path) {
+    fn data_line(&mut self) {
         if self.has_data {
-            self.data(b"\n", path);
+            self.data(b"\n");
         }
         self.has_data = true;
     }
 
-    fn data(&mut self, bytes: &[u8], path: &Path) {
+    fn data(&mut self, bytes: &[u8]) {
         if self.done_possible {
             let at = usize::from(self.done_read);
             let fits = DONE.get(at..).is_some_and(|rest| rest.starts_with(bytes));
@@ -180,7 +181,7 @@ impl Events {
                 self.done_possible = false;
             }
         }
-        self.doc.feed(bytes, path);
+        self.doc.feed(bytes);
     }
 
     fn dispatch(&mut self) {
@@ -189,31 +190,42 @@ impl Events {
         }
         let is_done = self.done_possible && usize::from(self.done_read) == DONE.len();
         if !is_done {
-            match self.doc.end() {
-                // Blank data (`data:` alone): nothing said.
-                Doc::Empty | Doc::Read(UsageRead::Missing) => {}
-                // The event is whole: JSON that stops short in it is malformed.
-                Doc::Read(UsageRead::Invalid(Unreadable::Truncated)) => {
-                    self.last = Some(UsageRead::Invalid(Unreadable::NotJson))
+            for field in 0..usize::from(self.doc.fields) {
+                let read = match self.doc.field(field) {
+                    // Blank data (`data:` alone): nothing said.
+                    Doc::Empty | Doc::Read(UsageRead::Missing) => continue,
+                    // The event is whole: JSON that stops short in it is malformed.
+                    Doc::Read(UsageRead::Invalid(Unreadable::Truncated)) => {
+                        UsageRead::Invalid(Unreadable::NotJson)
+                    }
+                    Doc::Read(read) => read,
+                };
+                if let Some(last) = self.last.get_mut(field) {
+                    *last = Some(read);
                 }
-                Doc::Read(read) => self.last = Some(read),
             }
         }
         self.has_data = false;
         self.done_read = 0;
         self.done_possible = true;
-        self.doc = Scanner::new();
+        self.doc.reset();
     }
 
-    /// The last dispatched event with a value at the path gives the verdict; a partial event
-    /// at the end is ignored. With none: `Missing` if the stream ended whole, else `Truncated`.
+    /// Per field, the last dispatched event with a value at its paths gives the verdict; a
+    /// partial event at the end is ignored. A required field in no event: `Missing` if the
+    /// stream ended whole, else `Truncated`.
     pub(crate) fn finish(&mut self, complete: bool) -> UsageRead {
         let partial_bom = self.bom > 0 && usize::from(self.bom) < BOM.len();
         let cut_in_event = self.has_data || self.line != Line::Start || partial_bom;
-        match self.last {
-            Some(read) => read,
-            None if !complete || cut_in_event => UsageRead::Invalid(Unreadable::Truncated),
-            None => UsageRead::Missing,
+        match combine(self.doc.required, self.last.into_iter()) {
+            UsageRead::Missing if !complete || cut_in_event => {
+                UsageRead::Invalid(Unreadable::Truncated)
+            }
+            read => read,
         }
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.doc.heap_bytes()
     }
 }

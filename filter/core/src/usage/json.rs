@@ -101,6 +101,8 @@ enum Verdict {
     Absent,
     Null,
     Found(u64),
+    /// `true` or `false` (a request's `stream`): not a usage.
+    Flag(bool),
     Bad(Unreadable),
 }
 
@@ -134,6 +136,13 @@ pub(crate) struct Scanner {
     negative: bool,
     fractional: bool,
     started: bool,
+    /// Bytes fed before the current chunk, and the offset of the byte being stepped.
+    fed: u64,
+    at: u64,
+    /// Where the top-level value starts, and where the value at the path starts with its
+    /// first byte (a request body is edited there).
+    doc_at: Option<u64>,
+    target_at: Option<(u64, u8)>,
 }
 
 impl Scanner {
@@ -159,6 +168,34 @@ impl Scanner {
             negative: false,
             fractional: false,
             started: false,
+            fed: 0,
+            at: 0,
+            doc_at: None,
+            target_at: None,
+        }
+    }
+
+    /// The value at the path was `true` or `false`, in a whole valid document.
+    pub(crate) fn flag(&self) -> Option<bool> {
+        match (self.state, self.verdict) {
+            (State::End, Verdict::Flag(flag)) => Some(flag),
+            _ => None,
+        }
+    }
+
+    /// The offset and first byte of the value at the path, in a whole valid document.
+    pub(crate) fn target_at(&self) -> Option<(u64, u8)> {
+        match self.state {
+            State::End => self.target_at,
+            _ => None,
+        }
+    }
+
+    /// The offset of the top-level value's first byte, in a whole valid document.
+    pub(crate) fn doc_at(&self) -> Option<u64> {
+        match self.state {
+            State::End => self.doc_at,
+            _ => None,
         }
     }
 
@@ -182,11 +219,13 @@ impl Scanner {
                 }
             }
             if let State::Failed(_) = self.state {
-                return;
+                break;
             }
+            self.at = self.fed.saturating_add(i as u64);
             self.step(byte, path);
             i += 1;
         }
+        self.fed = self.fed.saturating_add(chunk.len() as u64);
     }
 
     /// The document's verdict once its bytes ended.
@@ -201,6 +240,7 @@ impl Scanner {
             State::End => Doc::Read(match self.verdict {
                 Verdict::Absent | Verdict::Null => UsageRead::Missing,
                 Verdict::Found(n) => UsageRead::Found(n),
+                Verdict::Flag(_) => UsageRead::Invalid(Unreadable::NotANumber),
                 Verdict::Bad(reason) => UsageRead::Invalid(reason),
             }),
             _ if !self.started => Doc::Empty,
@@ -330,10 +370,19 @@ impl Scanner {
         if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
             return;
         }
+        if !self.started {
+            self.doc_at = Some(self.at);
+        }
         self.started = true;
         let pending = std::mem::replace(&mut self.pending, Pending::None);
-        if pending == Pending::Target && !matches!(b, b'-' | b'0'..=b'9' | b'n') {
-            self.verdict = Verdict::Bad(Unreadable::NotANumber);
+        if pending == Pending::Target {
+            self.target_at = Some((self.at, b));
+            self.verdict = match b {
+                b't' => Verdict::Flag(true),
+                b'f' => Verdict::Flag(false),
+                b'-' | b'0'..=b'9' | b'n' => self.verdict,
+                _ => Verdict::Bad(Unreadable::NotANumber),
+            };
         }
         match b {
             b'{' | b'[' => {

@@ -3,7 +3,8 @@
 //! buffered, and a reader's memory is a constant ([`READER_BYTES`]) whatever the body's size.
 //!
 //! - [`UsageReader`]: the number at a dotted path of an `application/json` body, or of the
-//!   `data:` events of a `text/event-stream` (the last event carrying it wins).
+//!   `data:` events of a `text/event-stream` (the last event carrying it wins); or, for a
+//!   [`BodyUsage`], the first of several paths present, and the sum of several such fields.
 //! - [`usage_from_header`]: the number in a response header.
 //! - [`RequestEstimate`]: the request body's bytes plus its `max_completion_tokens` /
 //!   `max_tokens`, an upper bound of the usage for byte-level tokenizers.
@@ -12,23 +13,32 @@ pub use crate::bounds::{MAX_DEPTH, MAX_SEGMENTS, MAX_SEGMENT_LEN};
 
 mod estimate;
 mod event_stream;
+#[cfg(test)]
+mod formats_tests;
 mod header;
 mod json;
 mod path;
+mod sum;
 #[cfg(test)]
 mod tests;
 
-pub use estimate::{EstimateError, RequestEstimate};
+pub use estimate::{EstimateError, IncludeUsage, OutputKeys, RequestEstimate};
 pub use header::usage_from_header;
+pub use sum::{BodyUsage, Field, MAX_PATHS};
 
 use event_stream::Events;
-use json::{Doc, Scanner};
-use path::Path;
+use json::Doc;
+use sum::Docs;
 
 pub use crate::bounds::MAX_USAGE;
-/// The most a [`UsageReader`] holds: its own size plus its path (at most 8 segments of 64
-/// bytes, stored joined). Measured by the unit tests; no body, string or event is buffered.
-pub const READER_BYTES: usize = 160 + MAX_SEGMENTS * MAX_SEGMENT_LEN;
+/// The most a [`UsageReader`] holds per path it reads: a scanner and the path (at most 8
+/// segments of 64 bytes, stored joined). Measured by the unit tests; no body, string or
+/// event is buffered.
+pub const PATH_BYTES: usize = 160 + MAX_SEGMENTS * MAX_SEGMENT_LEN;
+/// The most a [`UsageReader`] holds besides its paths.
+pub const READER_BASE_BYTES: usize = 192;
+/// The most a [`UsageReader`] of one path holds.
+pub const READER_BYTES: usize = READER_BASE_BYTES + PATH_BYTES;
 
 /// How a response body is read, from its `content-type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,10 +131,9 @@ impl Unreadable {
     }
 }
 
-/// Reads the usage at a path of a response body as its chunks pass.
+/// Reads the usage of a response body as its chunks pass.
 #[derive(Debug)]
 pub struct UsageReader {
-    path: Path,
     body: Body,
     max_body: u64,
     bytes: u64,
@@ -132,7 +141,7 @@ pub struct UsageReader {
 
 #[derive(Debug)]
 enum Body {
-    Json(Scanner),
+    Json(Docs),
     Events(Events),
 }
 
@@ -141,12 +150,17 @@ impl UsageReader {
     /// ([`UsageRead::Missing`]). A body longer than `max_body` bytes is
     /// [`Unreadable::BodyTooLarge`].
     pub fn new(kind: BodyKind, path: &[String], max_body: u64) -> Self {
+        Self::of(kind, &BodyUsage::first_of(vec![path.to_vec()]), max_body)
+    }
+
+    /// Reads `usage`: each field at the first of its paths present, added up. Paths past
+    /// [`MAX_PATHS`] are not read.
+    pub fn of(kind: BodyKind, usage: &BodyUsage, max_body: u64) -> Self {
         let body = match kind {
-            BodyKind::Json => Body::Json(Scanner::new()),
-            BodyKind::EventStream => Body::Events(Events::new()),
+            BodyKind::Json => Body::Json(Docs::new(usage)),
+            BodyKind::EventStream => Body::Events(Events::new(usage)),
         };
         UsageReader {
-            path: Path::new(path),
             body,
             max_body,
             bytes: 0,
@@ -163,8 +177,8 @@ impl UsageReader {
             return;
         }
         match &mut self.body {
-            Body::Json(scanner) => scanner.feed(chunk, &self.path),
-            Body::Events(events) => events.feed(chunk, &self.path),
+            Body::Json(docs) => docs.feed(chunk),
+            Body::Events(events) => events.feed(chunk),
         }
     }
 
@@ -177,7 +191,7 @@ impl UsageReader {
             return UsageRead::Invalid(Unreadable::BodyTooLarge);
         }
         match &mut self.body {
-            Body::Json(scanner) => match scanner.end() {
+            Body::Json(docs) => match docs.usage() {
                 Doc::Empty => UsageRead::Invalid(Unreadable::NotJson),
                 Doc::Read(read) => read,
             },
@@ -185,10 +199,14 @@ impl UsageReader {
         }
     }
 
-    /// What this reader holds: its own size and its path's bytes. Constant while reading
-    /// (at most [`READER_BYTES`]).
+    /// What this reader holds: its own size, its scanners and its paths' bytes. Constant
+    /// while reading (at most [`READER_BASE_BYTES`] plus [`PATH_BYTES`] per path).
     pub fn memory_bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.path.heap_bytes()
+        std::mem::size_of::<Self>()
+            + match &self.body {
+                Body::Json(docs) => docs.heap_bytes(),
+                Body::Events(events) => events.heap_bytes(),
+            }
     }
 
     /// True once more bytes cannot change the verdict: the body went over its bound, or (JSON)
@@ -197,7 +215,7 @@ impl UsageReader {
     pub fn done(&self) -> bool {
         self.bytes > self.max_body
             || match &self.body {
-                Body::Json(scanner) => scanner.failed(),
+                Body::Json(docs) => docs.failed(),
                 Body::Events(_) => false,
             }
     }
