@@ -4,6 +4,7 @@
 //!
 //! - [`UsageReader`]: the number at a dotted path of an `application/json` body, or of the
 //!   `data:` events of a `text/event-stream` (the last event carrying it wins).
+//! - [`Inflater`]: a gzip or deflate body inflated as it passes, for the reader.
 //! - [`usage_from_header`]: the number in a response header.
 //! - [`RequestEstimate`]: the request body's bytes plus its `max_completion_tokens` /
 //!   `max_tokens`, an upper bound of the usage for byte-level tokenizers.
@@ -13,6 +14,7 @@ pub use crate::bounds::{MAX_DEPTH, MAX_SEGMENTS, MAX_SEGMENT_LEN};
 mod estimate;
 mod event_stream;
 mod header;
+mod inflate;
 mod json;
 mod path;
 #[cfg(test)]
@@ -20,6 +22,7 @@ mod tests;
 
 pub use estimate::{EstimateError, RequestEstimate};
 pub use header::usage_from_header;
+pub use inflate::{encoding, Encoding, InflateError, Inflater, INFLATER_BYTES};
 
 use event_stream::Events;
 use json::{Doc, Scanner};
