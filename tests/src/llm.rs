@@ -16,6 +16,7 @@
 //! | `x-test-events: N` | content events of a stream (default [`DEFAULT_EVENTS`]) |
 //! | `x-test-event-delay-ms: MS` | a pause before each event after the first |
 //! | `x-test-status: CODE` | the answer's status code (the body as for 200) |
+//! | `x-test-encoding: NAME` | the body compressed: `gzip`, `deflate` (zlib-wrapped) or `deflate-raw` (raw deflate, sent as `deflate`), see [`Coding`]; a stream is flushed after each event; a [`Shape::Cut`] answer is not compressed |
 //!
 //! The request body is read by its `Content-Length` or chunked; `stream` and
 //! `stream_options.include_usage` are taken from it as OpenAI does: a stream carries a usage
@@ -48,6 +49,7 @@ pub const PAD: &str = "x-test-pad";
 pub const EVENTS: &str = "x-test-events";
 pub const EVENT_DELAY: &str = "x-test-event-delay-ms";
 pub const STATUS: &str = "x-test-status";
+pub const ENCODING: &str = "x-test-encoding";
 /// The model named in answers when the request names none.
 pub const MODEL: &str = "gpt-test";
 /// A request body larger than this is refused (413): the server holds bodies whole.
@@ -122,6 +124,100 @@ impl Shape {
     }
 }
 
+/// How an answer's body is compressed, chosen by `x-test-encoding: NAME` ([`Coding::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coding {
+    Gzip,
+    /// zlib-wrapped deflate, as RFC 9110 defines `deflate`.
+    Deflate,
+    /// Raw deflate sent as `Content-Encoding: deflate`, as some servers do.
+    DeflateRaw,
+}
+
+impl Coding {
+    pub const ALL: [Coding; 3] = [Coding::Gzip, Coding::Deflate, Coding::DeflateRaw];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Coding::Gzip => "gzip",
+            Coding::Deflate => "deflate",
+            Coding::DeflateRaw => "deflate-raw",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Coding> {
+        Coding::ALL.into_iter().find(|c| c.name() == name.trim())
+    }
+
+    /// The `Content-Encoding` it is sent with.
+    pub fn header(self) -> &'static str {
+        match self {
+            Coding::Gzip => "gzip",
+            Coding::Deflate | Coding::DeflateRaw => "deflate",
+        }
+    }
+}
+
+/// A compressor of one answer's body (flate2), flushed at each event of a stream so each
+/// event reaches the client as it is written.
+enum Encoder {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Zlib(flate2::write::ZlibEncoder<Vec<u8>>),
+    Raw(flate2::write::DeflateEncoder<Vec<u8>>),
+}
+
+impl Encoder {
+    fn new(coding: Coding) -> Encoder {
+        let level = flate2::Compression::default();
+        match coding {
+            Coding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(Vec::new(), level)),
+            Coding::Deflate => Encoder::Zlib(flate2::write::ZlibEncoder::new(Vec::new(), level)),
+            Coding::DeflateRaw => {
+                Encoder::Raw(flate2::write::DeflateEncoder::new(Vec::new(), level))
+            }
+        }
+    }
+
+    /// Compresses `data` and flushes: the bytes that make it decodable so far.
+    fn flushed(&mut self, data: &[u8]) -> std::io::Result<Vec<u8>> {
+        let out = match self {
+            Encoder::Gzip(e) => {
+                e.write_all(data)?;
+                e.flush()?;
+                e.get_mut()
+            }
+            Encoder::Zlib(e) => {
+                e.write_all(data)?;
+                e.flush()?;
+                e.get_mut()
+            }
+            Encoder::Raw(e) => {
+                e.write_all(data)?;
+                e.flush()?;
+                e.get_mut()
+            }
+        };
+        Ok(std::mem::take(out))
+    }
+
+    /// The end of the compressed data (and gzip's trailer).
+    fn finish(self) -> std::io::Result<Vec<u8>> {
+        match self {
+            Encoder::Gzip(e) => e.finish(),
+            Encoder::Zlib(e) => e.finish(),
+            Encoder::Raw(e) => e.finish(),
+        }
+    }
+}
+
+/// The whole of `body` compressed.
+pub fn compress(coding: Coding, body: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut encoder = Encoder::new(coding);
+    let mut out = encoder.flushed(body)?;
+    out.extend(encoder.finish()?);
+    Ok(out)
+}
+
 /// What the server reported, for one API key or for all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Served {
@@ -151,6 +247,8 @@ struct Shared {
     in_flight: AtomicU64,
     peak_in_flight: AtomicU64,
     log: Mutex<Log>,
+    /// The body bytes of the last compressed answer to each API key, as sent.
+    sent: Mutex<HashMap<String, Vec<u8>>>,
     /// A clone of each open connection, to shut it down when the server stops.
     open: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -176,6 +274,7 @@ impl LlmUpstream {
             in_flight: AtomicU64::new(0),
             peak_in_flight: AtomicU64::new(0),
             log: Mutex::new(Log::default()),
+            sent: Mutex::new(HashMap::new()),
             open: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
         });
@@ -206,6 +305,12 @@ impl LlmUpstream {
     /// Requests read, whatever their answer.
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// The body of the last compressed answer (`x-test-encoding`) to API key `key`, as it
+    /// was sent (chunk framing removed), to compare with what the client received.
+    pub fn sent_body_for(&self, key: &str) -> Option<Vec<u8>> {
+        lock(&self.shared.sent).get(key).cloned()
     }
 
     /// Requests whose body came chunked.
@@ -462,6 +567,7 @@ struct Plan {
     events: u32,
     delay: Duration,
     status: u16,
+    coding: Option<Coding>,
 }
 
 /// Answers one request; false if the connection must close after it.
@@ -512,6 +618,7 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
             .and_then(|s| u16::try_from(s).ok())
             .filter(|s| (200..600).contains(s))
             .unwrap_or(200),
+        coding: request.header(ENCODING).and_then(Coding::from_name),
     };
     if shape == Some(Shape::Reset) {
         record(shared, request, None);
@@ -530,10 +637,39 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
         None => Some(plan.usage),
     };
     record(shared, request, reported);
+    let mut sent = Sent {
+        shared,
+        key: plan.coding.and(request.key()),
+    };
     if stream {
-        answer_stream(&plan, include_usage, out, shared)
+        answer_stream(&plan, include_usage, out, shared, &mut sent)
     } else {
-        answer_json(&plan, out)
+        answer_json(&plan, out, &mut sent)
+    }
+}
+
+/// The log of a compressed answer's body, kept as each part is written (before it is, so a
+/// client that has the answer finds it logged).
+struct Sent<'a> {
+    shared: &'a Shared,
+    /// None: not logged (a plain answer, or no API key).
+    key: Option<String>,
+}
+
+impl Sent<'_> {
+    fn push(&mut self, data: &[u8]) {
+        if let Some(key) = &self.key {
+            lock(&self.shared.sent)
+                .entry(key.clone())
+                .or_default()
+                .extend_from_slice(data);
+        }
+    }
+
+    fn start(&mut self) {
+        if let Some(key) = &self.key {
+            lock(&self.shared.sent).insert(key.clone(), Vec::new());
+        }
     }
 }
 
@@ -724,7 +860,8 @@ fn created() -> u64 {
         .unwrap_or(0)
 }
 
-fn answer_json(plan: &Plan, out: &mut TcpStream) -> std::io::Result<bool> {
+/// `sent`: the body bytes as written.
+fn answer_json(plan: &Plan, out: &mut TcpStream, sent: &mut Sent) -> std::io::Result<bool> {
     let text: String = CONTENT.concat();
     let choice = match plan.endpoint {
         Endpoint::Chat => format!(
@@ -753,7 +890,18 @@ fn answer_json(plan: &Plan, out: &mut TcpStream) -> std::io::Result<bool> {
         )
     };
     let header = usage_header(plan);
-    let extra: Vec<(&str, String)> = header.into_iter().collect();
+    let mut extra: Vec<(&str, String)> = header.into_iter().collect();
+    if let Some(coding) = plan.coding.filter(|_| plan.shape != Some(Shape::Cut)) {
+        let body = compress(coding, body.as_bytes())?;
+        extra.push(("Content-Encoding", coding.header().to_string()));
+        let mut bytes =
+            response_head(plan.status, "application/json", &extra, Some(body.len())).into_bytes();
+        bytes.extend_from_slice(&body);
+        sent.start();
+        sent.push(&body);
+        out.write_all(&bytes)?;
+        return Ok(true);
+    }
     if plan.shape == Some(Shape::Cut) {
         let head = response_head(plan.status, "application/json", &extra, Some(body.len()));
         out.write_all(head.as_bytes())?;
@@ -881,8 +1029,16 @@ fn answer_stream(
     include_usage: bool,
     out: &mut TcpStream,
     shared: &Shared,
+    sent: &mut Sent,
 ) -> std::io::Result<bool> {
-    let extra: Vec<(&str, String)> = usage_header(plan).into_iter().collect();
+    sent.start();
+    let mut extra: Vec<(&str, String)> = usage_header(plan).into_iter().collect();
+    // A cut answer is sent as it is: its point is where the plain bytes stop.
+    let coding = plan.coding.filter(|_| plan.shape != Some(Shape::Cut));
+    let mut encoder = coding.map(|coding| {
+        extra.push(("Content-Encoding", coding.header().to_string()));
+        Encoder::new(coding)
+    });
     let head = response_head(
         plan.status,
         "text/event-stream; charset=utf-8",
@@ -909,7 +1065,22 @@ fn answer_stream(
             let _ = out.shutdown(Shutdown::Both);
             return Ok(false);
         }
-        write_chunk(out, event.as_bytes())?;
+        let data = match encoder.as_mut() {
+            Some(encoder) => encoder.flushed(event.as_bytes())?,
+            None => event.into_bytes(),
+        };
+        // An empty chunk would end the body.
+        if !data.is_empty() {
+            sent.push(&data);
+            write_chunk(out, &data)?;
+        }
+    }
+    if let Some(encoder) = encoder {
+        let end = encoder.finish()?;
+        if !end.is_empty() {
+            sent.push(&end);
+            write_chunk(out, &end)?;
+        }
     }
     out.write_all(b"0\r\n\r\n")?;
     Ok(true)
@@ -969,6 +1140,47 @@ mod tests {
     /// The `data:` of each event of an event stream (complete events only).
     fn events(r: &Streamed) -> Vec<String> {
         http::sse_data(&r.body())
+    }
+
+    fn inflate(coding: Coding, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let done = match coding {
+            Coding::Gzip => flate2::read::GzDecoder::new(bytes).read_to_end(&mut out),
+            Coding::Deflate => flate2::read::ZlibDecoder::new(bytes).read_to_end(&mut out),
+            Coding::DeflateRaw => flate2::read::DeflateDecoder::new(bytes).read_to_end(&mut out),
+        };
+        done.expect("a compressed body");
+        out
+    }
+
+    #[test]
+    fn compressed_answers_decode_to_the_plain_ones_and_are_logged_as_sent() {
+        let up = LlmUpstream::start();
+        for coding in Coding::ALL {
+            let json = chat_request("Hi", false, None);
+            let headers: [(&str, &[u8]); 3] = [
+                ("x-api-key", b"k"),
+                (USAGE, b"42"),
+                (ENCODING, coding.name().as_bytes()),
+            ];
+            let r = post(&up, &headers, &json).unwrap();
+            assert_eq!(r.header("content-encoding"), Some(coding.header()));
+            assert_eq!(up.sent_body_for("k"), Some(r.body()));
+            let v: serde_json::Value = serde_json::from_slice(&inflate(coding, &r.body())).unwrap();
+            assert_eq!(v["usage"]["total_tokens"], 42);
+
+            let stream = chat_request("Hi", true, None);
+            let r = post(&up, &headers, &stream).unwrap();
+            assert!(r.complete && r.chunks.len() > 1, "{coding:?}");
+            assert_eq!(up.sent_body_for("k"), Some(r.body()));
+            let data = http::sse_data(&inflate(coding, &r.body()));
+            assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+            assert!(
+                data.iter().any(|d| d.contains(r#""total_tokens":42"#)),
+                "{data:?}"
+            );
+        }
+        assert_eq!(up.served_for("k").sum, 6 * 42);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Every parser of outside input under random and mutated input (proptest, seeded): the
 //! config, the bridge's replies, the cost header, X-Forwarded-For, the percent-encoder, and
 //! the usage readers (JSON bodies and event streams, against serde_json and a reference event
-//! parser, split into random chunks).
+//! parser, split into random chunks), and the inflater of gzip and deflate bodies (against
+//! flate2, mutated, split into random chunks).
 //! None may panic, and each answers in its documented classes. `PROPTEST_CASES=N` runs N per
 //! parser (`make fuzz`); the counts are printed.
 
@@ -241,8 +242,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use ratelimit_core::usage::{
-    body_kind, parse_usage_path, BodyKind, RequestEstimate, Unreadable, UsageRead, UsageReader,
-    MAX_USAGE, READER_BYTES,
+    body_kind, parse_usage_path, BodyKind, Encoding, Inflater, RequestEstimate, Unreadable,
+    UsageRead, UsageReader, INFLATER_BYTES, MAX_USAGE, READER_BYTES,
 };
 use serde_json::{Map, Value};
 
@@ -823,4 +824,145 @@ fn usage_readers_hold_constant_memory_on_large_bodies() {
     estimate.feed(json.as_bytes());
     assert_eq!(estimate.finish(5), Ok(json.len() as u64 + 5));
     assert_eq!(allocations(), before, "estimating allocated");
+}
+
+// ---- Compressed bodies -----------------------------------------------------------------------
+
+use e2e::llm::{compress, Coding};
+use std::io::Read;
+
+/// What flate2 inflates `bytes` to, or None where it finds them invalid: every gzip member
+/// read (RFC 1952 allows several); `deflate` as zlib when its first two bytes are a zlib
+/// header (RFC 1950: method 8, a window of at most 32 KiB, the check bits), else raw.
+fn flate2_inflate(coding: Coding, bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let zlib = match bytes {
+        [cmf, flg, ..] => {
+            cmf & 0x0f == 8 && cmf >> 4 <= 7 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0
+        }
+        _ => false,
+    };
+    let read = match coding {
+        Coding::Gzip => flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out),
+        Coding::Deflate | Coding::DeflateRaw if zlib => {
+            flate2::read::ZlibDecoder::new(bytes).read_to_end(&mut out)
+        }
+        Coding::Deflate | Coding::DeflateRaw => {
+            flate2::read::DeflateDecoder::new(bytes).read_to_end(&mut out)
+        }
+    };
+    read.ok().map(|_| out)
+}
+
+/// Inflates `bytes` split at `cuts`: what came out, whether it ended whole, whether it failed.
+fn inflate_split(coding: Coding, bytes: &[u8], cuts: &[f64], bound: u64) -> (Vec<u8>, bool, bool) {
+    let encoding = match coding {
+        Coding::Gzip => Encoding::Gzip,
+        Coding::Deflate | Coding::DeflateRaw => Encoding::Deflate,
+    };
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|f| (f * bytes.len() as f64) as usize)
+        .collect();
+    at.push(0);
+    at.push(bytes.len());
+    at.sort_unstable();
+    let mut inflater = Inflater::new(encoding, bound).unwrap();
+    let mut out = Vec::new();
+    for pair in at.windows(2) {
+        inflater.feed(&bytes[pair[0]..pair[1]], &mut |b| out.extend_from_slice(b));
+    }
+    (out, inflater.ended(), inflater.failed().is_some())
+}
+
+#[test]
+fn compressed_bodies_are_inflated_as_flate2_inflates_them_whatever_the_chunks() {
+    let agreed = std::cell::Cell::new(0u32);
+    let strategy = (
+        json_document(),
+        prop::sample::select(Coding::ALL.to_vec()),
+        prop_oneof![Just(vec![]), edits()],
+        cuts(),
+    );
+    let run = check(
+        "inflate, gzip and deflate bodies",
+        5_000,
+        strategy,
+        |(document, coding, edits, cuts)| {
+            let packed = compress(coding, document.as_bytes()).unwrap();
+            let unmutated = edits.is_empty();
+            let bytes = mutate(packed, edits);
+            let whole = inflate_split(coding, &bytes, &[], 1 << 20);
+            let split = inflate_split(coding, &bytes, &cuts, 1 << 20);
+            prop_assert_eq!(&split, &whole, "split at {:?}", cuts);
+            let (out, ended, failed) = whole;
+            if unmutated {
+                prop_assert!(ended && !failed && out == document.as_bytes());
+            }
+            // What flate2 reads whole, this reads the same; deflate, nothing more.
+            if let Some(expected) = flate2_inflate(coding, &bytes) {
+                agreed.set(agreed.get() + 1);
+                prop_assert!(ended && !failed, "{coding:?}: flate2 read it");
+                prop_assert_eq!(out, expected);
+            } else if ended && !failed {
+                // Accepted where flate2 refuses: only header fields this does not check.
+                prop_assert_eq!(coding, Coding::Gzip);
+            }
+            // Bounded: a small bound stops it, never past the bound.
+            let (small, _, _) = inflate_split(coding, &bytes, &cuts, 64);
+            prop_assert!(small.len() <= 64);
+            Ok(())
+        },
+    );
+    println!(
+        "inflate: {} of {run} agreed with flate2 on a valid stream",
+        agreed.get()
+    );
+    assert!(agreed.get() > run / 3, "enough valid inputs");
+}
+
+/// A 10 MB JSON body gzip-compressed: the inflater allocates nothing while inflating, keeps its
+/// size, and the usage is read through it.
+#[test]
+fn an_inflater_holds_constant_memory_on_a_large_body() {
+    let mut json = String::from("{\"a\":[");
+    let mut i = 0u64;
+    while json.len() < 10 << 20 {
+        json.push_str(&format!(
+            "{{\"n\":{},\"s\":\"{:x}\"}},",
+            i,
+            i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ));
+        i += 1;
+    }
+    json.push_str("0],\"usage\":{\"total_tokens\":42}}");
+    for coding in Coding::ALL {
+        let packed = compress(coding, json.as_bytes()).unwrap();
+        let encoding = if coding == Coding::Gzip {
+            Encoding::Gzip
+        } else {
+            Encoding::Deflate
+        };
+        let mut inflater = Inflater::new(encoding, u64::MAX).unwrap();
+        let size = inflater.memory_bytes();
+        assert!(size <= INFLATER_BYTES, "{size}");
+        let mut reader = UsageReader::new(BodyKind::Json, &usage_path(), u64::MAX);
+        let before = allocations();
+        let started = std::time::Instant::now();
+        for chunk in packed.chunks(16 << 10) {
+            inflater.feed(chunk, &mut |b| reader.feed(b));
+        }
+        let took = started.elapsed();
+        assert_eq!(allocations(), before, "{coding:?}: inflating allocated");
+        assert!(
+            inflater.ended() && inflater.failed().is_none(),
+            "{coding:?}"
+        );
+        assert_eq!(reader.finish(true), UsageRead::Found(42), "{coding:?}");
+        println!(
+            "{coding:?}: {} MB ({} KB compressed) inflated and read in {took:?}, {size}-byte inflater, no allocation",
+            json.len() >> 20,
+            packed.len() >> 10
+        );
+    }
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use e2e::http::{post_streamed, sse_data, Streamed};
 use e2e::llm::{
-    chat_request, Shape, EVENTS, EVENT_DELAY, PAD, SHAPE, USAGE, USAGE_RESPONSE_HEADER,
+    chat_request, Coding, Shape, ENCODING, EVENTS, EVENT_DELAY, PAD, SHAPE, USAGE,
+    USAGE_RESPONSE_HEADER,
 };
 use e2e::procs::filter_config_edit;
 use e2e::{get, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
@@ -232,6 +233,62 @@ fn json_and_streamed_answers_charge_exactly_their_usage_from_the_body_or_a_heade
             );
         }
     }
+    s.assert_no_wasm_failure();
+}
+
+/// Compressed answers (gzip, and deflate zlib-wrapped or raw) are charged exactly their usage,
+/// read from the body inflated as it passes, while the client receives the compressed bytes
+/// exactly as the upstream sent them.
+#[test]
+fn compressed_answers_charge_exactly_their_usage_and_pass_unchanged() {
+    let s = Llm::start(
+        "usage-compressed",
+        r#"{"name": "body", "algorithm": "fixed_window", "limit": 1000000, "window": "1d",
+            "usage": {"from": "body:usage.total_tokens", "estimate": 1000}}"#,
+    );
+    let mut expected = 0;
+    for (i, coding) in Coding::ALL.into_iter().enumerate() {
+        for (stream, tokens) in [(false, 30 + i as u64), (true, 70 + i as u64)] {
+            let key = format!(
+                "{}-{}",
+                coding.name(),
+                if stream { "stream" } else { "json" }
+            );
+            let body = chat_request("Say hello.", stream, None);
+            let tokens_text = tokens.to_string();
+            let r = s.send(
+                &key,
+                &body,
+                &[
+                    ("accept-encoding", b"gzip, deflate"),
+                    (ENCODING, coding.name().as_bytes()),
+                    (USAGE, tokens_text.as_bytes()),
+                    (EVENTS, b"5"),
+                ],
+            );
+            assert_eq!(r.status, 200, "{key}");
+            assert!(r.complete, "{key}: the answer ended early");
+            assert_eq!(r.header("content-encoding"), Some(coding.header()), "{key}");
+            let sent = s.upstream.sent_body_for(&key).expect("the upstream's body");
+            assert!(
+                r.body() == sent,
+                "{key}: the client got {} bytes, not the {} the upstream sent",
+                r.body().len(),
+                sent.len()
+            );
+            s.wait_count(
+                "body",
+                &key,
+                tokens,
+                &format!("{key}: its usage settled in Redis"),
+            );
+            // Redis charged what the upstream reported, no more, no less.
+            assert_eq!(s.upstream.served_for(&key).sum, tokens, "{key}");
+            expected += tokens;
+        }
+    }
+    s.wait_counter("body", "usage_charged", expected);
+    assert_eq!(s.counter("body", "usage_unread"), 0);
     s.assert_no_wasm_failure();
 }
 

@@ -7,7 +7,10 @@ pub use crate::bounds::MAX_USAGE_BODY;
 use crate::check::LimitCheck;
 use crate::config::{UsageSource, MAX_USAGE};
 use crate::decision::Settlement;
-use crate::usage::{body_kind, usage_from_header, BodyKind, UsageRead, UsageReader};
+use crate::usage::{
+    body_kind, encoding, usage_from_header, BodyKind, Encoding, InflateError, Inflater, UsageRead,
+    UsageReader,
+};
 
 #[derive(Debug)]
 struct Metered {
@@ -25,6 +28,17 @@ struct Metered {
 #[derive(Debug, Default)]
 pub struct UsageMeter {
     limits: Vec<Metered>,
+    /// A compressed body: what its readers read is inflated first (one inflater for all the
+    /// limits), or why it cannot be read (an encoding other than gzip and deflate).
+    body: BodyCoding,
+}
+
+#[derive(Debug, Default)]
+enum BodyCoding {
+    #[default]
+    Plain,
+    Inflate(Inflater),
+    Unreadable(InflateError),
 }
 
 /// What one usage limit of a response comes to: its settlement (None: nothing to change)
@@ -82,6 +96,8 @@ impl UsageMeter {
     /// the usage can be read from.
     pub fn on_headers(&mut self, header: &dyn Fn(&str) -> Option<Vec<u8>>) {
         let kind = header("content-type").and_then(|v| body_kind(&v));
+        let coding = encoding(header("content-encoding").as_deref());
+        let mut readers = false;
         for m in &mut self.limits {
             match &m.source {
                 UsageSource::Header(name) => {
@@ -91,18 +107,38 @@ impl UsageMeter {
                     });
                 }
                 UsageSource::Body(usage) => match kind {
-                    Some(kind) => m.reader = Some(UsageReader::of(kind, usage, MAX_USAGE_BODY)),
+                    Some(kind) => {
+                        m.reader = Some(UsageReader::of(kind, usage, MAX_USAGE_BODY));
+                        readers = true;
+                    }
                     None => m.read = Some(UsageRead::Missing),
                 },
             }
+        }
+        // The inflater's window is only allocated for a body that is read.
+        if readers {
+            self.body = match Inflater::new(coding, MAX_USAGE_BODY) {
+                Some(inflater) => BodyCoding::Inflate(inflater),
+                None if coding == Encoding::Unsupported => {
+                    BodyCoding::Unreadable(InflateError::Unsupported)
+                }
+                None => BodyCoding::Plain,
+            };
         }
     }
 
     /// Whether body chunks are still wanted.
     pub fn wants_body(&self) -> bool {
-        self.limits
-            .iter()
-            .any(|m| m.reader.as_ref().is_some_and(|r| !r.done()))
+        let coding = match &self.body {
+            BodyCoding::Plain => true,
+            BodyCoding::Inflate(inflater) => inflater.failed().is_none(),
+            BodyCoding::Unreadable(_) => false,
+        };
+        coding
+            && self
+                .limits
+                .iter()
+                .any(|m| m.reader.as_ref().is_some_and(|r| !r.done()))
     }
 
     /// The body's kind, if a body is read (for logs and tests).
@@ -112,30 +148,56 @@ impl UsageMeter {
 
     /// A chunk of the response body, as it passes.
     pub fn feed(&mut self, chunk: &[u8]) {
-        for m in &mut self.limits {
-            if let Some(reader) = m.reader.as_mut().filter(|r| !r.done()) {
-                reader.feed(chunk);
+        let limits = &mut self.limits;
+        let mut read = |bytes: &[u8]| {
+            for m in limits.iter_mut() {
+                if let Some(reader) = m.reader.as_mut().filter(|r| !r.done()) {
+                    reader.feed(bytes);
+                }
             }
+        };
+        match &mut self.body {
+            BodyCoding::Plain => read(chunk),
+            BodyCoding::Inflate(inflater) => inflater.feed(chunk, &mut read),
+            BodyCoding::Unreadable(_) => {}
+        }
+    }
+
+    /// What the body's decoding holds (an inflater's window and state), for the tests of its
+    /// bound.
+    pub fn decoder_bytes(&self) -> usize {
+        match &self.body {
+            BodyCoding::Inflate(inflater) => inflater.memory_bytes(),
+            BodyCoding::Plain | BodyCoding::Unreadable(_) => 0,
         }
     }
 
     /// The stream ended (`complete`: the body's end was seen; false: it ended early, its
     /// usage is what was read so far). Each limit's outcome.
     pub fn finish(self, complete: bool) -> Vec<UsageCharge> {
+        // A compressed body counts as whole only if its compressed data ended whole; one that
+        // cannot be decoded leaves every body reader's estimate standing.
+        let (complete, failed) = match &self.body {
+            BodyCoding::Plain => (complete, None),
+            BodyCoding::Inflate(inflater) => (complete && inflater.ended(), inflater.failed()),
+            BodyCoding::Unreadable(why) => (complete, Some(*why)),
+        };
         self.limits
             .into_iter()
             .map(|mut m| {
-                let read = match (m.read, m.reader.as_mut()) {
-                    (Some(read), _) => read,
-                    (None, Some(reader)) => reader.finish(complete),
+                let read = match (m.read, m.reader.as_mut(), failed) {
+                    (Some(read), _, _) => Ok(read),
+                    (None, Some(_), Some(why)) => Err(why),
+                    (None, Some(reader), None) => Ok(reader.finish(complete)),
                     // No response headers came (the stream ended before them).
-                    (None, None) => UsageRead::Missing,
+                    (None, None, _) => Ok(UsageRead::Missing),
                 };
                 let (charged, unread) = match read {
-                    UsageRead::Found(n) if n <= MAX_USAGE => (n, None),
-                    UsageRead::Found(_) => (m.check.cost, Some("too_large")),
-                    UsageRead::Missing => (m.check.cost, Some("missing")),
-                    UsageRead::Invalid(why) => (m.check.cost, Some(why.name())),
+                    Ok(UsageRead::Found(n)) if n <= MAX_USAGE => (n, None),
+                    Ok(UsageRead::Found(_)) => (m.check.cost, Some("too_large")),
+                    Ok(UsageRead::Missing) => (m.check.cost, Some("missing")),
+                    Ok(UsageRead::Invalid(why)) => (m.check.cost, Some(why.name())),
+                    Err(why) => (m.check.cost, Some(why.name())),
                 };
                 UsageCharge {
                     check: m.check,
@@ -220,6 +282,137 @@ mod tests {
         assert_eq!(m.finish(true)[0].charged, 100);
         let m = meter(0, body());
         assert_eq!(m.finish(false)[0].unread, Some("missing"));
+    }
+
+    fn gzip(body: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(body).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// A meter for one body limit and one header limit, fed `chunks` of a response with
+    /// these headers: each limit's charge and why it was unread.
+    fn read_encoded(
+        list: &[(&str, &str)],
+        chunks: &[&[u8]],
+        complete: bool,
+    ) -> Vec<(u64, Option<&'static str>)> {
+        let mut m = meter(100, body());
+        m.add(
+            token_bucket_check("h"),
+            100,
+            UsageSource::Header("x-usage".into()),
+        );
+        m.on_headers(&headers(list));
+        for chunk in chunks {
+            if m.wants_body() {
+                m.feed(chunk);
+            }
+        }
+        m.finish(complete)
+            .into_iter()
+            .map(|c| (c.charged, c.unread))
+            .collect()
+    }
+
+    #[test]
+    fn a_compressed_body_is_read_inflated() {
+        let json = br#"{"choices":[],"usage":{"total_tokens":30}}"#;
+        let events = b"data: {\"usage\":null}\n\ndata: {\"usage\":{\"total_tokens\":40}}\n\ndata: [DONE]\n\n";
+        for (kind, body, want) in [
+            ("application/json", &json[..], 30),
+            ("text/event-stream", &events[..], 40),
+        ] {
+            let packed = gzip(body);
+            let list = [
+                ("content-type", kind),
+                ("content-encoding", "gzip"),
+                ("x-usage", "7"),
+            ];
+            for at in 0..=packed.len() {
+                let out = read_encoded(&list, &[&packed[..at], &packed[at..]], true);
+                assert_eq!(out, [(want, None), (7, None)], "{kind} split at {at}");
+            }
+            // Read as plain bytes, the compressed body is not JSON.
+            let plain = [("content-type", kind)];
+            assert_ne!(read_encoded(&plain, &[&packed], true)[0], (want, None));
+        }
+        // The inflater is only made for a body that is read, and freed with the meter.
+        let mut m = meter(100, body());
+        m.on_headers(&headers(&[
+            ("content-type", "application/json"),
+            ("content-encoding", "deflate"),
+        ]));
+        assert!(m.decoder_bytes() > 0 && m.decoder_bytes() <= crate::usage::INFLATER_BYTES);
+        let mut m = meter(100, body());
+        m.on_headers(&headers(&[
+            ("content-type", "text/html"),
+            ("content-encoding", "gzip"),
+        ]));
+        assert_eq!(m.decoder_bytes(), 0);
+    }
+
+    #[test]
+    fn a_compressed_body_that_cannot_be_read_keeps_the_estimate() {
+        let json = br#"{"usage":{"total_tokens":30}}"#;
+        let packed = gzip(json);
+        let json_type = ("content-type", "application/json");
+        // Another encoding: not read at all; a header usage still is.
+        for coding in ["br", "zstd", "gzip, br"] {
+            let list = [json_type, ("content-encoding", coding), ("x-usage", "7")];
+            let mut m = meter(100, body());
+            m.on_headers(&headers(&list));
+            assert!(!m.wants_body(), "{coding}");
+            let out = read_encoded(&list, &[&packed], true);
+            assert_eq!(
+                out,
+                [(100, Some("unsupported_encoding")), (7, None)],
+                "{coding}"
+            );
+        }
+        let gz = [json_type, ("content-encoding", "gzip"), ("x-usage", "7")];
+        let mut corrupt = packed.clone();
+        let at = corrupt.len() - 6;
+        corrupt[at] ^= 0xff;
+        let out = read_encoded(&gz, &[&corrupt], true);
+        assert_eq!(out[0], (100, Some("corrupt_encoding")));
+        // A bomb: past the read bound of inflated bytes the rest is not inflated.
+        let bomb = gzip(&vec![b' '; (MAX_USAGE_BODY + (1 << 20)) as usize]);
+        let mut m = meter(100, body());
+        m.on_headers(&headers(&gz));
+        for chunk in bomb.chunks(16 << 10) {
+            m.feed(chunk);
+        }
+        assert!(!m.wants_body());
+        assert_eq!(m.finish(true)[0].unread, Some("inflated_too_large"));
+    }
+
+    #[test]
+    fn a_compressed_stream_cut_settles_what_it_read() {
+        let events = b"data: {\"usage\":{\"total_tokens\":40}}\n\ndata: {\"choices\":[]}\n\n";
+        let packed = gzip(events);
+        let list = [
+            ("content-type", "text/event-stream"),
+            ("content-encoding", "gzip"),
+        ];
+        // The body ended before the gzip trailer: a cut stream, whose events before count.
+        let cut = &packed[..packed.len() - 4];
+        assert_eq!(read_encoded(&list, &[cut], true)[0], (40, None));
+        // A JSON body whose trailer is missing counts if the whole document was inflated.
+        let json = gzip(br#"{"usage":{"total_tokens":30}}"#);
+        let list = [
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ];
+        assert_eq!(
+            read_encoded(&list, &[&json[..json.len() - 8]], true)[0],
+            (30, None)
+        );
+        assert_eq!(
+            read_encoded(&list, &[&json[..json.len() / 2]], true)[0].0,
+            100
+        );
     }
 
     #[test]

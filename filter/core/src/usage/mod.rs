@@ -5,6 +5,7 @@
 //! - [`UsageReader`]: the number at a dotted path of an `application/json` body, or of the
 //!   `data:` events of a `text/event-stream` (the last event carrying it wins); or, for a
 //!   [`BodyUsage`], the first of several paths present, and the sum of several such fields.
+//! - [`Inflater`]: a gzip or deflate body inflated as it passes, for the reader.
 //! - [`usage_from_header`]: the number in a response header.
 //! - [`RequestEstimate`]: the request body's bytes plus its `max_completion_tokens` /
 //!   `max_tokens`, an upper bound of the usage for byte-level tokenizers.
@@ -16,6 +17,7 @@ mod event_stream;
 #[cfg(test)]
 mod formats_tests;
 mod header;
+mod inflate;
 mod json;
 mod path;
 mod sum;
@@ -24,6 +26,7 @@ mod tests;
 
 pub use estimate::{EstimateError, IncludeUsage, OutputKeys, RequestEstimate};
 pub use header::usage_from_header;
+pub use inflate::{encoding, Encoding, InflateError, Inflater, INFLATER_BYTES};
 pub use sum::{BodyUsage, Field, MAX_PATHS};
 
 use event_stream::Events;
