@@ -67,6 +67,9 @@ stats! {
         /// Usage settlements dropped without reaching Redis: beyond the bound on those kept
         /// for later, or a give-back whose call timed out (it may have been made).
         UsageSettlementsLost => "ratelimit_usage_settlements_lost",
+        /// Usage settlements and concurrency releases sent in a decision call going out
+        /// anyway, rather than in a call of their own.
+        UsageSettlementsRiding => "ratelimit_usage_settlements_riding",
         /// Calls settling usage limits.
         UsageSettlementCalls => "ratelimit_usage_settlement_calls",
         /// Milliseconds the worker's timer fired late (beyond 5 ms of jitter): time the
@@ -297,7 +300,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 24);
+        assert_eq!(Counter::ALL.len(), 25);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 

@@ -101,6 +101,18 @@ impl<'a> WireMode<'a> {
     }
 }
 
+/// A settlement as its limit goes in a call: its key, the check sent (its cost as 0) and its
+/// mode's three arguments.
+fn settle_limit(s: &Settlement) -> (&str, LimitCheck, [String; 3]) {
+    let check = LimitCheck {
+        cost: 0,
+        ..s.check.clone()
+    };
+    let mode = release_of(&s.check)
+        .unwrap_or_else(|| ["settle".to_string(), s.delta.to_string(), "0".to_string()]);
+    (&s.check.key, check, mode)
+}
+
 /// The mode arguments releasing the slot a concurrency limit's request holds: `settle`, `-1`,
 /// its id (None: `check` holds no slot).
 fn release_of(check: &LimitCheck) -> Option<[String; 3]> {
@@ -164,6 +176,18 @@ impl DecideCall {
         deadline_ms: u128,
         requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
     ) -> Self {
+        Self::leasing_with(clock, deadline_ms, requests, &[])
+    }
+
+    /// [`DecideCall::leasing`], then one more request settling `settlements` as
+    /// [`DecideCall::settle`] would (none when empty): settlements riding on a decision call,
+    /// on its clock and deadline. Its reply is the last entry.
+    pub fn leasing_with<'a>(
+        clock: &str,
+        deadline_ms: u128,
+        requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
+        settlements: &'a [Settlement],
+    ) -> Self {
         let mut keys = KeyTable::default();
         let mut budgets: Vec<String> = Vec::new();
         let mut budget_index: HashMap<&str, usize> = HashMap::new();
@@ -216,6 +240,15 @@ impl DecideCall {
                 }
             }
         }
+        if !settlements.is_empty() {
+            count += 1;
+            body.push(settlements.len().to_string());
+            for s in settlements {
+                let (key, check, mode) = settle_limit(s);
+                push_limit(&mut body, keys.limit_index(key, check.overrides), &check);
+                body.extend(mode);
+            }
+        }
         let mut args = Vec::with_capacity(4 + budgets.len() + body.len());
         args.push(clock.to_string());
         args.push(deadline_ms.to_string());
@@ -251,15 +284,7 @@ impl DecideCall {
     /// One request settling usage limits (see `lua/decide.lua`, mode `settle`): each limit is
     /// charged its signed delta at `clock` (Unix ns), without refusing.
     pub fn settle(clock: u128, deadline_ms: u128, settlements: &[Settlement]) -> Self {
-        Self::adjustment(clock, deadline_ms, settlements, |s| {
-            let check = LimitCheck {
-                cost: 0,
-                ..s.check.clone()
-            };
-            let mode = release_of(&s.check)
-                .unwrap_or_else(|| ["settle".to_string(), s.delta.to_string(), "0".to_string()]);
-            (&*s.check.key, check, mode)
-        })
+        Self::adjustment(clock, deadline_ms, settlements, settle_limit)
     }
 
     /// One request of `items`, each a limit (its key, as the check to send) with its mode and

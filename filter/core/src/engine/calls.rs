@@ -7,14 +7,16 @@ use std::time::Duration;
 
 use super::host::Host;
 use super::lag::Moment;
+use super::leases::Ticket;
 use super::queue::{Call, Origin, Outcome, Sent, Waiting};
 use super::settlements::{Settled, Settlements};
 use super::splits::Split;
 use super::{serve_locally, Engine, MAX_CALL_BYTES};
-use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall};
+use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall, LimitShape};
 use crate::config::Config;
-use crate::decision::Refund;
+use crate::decision::{Refund, Settlement};
 use crate::metrics::{Counter, Gauge, Histogram};
+use crate::slot::key_slot;
 
 impl Engine {
     /// Sends batches while a call slot is free and requests wait, from context `from` or root.
@@ -39,10 +41,61 @@ impl Engine {
                 let epoch = self.refusals.epoch();
                 host.count(Counter::BridgeCalls);
                 host.record(Histogram::BatchSize, members.len() as u64);
-                let call = Call::decide(config, members, Sent { at_ns: now, epoch }, from);
+                // Settlements go with a call from the root (their outcome comes back to it),
+                // in the room the batch left, on its slot.
+                let riders = match from {
+                    None => self.riders(config, host, &members),
+                    Some(_) => Vec::new(),
+                };
+                let sent = Sent { at_ns: now, epoch };
+                let call = Call::decide(config, members, sent, from, riders);
                 self.send(config, host, call, now);
             }
         }
+    }
+
+    /// The settlements that fit in the call deciding `members`: on its slot (a call holds one
+    /// slot's keys), within [`MAX_CALL_BYTES`] with the batch.
+    fn riders(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        members: &[Waiting],
+    ) -> Vec<Settlement> {
+        if self.settlements.waiting() == 0 {
+            return Vec::new();
+        }
+        let size = members.iter().fold(CallSize::batch(), |size, m| {
+            let lease = m.lease.as_ref().map(Ticket::requests);
+            size.with_checks(&m.plan.checks, lease)
+        });
+        let slot = members
+            .first()
+            .and_then(|m| m.plan.checks.first())
+            .map(|c| key_slot(c.key.as_bytes()))
+            .filter(|_| config.redis_cluster);
+        let mut bytes = 0;
+        let mut count = 0;
+        let riders = self.settlements.riders(|s| {
+            if slot.is_some_and(|slot| key_slot(s.check.key.as_bytes()) != slot) {
+                return false;
+            }
+            let more = size.limit_bytes(&LimitShape::settle(s));
+            let fits = size.with_request(count + 1, bytes + more).bytes() <= MAX_CALL_BYTES;
+            if fits {
+                bytes += more;
+                count += 1;
+            }
+            fits
+        });
+        // Units given back may pay for a request the deny cache would refuse: asked again.
+        for settlement in riders.iter().filter(|s| s.delta < 0) {
+            self.refusals.forget(&settlement.check.key);
+        }
+        if !riders.is_empty() {
+            host.count_n(Counter::UsageSettlementsRiding, riders.len() as u64);
+        }
+        riders
     }
 
     /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
@@ -107,7 +160,9 @@ impl Engine {
             }
             Err(why) => {
                 let failure = BridgeFailure::Dispatch(why);
-                self.fail(config, host, call.into_members(), failure, now, true)
+                let (members, riders) = call.into_parts();
+                self.settlements.ridden(riders, Err(&failure));
+                self.fail(config, host, members, failure, now, true)
             }
         }
     }
@@ -143,7 +198,9 @@ impl Engine {
         for token in given_up {
             if let Some(flight) = self.queue.take_call(token) {
                 self.queue.abandon(token);
-                let members = flight.call.into_members();
+                let (members, riders) = flight.call.into_parts();
+                self.settlements
+                    .ridden(riders, Err(&BridgeFailure::Timeout));
                 self.fail(config, host, members, BridgeFailure::Timeout, now, true);
             }
         }
@@ -192,7 +249,8 @@ impl Engine {
         host.count(Counter::BreakerTrips);
         host.gauge_add(Gauge::BreakerOpen, 1);
         host.report_breaker(true, &why);
-        let (members, open) = (self.queue.take_all(), BridgeFailure::BreakerOpen);
+        let ((members, riders), open) = (self.queue.take_all(), BridgeFailure::BreakerOpen);
+        self.settlements.ridden(riders, Err(&open));
         self.fail(config, host, members, open, now, false);
     }
 

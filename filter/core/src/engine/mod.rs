@@ -326,7 +326,6 @@ impl Engine {
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
         self.dispatch_ready(config, host, None);
-        self.send_settlements(config, host);
         self.tally.flush(host);
     }
 
@@ -366,7 +365,11 @@ impl Engine {
                 self.breaker.answered();
                 self.replies = self.replies.wrapping_add(1);
                 let sent = call.sent;
-                for (member, result) in call.with_results(results) {
+                let (members, riding) = call.with_results(results);
+                if let Some((riders, result)) = riding {
+                    self.settlements.ridden(riders, result.as_ref().map(|_| ()));
+                }
+                for (member, result) in members {
                     let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
                     self.resolve(config, host, member, outcome, Some(sent), now);
                 }
@@ -400,7 +403,9 @@ impl Engine {
                     }
                     failure => failure,
                 };
-                self.fail(config, host, call.into_members(), failure, now, true)
+                let (members, riders) = call.into_parts();
+                self.settlements.ridden(riders, Err(&failure));
+                self.fail(config, host, members, failure, now, true)
             }
         }
         match at {

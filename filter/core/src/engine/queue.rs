@@ -15,7 +15,7 @@ use crate::bridge::{
     BridgeReply, BridgeRequest, DecideCall, EvalOutcome, RequestShape,
 };
 use crate::config::{Clock, Config};
-use crate::decision::Decision;
+use crate::decision::{Decision, Settlement};
 use crate::request::plan::Plan;
 
 /// Whom a waiting request's outcome goes to.
@@ -124,6 +124,9 @@ pub enum Stage {
     LoadingScript,
 }
 
+/// The settlements that rode on a call, with their part of its reply.
+pub type Riding<T> = Option<(Vec<Settlement>, T)>;
+
 /// A decision call: made, then in flight once dispatched (with its token).
 #[derive(Debug)]
 pub struct Call {
@@ -144,11 +147,20 @@ pub struct Call {
     /// The request context that made the call, if not the root: its reply comes there, and
     /// is lost if that stream ends first.
     pub owner: Option<u32>,
+    /// Settlements riding on the call: its last request, which no stream waits for.
+    riders: Vec<Settlement>,
 }
 
 impl Call {
-    /// The call deciding `members` (a batch), sent at `now` from `owner`.
-    pub fn decide(config: &Config, members: Vec<Waiting>, sent: Sent, owner: Option<u32>) -> Call {
+    /// The call deciding `members` (a batch), sent at `now` from `owner`, with `riders`
+    /// settled in it (see [`DecideCall::leasing_with`]).
+    pub fn decide(
+        config: &Config,
+        members: Vec<Waiting>,
+        sent: Sent,
+        owner: Option<u32>,
+        riders: Vec<Settlement>,
+    ) -> Call {
         let now = sent.at_ns;
         let clock = match config.clock {
             Clock::Proxy => now.to_string(),
@@ -162,14 +174,22 @@ impl Call {
             .min()
             .unwrap_or(now);
         let deadline_ms = deadline_ns.saturating_add(config.clock_skew.as_nanos()) / 1_000_000;
-        let call = DecideCall::leasing(
+        let call = DecideCall::leasing_with(
             &clock,
             deadline_ms,
             members.iter().map(|m| {
                 let lease = m.lease.as_ref().map(Ticket::requests);
                 (m.plan.checks.as_slice(), lease)
             }),
+            &riders,
         );
+        let mut shapes: Vec<RequestShape> = members.iter().map(Waiting::shape).collect();
+        if !riders.is_empty() {
+            shapes.push(RequestShape {
+                limits: riders.len(),
+                most_leased: 0,
+            });
+        }
         let timeout = members
             .iter()
             .map(|m| m.plan.timeout)
@@ -178,11 +198,12 @@ impl Call {
         Call {
             stage: Stage::Deciding { reloaded: false },
             eval: BridgeRequest::evalsha(&config.script_sha, &call),
-            shapes: members.iter().map(Waiting::shape).collect(),
+            shapes,
             members: members.into_iter().map(Some).collect(),
             timeout,
             sent,
             owner,
+            riders,
         }
     }
 
@@ -191,18 +212,25 @@ impl Call {
         self.members.iter().flatten()
     }
 
-    /// The requests still waiting for it, taken.
-    pub fn into_members(self) -> Vec<Waiting> {
-        self.members.into_iter().flatten().collect()
+    /// The requests still waiting for it, and the settlements riding on it, taken.
+    pub fn into_parts(self) -> (Vec<Waiting>, Vec<Settlement>) {
+        (self.members.into_iter().flatten().collect(), self.riders)
     }
 
-    /// The requests still waiting, each with its part of a reply (`results`, in call order).
-    pub fn with_results<T>(self, results: Vec<T>) -> Vec<(Waiting, T)> {
-        self.members
+    /// The requests still waiting, each with its part of a reply (`results`, in call order),
+    /// and the riding settlements with theirs (the last part; None without riders).
+    pub fn with_results<T>(self, mut results: Vec<T>) -> (Vec<(Waiting, T)>, Riding<T>) {
+        let riding = match self.riders.is_empty() {
+            true => None,
+            false => results.pop().map(|result| (self.riders, result)),
+        };
+        let members = self
+            .members
             .into_iter()
             .zip(results)
             .filter_map(|(member, result)| member.map(|m| (m, result)))
-            .collect()
+            .collect();
+        (members, riding)
     }
 
     /// The requests whose deadline passed by `at`, taken out of the call.
@@ -458,22 +486,28 @@ impl Queue {
         self.waiting.drain(..).collect()
     }
 
-    /// Every request, waiting or in a call in flight, taken (the calls are abandoned).
-    pub fn take_all(&mut self) -> Vec<Waiting> {
+    /// Every request, waiting or in a call in flight, taken (the calls are abandoned), and the
+    /// settlements riding on those calls.
+    pub fn take_all(&mut self) -> (Vec<Waiting>, Vec<Settlement>) {
         let mut all = self.take_waiting();
+        let mut riders = Vec::new();
         let flights: Vec<InFlight> = self.in_flight.drain(..).collect();
         for flight in flights {
             self.abandon(flight.token);
-            all.extend(flight.call.into_members());
+            let (members, riding) = flight.call.into_parts();
+            all.extend(members);
+            riders.extend(riding);
         }
-        all
+        (all, riders)
     }
 
     /// The stream `ctx` ended: its requests (not the prefetches it started) leave the queue
     /// and the calls it made (whose replies are lost with it, so those calls are abandoned),
-    /// their lease tickets given back to `leases`. The other requests of those calls, taken.
-    pub fn forget(&mut self, ctx: u32, leases: &mut Leases) -> Vec<Waiting> {
+    /// their lease tickets given back to `leases`. The other requests of those calls, and the
+    /// settlements riding on them, taken.
+    pub fn forget(&mut self, ctx: u32, leases: &mut Leases) -> (Vec<Waiting>, Vec<Settlement>) {
         let mut orphans = Vec::new();
+        let mut riders = Vec::new();
         let mut i = 0;
         while i < self.waiting.len() {
             match self.waiting.get(i) {
@@ -486,14 +520,16 @@ impl Queue {
             }
         }
         while let Some(call) = self.take_call_of(ctx) {
-            for member in call.into_members() {
+            let (members, riding) = call.into_parts();
+            riders.extend(riding);
+            for member in members {
                 match member.origin.ctx() == Some(ctx) {
                     true => member.leave(leases),
                     false => orphans.push(member),
                 }
             }
         }
-        orphans
+        (orphans, riders)
     }
 }
 

@@ -1,9 +1,13 @@
 //! Usage settlements: what a usage limit's response really used, charged (or given back)
 //! after the request was admitted. The engine records, per stream let through, what each of
 //! its usage limits was charged up front ([`Metering`]); once the adapter has read the usage,
-//! the difference is queued here and sent from the root in calls of their own (mode `settle`
-//! of the decision script), at the worker's next wake-up or tick, grouped per Redis Cluster
-//! slot and sized by the call size model, with a deadline, not while the breaker is open.
+//! the difference is queued here and sent from the root (mode `settle` of the decision
+//! script): riding as the last request of the next decision call the root sends, in the room
+//! its batch left and on its slot ([`Settlements::riders`]), or at the worker's next tick in
+//! calls of their own, grouped per Redis Cluster slot and sized by the call size model, with a
+//! deadline, not while the breaker is open. Riding, a settlement takes the decision call's
+//! clock and deadline, and its outcome is read from the call's last entry, apart from the
+//! decisions ([`Settlements::ridden`]).
 //!
 //! Failures: a settlement whose call failed definitely (not sent, refused by the bridge or
 //! Redis, past its deadline) is kept and sent again; the kept list is bounded, the oldest
@@ -167,6 +171,43 @@ impl Settlements {
     /// Settlements waiting for a call.
     pub fn waiting(&self) -> usize {
         self.kept.len()
+    }
+
+    /// The settlements to send with a decision call going out anyway, oldest first: those
+    /// `fits` takes (its slot, the room left in the call). The rest waits.
+    pub fn riders(&mut self, mut fits: impl FnMut(&Settlement) -> bool) -> Vec<Settlement> {
+        if self.kept.is_empty() {
+            return Vec::new();
+        }
+        let (riders, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.kept)
+            .into_iter()
+            .partition(|s| fits(s));
+        self.kept = left;
+        riders
+    }
+
+    /// What became of settlements that rode on a decision call, by the call's outcome (the
+    /// request's own, when Redis answered): as for a call of their own (see
+    /// [`Settlements::reply`]): carried out; a request Redis could not carry out, dropped; a
+    /// call that may have been carried out unseen, debts and releases sent again; one that
+    /// definitely was not, kept.
+    pub fn ridden(&mut self, riders: Vec<Settlement>, outcome: Result<(), &BridgeFailure>) {
+        if riders.is_empty() {
+            return;
+        }
+        match outcome {
+            Ok(()) => {}
+            Err(BridgeFailure::Redis(_)) => self.lost += riders.len() as u64,
+            Err(
+                BridgeFailure::NoResponse
+                | BridgeFailure::Timeout
+                | BridgeFailure::Status(500..)
+                | BridgeFailure::BadReply(_)
+                | BridgeFailure::Orphaned
+                | BridgeFailure::BreakerOpen,
+            ) => self.after_doubt(riders),
+            Err(_) => self.keep(riders),
+        }
     }
 
     /// Settlements dropped since the last time, taken (for the counter).

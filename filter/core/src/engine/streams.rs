@@ -22,19 +22,17 @@ impl Engine {
     }
 
     /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
-    /// and their settlements sent from the root at its next wake-up (or tick). Callable from
+    /// and their settlements sent from the root with its next decision call, or at its next
+    /// tick. Callable from
     /// any context: nothing is sent from it.
     pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<UsageCharge>) {
         self.settlements.finished(&mut self.tally, outcomes);
         self.count_lost_settlements(host);
-        if self.settlements.waiting() > 0 && !self.wake_pending && host.wake() {
-            self.wake_pending = true;
-        }
         self.tally.flush(host);
     }
 
-    /// Queues the releases of concurrency slots, sent from the root at its next wake-up (or
-    /// tick). Callable from any context.
+    /// Queues the releases of concurrency slots, sent from the root like settlements: with its
+    /// next decision call, or at its next tick. Callable from any context.
     pub(super) fn release(&mut self, host: &mut impl Host, releases: Vec<Settlement>) {
         if releases.is_empty() {
             return;
@@ -43,9 +41,6 @@ impl Engine {
             self.settlements.push(release);
         }
         self.count_lost_settlements(host);
-        if !self.wake_pending && host.wake() {
-            self.wake_pending = true;
-        }
     }
 
     /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
@@ -63,7 +58,9 @@ impl Engine {
         if self.queue.load() == (0, 0) {
             return; // nothing waits nor is in flight (most streams end so)
         }
-        let orphans = self.queue.forget(ctx, &mut self.leases);
+        let (orphans, riders) = self.queue.forget(ctx, &mut self.leases);
+        self.settlements
+            .ridden(riders, Err(&BridgeFailure::Orphaned));
         if !orphans.is_empty() {
             let now = self.clock_or_last(host);
             self.fail(config, host, orphans, BridgeFailure::Orphaned, now, false);

@@ -61,7 +61,7 @@ fn an_admitted_request_is_released_when_its_stream_ends_and_not_before() {
     e.on_tick(&c, &mut h);
     assert!(releases(&h).is_empty(), "held while the stream runs");
     e.forget(&c, &mut h, 7);
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     assert_eq!(releases(&h), std::slice::from_ref(&member));
     // Another stream gets another id.
     e.on_request(&c, &mut h, 8, &req("/", "k"));
@@ -83,7 +83,7 @@ fn a_stream_gone_before_its_decision_is_released_once_redis_admitted_it() {
     e.forget(&c, &mut h, 2);
     assert!(releases(&h).is_empty(), "its decision is still out");
     e.on_reply(&c, &mut h, None, token, ok(allow()));
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     assert_eq!(releases(&h), [member]);
 }
 
@@ -95,7 +95,7 @@ fn a_refused_request_holds_nothing_and_sends_no_release() {
     assert_eq!(h.answered.len(), 1);
     assert_eq!(h.answered[0].1.status, 429);
     e.forget(&c, &mut h, 3);
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     e.on_tick(&c, &mut h);
     assert!(releases(&h).is_empty());
     // Never from a deny cache: the next request of the key is sent again.

@@ -73,7 +73,7 @@ fn stat(h: &FakeHost, c: &Config, name: &str) -> u64 {
 }
 
 #[test]
-fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_the_next_wakeup() {
+fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_the_next_tick() {
     let (c, mut e, mut h) = metered("");
     e.on_request(&c, &mut h, 1, &req("/v1/chat", "k"));
     let decision = h.dispatched[0].1.path.clone();
@@ -88,9 +88,12 @@ fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_the_next_w
     );
     let wakes = h.wakes;
     respond(&mut e, &mut h, 1, r#"{"usage": {"total_tokens": 30}}"#);
-    assert_eq!(h.wakes, wakes + 1, "the root is asked to send it");
+    assert_eq!(
+        h.wakes, wakes,
+        "it waits for a decision call of the root, or the tick"
+    );
     assert!(settle_calls(&h).is_empty(), "not from the stream's context");
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     let calls = settle_calls(&h);
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].1, vec![-70]);
@@ -152,7 +155,7 @@ fn after_mode_reserves_nothing_and_charges_the_usage() {
     let mut meter = e.take_meter(1).unwrap();
     meter.on_headers(&|name| (name == "x-usage").then(|| b"42".to_vec()));
     e.settle_usage(&mut h, meter.finish(true));
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     assert_eq!(settle_calls(&h)[0].1, vec![42]);
     assert_eq!(stat(&h, &c, "ratelimit_rule.late.tokens.usage_reserved"), 0);
 }
@@ -164,7 +167,7 @@ fn a_request_let_through_by_the_failure_policy_is_charged_its_whole_usage() {
     e.on_reply(&c, &mut h, Some(1), 1, none());
     assert_eq!(h.resumed, vec![1], "failed open");
     respond(&mut e, &mut h, 1, r#"{"usage": {"total_tokens": 30}}"#);
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     assert_eq!(settle_calls(&h)[0].1, vec![30], "nothing was reserved");
 }
 
@@ -194,7 +197,7 @@ fn while_the_breaker_is_open_settlements_are_kept_and_sent_once_it_closes() {
     let token = h.last_token();
     e.on_reply(&c, &mut h, Some(2), token, none());
     assert_eq!(h.breaker_open, 1);
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     e.on_tick(&c, &mut h);
     assert!(settle_calls(&h).is_empty(), "nothing sent while open");
     // The probe is answered: the breaker closes, the next tick sends the kept settlement.
@@ -218,7 +221,7 @@ fn a_settlement_refused_by_the_bridge_or_past_its_deadline_is_sent_again() {
         "/v1/a",
         r#"{"usage": {"total_tokens": 10}}"#,
     );
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     // Webdis refuses a call it does not carry out (its ACL: 403).
     let down = BridgeReply {
         status: Some(403),
@@ -255,7 +258,7 @@ fn a_settlement_not_dispatched_is_kept() {
         r#"{"usage": {"total_tokens": 300}}"#,
     );
     h.refuse_dispatch = true;
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     h.refuse_dispatch = false;
     e.on_tick(&c, &mut h);
     assert_eq!(settle_calls(&h)[0].1, vec![200]);
@@ -282,7 +285,7 @@ fn after_a_timeout_debts_are_sent_again_and_give_backs_are_lost_and_counted() {
         "/v1/b",
         r#"{"usage": {"total_tokens": 20}}"#,
     );
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     let calls = settle_calls(&h);
     assert_eq!(calls[0].1, vec![60, -80]);
     e.on_reply(&c, &mut h, None, calls[0].0, none());
@@ -312,7 +315,7 @@ fn a_504_from_envoy_is_a_timeout_give_backs_are_lost_and_debts_sent_again() {
         "/v1/b",
         r#"{"usage": {"total_tokens": 20}}"#,
     );
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     let calls = settle_calls(&h);
     assert_eq!(calls[0].1, vec![60, -80]);
     let timed_out = BridgeReply {
@@ -336,7 +339,7 @@ fn redis_without_the_script_gets_it_loaded_and_the_settlement_again() {
         "/v1/a",
         r#"{"usage": {"total_tokens": 120}}"#,
     );
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
     let token = settle_calls(&h)[0].0;
     e.on_reply(&c, &mut h, None, token, ok(noscript));
@@ -489,7 +492,7 @@ fn a_5xx_or_unreadable_reply_may_have_been_carried_out_give_backs_are_lost_debts
             "/v1/b",
             r#"{"usage": {"total_tokens": 300}}"#,
         );
-        e.on_wakeup(&c, &mut h);
+        e.on_tick(&c, &mut h);
         let (token, deltas) = settle_calls(&h)[0].clone();
         assert_eq!(deltas, vec![-90, 200]);
         e.on_reply(&c, &mut h, None, token, reply);
@@ -519,7 +522,7 @@ fn units_given_back_clear_the_refusals_cached_for_their_key() {
     meter.on_headers(&|name| (name == "content-type").then(|| b"application/json".to_vec()));
     meter.feed(br#"{"usage": {"total_tokens": 10}}"#);
     e.settle_usage(&mut h, meter.finish(true));
-    e.on_wakeup(&c, &mut h);
+    e.on_tick(&c, &mut h);
     assert_eq!(settle_calls(&h)[0].1, vec![-90]);
     let sent = h.dispatched.len();
     e.on_request(&c, &mut h, 3, &req("/v1/c", "k"));
@@ -529,4 +532,68 @@ fn units_given_back_clear_the_refusals_cached_for_their_key() {
         "asked Redis, not the deny cache"
     );
     assert_eq!(h.statuses(), vec![(2, 429)]);
+}
+
+/// Streams 2 and 3 of `/v1/` while stream 1's settlement waits: 2 goes at once from its own
+/// context, 3 waits for the root, which sends it with the settlement riding on its call.
+/// Returns the token and path of that call.
+fn ride(e: &mut Engine, c: &Config, h: &mut FakeHost, usage: u64) -> (u32, String) {
+    served(
+        e,
+        c,
+        h,
+        1,
+        "/v1/a",
+        &format!(r#"{{"usage": {{"total_tokens": {usage}}}}}"#),
+    );
+    e.on_request(c, h, 2, &req("/v1/b", "k"));
+    let token = h.last_token();
+    e.on_request(c, h, 3, &req("/v1/c", "k"));
+    e.on_reply(c, h, Some(2), token, ok(&allow(2)));
+    e.on_wakeup(c, h);
+    let (token, call, _) = h.dispatched.last().unwrap().clone();
+    (token, call.path)
+}
+
+#[test]
+fn a_settlement_rides_on_the_next_decision_call_from_the_root() {
+    let (c, mut e, mut h) = metered("");
+    let (token, path) = ride(&mut e, &c, &mut h, 30);
+    assert!(path.contains("/enforce/"), "a decision call: {path}");
+    assert!(path.contains("/settle/-70/"), "with the give-back: {path}");
+    let calls = h.dispatched.len();
+    // Its reply: stream 3's decision, then the settlement's entry.
+    let reply = r#"{"EVALSHA":[2,1,2,1,"5","6000","0",1,"5","6000","0",1,1,1,"0","0","0"]}"#;
+    e.on_reply(&c, &mut h, None, token, ok(reply));
+    assert!(h.resumed.contains(&3));
+    e.on_tick(&c, &mut h);
+    assert_eq!(h.dispatched.len(), calls, "no call of its own");
+    assert_eq!(h.count_of(Counter::UsageSettlementsRiding), 1);
+    assert_eq!(h.count_of(Counter::UsageSettlementCalls), 0);
+}
+
+#[test]
+fn a_riding_debt_whose_call_went_unanswered_is_sent_again_on_its_own() {
+    let (c, mut e, mut h) = metered("");
+    let (token, path) = ride(&mut e, &c, &mut h, 250);
+    assert!(path.contains("/settle/150/"), "{path}");
+    e.on_reply(
+        &c,
+        &mut h,
+        None,
+        token,
+        BridgeReply {
+            status: None,
+            body: b"",
+        },
+    );
+    assert!(h.resumed.contains(&3), "stream 3 let through by its policy");
+    assert_eq!(h.count_of(Counter::FailureModeOpen), 1);
+    e.on_tick(&c, &mut h);
+    let own = settle_calls(&h)
+        .into_iter()
+        .filter(|(t, _)| *t > token)
+        .collect::<Vec<_>>();
+    assert_eq!(own.len(), 1, "sent again, alone");
+    assert_eq!(own[0].1, vec![150]);
 }
