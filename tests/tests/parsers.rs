@@ -919,9 +919,187 @@ fn events(events: &[(&str, Value)], ending: &str, pretty: bool) -> String {
     text
 }
 
-/// An OpenAI chat completion or Responses API answer (JSON or stream), or an Anthropic
-/// message (JSON or stream with message_start and message_delta), from random numbers and
-/// texts.
+/// What an answer is drawn from: numbers (`n`), texts, options (`flags`), the line ending of
+/// a stream, and whether its JSON is pretty (in a stream, over several data lines).
+#[derive(Debug, Clone)]
+struct Draw {
+    stream: bool,
+    n: [u64; 5],
+    texts: Vec<String>,
+    flags: u8,
+    ending: &'static str,
+    pretty: bool,
+}
+
+impl Draw {
+    fn json(&self, document: &Value) -> String {
+        if self.pretty {
+            serde_json::to_string_pretty(document).unwrap()
+        } else {
+            serde_json::to_string(document).unwrap()
+        }
+    }
+
+    fn events(&self, list: &[(&str, Value)]) -> String {
+        events(list, self.ending, self.pretty)
+    }
+}
+
+/// A chat completion (or a chunk stream with its usage chunk and `[DONE]`): its own total; the
+/// list takes `completion_tokens`, first of its paths, over an `output_tokens` also there.
+fn chat_answer(d: &Draw) -> (String, [Option<UsageRead>; 3]) {
+    use serde_json::json;
+    let [p, c, t, x, _] = d.n;
+    let mut usage = json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": t});
+    if d.flags & 1 != 0 {
+        usage["output_tokens"] = json!(x);
+    }
+    let body = if d.stream {
+        let chunk = |content: &str| {
+            let choice = json!({"index": 0, "delta": {"content": content}});
+            json!({"id": "chatcmpl-1", "choices": [choice], "usage": null})
+        };
+        let mut list: Vec<(&str, Value)> = d.texts.iter().map(|s| ("", chunk(s))).collect();
+        list.push((
+            "",
+            json!({"id": "chatcmpl-1", "choices": [], "usage": usage}),
+        ));
+        d.events(&list) + &format!("data: [DONE]{0}{0}", d.ending)
+    } else {
+        let message = json!({"role": "assistant", "content": d.texts.concat()});
+        d.json(&json!({"id": "chatcmpl-1", "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": usage}))
+    };
+    (body, [Some(sum(&[t])), None, Some(sum(&[c]))])
+}
+
+/// The Responses API: the usage in its JSON, or in its stream's `response.completed` after
+/// a `response.created` whose usage is null.
+fn responses_answer(d: &Draw) -> (String, [Option<UsageRead>; 3]) {
+    use serde_json::json;
+    let [p, c, t, _, _] = d.n;
+    let usage = json!({"input_tokens": p, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": c, "total_tokens": t});
+    let body = if d.stream {
+        let created = json!({"type": "response.created", "sequence_number": 0,
+            "response": {"id": "resp_1", "status": "in_progress", "usage": null}});
+        let mut list = vec![("response.created", created)];
+        for (i, s) in d.texts.iter().enumerate() {
+            let delta = json!({"type": "response.output_text.delta",
+                "sequence_number": i + 1, "delta": s});
+            list.push(("response.output_text.delta", delta));
+        }
+        let mut text = d.events(&list);
+        if d.flags & 2 != 0 {
+            text.push_str(&format!(": keep-alive{0}{0}", d.ending));
+        }
+        let completed = json!({"type": "response.completed",
+            "response": {"id": "resp_1", "status": "completed", "usage": usage}});
+        text + &d.events(&[("response.completed", completed)])
+    } else {
+        let output = json!([{"type": "message",
+            "content": [{"type": "output_text", "text": d.texts.concat()}]}]);
+        d.json(
+            &json!({"id": "resp_1", "object": "response", "status": "completed",
+            "output": output, "usage": usage}),
+        )
+    };
+    (body, [Some(sum(&[t])), None, Some(sum(&[c]))])
+}
+
+/// An Anthropic message: input, output and the cache counts present, added up. A stream has
+/// them in `message_start` (output 1), then 0 to 3 `message_delta` with cumulative output
+/// counts, the last `c`; some servers repeat the input counts there, or send them null.
+fn anthropic_answer(d: &Draw) -> (String, [Option<UsageRead>; 3]) {
+    use serde_json::json;
+    let [p, c, _, x, y] = d.n;
+    let mut cache = Map::new();
+    let mut counted = vec![p];
+    if d.flags & 1 != 0 {
+        cache.insert("cache_creation_input_tokens".into(), json!(x));
+        counted.push(x);
+    }
+    if d.flags & 2 != 0 {
+        cache.insert("cache_read_input_tokens".into(), json!(y));
+        counted.push(y);
+    }
+    if !d.stream {
+        let mut usage = cache;
+        usage.insert("input_tokens".into(), json!(p));
+        usage.insert("output_tokens".into(), json!(c));
+        counted.push(c);
+        let body = d.json(
+            &json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": d.texts.concat()}],
+            "stop_reason": "end_turn", "usage": usage}),
+        );
+        return (body, [None, Some(sum(&counted)), Some(sum(&[c]))]);
+    }
+    let mut start = cache.clone();
+    start.insert("input_tokens".into(), json!(p));
+    start.insert("output_tokens".into(), json!(1));
+    let message = json!({"id": "msg_1", "type": "message", "role": "assistant",
+        "content": [], "usage": start});
+    let block = json!({"type": "text", "text": ""});
+    let mut list = vec![
+        (
+            "message_start",
+            json!({"type": "message_start", "message": message}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": block}),
+        ),
+    ];
+    for s in &d.texts {
+        let delta = json!({"type": "text_delta", "text": s});
+        list.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": delta}),
+        ));
+    }
+    if d.flags & 4 != 0 {
+        list.push(("ping", json!({"type": "ping"})));
+    }
+    list.push((
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    let deltas = u64::from(d.flags >> 3 & 3);
+    for j in 1..=deltas {
+        let mut usage = Map::new();
+        usage.insert("output_tokens".into(), json!(c * j / deltas));
+        match d.flags >> 5 & 3 {
+            1 => {
+                usage.extend(cache.clone());
+                usage.insert("input_tokens".into(), json!(p));
+            }
+            2 => {
+                usage.insert("input_tokens".into(), Value::Null);
+            }
+            _ => {}
+        }
+        list.push((
+            "message_delta",
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": "end_turn"}, "usage": usage}),
+        ));
+    }
+    list.push(("message_stop", json!({"type": "message_stop"})));
+    counted.push(if deltas > 0 { c } else { 1 });
+    let output = if deltas > 0 {
+        sum(&[c])
+    } else {
+        UsageRead::Missing
+    };
+    (d.events(&list), [None, Some(sum(&counted)), Some(output)])
+}
+
+/// An OpenAI chat completion or Responses API answer, or an Anthropic message, as JSON or as
+/// a stream by `kind`, from random numbers and texts.
 fn provider_answer(kind: BodyKind) -> impl Strategy<Value = Answer> {
     (
         0u8..3,
@@ -932,127 +1110,18 @@ fn provider_answer(kind: BodyKind) -> impl Strategy<Value = Answer> {
         any::<bool>(),
     )
         .prop_map(move |(family, n, texts, flags, ending, pretty)| {
-            use serde_json::json;
-            let [p, c, t, x, y] = n;
-            let text = texts.concat();
-            let stream = kind == BodyKind::EventStream;
-            let (body, expected) = match family {
-                // Chat completions: its own total; the list takes completion_tokens first.
-                0 => {
-                    let mut usage =
-                        json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": t});
-                    if flags & 1 != 0 {
-                        usage["output_tokens"] = json!(x);
-                    }
-                    let body = if stream {
-                        let mut list: Vec<(&str, Value)> = texts
-                            .iter()
-                            .map(|s| ("", json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": s}}], "usage": null})))
-                            .collect();
-                        list.push(("", json!({"id": "chatcmpl-1", "choices": [], "usage": usage})));
-                        events(&list, ending, pretty) + &format!("data: [DONE]{ending}{ending}")
-                    } else {
-                        let document = json!({"id": "chatcmpl-1", "object": "chat.completion",
-                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                            "usage": usage});
-                        serde_json::to_string(&document).unwrap()
-                    };
-                    (body, [Some(sum(&[t])), None, Some(sum(&[c]))])
-                }
-                // The Responses API: usage in the JSON, or in the stream's response.completed.
-                1 => {
-                    let usage = json!({"input_tokens": p, "input_tokens_details": {"cached_tokens": 0},
-                        "output_tokens": c, "total_tokens": t});
-                    let body = if stream {
-                        let mut list = vec![("response.created", json!({"type": "response.created", "sequence_number": 0,
-                            "response": {"id": "resp_1", "status": "in_progress", "usage": null}}))];
-                        for (i, s) in texts.iter().enumerate() {
-                            list.push(("response.output_text.delta", json!({"type": "response.output_text.delta",
-                                "sequence_number": i + 1, "delta": s})));
-                        }
-                        let mut text = events(&list, ending, pretty);
-                        if flags & 2 != 0 {
-                            text.push_str(&format!(": keep-alive{ending}{ending}"));
-                        }
-                        text + &events(&[("response.completed", json!({"type": "response.completed",
-                            "response": {"id": "resp_1", "status": "completed", "usage": usage}}))], ending, pretty)
-                    } else {
-                        let document = json!({"id": "resp_1", "object": "response", "status": "completed",
-                            "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
-                            "usage": usage});
-                        serde_json::to_string(&document).unwrap()
-                    };
-                    (body, [Some(sum(&[t])), None, Some(sum(&[c]))])
-                }
-                // Anthropic: input, output and the cache counts present, added up.
-                _ => {
-                    let mut cache = serde_json::Map::new();
-                    let mut counted = vec![p];
-                    if flags & 1 != 0 {
-                        cache.insert("cache_creation_input_tokens".into(), json!(x));
-                        counted.push(x);
-                    }
-                    if flags & 2 != 0 {
-                        cache.insert("cache_read_input_tokens".into(), json!(y));
-                        counted.push(y);
-                    }
-                    if stream {
-                        let mut start = cache.clone();
-                        start.insert("input_tokens".into(), json!(p));
-                        start.insert("output_tokens".into(), json!(1));
-                        let mut list = vec![
-                            ("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
-                                "role": "assistant", "content": [], "usage": start}})),
-                            ("content_block_start", json!({"type": "content_block_start", "index": 0,
-                                "content_block": {"type": "text", "text": ""}})),
-                        ];
-                        for s in &texts {
-                            list.push(("content_block_delta", json!({"type": "content_block_delta", "index": 0,
-                                "delta": {"type": "text_delta", "text": s}})));
-                        }
-                        if flags & 4 != 0 {
-                            list.push(("ping", json!({"type": "ping"})));
-                        }
-                        list.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
-                        // 0 to 3 message_delta, their output counts cumulative, the last `c`;
-                        // some servers repeat the input counts in them, or send them null.
-                        let deltas = u64::from(flags >> 3 & 3);
-                        for j in 1..=deltas {
-                            let mut usage = serde_json::Map::new();
-                            usage.insert("output_tokens".into(), json!(c / deltas * j + if j == deltas { c % deltas } else { 0 }));
-                            match flags >> 5 & 3 {
-                                1 => {
-                                    usage.extend(cache.clone());
-                                    usage.insert("input_tokens".into(), json!(p));
-                                }
-                                2 => {
-                                    usage.insert("input_tokens".into(), Value::Null);
-                                }
-                                _ => {}
-                            }
-                            list.push(("message_delta", json!({"type": "message_delta",
-                                "delta": {"stop_reason": "end_turn"}, "usage": usage})));
-                        }
-                        list.push(("message_stop", json!({"type": "message_stop"})));
-                        counted.push(if deltas > 0 { c } else { 1 });
-                        let list_read = if deltas > 0 { Some(sum(&[c])) } else { Some(UsageRead::Missing) };
-                        (events(&list, ending, pretty), [None, Some(sum(&counted)), list_read])
-                    } else {
-                        let mut usage = cache;
-                        usage.insert("input_tokens".into(), json!(p));
-                        usage.insert("output_tokens".into(), json!(c));
-                        let document = json!({"id": "msg_1", "type": "message", "role": "assistant",
-                            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": usage});
-                        counted.push(c);
-                        (serde_json::to_string(&document).unwrap(), [None, Some(sum(&counted)), Some(sum(&[c]))])
-                    }
-                }
+            let draw = Draw {
+                stream: kind == BodyKind::EventStream,
+                n,
+                texts,
+                flags,
+                ending,
+                pretty,
             };
-            let body = if pretty && !stream {
-                let value: Value = serde_json::from_str(&body).unwrap();
-                serde_json::to_string_pretty(&value).unwrap()
-            } else {
-                body
+            let (body, expected) = match family {
+                0 => chat_answer(&draw),
+                1 => responses_answer(&draw),
+                _ => anthropic_answer(&draw),
             };
             Answer {
                 body: body.into_bytes(),
