@@ -1,7 +1,9 @@
 //! Every parser of outside input under random and mutated input (proptest, seeded): the
 //! config, the bridge's replies, the cost header, X-Forwarded-For, the percent-encoder, and
 //! the usage readers (JSON bodies and event streams, against serde_json and a reference event
-//! parser, split into random chunks), and the inflater of gzip and deflate bodies (against
+//! parser, split into random chunks; the named formats `openai` and `anthropic` and a list of
+//! paths over OpenAI and Anthropic answers, JSON and streamed, mutated and cut, allocating
+//! nothing while reading), and the inflater of gzip and deflate bodies (against
 //! flate2, mutated, split into random chunks).
 //! None may panic, and each answers in its documented classes. `PROPTEST_CASES=N` runs N per
 //! parser (`make fuzz`); the counts are printed.
@@ -314,19 +316,22 @@ fn serde_usage(body: &[u8]) -> Option<UsageRead> {
         Err(e) if e.to_string().contains("number out of range") => None,
         Err(_) => Some(UsageRead::Invalid(Unreadable::NotJson)),
         Ok(_) if serde_json::from_slice::<NoDuplicates>(body).is_err() => None,
-        Ok(value) => {
-            let mut at = Some(&value);
-            for segment in USAGE_PATH.split('.') {
-                at = at.and_then(|v| v.as_object()).and_then(|o| o.get(segment));
-            }
-            Some(match at {
-                None | Some(Value::Null) => UsageRead::Missing,
-                Some(v) => match v.as_u64() {
-                    Some(n) if n <= MAX_USAGE => UsageRead::Found(n),
-                    _ => UsageRead::Invalid(Unreadable::NotANumber),
-                },
-            })
-        }
+        Ok(value) => Some(judge(&value, &usage_path())),
+    }
+}
+
+/// What stands at `path` of a document, as the contract reads it.
+fn judge(document: &Value, path: &[String]) -> UsageRead {
+    let mut at = Some(document);
+    for segment in path {
+        at = at.and_then(|v| v.as_object()).and_then(|o| o.get(segment));
+    }
+    match at {
+        None | Some(Value::Null) => UsageRead::Missing,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= MAX_USAGE => UsageRead::Found(n),
+            _ => UsageRead::Invalid(Unreadable::NotANumber),
+        },
     }
 }
 
@@ -550,9 +555,9 @@ fn json_usage_is_read_as_serde_json_reads_it_whatever_the_chunks() {
     }
 }
 
-/// The event stream interpretation of the WHATWG HTML standard, on a whole stream at once;
-/// each event's data judged by serde_json. `None` when serde_json cannot judge.
-fn reference_stream(text: &[u8], complete: bool) -> Option<UsageRead> {
+/// The event stream interpretation of the WHATWG HTML standard, on a whole stream at once:
+/// the data of each dispatched event, and whether the stream ends inside an event.
+fn reference_events(text: &[u8]) -> (Vec<Vec<u8>>, bool) {
     let text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
     let mut lines = Vec::new();
     let (mut start, mut i) = (0, 0);
@@ -575,19 +580,12 @@ fn reference_stream(text: &[u8], complete: bool) -> Option<UsageRead> {
     }
     let partial_line = start < text.len();
     let mut buffer: Vec<u8> = Vec::new();
-    let mut last = None;
+    let mut events = Vec::new();
     for line in lines {
         if line.is_empty() {
             if !buffer.is_empty() {
                 buffer.pop();
-                let data = std::mem::take(&mut buffer);
-                let blank = data.iter().all(|b| b" \t\r\n".contains(b));
-                if data != b"[DONE]" && !blank {
-                    match serde_usage(&data)? {
-                        UsageRead::Missing => {}
-                        read => last = Some(read),
-                    }
-                }
+                events.push(std::mem::take(&mut buffer));
             }
             continue;
         }
@@ -606,7 +604,25 @@ fn reference_stream(text: &[u8], complete: bool) -> Option<UsageRead> {
             buffer.push(b'\n');
         }
     }
-    let cut_in_event = !buffer.is_empty() || partial_line;
+    (events, !buffer.is_empty() || partial_line)
+}
+
+/// An event that says nothing: `[DONE]`, or blank data.
+fn says_nothing(data: &[u8]) -> bool {
+    data == b"[DONE]" || data.iter().all(|b| b" \t\r\n".contains(b))
+}
+
+/// What the reference parser reads of a stream, each event's data judged by serde_json.
+/// `None` when serde_json cannot judge.
+fn reference_stream(text: &[u8], complete: bool) -> Option<UsageRead> {
+    let (events, cut_in_event) = reference_events(text);
+    let mut last = None;
+    for data in events.iter().filter(|d| !says_nothing(d)) {
+        match serde_usage(data)? {
+            UsageRead::Missing => {}
+            read => last = Some(read),
+        }
+    }
     Some(match last {
         Some(read) => read,
         None if !complete || cut_in_event => UsageRead::Invalid(Unreadable::Truncated),
@@ -708,6 +724,501 @@ fn event_streams_are_read_as_the_reference_parser_reads_them_whatever_the_chunks
             "Found, Missing, Invalid and truncated each drawn"
         );
     }
+}
+
+// ---- Named formats and lists of paths ----------------------------------------------------------
+
+use ratelimit_core::config::UsageSource;
+use ratelimit_core::usage::{BodyUsage, PATH_BYTES, READER_BASE_BYTES};
+
+/// The readers under test, built by the config parser from their `from` (so that the names
+/// are checked to give these readers): the list reads the output tokens of all three APIs.
+const READERS: [(&str, &str); 3] = [
+    ("openai", r#""openai""#),
+    ("anthropic", r#""anthropic""#),
+    (
+        "list",
+        r#"["body:usage.completion_tokens", "body:usage.output_tokens", "body:response.usage.output_tokens"]"#,
+    ),
+];
+
+fn body_usage(from: &str) -> BodyUsage {
+    let text = format!(
+        r#"{{"rules": [{{"name": "llm", "match": {{"path_prefix": "/"}}, "key": {{"from": ["client_ip"]}},
+        "limits": [{{"name": "tokens", "limit": 1000, "window": "1m", "usage": {{"from": {from}, "estimate": 10}}}}]}}]}}"#
+    );
+    let config = Config::parse(text.as_bytes()).unwrap();
+    match &config.rules[0].limits[0].usage.as_ref().unwrap().from {
+        UsageSource::Body(usage) => usage.clone(),
+        other => panic!("{from}: {other:?}"),
+    }
+}
+
+/// Reads `body` split at `cuts` with `usage`, failing if reading allocates or the reader's size
+/// moves or exceeds its documented bound.
+fn read_flat(
+    kind: BodyKind,
+    usage: &BodyUsage,
+    body: &[u8],
+    cuts: &[f64],
+    complete: bool,
+) -> Result<UsageRead, TestCaseError> {
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|f| (f * body.len() as f64) as usize)
+        .collect();
+    at.extend([0, body.len()]);
+    at.sort_unstable();
+    let mut reader = UsageReader::of(kind, usage, 1 << 20);
+    let size = reader.memory_bytes();
+    prop_assert!(size <= READER_BASE_BYTES + usage.paths().count() * PATH_BYTES);
+    let before = allocations();
+    for pair in at.windows(2) {
+        reader.feed(&body[pair[0]..pair[1]]);
+    }
+    let read = reader.finish(complete);
+    prop_assert_eq!(allocations(), before, "reading allocated");
+    prop_assert_eq!(reader.memory_bytes(), size);
+    Ok(read)
+}
+
+/// Each field of `usage` in one document as serde_json reads it (the first of its paths with
+/// something there), `None` where serde_json cannot judge (see [`serde_usage`]).
+fn serde_fields(data: &[u8], usage: &BodyUsage) -> Option<Vec<UsageRead>> {
+    match serde_json::from_slice::<Value>(data) {
+        Err(e) if e.to_string().contains("number out of range") => None,
+        Err(_) => Some(vec![
+            UsageRead::Invalid(Unreadable::NotJson);
+            usage.fields.len()
+        ]),
+        Ok(_) if serde_json::from_slice::<NoDuplicates>(data).is_err() => None,
+        Ok(value) => Some(
+            usage
+                .fields
+                .iter()
+                .map(|field| {
+                    field
+                        .paths
+                        .iter()
+                        .map(|path| judge(&value, path))
+                        .find(|read| *read != UsageRead::Missing)
+                        .unwrap_or(UsageRead::Missing)
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The documented sum: any unreadable field makes the usage unreadable, a required field in
+/// no document makes it missing, an optional one counts 0.
+fn reference_sum(usage: &BodyUsage, reads: &[Option<UsageRead>]) -> UsageRead {
+    let mut total: u128 = 0;
+    let mut missing = false;
+    for (field, read) in usage.fields.iter().zip(reads) {
+        match read.unwrap_or(UsageRead::Missing) {
+            UsageRead::Found(n) => total += u128::from(n),
+            UsageRead::Missing => missing |= field.required,
+            invalid => return invalid,
+        }
+    }
+    if missing {
+        UsageRead::Missing
+    } else if total > u128::from(MAX_USAGE) {
+        UsageRead::Invalid(Unreadable::OutOfRange)
+    } else {
+        UsageRead::Found(total as u64)
+    }
+}
+
+/// What `usage` reads of a body by the reference (serde_json, and the reference event parser
+/// with the last event carrying each field winning).
+fn reference_read(
+    kind: BodyKind,
+    usage: &BodyUsage,
+    body: &[u8],
+    complete: bool,
+) -> Option<UsageRead> {
+    match kind {
+        BodyKind::Json => {
+            let fields = serde_fields(body, usage)?;
+            let reads: Vec<_> = fields.into_iter().map(Some).collect();
+            Some(reference_sum(usage, &reads))
+        }
+        BodyKind::EventStream => {
+            let (events, cut_in_event) = reference_events(body);
+            let mut last = vec![None; usage.fields.len()];
+            for data in events.iter().filter(|d| !says_nothing(d)) {
+                for (slot, read) in last.iter_mut().zip(serde_fields(data, usage)?) {
+                    if read != UsageRead::Missing {
+                        *slot = Some(read);
+                    }
+                }
+            }
+            Some(match reference_sum(usage, &last) {
+                UsageRead::Missing if !complete || cut_in_event => {
+                    UsageRead::Invalid(Unreadable::Truncated)
+                }
+                read => read,
+            })
+        }
+    }
+}
+
+/// A provider's answer as the generator wrote it, and what the reader of its own format (and
+/// the list) must read of it, known from the numbers put in.
+#[derive(Debug, Clone)]
+struct Answer {
+    body: Vec<u8>,
+    /// By [`READERS`]; `None`: left to the reference alone.
+    expected: [Option<UsageRead>; 3],
+}
+
+fn tokens() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        8 => 0u64..=100_000,
+        1 => MAX_USAGE - 2..=MAX_USAGE + 2,
+    ]
+}
+
+/// Generated text that looks like what the readers look for.
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => json_string(),
+        1 => Just(r#"{"usage":{"total_tokens":9,"input_tokens":9}}"#.to_string()),
+        1 => Just("data: [DONE]\n\nevent: message_delta\n".to_string()),
+    ]
+}
+
+fn sum(numbers: &[u64]) -> UsageRead {
+    let total: u128 = numbers.iter().map(|&n| u128::from(n)).sum();
+    if numbers.iter().any(|&n| n > MAX_USAGE) || total > u128::from(MAX_USAGE) {
+        UsageRead::Invalid(Unreadable::OutOfRange)
+    } else {
+        UsageRead::Found(total as u64)
+    }
+}
+
+/// Events as a server writes them: an optional `event:` line, the data on one line (or, pretty,
+/// over several data lines), a blank line.
+fn events(events: &[(&str, Value)], ending: &str, pretty: bool) -> String {
+    let mut text = String::new();
+    for (name, data) in events {
+        if !name.is_empty() {
+            text.push_str(&format!("event: {name}{ending}"));
+        }
+        let data = if pretty {
+            serde_json::to_string_pretty(data).unwrap()
+        } else {
+            serde_json::to_string(data).unwrap()
+        };
+        for line in data.split('\n') {
+            text.push_str(&format!("data: {line}{ending}"));
+        }
+        text.push_str(ending);
+    }
+    text
+}
+
+/// What an answer is drawn from: numbers (`n`), texts, options (`flags`), the line ending of
+/// a stream, and whether its JSON is pretty (in a stream, over several data lines).
+#[derive(Debug, Clone)]
+struct Draw {
+    stream: bool,
+    n: [u64; 5],
+    texts: Vec<String>,
+    flags: u8,
+    ending: &'static str,
+    pretty: bool,
+}
+
+impl Draw {
+    fn json(&self, document: &Value) -> String {
+        if self.pretty {
+            serde_json::to_string_pretty(document).unwrap()
+        } else {
+            serde_json::to_string(document).unwrap()
+        }
+    }
+
+    fn events(&self, list: &[(&str, Value)]) -> String {
+        events(list, self.ending, self.pretty)
+    }
+}
+
+/// A chat completion (or a chunk stream with its usage chunk and `[DONE]`): its own total; the
+/// list takes `completion_tokens`, first of its paths, over an `output_tokens` also there.
+fn chat_answer(d: &Draw) -> (String, [Option<UsageRead>; 3]) {
+    use serde_json::json;
+    let [p, c, t, x, _] = d.n;
+    let mut usage = json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": t});
+    if d.flags & 1 != 0 {
+        usage["output_tokens"] = json!(x);
+    }
+    let body = if d.stream {
+        let chunk = |content: &str| {
+            let choice = json!({"index": 0, "delta": {"content": content}});
+            json!({"id": "chatcmpl-1", "choices": [choice], "usage": null})
+        };
+        let mut list: Vec<(&str, Value)> = d.texts.iter().map(|s| ("", chunk(s))).collect();
+        list.push((
+            "",
+            json!({"id": "chatcmpl-1", "choices": [], "usage": usage}),
+        ));
+        d.events(&list) + &format!("data: [DONE]{0}{0}", d.ending)
+    } else {
+        let message = json!({"role": "assistant", "content": d.texts.concat()});
+        d.json(&json!({"id": "chatcmpl-1", "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": usage}))
+    };
+    (body, [Some(sum(&[t])), None, Some(sum(&[c]))])
+}
+
+/// The Responses API: the usage in its JSON, or in its stream's `response.completed` after
+/// a `response.created` whose usage is null.
+fn responses_answer(d: &Draw) -> (String, [Option<UsageRead>; 3]) {
+    use serde_json::json;
+    let [p, c, t, _, _] = d.n;
+    let usage = json!({"input_tokens": p, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": c, "total_tokens": t});
+    let body = if d.stream {
+        let created = json!({"type": "response.created", "sequence_number": 0,
+            "response": {"id": "resp_1", "status": "in_progress", "usage": null}});
+        let mut list = vec![("response.created", created)];
+        for (i, s) in d.texts.iter().enumerate() {
+            let delta = json!({"type": "response.output_text.delta",
+                "sequence_number": i + 1, "delta": s});
+            list.push(("response.output_text.delta", delta));
+        }
+        let mut text = d.events(&list);
+        if d.flags & 2 != 0 {
+            text.push_str(&format!(": keep-alive{0}{0}", d.ending));
+        }
+        let completed = json!({"type": "response.completed",
+            "response": {"id": "resp_1", "status": "completed", "usage": usage}});
+        text + &d.events(&[("response.completed", completed)])
+    } else {
+        let output = json!([{"type": "message",
+            "content": [{"type": "output_text", "text": d.texts.concat()}]}]);
+        d.json(
+            &json!({"id": "resp_1", "object": "response", "status": "completed",
+            "output": output, "usage": usage}),
+        )
+    };
+    (body, [Some(sum(&[t])), None, Some(sum(&[c]))])
+}
+
+/// An Anthropic message: input, output and the cache counts present, added up. A stream has
+/// them in `message_start` (output 1), then 0 to 3 `message_delta` with cumulative output
+/// counts, the last `c`; some servers repeat the input counts there, or send them null.
+fn anthropic_answer(d: &Draw) -> (String, [Option<UsageRead>; 3]) {
+    use serde_json::json;
+    let [p, c, _, x, y] = d.n;
+    let mut cache = Map::new();
+    let mut counted = vec![p];
+    if d.flags & 1 != 0 {
+        cache.insert("cache_creation_input_tokens".into(), json!(x));
+        counted.push(x);
+    }
+    if d.flags & 2 != 0 {
+        cache.insert("cache_read_input_tokens".into(), json!(y));
+        counted.push(y);
+    }
+    if !d.stream {
+        let mut usage = cache;
+        usage.insert("input_tokens".into(), json!(p));
+        usage.insert("output_tokens".into(), json!(c));
+        counted.push(c);
+        let body = d.json(
+            &json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": d.texts.concat()}],
+            "stop_reason": "end_turn", "usage": usage}),
+        );
+        return (body, [None, Some(sum(&counted)), Some(sum(&[c]))]);
+    }
+    let mut start = cache.clone();
+    start.insert("input_tokens".into(), json!(p));
+    start.insert("output_tokens".into(), json!(1));
+    let message = json!({"id": "msg_1", "type": "message", "role": "assistant",
+        "content": [], "usage": start});
+    let block = json!({"type": "text", "text": ""});
+    let mut list = vec![
+        (
+            "message_start",
+            json!({"type": "message_start", "message": message}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": block}),
+        ),
+    ];
+    for s in &d.texts {
+        let delta = json!({"type": "text_delta", "text": s});
+        list.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": delta}),
+        ));
+    }
+    if d.flags & 4 != 0 {
+        list.push(("ping", json!({"type": "ping"})));
+    }
+    list.push((
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    let deltas = u64::from(d.flags >> 3 & 3);
+    for j in 1..=deltas {
+        let mut usage = Map::new();
+        usage.insert("output_tokens".into(), json!(c * j / deltas));
+        match d.flags >> 5 & 3 {
+            1 => {
+                usage.extend(cache.clone());
+                usage.insert("input_tokens".into(), json!(p));
+            }
+            2 => {
+                usage.insert("input_tokens".into(), Value::Null);
+            }
+            _ => {}
+        }
+        list.push((
+            "message_delta",
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": "end_turn"}, "usage": usage}),
+        ));
+    }
+    list.push(("message_stop", json!({"type": "message_stop"})));
+    counted.push(if deltas > 0 { c } else { 1 });
+    let output = if deltas > 0 {
+        sum(&[c])
+    } else {
+        UsageRead::Missing
+    };
+    (d.events(&list), [None, Some(sum(&counted)), Some(output)])
+}
+
+/// An OpenAI chat completion or Responses API answer, or an Anthropic message, as JSON or as
+/// a stream by `kind`, from random numbers and texts.
+fn provider_answer(kind: BodyKind) -> impl Strategy<Value = Answer> {
+    (
+        0u8..3,
+        prop::array::uniform5(tokens()),
+        prop::collection::vec(text(), 0..4),
+        any::<u8>(),
+        prop::sample::select(vec!["\n", "\r\n", "\r"]),
+        any::<bool>(),
+    )
+        .prop_map(move |(family, n, texts, flags, ending, pretty)| {
+            let draw = Draw {
+                stream: kind == BodyKind::EventStream,
+                n,
+                texts,
+                flags,
+                ending,
+                pretty,
+            };
+            let (body, expected) = match family {
+                0 => chat_answer(&draw),
+                1 => responses_answer(&draw),
+                _ => anthropic_answer(&draw),
+            };
+            Answer {
+                body: body.into_bytes(),
+                expected,
+            }
+        })
+}
+
+/// Answers, and random bytes (some drawn from the readers' vocabulary) with no expectation.
+fn answer_or_noise(kind: BodyKind) -> impl Strategy<Value = Answer> {
+    let noise = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..200),
+        "(data: |event: |\\{|\\}|\"usage\"|\"message\"|\"total_tokens\"|\"input_tokens\"|\"output_tokens\"|:|,|[0-9]|\n|\r| ){0,40}"
+            .prop_map(String::into_bytes),
+    ]
+    .prop_map(|body| Answer {
+        body,
+        expected: [None; 3],
+    });
+    prop_oneof![4 => provider_answer(kind), 1 => noise]
+}
+
+/// Runs the three readers over `kind` bodies: mutated, cut, split into chunks.
+fn read_formats(name: &str, kind: BodyKind, cases: u32) {
+    let usages = READERS.map(|(_, from)| body_usage(from));
+    let tally = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
+    let count = |key: String| *tally.borrow_mut().entry(key).or_default() += 1;
+    let strategy = (
+        answer_or_noise(kind),
+        prop_oneof![Just(vec![]), edits()],
+        cuts(),
+        prop::option::weighted(0.2, 0.0f64..1.0),
+    );
+    let run = check(name, cases, strategy, |(answer, edits, cuts, cut)| {
+        let mutated = !edits.is_empty();
+        let mut body = mutate(answer.body.clone(), edits);
+        let complete = cut.is_none();
+        if let Some(cut) = cut {
+            body.truncate((cut * body.len() as f64) as usize);
+        }
+        // serde_json does not tell a cut document from a malformed one; a stream, it does.
+        let class_of = |read| match (kind, read) {
+            (BodyKind::Json, UsageRead::Invalid(_)) => "invalid".to_string(),
+            (_, read) => class(read),
+        };
+        for (((reader, _), usage), expected) in READERS.iter().zip(&usages).zip(answer.expected) {
+            let whole = read_flat(kind, usage, &body, &[], complete)?;
+            let split = read_flat(kind, usage, &body, &cuts, complete)?;
+            prop_assert_eq!(split, whole, "{} split at {:?}", reader, cuts);
+            let shown = || format!("{reader}: {:?}", String::from_utf8_lossy(&body));
+            if !mutated && complete {
+                if let Some(expected) = expected {
+                    prop_assert_eq!(class_of(whole), class_of(expected), "{}", shown());
+                }
+            }
+            let reference = reference_read(kind, usage, &body, complete);
+            if !mutated && complete && expected.is_some() {
+                prop_assert!(reference.is_some(), "the reference judges every answer");
+            }
+            let Some(reference) = reference else {
+                continue;
+            };
+            prop_assert_eq!(class_of(whole), class_of(reference), "{}", shown());
+            count(format!("{reader} {}", kind_of(reference)));
+            // A mutation that left the usage as it was: the unmutated answer, exactly.
+            if mutated && expected.is_some() {
+                let unmutated = reference_read(kind, usage, &answer.body, true);
+                if unmutated == Some(reference) && matches!(reference, UsageRead::Found(_)) {
+                    prop_assert_eq!(whole, reference);
+                    count(format!("{reader} mutated, usage kept"));
+                }
+            }
+        }
+        Ok(())
+    });
+    let tally = tally.into_inner();
+    println!("{name}: classes compared with the reference: {tally:?}");
+    if run >= 1_000 {
+        for (reader, _) in READERS {
+            for class in ["Found()", "Missing", "invalid", "mutated, usage kept"] {
+                assert!(
+                    tally.contains_key(&format!("{reader} {class}")),
+                    "{reader}: no {class:?} drawn"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn named_formats_and_lists_of_paths_read_json_bodies_as_serde_json_does() {
+    read_formats("usage formats, JSON bodies", BodyKind::Json, 3_000);
+}
+
+#[test]
+fn named_formats_and_lists_of_paths_read_event_streams_as_the_reference_does() {
+    read_formats("usage formats, event streams", BodyKind::EventStream, 3_000);
 }
 
 #[test]
