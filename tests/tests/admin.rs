@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use e2e::admin::Admin;
-use e2e::procs::{REDIS_TOOL, REDIS_WEBDIS_PASSWORD};
+use e2e::procs::{REDIS_ADMIN, REDIS_TOOL, REDIS_WEBDIS_PASSWORD};
 use e2e::script::*;
 use e2e::Keys;
 use ratelimit_core::request::keys::{override_key, shard_key};
@@ -612,15 +612,26 @@ fn each_bad_input_is_a_clear_error_with_its_exit_status() {
         several.run(&["inspect", "web", "k", "--select", "2"]).code,
         0
     );
-    let err = with_config(
+    // A cluster config pointed at a single Redis: the tool's user there may not PING (the
+    // cluster client's connection check), and a user that may learns it is no cluster node.
+    let on_single = with_config(
         "cluster.json",
         Some(&CONFIG.replace(
             r#""cluster": "webdis""#,
             r#""cluster": "webdis", "redis_cluster": true"#,
         )),
-    )
+    );
+    let err = on_single.fails(1, &["audit"]);
+    assert!(err.contains("PING: refused by Redis's ACL"), "{err}");
+    let err = Admin {
+        redis: s.redis.url_as(REDIS_ADMIN.0, REDIS_ADMIN.1),
+        ..with_config("cluster.json", None)
+    }
     .fails(1, &["audit"]);
-    assert!(err.contains("works with a single Redis only"), "{err}");
+    assert!(
+        err.contains("no cluster node, and the config's bridge.redis_cluster is true"),
+        "{err}"
+    );
 
     // Redis unreachable, a wrong password, a user without the tool's rights.
     let closed = e2e::free_port();

@@ -1,9 +1,15 @@
-//! Redis through the `redis` crate's sync API: one connection, each command's error turned
-//! into a message that names the command and, for an ACL refusal, the user's missing right.
+//! Redis through the `redis` crate's sync API: one connection (to a single Redis, or the
+//! cluster client's, which keeps one per master and follows redirects), each command's error
+//! turned into a message that names the command and, for an ACL refusal, the user's missing
+//! right.
 
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError};
+use redis::cluster::{ClusterClientBuilder, ClusterConnection};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{
+    Cmd, ConnectionLike, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError, Value,
+};
 
 use crate::error::{Error, Result};
 
@@ -25,46 +31,105 @@ pub const COMMANDS: &[&str] = &[
     "zrange",
 ];
 
+/// What the cluster client sends besides [`COMMANDS`]: `CLUSTER SLOTS` for the slot map (the
+/// tool's own list of masters too), `PING` to check each node's connection before using it.
+pub const CLUSTER_COMMANDS: &[&str] = &["cluster|slots", "ping"];
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A single command of the tool is small; a Redis that takes longer is stuck.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
+enum Conn {
+    Single(redis::Connection),
+    Cluster(ClusterConnection),
+}
+
 pub struct Store {
-    conn: redis::Connection,
+    conn: Conn,
     /// The URL without its password, for messages.
     shown: String,
 }
 
 impl Store {
-    pub fn connect(url: &str) -> Result<Store> {
+    /// A connection to the Redis at `url`, or with `cluster` to the Redis Cluster that `url`'s
+    /// node belongs to (the node tells the client the others).
+    pub fn connect(url: &str, cluster: bool) -> Result<Store> {
         let shown = without_password(url);
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::usage(format!("--redis {shown}: not a Redis URL: {e}")))?;
-        let conn = client
-            .get_connection_with_timeout(CONNECT_TIMEOUT)
-            .map_err(|e| {
-                let why = explain(&e);
-                if e.kind() == ErrorKind::AuthenticationFailed {
-                    Error::failure(format!("Redis at {shown}: {why}"))
-                } else {
-                    Error::failure(format!("cannot reach Redis at {shown}: {why}"))
-                }
-            })?;
-        conn.set_read_timeout(Some(COMMAND_TIMEOUT))
-            .and_then(|()| conn.set_write_timeout(Some(COMMAND_TIMEOUT)))
-            .map_err(|e| Error::failure(format!("Redis at {shown}: {e}")))?;
+        let bad_url =
+            |e: RedisError| Error::usage(format!("--redis {shown}: not a Redis URL: {e}"));
+        let unreachable = |e: RedisError| {
+            let why = explain(&e, cluster);
+            if e.kind() == ErrorKind::AuthenticationFailed {
+                Error::failure(format!("Redis at {shown}: {why}"))
+            } else {
+                Error::failure(format!("cannot reach Redis at {shown}: {why}"))
+            }
+        };
+        let single = |url: &str| -> Result<redis::Connection> {
+            let conn = redis::Client::open(url)
+                .map_err(bad_url)?
+                .get_connection_with_timeout(CONNECT_TIMEOUT)
+                .map_err(unreachable)?;
+            conn.set_read_timeout(Some(COMMAND_TIMEOUT))
+                .and_then(|()| conn.set_write_timeout(Some(COMMAND_TIMEOUT)))
+                .map_err(|e| Error::failure(format!("Redis at {shown}: {e}")))?;
+            Ok(conn)
+        };
+        let conn = if cluster {
+            // A cluster has database 0 only; the client would ignore another silently.
+            if url.into_connection_info().map_err(bad_url)?.redis.db != 0 {
+                return Err(Error::usage(format!(
+                    "--redis {shown}: a Redis Cluster has database 0 only"
+                )));
+            }
+            // The cluster client reports a refused login, PING or CLUSTER SLOTS only as "failed
+            // to check startup nodes": the same first steps on the given node say which.
+            let mut seed = single(url)?;
+            for (cmd, what) in [
+                (redis::cmd("PING"), "PING"),
+                (redis::cmd("CLUSTER").arg("SLOTS").clone(), "CLUSTER SLOTS"),
+            ] {
+                cmd.query::<Value>(&mut seed).map_err(|e| {
+                    Error::failure(format!("Redis at {shown}: {what}: {}", explain(&e, true)))
+                })?;
+            }
+            let conn = ClusterClientBuilder::new(vec![url])
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(COMMAND_TIMEOUT)
+                .build()
+                .map_err(bad_url)?
+                .get_connection()
+                .map_err(unreachable)?;
+            conn.set_write_timeout(Some(COMMAND_TIMEOUT))
+                .map_err(|e| Error::failure(format!("Redis at {shown}: {e}")))?;
+            Conn::Cluster(conn)
+        } else {
+            Conn::Single(single(url)?)
+        };
         Ok(Store { conn, shown })
     }
 
-    /// Runs one command; `what` names it in an error (`HMGET rl:{…}:api:m`).
-    pub fn run<T: FromRedisValue>(&mut self, cmd: &Cmd, what: &str) -> Result<T> {
-        cmd.query(&mut self.conn).map_err(|e| self.error(what, &e))
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
     }
 
-    /// Runs commands in one MULTI/EXEC: a change and its audit entry land together or not at
-    /// all.
+    fn like(&mut self) -> &mut dyn ConnectionLike {
+        match &mut self.conn {
+            Conn::Single(c) => c,
+            Conn::Cluster(c) => c,
+        }
+    }
+
+    /// Runs one command; `what` names it in an error (`HMGET rl:{…}:api:m`). On a cluster the
+    /// client sends it to the master of its key's slot (a keyless one to any node).
+    pub fn run<T: FromRedisValue>(&mut self, cmd: &Cmd, what: &str) -> Result<T> {
+        cmd.query(self.like()).map_err(|e| self.error(what, &e))
+    }
+
+    /// Runs commands in one MULTI/EXEC: they land together or not at all. On a cluster every
+    /// key of `pipe` must be on one slot (the client sends it to that slot's master).
     pub fn atomic<T: FromRedisValue>(&mut self, pipe: &Pipeline, what: &str) -> Result<T> {
-        pipe.query(&mut self.conn).map_err(|e| self.error(what, &e))
+        pipe.query(self.like()).map_err(|e| self.error(what, &e))
     }
 
     /// Redis's clock, Unix ms with its µs as a fraction: every instant the tool computes or
@@ -74,22 +139,102 @@ impl Store {
         Ok(seconds as f64 * 1000.0 + micros as f64 / 1000.0)
     }
 
+    /// Every key matching `pattern` whose type is `kind`, from every master of a cluster (a
+    /// SCAN walks one node's keys only), with no key twice.
+    pub fn scan(&mut self, pattern: &str, kind: &str) -> Result<Vec<String>> {
+        let what = format!("SCAN MATCH {pattern}");
+        let nodes = match self.conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(_) => self.masters()?.into_iter().map(Some).collect(),
+        };
+        let mut keys = Vec::new();
+        for node in nodes {
+            let mut cursor = "0".to_string();
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(&cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("TYPE")
+                    .arg(kind);
+                let (next, batch): (String, Vec<String>) = match (&mut self.conn, &node) {
+                    (Conn::Cluster(c), Some((host, port))) => {
+                        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port: *port,
+                        });
+                        c.route_command(&cmd, at)
+                            .and_then(|v| redis::from_redis_value(&v))
+                            .map_err(|e| self.error(&format!("{what} on {host}:{port}"), &e))?
+                    }
+                    _ => self.run(&cmd, &what)?,
+                };
+                keys.extend(batch);
+                if next == "0" {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        // SCAN may return a key more than once.
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    /// The masters serving slots now (host, port), from `CLUSTER SLOTS`: each slot range, then
+    /// its master's address first.
+    fn masters(&mut self) -> Result<Vec<(String, u16)>> {
+        let ranges: Vec<Vec<Value>> =
+            self.run(redis::cmd("CLUSTER").arg("SLOTS"), "CLUSTER SLOTS")?;
+        let mut masters = Vec::new();
+        for range in ranges {
+            let Some(Value::Array(node)) = range.get(2) else {
+                return Err(Error::failure(format!(
+                    "Redis at {}: CLUSTER SLOTS: a slot range without its master",
+                    self.shown
+                )));
+            };
+            let address = match (node.first(), node.get(1)) {
+                (Some(host), Some(port)) => redis::from_redis_value::<String>(host)
+                    .and_then(|h| Ok((h, redis::from_redis_value::<u16>(port)?))),
+                _ => Err(RedisError::from((ErrorKind::TypeError, "no host and port"))),
+            }
+            .map_err(|e| self.error("CLUSTER SLOTS", &e))?;
+            masters.push(address);
+        }
+        masters.sort();
+        masters.dedup();
+        Ok(masters)
+    }
+
     fn error(&self, what: &str, e: &RedisError) -> Error {
-        Error::failure(format!("Redis at {}: {what}: {}", self.shown, explain(e)))
+        Error::failure(format!(
+            "Redis at {}: {what}: {}",
+            self.shown,
+            explain(e, self.is_cluster())
+        ))
     }
 }
 
 /// A Redis error for people: what an ACL refusal, a cluster node or a lost connection means
 /// for this tool.
-fn explain(e: &RedisError) -> String {
+fn explain(e: &RedisError, cluster: bool) -> String {
     let text = e.to_string();
     match (e.kind(), e.code()) {
         (_, Some("NOPERM")) => format!(
             "refused by Redis's ACL for this user ({text}): the tool's user needs the rights listed in docs/admin.md"
         ),
+        _ if cluster && text.contains("cluster support disabled") => format!(
+            "{text}: this Redis is no cluster node, and the config's bridge.redis_cluster is true (docs/admin.md)"
+        ),
         (ErrorKind::AuthenticationFailed, _) => format!("login refused ({text}): check the URL's user and password"),
-        _ if e.is_cluster_error() => format!(
-            "{text}: this is a Redis Cluster node; ratelimit-admin works with a single Redis (docs/admin.md)"
+        // The cluster client follows redirects itself; one reaching here is a single Redis
+        // config pointed at a cluster node.
+        _ if e.is_cluster_error() && !cluster => format!(
+            "{text}: this is a Redis Cluster node, and the config's bridge.redis_cluster is false (docs/admin.md)"
         ),
         (_, Some("WRONGTYPE")) => format!("{text}: the key holds another kind of value than the filter writes there"),
         _ if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() => format!("{text} (is Redis running there?)"),
