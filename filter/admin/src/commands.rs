@@ -113,14 +113,14 @@ impl<'a> Context<'a> {
     }
 
     /// Writes a change and its audit entries; the replies (counts: `DEL`s) of the change's
-    /// commands marked `true`, in order. Each step is a MULTI/EXEC whose keys share one slot. On a single
+    /// commands marked `true`, in order. Each step is a MULTI/EXEC on the slot of its key. On a single
     /// Redis all steps and the entries are one MULTI/EXEC: they land together or not at all.
     /// On a cluster the stream is on another slot: the steps first, each on its slot, then the
     /// entries, so the stream never records a change that was not made; a failure (or a
     /// crash) after a step leaves that step done and unrecorded (docs/admin.md#redis-cluster).
     fn commit(
         &mut self,
-        steps: Vec<Vec<(Cmd, bool)>>,
+        steps: Vec<(String, Vec<(Cmd, bool)>)>,
         entries: Vec<Cmd>,
         what: &str,
     ) -> Result<Vec<u64>> {
@@ -137,16 +137,21 @@ impl<'a> Context<'a> {
             pipe
         };
         if !store.is_cluster() {
-            let mut all: Vec<(Cmd, bool)> = steps.into_iter().flatten().collect();
+            let mut all: Vec<(Cmd, bool)> = steps.into_iter().flat_map(|(_, s)| s).collect();
             all.extend(entries.into_iter().map(|e| (e, false)));
-            return store.atomic(&transaction(all), &format!("{what} (MULTI … XADD … EXEC)"));
+            return store.atomic(
+                &transaction(all),
+                "",
+                &format!("{what} (MULTI … XADD … EXEC)"),
+            );
         }
         let mut replies = Vec::new();
-        for (done, step) in steps.into_iter().enumerate() {
+        for (done, (key, step)) in steps.into_iter().enumerate() {
             let names: Vec<String> = step.iter().map(|(c, _)| command_line(c)).collect();
             let got: Vec<u64> = store
                 .atomic(
                     &transaction(step),
+                    &key,
                     &format!("{what} (MULTI {} EXEC)", names.join(", ")),
                 )
                 .map_err(|e| {
@@ -291,13 +296,15 @@ impl<'a> Context<'a> {
         let mut changed = Vec::new();
         for limit in &limits {
             let keys = target::state_keys(self.config, rule, limit, &id);
-            let dels: Vec<Cmd> = if per_key {
-                keys.iter().map(|k| del(std::slice::from_ref(k))).collect()
+            let dels: Vec<(String, Cmd)> = if per_key {
+                keys.iter()
+                    .map(|k| (k.clone(), del(std::slice::from_ref(k))))
+                    .collect()
             } else {
-                vec![del(&keys)]
+                vec![(String::new(), del(&keys))]
             };
             let replies = dels.len();
-            steps.extend(dels.into_iter().map(|d| vec![(d, true)]));
+            steps.extend(dels.into_iter().map(|(k, d)| (k, vec![(d, true)])));
             let joined = keys.join(" ");
             entries.push(audit::append(
                 &stream,
@@ -385,7 +392,7 @@ impl<'a> Context<'a> {
                 detail: &detail,
             },
         );
-        self.commit(vec![step], vec![entry], "override set")?;
+        self.commit(vec![(key.clone(), step)], vec![entry], "override set")?;
         let set = Override {
             key: key.clone(),
             mode,
@@ -458,7 +465,7 @@ impl<'a> Context<'a> {
         );
         let removed: u64 = self
             .commit(
-                vec![vec![(del(std::slice::from_ref(&key)), true)]],
+                vec![(key.clone(), vec![(del(std::slice::from_ref(&key)), true)])],
                 vec![entry],
                 "override rm",
             )?

@@ -3,12 +3,14 @@
 //! turned into a message that names the command and, for an ACL refusal, the user's missing
 //! right.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
-    Cmd, ConnectionLike, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError, Value,
+    Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, FromRedisValue,
+    IntoConnectionInfo, Pipeline, RedisError, RedisResult, Value,
 };
 
 use crate::error::{Error, Result};
@@ -39,9 +41,25 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A single command of the tool is small; a Redis that takes longer is stuck.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A master's address, as `CLUSTER SLOTS` names it.
+type Node = (String, u16);
+
 enum Conn {
     Single(redis::Connection),
-    Cluster(ClusterConnection),
+    Cluster(Box<Cluster>),
+}
+
+struct Cluster {
+    conn: ClusterConnection,
+    /// The `--redis` URL's login, for the direct connections below.
+    login: ConnectionInfo,
+    /// Slot ranges and their masters, read on the first transaction.
+    slots: Option<Vec<(u16, u16, Node)>>,
+    /// A direct connection per master, for a MULTI/EXEC: the cluster client pipelines
+    /// nothing, and one that followed a redirect in the middle of a MULTI would run the rest
+    /// outside the transaction. On a direct connection a slot that moved makes the node refuse
+    /// the queued commands and EXEC abort: nothing of it is done.
+    direct: HashMap<Node, redis::Connection>,
 }
 
 pub struct Store {
@@ -50,13 +68,22 @@ pub struct Store {
     shown: String,
 }
 
+/// A connection to one Redis, with the tool's timeouts.
+fn single(info: ConnectionInfo) -> RedisResult<redis::Connection> {
+    let conn = redis::Client::open(info)?.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+    conn.set_read_timeout(Some(COMMAND_TIMEOUT))?;
+    conn.set_write_timeout(Some(COMMAND_TIMEOUT))?;
+    Ok(conn)
+}
+
 impl Store {
     /// A connection to the Redis at `url`, or with `cluster` to the Redis Cluster that `url`'s
     /// node belongs to (the node tells the client the others).
     pub fn connect(url: &str, cluster: bool) -> Result<Store> {
         let shown = without_password(url);
-        let bad_url =
-            |e: RedisError| Error::usage(format!("--redis {shown}: not a Redis URL: {e}"));
+        let login = url
+            .into_connection_info()
+            .map_err(|e| Error::usage(format!("--redis {shown}: not a Redis URL: {e}")))?;
         let unreachable = |e: RedisError| {
             let why = explain(&e, cluster);
             if e.kind() == ErrorKind::AuthenticationFailed {
@@ -65,48 +92,47 @@ impl Store {
                 Error::failure(format!("cannot reach Redis at {shown}: {why}"))
             }
         };
-        let single = |url: &str| -> Result<redis::Connection> {
-            let conn = redis::Client::open(url)
-                .map_err(bad_url)?
-                .get_connection_with_timeout(CONNECT_TIMEOUT)
-                .map_err(unreachable)?;
-            conn.set_read_timeout(Some(COMMAND_TIMEOUT))
-                .and_then(|()| conn.set_write_timeout(Some(COMMAND_TIMEOUT)))
-                .map_err(|e| Error::failure(format!("Redis at {shown}: {e}")))?;
-            Ok(conn)
-        };
-        let conn = if cluster {
-            // A cluster has database 0 only; the client would ignore another silently.
-            if url.into_connection_info().map_err(bad_url)?.redis.db != 0 {
-                return Err(Error::usage(format!(
-                    "--redis {shown}: a Redis Cluster has database 0 only"
-                )));
-            }
-            // The cluster client reports a refused login, PING or CLUSTER SLOTS only as "failed
-            // to check startup nodes": the same first steps on the given node say which.
-            let mut seed = single(url)?;
-            for (cmd, what) in [
-                (redis::cmd("PING"), "PING"),
-                (redis::cmd("CLUSTER").arg("SLOTS").clone(), "CLUSTER SLOTS"),
-            ] {
-                cmd.query::<Value>(&mut seed).map_err(|e| {
-                    Error::failure(format!("Redis at {shown}: {what}: {}", explain(&e, true)))
-                })?;
-            }
-            let conn = ClusterClientBuilder::new(vec![url])
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(COMMAND_TIMEOUT)
-                .build()
-                .map_err(bad_url)?
-                .get_connection()
-                .map_err(unreachable)?;
-            conn.set_write_timeout(Some(COMMAND_TIMEOUT))
-                .map_err(|e| Error::failure(format!("Redis at {shown}: {e}")))?;
-            Conn::Cluster(conn)
-        } else {
-            Conn::Single(single(url)?)
-        };
-        Ok(Store { conn, shown })
+        if !cluster {
+            let conn = single(login).map_err(unreachable)?;
+            return Ok(Store {
+                conn: Conn::Single(conn),
+                shown,
+            });
+        }
+        // A cluster has database 0 only; the client would ignore another silently.
+        if login.redis.db != 0 {
+            return Err(Error::usage(format!(
+                "--redis {shown}: a Redis Cluster has database 0 only"
+            )));
+        }
+        // The cluster client reports a refused login, PING or CLUSTER SLOTS only as "failed to
+        // check startup nodes": the same first steps on the given node say which.
+        let mut seed = single(login.clone()).map_err(unreachable)?;
+        for (cmd, what) in [
+            (redis::cmd("PING"), "PING"),
+            (redis::cmd("CLUSTER").arg("SLOTS").clone(), "CLUSTER SLOTS"),
+        ] {
+            cmd.query::<Value>(&mut seed).map_err(|e| {
+                Error::failure(format!("Redis at {shown}: {what}: {}", explain(&e, true)))
+            })?;
+        }
+        let conn = ClusterClientBuilder::new(vec![login.clone()])
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(COMMAND_TIMEOUT)
+            .build()
+            .and_then(|client| client.get_connection())
+            .map_err(unreachable)?;
+        conn.set_write_timeout(Some(COMMAND_TIMEOUT))
+            .map_err(|e| Error::failure(format!("Redis at {shown}: {e}")))?;
+        Ok(Store {
+            conn: Conn::Cluster(Box::new(Cluster {
+                conn,
+                login,
+                slots: None,
+                direct: HashMap::new(),
+            })),
+            shown,
+        })
     }
 
     pub fn is_cluster(&self) -> bool {
@@ -116,20 +142,78 @@ impl Store {
     fn like(&mut self) -> &mut dyn ConnectionLike {
         match &mut self.conn {
             Conn::Single(c) => c,
-            Conn::Cluster(c) => c,
+            Conn::Cluster(c) => &mut c.conn,
         }
     }
 
     /// Runs one command; `what` names it in an error (`HMGET rl:{…}:api:m`). On a cluster the
-    /// client sends it to the master of its key's slot (a keyless one to any node).
+    /// client sends it to the master of its key's slot (a keyless one to any node) and follows
+    /// redirects.
     pub fn run<T: FromRedisValue>(&mut self, cmd: &Cmd, what: &str) -> Result<T> {
         cmd.query(self.like()).map_err(|e| self.error(what, &e))
     }
 
     /// Runs commands in one MULTI/EXEC: they land together or not at all. On a cluster every
-    /// key of `pipe` must be on one slot (the client sends it to that slot's master).
-    pub fn atomic<T: FromRedisValue>(&mut self, pipe: &Pipeline, what: &str) -> Result<T> {
-        pipe.query(self.like()).map_err(|e| self.error(what, &e))
+    /// key of `pipe` is on the slot of `key`, and it runs on that slot's master.
+    pub fn atomic<T: FromRedisValue>(
+        &mut self,
+        pipe: &Pipeline,
+        key: &str,
+        what: &str,
+    ) -> Result<T> {
+        if !self.is_cluster() {
+            return pipe.query(self.like()).map_err(|e| self.error(what, &e));
+        }
+        let node = self.master_of(key)?;
+        let shown = self.shown.clone();
+        let Conn::Cluster(c) = &mut self.conn else {
+            return Err(Error::failure("no cluster connection"));
+        };
+        let on_node = |e: RedisError| {
+            Error::failure(format!(
+                "Redis at {shown}: {what} on {}:{}: {}",
+                node.0,
+                node.1,
+                explain(&e, true)
+            ))
+        };
+        let conn = match c.direct.entry(node.clone()) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let info = ConnectionInfo {
+                    addr: ConnectionAddr::Tcp(node.0.clone(), node.1),
+                    redis: c.login.redis.clone(),
+                };
+                e.insert(single(info).map_err(on_node)?)
+            }
+        };
+        pipe.query(conn).map_err(on_node)
+    }
+
+    /// The master serving `key`'s slot, from the slot map read on first use.
+    fn master_of(&mut self, key: &str) -> Result<Node> {
+        let slot = ratelimit_core::slot::key_slot(key.as_bytes());
+        if matches!(&self.conn, Conn::Cluster(c) if c.slots.is_none()) {
+            let ranges = self.slot_ranges()?;
+            if let Conn::Cluster(c) = &mut self.conn {
+                c.slots = Some(ranges);
+            }
+        }
+        let found = match &self.conn {
+            Conn::Cluster(c) => c
+                .slots
+                .iter()
+                .flatten()
+                .find(|(first, last, _)| (*first..=*last).contains(&slot))
+                .map(|(_, _, node)| node.clone()),
+            Conn::Single(_) => None,
+        };
+        found.ok_or_else(|| {
+            Error::failure(format!(
+                "Redis at {}: no master serves slot {slot} of {key} (CLUSTER SLOTS)",
+                self.shown
+            ))
+        })
     }
 
     /// Redis's clock, Unix ms with its µs as a fraction: every instant the tool computes or
@@ -160,14 +244,17 @@ impl Store {
                     .arg("TYPE")
                     .arg(kind);
                 let (next, batch): (String, Vec<String>) = match (&mut self.conn, &node) {
-                    (Conn::Cluster(c), Some((host, port))) => {
+                    (Conn::Cluster(c), Some(node)) => {
                         let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                            host: host.clone(),
-                            port: *port,
+                            host: node.0.clone(),
+                            port: node.1,
                         });
-                        c.route_command(&cmd, at)
+                        c.conn
+                            .route_command(&cmd, at)
                             .and_then(|v| redis::from_redis_value(&v))
-                            .map_err(|e| self.error(&format!("{what} on {host}:{port}"), &e))?
+                            .map_err(|e| {
+                                self.error(&format!("{what} on {}:{}", node.0, node.1), &e)
+                            })?
                     }
                     _ => self.run(&cmd, &what)?,
                 };
@@ -184,30 +271,46 @@ impl Store {
         Ok(keys)
     }
 
-    /// The masters serving slots now (host, port), from `CLUSTER SLOTS`: each slot range, then
-    /// its master's address first.
-    fn masters(&mut self) -> Result<Vec<(String, u16)>> {
-        let ranges: Vec<Vec<Value>> =
-            self.run(redis::cmd("CLUSTER").arg("SLOTS"), "CLUSTER SLOTS")?;
-        let mut masters = Vec::new();
-        for range in ranges {
-            let Some(Value::Array(node)) = range.get(2) else {
-                return Err(Error::failure(format!(
-                    "Redis at {}: CLUSTER SLOTS: a slot range without its master",
-                    self.shown
-                )));
-            };
-            let address = match (node.first(), node.get(1)) {
-                (Some(host), Some(port)) => redis::from_redis_value::<String>(host)
-                    .and_then(|h| Ok((h, redis::from_redis_value::<u16>(port)?))),
-                _ => Err(RedisError::from((ErrorKind::TypeError, "no host and port"))),
-            }
-            .map_err(|e| self.error("CLUSTER SLOTS", &e))?;
-            masters.push(address);
-        }
+    /// The masters serving slots now.
+    fn masters(&mut self) -> Result<Vec<Node>> {
+        let mut masters: Vec<Node> = self
+            .slot_ranges()?
+            .into_iter()
+            .map(|(_, _, node)| node)
+            .collect();
         masters.sort();
         masters.dedup();
         Ok(masters)
+    }
+
+    /// `CLUSTER SLOTS`: per slot range its first and last slot, then its master's address
+    /// first.
+    fn slot_ranges(&mut self) -> Result<Vec<(u16, u16, Node)>> {
+        let ranges: Vec<Vec<Value>> =
+            self.run(redis::cmd("CLUSTER").arg("SLOTS"), "CLUSTER SLOTS")?;
+        let mut out = Vec::new();
+        for range in ranges {
+            let parsed = match (range.first(), range.get(1), range.get(2)) {
+                (Some(first), Some(last), Some(Value::Array(node))) if node.len() >= 2 => {
+                    (|| -> RedisResult<(u16, u16, Node)> {
+                        Ok((
+                            redis::from_redis_value(first)?,
+                            redis::from_redis_value(last)?,
+                            (
+                                redis::from_redis_value(&node[0])?,
+                                redis::from_redis_value(&node[1])?,
+                            ),
+                        ))
+                    })()
+                }
+                _ => Err(RedisError::from((
+                    ErrorKind::TypeError,
+                    "a slot range without its bounds and master",
+                ))),
+            };
+            out.push(parsed.map_err(|e| self.error("CLUSTER SLOTS", &e))?);
+        }
+        Ok(out)
     }
 
     fn error(&self, what: &str, e: &RedisError) -> Error {
