@@ -4,8 +4,9 @@
 //! and the shipped Redis configs, the deployment recipes' included.
 //!
 //! The `ratelimit-admin` user of the operator's command may run exactly the commands the tool
-//! sends (`ratelimit_admin::COMMANDS`), on keys under `rl:`: checked in every shipped config,
-//! and against a real Redis, which refuses it every other command and every other key.
+//! sends (`ratelimit_admin::COMMANDS`, plus `CLUSTER_COMMANDS` on a cluster's nodes), on keys
+//! under `rl:`: checked in every shipped config, and against a real Redis, which refuses it
+//! every other command and every other key.
 
 use std::collections::BTreeSet;
 use std::fs;
