@@ -113,11 +113,12 @@ impl<'a> Context<'a> {
     }
 
     /// Writes a change and its audit entries; the replies (counts: `DEL`s) of the change's
-    /// commands marked `true`, in order. Each step is a MULTI/EXEC on the slot of its key. On a single
-    /// Redis all steps and the entries are one MULTI/EXEC: they land together or not at all.
-    /// On a cluster the stream is on another slot: the steps first, each on its slot, then the
-    /// entries, so the stream never records a change that was not made; a failure (or a
-    /// crash) after a step leaves that step done and unrecorded (docs/admin.md#redis-cluster).
+    /// commands marked `true`, in order. Each step is a MULTI/EXEC on the slot of its key. On
+    /// a single Redis all steps and the entries are one MULTI/EXEC: they land together or not
+    /// at all. On a cluster the stream is on another slot: the steps first, each on its slot,
+    /// then the entries, so the stream never records a change that was not made; a failure
+    /// (or a crash) after a step leaves that step done and unrecorded
+    /// (docs/admin.md#redis-cluster).
     fn commit(
         &mut self,
         steps: Vec<(String, Vec<(Cmd, bool)>)>,
