@@ -97,8 +97,18 @@ impl<'a> Context<'a> {
             .ok_or_else(|| Error::failure("no Redis connection"))
     }
 
-    fn now_ms(&mut self) -> Result<f64> {
-        self.store()?.time_ms()
+    /// Redis's time, on the clock of `key`'s master on a cluster.
+    fn now_ms(&mut self, key: Option<&str>) -> Result<f64> {
+        self.store()?.time_ms(key)
+    }
+
+    /// A key on `id`'s slot in `rule` (its first limit's override key), for its master's
+    /// clock. A shard's key is on another slot, whose clock the tool does not read: the
+    /// masters' clocks are expected to agree (NTP).
+    fn slot_key(&self, rule: &Rule, id: &Identity) -> Option<String> {
+        rule.limits
+            .first()
+            .map(|limit| target::override_key_of(self.config, rule, limit, id))
     }
 
     fn named(&self, n: &Named) -> Result<(&'a Rule, &'a Limit, Identity)> {
@@ -184,7 +194,7 @@ impl<'a> Context<'a> {
     fn inspect(&mut self, rule_name: &str, identity: &str) -> Result<Report> {
         let rule = target::rule(self.config, rule_name)?;
         let id = target::identity(self.config, rule, self.cli.from.as_deref(), identity)?;
-        let now = self.now_ms()?;
+        let now = self.now_ms(self.slot_key(rule, &id).as_deref())?;
         let mut human = format!("rule {}, identity {}\n", rule.name, identity_line(&id));
         let mut limits = Vec::new();
         for limit in &rule.limits {
@@ -288,7 +298,7 @@ impl<'a> Context<'a> {
             None => rule.limits.iter().collect(),
         };
         let id = target::identity(self.config, rule, self.cli.from.as_deref(), identity)?;
-        let now = self.now_ms()? as u64;
+        let now = self.now_ms(self.slot_key(rule, &id).as_deref())? as u64;
         let stream = self.audit_key();
         // A sharded limit's shards are on different slots: on a cluster one DEL per key.
         let per_key = self.store()?.is_cluster();
@@ -352,7 +362,7 @@ impl<'a> Context<'a> {
         note: Option<&str>,
     ) -> Result<Report> {
         let key = target::override_key_of(self.config, rule, limit, id);
-        let now = self.now_ms()? as u64;
+        let now = self.now_ms(Some(&key))? as u64;
         let expires_at = expires
             .map(|text| expiry(text, now))
             .transpose()
@@ -421,7 +431,7 @@ impl<'a> Context<'a> {
 
     fn override_get(&mut self, rule: &Rule, limit: &Limit, id: &Identity) -> Result<Report> {
         let key = target::override_key_of(self.config, rule, limit, id);
-        let now = self.now_ms()?;
+        let now = self.now_ms(Some(&key))?;
         let found = read_override(self.store()?, &key, now)?;
         let mut human = format!(
             "rule {}, limit {}, identity {}: ",
@@ -451,7 +461,7 @@ impl<'a> Context<'a> {
 
     fn override_rm(&mut self, rule: &Rule, limit: &Limit, id: &Identity) -> Result<Report> {
         let key = target::override_key_of(self.config, rule, limit, id);
-        let now = self.now_ms()? as u64;
+        let now = self.now_ms(Some(&key))? as u64;
         let entry = audit::append(
             &self.audit_key(),
             &Entry {
@@ -506,7 +516,7 @@ impl<'a> Context<'a> {
             }
             None => format!("{prefix}{{*}}:*{OVERRIDE_SUFFIX}"),
         };
-        let now = self.now_ms()?;
+        let now = self.now_ms(None)?;
         let keys = self.store()?.scan(&pattern, "hash")?;
         let mut human = String::new();
         let mut list = Vec::new();

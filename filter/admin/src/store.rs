@@ -7,7 +7,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection};
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, FromRedisValue,
     IntoConnectionInfo, Pipeline, RedisError, RedisResult, Value,
@@ -217,9 +217,25 @@ impl Store {
     }
 
     /// Redis's clock, Unix ms with its µs as a fraction: every instant the tool computes or
-    /// writes is on the clock the script reads (`TIME`), not on this machine's.
-    pub fn time_ms(&mut self) -> Result<f64> {
-        let (seconds, micros): (u64, u64) = self.run(&redis::cmd("TIME"), "TIME")?;
+    /// writes is on the clock the script reads (`TIME`), not on this machine's. On a cluster
+    /// the script of `key`'s identity runs on its slot's master: that master's clock (any
+    /// node's without a key).
+    pub fn time_ms(&mut self, key: Option<&str>) -> Result<f64> {
+        let time = redis::cmd("TIME");
+        let (seconds, micros): (u64, u64) = match (&mut self.conn, key) {
+            (Conn::Cluster(c), Some(key)) => {
+                let slot = ratelimit_core::slot::key_slot(key.as_bytes());
+                let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                )));
+                c.conn
+                    .route_command(&time, at)
+                    .and_then(|v| redis::from_redis_value(&v))
+                    .map_err(|e| self.error(&format!("TIME on the master of {key}"), &e))?
+            }
+            _ => self.run(&time, "TIME")?,
+        };
         Ok(seconds as f64 * 1000.0 + micros as f64 / 1000.0)
     }
 
