@@ -4,8 +4,9 @@
 //! and the shipped Redis configs, the deployment recipes' included.
 //!
 //! The `ratelimit-admin` user of the operator's command may run exactly the commands the tool
-//! sends (`ratelimit_admin::COMMANDS`), on keys under `rl:`: checked in every shipped config,
-//! and against a real Redis, which refuses it every other command and every other key.
+//! sends (`ratelimit_admin::COMMANDS`, plus `CLUSTER_COMMANDS` on a cluster's nodes), on keys
+//! under `rl:`: checked in every shipped config, and against a real Redis, which refuses it
+//! every other command and every other key.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -78,13 +79,15 @@ fn default_user_commands(config: &str) -> BTreeSet<String> {
     user_commands(config, "default")
 }
 
-/// Every shipped config whose Redis the operator's command may reach (a single Redis: the
-/// tool does not work with a Redis Cluster, whose nodes have no such user).
-const ADMIN_TOOL_CONFIGS: [&str; 3] = [
+/// Every shipped config whose Redis the operator's command may reach: single Redis, and the
+/// Redis Cluster's nodes, whose user also has what the cluster client sends.
+const ADMIN_TOOL_CONFIGS: [&str; 4] = [
     "envoy/redis.conf",
     "deploy/kubernetes/10-redis.yaml",
     "deploy/compose/redis.conf",
+    CLUSTER_NODE_CONFIG,
 ];
+const CLUSTER_NODE_CONFIG: &str = "envoy/cluster/redis-node.conf";
 const TOOL_USER: &str = "ratelimit-admin";
 
 #[test]
@@ -129,11 +132,21 @@ fn every_shipped_redis_has_the_admin_tools_user_with_exactly_its_commands_on_its
         .iter()
         .map(|c| c.to_string())
         .collect();
+    let mut on_cluster = wanted.clone();
+    on_cluster.extend(
+        ratelimit_admin::CLUSTER_COMMANDS
+            .iter()
+            .map(|c| c.to_string()),
+    );
     for config in ADMIN_TOOL_CONFIGS {
         let rules = user_rules(config, TOOL_USER);
         assert_eq!(
             user_commands(config, TOOL_USER),
-            wanted,
+            if config == CLUSTER_NODE_CONFIG {
+                on_cluster.clone()
+            } else {
+                wanted.clone()
+            },
             "{config}: the {TOOL_USER} user's commands are those the tool sends"
         );
         let first_grant = rules.iter().position(|r| r.starts_with('+'));

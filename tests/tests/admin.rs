@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use e2e::admin::Admin;
-use e2e::procs::{REDIS_TOOL, REDIS_WEBDIS_PASSWORD};
+use e2e::cluster::RedisCluster;
+use e2e::procs::{REDIS_ADMIN, REDIS_TOOL, REDIS_WEBDIS_PASSWORD};
 use e2e::script::*;
 use e2e::Keys;
 use ratelimit_core::request::keys::{override_key, shard_key};
@@ -612,15 +613,26 @@ fn each_bad_input_is_a_clear_error_with_its_exit_status() {
         several.run(&["inspect", "web", "k", "--select", "2"]).code,
         0
     );
-    let err = with_config(
+    // A cluster config pointed at a single Redis: the tool's user there may not PING (the
+    // cluster client's connection check), and a user that may learns it is no cluster node.
+    let on_single = with_config(
         "cluster.json",
         Some(&CONFIG.replace(
             r#""cluster": "webdis""#,
             r#""cluster": "webdis", "redis_cluster": true"#,
         )),
-    )
+    );
+    let err = on_single.fails(1, &["audit"]);
+    assert!(err.contains("PING: refused by Redis's ACL"), "{err}");
+    let err = Admin {
+        redis: s.redis.url_as(REDIS_ADMIN.0, REDIS_ADMIN.1),
+        ..with_config("cluster.json", None)
+    }
     .fails(1, &["audit"]);
-    assert!(err.contains("works with a single Redis only"), "{err}");
+    assert!(
+        err.contains("no cluster node, and the config's bridge.redis_cluster is true"),
+        "{err}"
+    );
 
     // Redis unreachable, a wrong password, a user without the tool's rights.
     let closed = e2e::free_port();
@@ -717,5 +729,186 @@ fn inspect_counts_the_slots_in_flight_and_a_calendar_window_as_the_script_does()
     assert!(
         human.contains("concurrency, 3 in flight, each held at most 10m"),
         "{human}"
+    );
+}
+
+/// On a Redis Cluster (`bridge.redis_cluster`), as the tool's user of
+/// envoy/cluster/redis-node.conf: every key of one identity is on its tag's slot, on the master
+/// of that slot; a sharded limit's shards are reset on each of theirs; `override list` finds
+/// the overrides of every master; each change is audited on the stream's own slot.
+#[test]
+fn on_a_redis_cluster_every_command_works_on_the_identitys_slot() {
+    let dir = WorkDir::new("admin-cluster");
+    let cluster = RedisCluster::start(&dir, 3, 0);
+    let text = CONFIG.replace(
+        r#""cluster": "webdis""#,
+        r#""cluster": "webdis", "redis_cluster": true"#,
+    );
+    let config = dir.file("filter.json");
+    std::fs::write(&config, &text).unwrap();
+    let keys = Keys::from_json(&text);
+    let seed = cluster.ports()[0];
+    let admin = Admin {
+        config,
+        redis: format!("redis://{}:{}@127.0.0.1:{seed}", REDIS_TOOL.0, REDIS_TOOL.1),
+        by: "test-operator".to_string(),
+    };
+    let state =
+        |id: &str, limit: &str| keys.limit_key("api", limit, "header:x-api-key", id.as_bytes());
+    let tag_slot =
+        |key: &str| cluster.keyslot(&key[key.find('{').unwrap() + 1..key.find('}').unwrap()]);
+    let exists = |key: &str| {
+        cluster
+            .admin(cluster.master_of_key(key))
+            .cmd(&["EXISTS", key])
+            .unwrap()
+            .int()
+    };
+
+    // Identities until every master holds one's override.
+    let masters = cluster.masters();
+    let mut ids: Vec<String> = Vec::new();
+    let mut covered = BTreeMap::new();
+    for i in 0..200 {
+        let id = format!("c-{i}");
+        let master = cluster.master_of_key(&override_key(&state(&id, "per_minute")));
+        if covered.insert(master, id.clone()).is_none() {
+            ids.push(id);
+        }
+        if covered.len() == masters.len() {
+            break;
+        }
+    }
+    assert_eq!(covered.len(), masters.len(), "an identity on every master");
+
+    for (n, id) in ids.iter().enumerate() {
+        let set = admin.json(&[
+            "override",
+            "set",
+            "api",
+            id,
+            "per_minute",
+            "--limit",
+            &(5 + n).to_string(),
+            "--expires",
+            "1h",
+        ]);
+        let key = override_key(&state(id, "per_minute"));
+        assert_eq!(set["override"]["key"], key.as_str());
+        assert_eq!(
+            cluster.keyslot(&key),
+            tag_slot(&key),
+            "{key}: on its tag's slot"
+        );
+        assert_eq!(exists(&key), 1, "{key} is on the master of its slot");
+        let ttl = cluster
+            .admin(cluster.master_of_key(&key))
+            .cmd(&["PTTL", &key])
+            .unwrap()
+            .int();
+        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl}");
+        let got = admin.json(&["override", "get", "api", id, "per_minute"]);
+        assert_eq!(got["override"]["limit"], 5 + n as u64, "{got}");
+        assert_eq!(got["override"]["by"], "test-operator");
+    }
+    let list = admin.json(&["override", "list"]);
+    let mut listed: Vec<String> = list["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["key"].as_str().unwrap().to_string())
+        .collect();
+    listed.sort();
+    let mut wanted: Vec<String> = ids
+        .iter()
+        .map(|id| override_key(&state(id, "per_minute")))
+        .collect();
+    wanted.sort();
+    assert_eq!(listed, wanted, "one override on each master, all listed");
+    let on: Vec<u16> = {
+        let mut m: Vec<u16> = listed.iter().map(|k| cluster.master_of_key(k)).collect();
+        m.sort_unstable();
+        m.dedup();
+        m
+    };
+    assert_eq!(on.len(), masters.len(), "{on:?}");
+
+    // inspect and reset: one identity's limits on its slot, the shards on theirs.
+    let id = &ids[0];
+    let mut written = vec![state(id, "per_minute")];
+    written.extend((0..3).map(|n| shard_key(&state(id, "sharded"), n)));
+    let shard_slots: Vec<u16> = written[1..].iter().map(|k| cluster.keyslot(k)).collect();
+    assert!(
+        shard_slots.windows(2).any(|w| w[0] != w[1]),
+        "the shards are on several slots: {shard_slots:?}"
+    );
+    for key in &written {
+        let mut node = cluster.admin(cluster.master_of_key(key));
+        let now = node.cmd(&["TIME"]).unwrap().items()[0].text();
+        node.cmd(&["HSET", key, "tokens", "1", "ts", &format!("{now}000")])
+            .unwrap();
+    }
+    let report = admin.json(&["inspect", "api", id]);
+    let limits = report["limits"].as_array().unwrap();
+    let per_minute = limits.iter().find(|l| l["limit"] == "per_minute").unwrap();
+    assert_eq!(per_minute["override"]["limit"], 5, "{per_minute}");
+    assert_eq!(per_minute["shards"][0]["exists"], true, "{per_minute}");
+    let sharded = limits.iter().find(|l| l["limit"] == "sharded").unwrap();
+    let shards: Vec<&Value> = sharded["shards"].as_array().unwrap().iter().collect();
+    assert_eq!(shards.len(), 3);
+    assert!(shards.iter().all(|s| s["exists"] == true), "{sharded}");
+    let reset = admin.json(&["reset", "api", id]);
+    let deleted: BTreeMap<String, u64> = reset["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["limit"].as_str().unwrap().to_string(),
+                l["deleted"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(deleted["per_minute"], 1);
+    assert_eq!(deleted["sharded"], 3, "each shard deleted on its slot");
+    assert!(written.iter().all(|k| exists(k) == 0), "no state left");
+    // The override is no state: a reset keeps it.
+    assert_eq!(exists(&override_key(&state(id, "per_minute"))), 1);
+
+    // rm, then get and list say it is gone.
+    let rm = admin.json(&["override", "rm", "api", id, "per_minute"]);
+    assert_eq!(rm["removed"], true);
+    assert_eq!(
+        admin.json(&["override", "get", "api", id, "per_minute"])["override"],
+        Value::Null
+    );
+    assert_eq!(
+        admin.json(&["override", "list"])["overrides"]
+            .as_array()
+            .unwrap()
+            .len(),
+        ids.len() - 1
+    );
+
+    // Every change audited, newest first, on the stream's own slot.
+    let audit = admin.json(&["audit", "--count", "100"]);
+    let whats: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["what"].as_str().unwrap())
+        .collect();
+    let mut expected = vec!["override rm"];
+    expected.extend(["reset"; 3]);
+    expected.extend(vec!["override set"; ids.len()]);
+    assert_eq!(whats, expected);
+    let stream = "rl:{admin}:audit";
+    assert_eq!(
+        cluster
+            .admin(cluster.master_of_key(stream))
+            .cmd(&["XLEN", stream])
+            .unwrap()
+            .int(),
+        expected.len() as i64
     );
 }

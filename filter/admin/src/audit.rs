@@ -1,8 +1,9 @@
 //! The audit stream: every change the tool makes appends one entry per limit it changed to a
-//! bounded stream `<key_prefix>{admin}:audit`, in the same MULTI as the change. Its tag has
-//! neither `=` nor `:`, which every identity's tag has, so no client reaches it.
+//! bounded stream `<key_prefix>{admin}:audit`, in the same MULTI as the change on a single
+//! Redis, right after the change on a cluster (the stream's slot is not the identity's). Its
+//! tag has neither `=` nor `:`, which every identity's tag has, so no client reaches it.
 
-use redis::Pipeline;
+use redis::Cmd;
 use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
@@ -29,9 +30,10 @@ pub struct Entry<'a> {
     pub detail: &'a str,
 }
 
-pub fn append(pipe: &mut Pipeline, stream: &str, e: &Entry) {
-    pipe.cmd("XADD")
-        .arg(stream)
+/// The `XADD` that appends `e`.
+pub fn append(stream: &str, e: &Entry) -> Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream)
         .arg("MAXLEN")
         .arg("~")
         .arg(MAX_ENTRIES)
@@ -44,8 +46,8 @@ pub fn append(pipe: &mut Pipeline, stream: &str, e: &Entry) {
             ("key", e.key),
             ("when", &e.when_ms.to_string()),
             ("detail", e.detail),
-        ])
-        .ignore();
+        ]);
+    cmd
 }
 
 /// The latest `count` entries, newest first, each as an object of its fields and its `id`.

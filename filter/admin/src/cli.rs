@@ -21,7 +21,8 @@ Options:
   --config FILE    the filter config: its JSON, an Envoy config or Kubernetes manifests
                    (default: $RATELIMIT_ADMIN_CONFIG)
   --select N       the Nth filter config of FILE, when it holds several
-  --redis URL      redis://USER:PASSWORD@HOST:PORT (default: $RATELIMIT_ADMIN_REDIS)
+  --redis URL      redis://USER:PASSWORD@HOST:PORT, any node of a Redis Cluster with
+                   bridge.redis_cluster (default: $RATELIMIT_ADMIN_REDIS)
   --from LABEL     the rule's key.from entry IDENTITY is for (default: its first)
   --by WHO         who makes a change, for the audit stream (default: $USER)
   --json           machine-readable output

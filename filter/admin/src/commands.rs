@@ -3,6 +3,7 @@
 
 use ratelimit_core::config::{Algorithm, Config, Limit, Rule};
 use ratelimit_core::request::keys::OVERRIDE_SUFFIX;
+use redis::Cmd;
 use serde_json::{json, Value};
 
 use crate::audit::{self, Entry};
@@ -27,11 +28,6 @@ pub fn run(cli: &Cli, user: Option<String>) -> Result<Report> {
         Error::usage("no filter config: give --config FILE or set RATELIMIT_ADMIN_CONFIG")
     })?;
     let config = target::load(path, cli.select)?;
-    if config.redis_cluster {
-        return Err(Error::failure(format!(
-            "{path}: the filter reaches a Redis Cluster (bridge.redis_cluster): ratelimit-admin works with a single Redis only (docs/admin.md)"
-        )));
-    }
     let who = cli
         .by
         .clone()
@@ -94,15 +90,25 @@ impl<'a> Context<'a> {
             let url = self.cli.redis.as_deref().ok_or_else(|| {
                 Error::usage("no Redis: give --redis URL or set RATELIMIT_ADMIN_REDIS")
             })?;
-            self.store = Some(Store::connect(url)?);
+            self.store = Some(Store::connect(url, self.config.redis_cluster)?);
         }
         self.store
             .as_mut()
             .ok_or_else(|| Error::failure("no Redis connection"))
     }
 
-    fn now_ms(&mut self) -> Result<f64> {
-        self.store()?.time_ms()
+    /// Redis's time, on the clock of `key`'s master on a cluster.
+    fn now_ms(&mut self, key: Option<&str>) -> Result<f64> {
+        self.store()?.time_ms(key)
+    }
+
+    /// A key on `id`'s slot in `rule` (its first limit's override key), for its master's
+    /// clock. A shard's key is on another slot, whose clock the tool does not read: the
+    /// masters' clocks are expected to agree (NTP).
+    fn slot_key(&self, rule: &Rule, id: &Identity) -> Option<String> {
+        rule.limits
+            .first()
+            .map(|limit| target::override_key_of(self.config, rule, limit, id))
     }
 
     fn named(&self, n: &Named) -> Result<(&'a Rule, &'a Limit, Identity)> {
@@ -116,10 +122,79 @@ impl<'a> Context<'a> {
         audit::key(&self.config.key_prefix)
     }
 
+    /// Writes a change and its audit entries; the replies (counts: `DEL`s) of the change's
+    /// commands marked `true`, in order. Each step is a MULTI/EXEC on the slot of its key. On
+    /// a single Redis all steps and the entries are one MULTI/EXEC: they land together or not
+    /// at all. On a cluster the stream is on another slot: the steps first, each on its slot,
+    /// then the entries, so the stream never records a change that was not made; a failure
+    /// (or a crash) after a step leaves that step done and unrecorded
+    /// (docs/admin.md#redis-cluster).
+    fn commit(
+        &mut self,
+        steps: Vec<(String, Vec<(Cmd, bool)>)>,
+        entries: Vec<Cmd>,
+        what: &str,
+    ) -> Result<Vec<u64>> {
+        let store = self.store()?;
+        let transaction = |cmds: Vec<(Cmd, bool)>| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for (cmd, keep) in cmds {
+                pipe.add_command(cmd);
+                if !keep {
+                    pipe.ignore();
+                }
+            }
+            pipe
+        };
+        if !store.is_cluster() {
+            let mut all: Vec<(Cmd, bool)> = steps.into_iter().flat_map(|(_, s)| s).collect();
+            all.extend(entries.into_iter().map(|e| (e, false)));
+            return store.atomic(
+                &transaction(all),
+                "",
+                &format!("{what} (MULTI … XADD … EXEC)"),
+            );
+        }
+        let mut replies = Vec::new();
+        for (done, (key, step)) in steps.into_iter().enumerate() {
+            let names: Vec<String> = step.iter().map(|(c, _)| command_line(c)).collect();
+            let got: Vec<u64> = store
+                .atomic(
+                    &transaction(step),
+                    &key,
+                    &format!("{what} (MULTI {} EXEC)", names.join(", ")),
+                )
+                .map_err(|e| {
+                    if done > 0 {
+                        partly_done(
+                            e,
+                            &format!("{done} earlier step(s) of {what} are done and not audited"),
+                        )
+                    } else {
+                        e
+                    }
+                })?;
+            replies.extend(got);
+        }
+        let stream = self.audit_key();
+        for entry in entries {
+            self.store()?
+                .run::<redis::Value>(&entry, &format!("XADD {stream}"))
+                .map_err(|e| {
+                    partly_done(
+                        e,
+                        &format!("{what} is done but not (fully) recorded in {stream}"),
+                    )
+                })?;
+        }
+        Ok(replies)
+    }
+
     fn inspect(&mut self, rule_name: &str, identity: &str) -> Result<Report> {
         let rule = target::rule(self.config, rule_name)?;
         let id = target::identity(self.config, rule, self.cli.from.as_deref(), identity)?;
-        let now = self.now_ms()?;
+        let now = self.now_ms(self.slot_key(rule, &id).as_deref())?;
         let mut human = format!("rule {}, identity {}\n", rule.name, identity_line(&id));
         let mut limits = Vec::new();
         for limit in &rule.limits {
@@ -223,17 +298,26 @@ impl<'a> Context<'a> {
             None => rule.limits.iter().collect(),
         };
         let id = target::identity(self.config, rule, self.cli.from.as_deref(), identity)?;
-        let now = self.now_ms()? as u64;
+        let now = self.now_ms(self.slot_key(rule, &id).as_deref())? as u64;
         let stream = self.audit_key();
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        // A sharded limit's shards are on different slots: on a cluster one DEL per key.
+        let per_key = self.store()?.is_cluster();
+        let mut steps = Vec::new();
+        let mut entries = Vec::new();
         let mut changed = Vec::new();
         for limit in &limits {
             let keys = target::state_keys(self.config, rule, limit, &id);
-            pipe.cmd("DEL").arg(&keys);
+            let dels: Vec<(String, Cmd)> = if per_key {
+                keys.iter()
+                    .map(|k| (k.clone(), del(std::slice::from_ref(k))))
+                    .collect()
+            } else {
+                vec![(String::new(), del(&keys))]
+            };
+            let replies = dels.len();
+            steps.extend(dels.into_iter().map(|(k, d)| (k, vec![(d, true)])));
             let joined = keys.join(" ");
-            audit::append(
-                &mut pipe,
+            entries.push(audit::append(
                 &stream,
                 &Entry {
                     who: &self.who,
@@ -244,18 +328,15 @@ impl<'a> Context<'a> {
                     when_ms: now,
                     detail: "",
                 },
-            );
-            changed.push((limit.name.as_str(), keys));
+            ));
+            changed.push((limit.name.as_str(), keys, replies));
         }
-        let deleted: Vec<u64> = self
-            .store()?
-            .atomic(&pipe, "reset (MULTI DEL, XADD … EXEC)")?;
+        let counts = self.commit(steps, entries, "reset")?;
+        let mut counts = counts.into_iter();
         let mut human = String::new();
         let mut json_limits = Vec::new();
-        for ((name, keys), n) in changed
-            .iter()
-            .zip(deleted.iter().chain(std::iter::repeat(&0)))
-        {
+        for (name, keys, replies) in &changed {
+            let n: u64 = counts.by_ref().take(*replies).sum();
             human.push_str(&format!(
                 "reset rule {}, limit {name}, identity {}: {n} of {} state key{} deleted\n",
                 rule.name,
@@ -281,7 +362,7 @@ impl<'a> Context<'a> {
         note: Option<&str>,
     ) -> Result<Report> {
         let key = target::override_key_of(self.config, rule, limit, id);
-        let now = self.now_ms()? as u64;
+        let now = self.now_ms(Some(&key))? as u64;
         let expires_at = expires
             .map(|text| expiry(text, now))
             .transpose()
@@ -300,16 +381,17 @@ impl<'a> Context<'a> {
             detail.push(format!("note={note:?}"));
         }
         let detail = detail.join(" ");
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        // A new override replaces the old one whole: no field (a burst) outlives it.
-        pipe.cmd("DEL").arg(&key).ignore();
-        pipe.cmd("HSET").arg(&key).arg(&fields).ignore();
+        // A new override replaces the old one whole: no field (a burst) outlives it. One key:
+        // one slot, one MULTI on a cluster too.
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&key).arg(&fields);
+        let mut step = vec![(del(std::slice::from_ref(&key)), false), (hset, false)];
         if let Some(at) = expires_at {
-            pipe.cmd("PEXPIREAT").arg(&key).arg(at).ignore();
+            let mut expire = redis::cmd("PEXPIREAT");
+            expire.arg(&key).arg(at);
+            step.push((expire, false));
         }
-        audit::append(
-            &mut pipe,
+        let entry = audit::append(
             &self.audit_key(),
             &Entry {
                 who: &self.who,
@@ -321,10 +403,7 @@ impl<'a> Context<'a> {
                 detail: &detail,
             },
         );
-        self.store()?.atomic::<()>(
-            &pipe,
-            "override set (MULTI DEL, HSET, PEXPIREAT, XADD … EXEC)",
-        )?;
+        self.commit(vec![(key.clone(), step)], vec![entry], "override set")?;
         let set = Override {
             key: key.clone(),
             mode,
@@ -352,7 +431,7 @@ impl<'a> Context<'a> {
 
     fn override_get(&mut self, rule: &Rule, limit: &Limit, id: &Identity) -> Result<Report> {
         let key = target::override_key_of(self.config, rule, limit, id);
-        let now = self.now_ms()?;
+        let now = self.now_ms(Some(&key))?;
         let found = read_override(self.store()?, &key, now)?;
         let mut human = format!(
             "rule {}, limit {}, identity {}: ",
@@ -382,12 +461,8 @@ impl<'a> Context<'a> {
 
     fn override_rm(&mut self, rule: &Rule, limit: &Limit, id: &Identity) -> Result<Report> {
         let key = target::override_key_of(self.config, rule, limit, id);
-        let now = self.now_ms()? as u64;
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        pipe.cmd("DEL").arg(&key);
-        audit::append(
-            &mut pipe,
+        let now = self.now_ms(Some(&key))? as u64;
+        let entry = audit::append(
             &self.audit_key(),
             &Entry {
                 who: &self.who,
@@ -399,9 +474,14 @@ impl<'a> Context<'a> {
                 detail: "",
             },
         );
-        let (removed,): (u64,) = self
-            .store()?
-            .atomic(&pipe, "override rm (MULTI DEL, XADD … EXEC)")?;
+        let removed: u64 = self
+            .commit(
+                vec![(key.clone(), vec![(del(std::slice::from_ref(&key)), true)])],
+                vec![entry],
+                "override rm",
+            )?
+            .into_iter()
+            .sum();
         Ok(Report {
             human: format!(
                 "rule {}, limit {}, identity {}: {}\n  key {key}\n",
@@ -436,31 +516,8 @@ impl<'a> Context<'a> {
             }
             None => format!("{prefix}{{*}}:*{OVERRIDE_SUFFIX}"),
         };
-        let now = self.now_ms()?;
-        let store = self.store()?;
-        let mut keys = Vec::new();
-        let mut cursor = "0".to_string();
-        loop {
-            let (next, batch): (String, Vec<String>) = store.run(
-                redis::cmd("SCAN")
-                    .arg(&cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .arg("TYPE")
-                    .arg("hash"),
-                &format!("SCAN MATCH {pattern}"),
-            )?;
-            keys.extend(batch);
-            if next == "0" {
-                break;
-            }
-            cursor = next;
-        }
-        // SCAN may return a key more than once.
-        keys.sort();
-        keys.dedup();
+        let now = self.now_ms(None)?;
+        let keys = self.store()?.scan(&pattern, "hash")?;
         let mut human = String::new();
         let mut list = Vec::new();
         for key in keys {
@@ -519,6 +576,32 @@ impl<'a> Context<'a> {
             human,
         })
     }
+}
+
+fn del(keys: &[String]) -> Cmd {
+    let mut cmd = redis::cmd("DEL");
+    cmd.arg(keys);
+    cmd
+}
+
+/// `HSET rl:{…}:api:m:override`: a command's name and first key, for messages.
+fn command_line(cmd: &Cmd) -> String {
+    cmd.args_iter()
+        .take(2)
+        .filter_map(|a| match a {
+            redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            redis::Arg::Cursor => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `e`, after part of a change on a cluster was made: says what stays done.
+fn partly_done(e: Error, done: &str) -> Error {
+    Error::failure(format!(
+        "{}; {done} (docs/admin.md#redis-cluster)",
+        e.message
+    ))
 }
 
 /// The override at `key`, if there is one.

@@ -18,4 +18,4 @@ mod commands;
 pub use cli::{parse, Cli, Command, USAGE};
 pub use commands::{run, Report};
 pub use error::{Error, Kind};
-pub use store::COMMANDS;
+pub use store::{CLUSTER_COMMANDS, COMMANDS};
