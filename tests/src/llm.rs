@@ -352,6 +352,21 @@ impl Drop for LlmUpstream {
     }
 }
 
+/// The edits that route the shipped envoy/envoy.yaml to this upstream instead of its
+/// direct response, with the filter configuration `filter_json`: pass them to
+/// [`crate::Envoy::start`] or [`crate::procs::envoy_config`].
+pub fn upstream_edits(filter_json: &str, upstream_port: u16) -> Vec<(String, String)> {
+    let (from, to) = crate::procs::filter_config_edit(filter_json);
+    let route = (
+        "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n".to_string(),
+        "                route: { cluster: upstream, timeout: 60s }\n".to_string(),
+    );
+    let cluster = format!(
+        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }}\n"
+    );
+    vec![(from, to), route, ("  clusters:\n".to_string(), cluster)]
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()

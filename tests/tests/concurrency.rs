@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use e2e::http::post_streamed;
-use e2e::llm::{chat_request, LlmUpstream, EVENTS, EVENT_DELAY};
-use e2e::procs::{envoy_config, filter_config_edit};
+use e2e::llm::{chat_request, upstream_edits, LlmUpstream, EVENTS, EVENT_DELAY};
+use e2e::procs::envoy_config;
 use e2e::{free_port, wait_for, Envoy, Redis, Webdis, WorkDir};
 
 struct Stack {
@@ -31,20 +31,11 @@ fn stack(name: &str, in_flight: u64, max_duration: &str, replicas: usize) -> Sta
 "rules": [{{"name": "llm", "key": {{"from": ["header:x-api-key"]}},
   "limits": [{{"name": "streams", "algorithm": "concurrency", "limit": {in_flight}, "max_duration": "{max_duration}"}}]}}]}}"#
     );
-    let (from, to) = filter_config_edit(&json);
-    let route = (
-        "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n",
-        "                route: { cluster: upstream, timeout: 60s }\n",
-    );
-    let cluster = format!(
-        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
-        upstream.port
-    );
-    let edits = [
-        (from.as_str(), to.as_str()),
-        route,
-        ("  clusters:\n", cluster.as_str()),
-    ];
+    let owned = upstream_edits(&json, upstream.port);
+    let edits: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let replicas = (0..replicas)
         .map(|_| {
             let (port, admin) = (free_port(), free_port());

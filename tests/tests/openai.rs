@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use e2e::procs::filter_config_edit;
+use e2e::llm::upstream_edits;
 use e2e::{root, Envoy, LlmUpstream, Redis, Webdis, WorkDir};
 
 /// 1 request a second and 4000 tokens a minute per `x-api-key`, the tokens estimated from the
@@ -35,20 +35,11 @@ fn the_openai_client_reads_the_headers_and_honours_retry_after_ms() {
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
     let upstream = LlmUpstream::start();
-    let (from, to) = filter_config_edit(FILTER);
-    let route = (
-        "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n",
-        "                route: { cluster: upstream, timeout: 60s }\n",
-    );
-    let cluster = format!(
-        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
-        upstream.port
-    );
-    let edits = [
-        (from.as_str(), to.as_str()),
-        route,
-        ("  clusters:\n", cluster.as_str()),
-    ];
+    let owned = upstream_edits(FILTER, upstream.port);
+    let edits: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let envoy = Envoy::start(&dir, webdis.port, &edits);
     let out = Command::new(&python)
         .arg(root().join("tests/openai/client_check.py"))

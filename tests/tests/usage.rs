@@ -6,10 +6,9 @@ use std::time::{Duration, Instant};
 
 use e2e::http::{post_streamed, sse_data, Streamed};
 use e2e::llm::{
-    chat_request, Coding, Shape, ENCODING, EVENTS, EVENT_DELAY, PAD, SHAPE, USAGE,
+    chat_request, upstream_edits, Coding, Shape, ENCODING, EVENTS, EVENT_DELAY, PAD, SHAPE, USAGE,
     USAGE_RESPONSE_HEADER,
 };
-use e2e::procs::filter_config_edit;
 use e2e::{get, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -46,20 +45,11 @@ impl Llm {
         let webdis = Webdis::start(&dir, redis.port);
         let upstream = LlmUpstream::start();
         let json = filter_json(limits, timeout);
-        let (from, to) = filter_config_edit(&json);
-        let route = (
-            "                direct_response:\n                  status: 200\n                  body: { inline_string: \"hello from behind the rate limiter\\n\" }\n",
-            "                route: { cluster: upstream, timeout: 60s }\n",
-        );
-        let cluster = format!(
-            "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
-            upstream.port
-        );
-        let edits = [
-            (from.as_str(), to.as_str()),
-            route,
-            ("  clusters:\n", cluster.as_str()),
-        ];
+        let owned = upstream_edits(&json, upstream.port);
+        let edits: Vec<(&str, &str)> = owned
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
         let envoy = Envoy::start(&dir, webdis.port, &edits);
         Llm {
             envoy,

@@ -15,30 +15,12 @@ pub fn read(store: &mut Store, algorithm: Algorithm, key: &str) -> Result<Option
         Algorithm::FixedWindow => &["w", "n"],
         Algorithm::SlidingWindowCounter => &["w", "cur", "prev"],
         Algorithm::Concurrency => {
-            let held: Vec<(String, f64)> = store.run(
-                redis::cmd("ZRANGE")
-                    .arg(key)
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES"),
-                &format!("ZRANGE {key}"),
-            )?;
-            return Ok((!held.is_empty()).then(|| State::Concurrency {
-                deadlines: held.into_iter().map(|(_, deadline)| deadline).collect(),
-            }));
+            let deadlines = scores(store, key)?;
+            return Ok((!deadlines.is_empty()).then_some(State::Concurrency { deadlines }));
         }
         Algorithm::SlidingWindowLog => {
-            let entries: Vec<(String, f64)> = store.run(
-                redis::cmd("ZRANGE")
-                    .arg(key)
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES"),
-                &format!("ZRANGE {key}"),
-            )?;
-            return Ok((!entries.is_empty()).then(|| State::SlidingWindowLog {
-                entries: entries.into_iter().map(|(_, score)| score).collect(),
-            }));
+            let entries = scores(store, key)?;
+            return Ok((!entries.is_empty()).then_some(State::SlidingWindowLog { entries }));
         }
     };
     let values: Vec<Option<String>> = store.run(
@@ -51,6 +33,20 @@ pub fn read(store: &mut Store, algorithm: Algorithm, key: &str) -> Result<Option
             algorithm.name()
         ))
     })
+}
+
+/// The scores of the sorted set at `key`, lowest first (a log's instants, a concurrency
+/// limit's deadlines).
+fn scores(store: &mut Store, key: &str) -> Result<Vec<f64>> {
+    let entries: Vec<(String, f64)> = store.run(
+        redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES"),
+        &format!("ZRANGE {key}"),
+    )?;
+    Ok(entries.into_iter().map(|(_, score)| score).collect())
 }
 
 /// The state from a hash's fields, in the order `read` asks for them, read as the script
