@@ -758,22 +758,24 @@ fn cpu_per_request_is_a_figure_per_round_of_each_process() {
     let redis = s.cpu_us_per_decision("redis");
     assert!(close(&redis.rounds, &[20.0, 20.0, 40.0]), "{redis:?}");
     assert_eq!(s.cost.redis_decisions(), 2500);
-    // The deny cache's answers are no Redis decision either; no filter, no figure.
+    // The deny cache's answers are no Redis decision either; a round in which Redis decided
+    // under half the requests has no figure per decision; no filter, no figure.
     let deny = Scenario::new(
         "filter-deny-hotkey",
         "",
         "baseline",
         "",
         true,
-        vec![run_with_cpu(
-            0,
-            1000,
-            [Some(0.05), Some(0.0), Some(0.001)],
-            990,
-            0,
-        )],
+        vec![
+            run_with_cpu(0, 1000, [Some(0.05), Some(0.0), Some(0.01)], 500, 0),
+            run_with_cpu(1, 1000, [Some(0.05), Some(0.0), Some(0.01)], 990, 0),
+        ],
     );
-    assert!(close(&deny.cpu_us_per_decision("redis").rounds, &[100.0]));
+    assert!(close(&deny.cpu_us_per_decision("redis").rounds, &[20.0]));
+    assert!(close(
+        &deny.cpu_us_per_request("redis").rounds,
+        &[10.0, 10.0]
+    ));
     assert!(scenario("baseline", 50_000.0)
         .cpu_us_per_decision("redis")
         .is_empty());
