@@ -81,7 +81,10 @@ impl Callgrind {
             .expect("a callgrind dump");
         let text = std::fs::read_to_string(newest.path()).expect("read the dump");
         text.lines()
-            .find_map(|l| l.strip_prefix("summary:").or_else(|| l.strip_prefix("totals:")))
+            .find_map(|l| {
+                l.strip_prefix("summary:")
+                    .or_else(|| l.strip_prefix("totals:"))
+            })
             .and_then(|n| n.trim().parse().ok())
             .expect("the dump's instruction total")
     }
@@ -95,7 +98,10 @@ fn main() {
         .find_map(|n| n.parse().ok())
         .unwrap_or(if callgrind { 4_096 } else { 64_000 });
     let dir = WorkDir::new("script-cost");
-    let out_file = format!("--callgrind-out-file={}/callgrind.out.%p", dir.path.display());
+    let out_file = format!(
+        "--callgrind-out-file={}/callgrind.out.%p",
+        dir.path.display()
+    );
     let redis = match callgrind {
         true => Redis::start_wrapped(&dir, &["valgrind", "--tool=callgrind", &out_file]),
         false => Redis::start(&dir),
@@ -116,7 +122,9 @@ fn main() {
     println!("|---|---:|---:|---:|---:|");
     let named: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let only = |a: &Algorithm| {
-        !named.iter().any(|n| ALGORITHMS.iter().any(|x| x.name() == n.as_str()))
+        !named
+            .iter()
+            .any(|n| ALGORITHMS.iter().any(|x| x.name() == n.as_str()))
             || named.iter().any(|n| n.as_str() == a.name())
     };
     for algorithm in ALGORITHMS.into_iter().filter(only) {
