@@ -125,7 +125,7 @@ wasm-test: setup-test ## the core unit tests under wasm-bindgen-test on wasm32-u
 	  cargo test --target wasm32-unknown-unknown -p ratelimit-core
 
 lua-test: setup ## the Lua scripts against a real Redis, and against their Rust twins (property tests)
-	cargo test -p e2e --test lua_algorithms --test lua_calls --test lua_budgets --test lua_leases --test lua_usage --test lua_overrides --test lua_concurrency --test lua_calendar
+	cargo test -p e2e --test lua_algorithms --test lua_calls --test lua_budgets --test lua_leases --test lua_usage --test lua_overrides --test lua_concurrency --test lua_calendar --test lua_upgrade
 	cargo test -p e2e --test properties -- --nocapture
 
 prom-test: setup-prom ## the Prometheus rules: promtool checks and rule unit tests (envoy/prometheus/)
