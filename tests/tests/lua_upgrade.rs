@@ -7,11 +7,9 @@ use e2e::script::*;
 
 /// The previous script, loaded as Webdis's user; its hash.
 fn load_previous(s: &mut Script) -> String {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/upgrade/previous.lua"
-    ))
-    .expect("tests/upgrade/previous.lua");
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/upgrade/previous.lua"))
+            .expect("tests/upgrade/previous.lua");
     let sha = s.conn.cmd(&["SCRIPT", "LOAD", &text]).unwrap().text();
     assert_ne!(sha, s.sha, "two scripts side by side");
     sha
