@@ -256,6 +256,10 @@ impl PendingCounts {
         *count = count.saturating_add(n);
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.touched.is_empty()
+    }
+
     /// Hands every pending count to `report` (stat, count) and forgets them.
     pub fn drain(&mut self, mut report: impl FnMut(usize, u64)) {
         for i in self.touched.drain(..) {

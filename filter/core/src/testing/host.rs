@@ -23,6 +23,9 @@ pub struct FakeHost {
     pub next_token: u32,
     pub dispatched: Vec<(u32, BridgeRequest, Duration)>,
     pub wakes: usize,
+    /// The tick period asked for last (`Duration::ZERO`: none), and every change asked.
+    pub tick: Duration,
+    pub tick_changes: Vec<Duration>,
     pub resumed: Vec<u32>,
     pub answered: Vec<(u32, LocalResponse)>,
     pub counters: Vec<Counter>,
@@ -55,6 +58,11 @@ impl Host for FakeHost {
     fn wake(&mut self) -> bool {
         self.wakes += 1;
         !self.cannot_wake
+    }
+    fn tick_every(&mut self, period: Duration) -> bool {
+        self.tick = period;
+        self.tick_changes.push(period);
+        true
     }
     fn resume(&mut self, ctx: u32) -> bool {
         if self.gone.contains(&ctx) {
