@@ -275,6 +275,9 @@ stats! {
     Gauge {
         /// Workers whose circuit breaker is open.
         BreakerOpen => "ratelimit_breaker_open",
+        /// Workers whose timer runs: they have work under way (requests waiting or calls
+        /// out, an open breaker, leases, settlements or releases to send). 0 when idle.
+        WorkerTimers => "ratelimit_worker_timers",
     }
 }
 

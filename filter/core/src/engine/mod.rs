@@ -167,6 +167,7 @@ impl Engine {
         if host.tick_every(TICK) {
             self.ticking = true;
             self.lag.start(now);
+            host.gauge_add(Gauge::WorkerTimers, 1);
         }
     }
 
@@ -182,6 +183,7 @@ impl Engine {
             self.ticking = false;
             self.idle_ticks = 0;
             self.lag.stop();
+            host.gauge_add(Gauge::WorkerTimers, -1);
         }
     }
 
@@ -515,8 +517,11 @@ impl Engine {
     /// sends the breaker's probe, the give-backs and the settlements, learns of Redis
     /// restarts other workers saw, hands the stats over; and stops itself once idle.
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
-        // A tick means the timer runs, whatever the engine last asked.
-        self.ticking = true;
+        if !self.ticking {
+            // A tick means the timer runs, whatever the engine last asked.
+            self.ticking = true;
+            host.gauge_add(Gauge::WorkerTimers, 1);
+        }
         if let Some(now) = self.clock(host) {
             let late_ms = self.lag.tick(now) / 1_000_000;
             if late_ms > 0 {

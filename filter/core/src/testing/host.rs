@@ -34,6 +34,8 @@ pub struct FakeHost {
     pub failures: Vec<BridgeFailure>,
     pub restarts: u64,
     pub breaker_open: i64,
+    /// The `ratelimit_worker_timers` gauge.
+    pub timers: i64,
     pub breaker_log: Vec<(bool, String)>,
 }
 
@@ -97,8 +99,10 @@ impl Host for FakeHost {
         Some(self.restarts)
     }
     fn gauge_add(&mut self, gauge: Gauge, delta: i64) {
-        assert_eq!(gauge, Gauge::BreakerOpen);
-        self.breaker_open += delta;
+        match gauge {
+            Gauge::BreakerOpen => self.breaker_open += delta,
+            Gauge::WorkerTimers => self.timers += delta,
+        }
     }
     fn report_breaker(&mut self, open: bool, why: &str) {
         self.breaker_log.push((open, why.to_string()));

@@ -61,6 +61,7 @@ fn work_starts_the_timer_once_and_idle_ticks_in_a_row_stop_it() {
     arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
     assert!(e.needs_tick(), "a call out");
     assert_eq!(h.tick_changes, vec![TICK]);
+    assert_eq!(h.timers, 1, "the gauge of running timers");
     // Another request waits behind it: the timer already runs, no host call.
     e.on_request(&c, &mut h, 2, &req("/", "b"));
     assert_eq!(e.load(), (1, 1));
@@ -81,11 +82,13 @@ fn work_starts_the_timer_once_and_idle_ticks_in_a_row_stop_it() {
     let stopped = tick_until_stopped(&mut e, &c, &mut h, 200, 1);
     assert_eq!(stopped, 200);
     assert_eq!(h.tick_changes, vec![TICK, Duration::ZERO]);
+    assert_eq!(h.timers, 0);
     // A minute later, a request: sent at once, and the timer starts again.
     h.now = Some(T0 + 60_000 * MS);
     arrive(&mut e, &c, &mut h, 4, &req("/", "d"));
     assert_eq!(h.dispatched.len(), 4);
     assert_eq!(h.tick_changes, vec![TICK, Duration::ZERO, TICK]);
+    assert_eq!(h.timers, 1);
     e.on_reply(&c, &mut h, Some(4), 4, ok(&reply(&[R::Allow(6)])));
     assert_eq!(h.resumed, vec![1, 2, 3, 4]);
 }
