@@ -155,5 +155,6 @@ impl FakeHost {
         self.histograms.clear();
         self.failures.clear();
         self.breaker_log.clear();
+        self.tick_changes.clear();
     }
 }
