@@ -69,8 +69,8 @@ pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
 pub const TICK: Duration = Duration::from_millis(25);
 
 /// Ticks in a row that find nothing to do before the timer stops (100 ms): an idle worker
-/// costs no callback at all, and one between requests a few apart does not stop and start
-/// its timer (two host calls) for each.
+/// costs no callback at all, and a worker whose requests come less than 100 ms apart keeps
+/// its timer rather than stopping and starting it (two host calls each) between them.
 pub const IDLE_TICKS: u32 = 4;
 
 #[derive(Debug, Default)]
