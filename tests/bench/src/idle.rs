@@ -11,7 +11,7 @@ use e2e::procs::{envoy_config, Envoy, Redis, Webdis};
 use serde_json::{json, Value};
 
 use crate::config::{self, Front};
-use crate::measure::cpu_seconds;
+use crate::measure::{clock_ticks_per_second, cpu_seconds};
 use crate::run::Bench;
 
 /// Workers of each Envoy.
@@ -130,8 +130,11 @@ impl Idle {
     pub fn markdown(&self) -> String {
         let mut r = String::from("\n## Idle\n\n");
         r += &format!(
-            "Two Envoys side by side, {WORKERS} workers each, no traffic, measured over the same {:.1} s (after {:.0} s for their start-up): Envoy alone (the shipped config without the filter) and Envoy with the filter and the shipped config. CPU is `utime + stime` of the process over the window; wake-ups are the context switches of all its threads.\n\n",
-            self.seconds, self.settle_s
+            "Two Envoys side by side, {WORKERS} workers each, no traffic, measured over the same {:.1} s (after {:.0} s for their start-up): Envoy alone (the shipped config without the filter) and Envoy with the filter and the shipped config. CPU is `utime + stime` of the process over the window, counted by the kernel in steps of {:.0} ms (here {:.2} % of a core); wake-ups are the context switches of all its threads.\n\n",
+            self.seconds,
+            self.settle_s,
+            1000.0 / clock_ticks_per_second(),
+            100.0 / clock_ticks_per_second() / self.seconds
         );
         r += "| Envoy | CPU, % of one core | thread wake-ups / s |\n|---|---:|---:|\n";
         for row in &self.rows {
@@ -163,6 +166,7 @@ impl Idle {
             .collect();
         json!({
             "workers": WORKERS, "seconds": self.seconds, "settle_s": self.settle_s,
+            "cpu_step_pct": 100.0 / clock_ticks_per_second() / self.seconds,
             "rows": rows, "filter_added_pct": self.added_pct(),
             "target_at_most_pct": TARGET_PCT, "worker_timers_at_end": self.timers,
         })
