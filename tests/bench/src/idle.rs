@@ -149,7 +149,8 @@ impl Idle {
         }
         r += &format!(
             "\nThe filter adds {:.2} % of a core (target: at most {TARGET_PCT}). Workers whose timer ran at the end (`ratelimit_worker_timers`): {}.\n",
-            self.added_pct(),
+            // Rounded first, so that a difference just below 0 reads 0.00, not -0.00.
+            (self.added_pct() * 100.0).round() / 100.0 + 0.0,
             self.timers.map_or("not shown".to_string(), |t| t.to_string())
         );
         r
