@@ -37,14 +37,15 @@ pub(crate) struct WorkerHost {
 }
 
 impl WorkerHost {
-    /// Defines the stats of `config`, registers the wake-up queue and starts the timer.
+    /// Defines the stats of `config` and registers the wake-up queue. The timer is started
+    /// by the engine when it has work ([`Host::tick_every`]).
     pub(crate) fn new(config: &Config) -> Self {
         let define = |kind: MetricType, names: &mut dyn Iterator<Item = String>| {
             names
                 .map(|name| wasm_host::define_metric(kind, &name))
                 .collect()
         };
-        let host = WorkerHost {
+        WorkerHost {
             counters: define(
                 MetricType::Counter,
                 &mut Counter::ALL.iter().map(|c| c.name().to_string()),
@@ -64,9 +65,7 @@ impl WorkerHost {
             failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
             busy_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
             wake_queue: register_wake_queue(),
-        };
-        wasm_host::set_tick_period(ratelimit_core::engine::TICK);
-        host
+        }
     }
 
     /// The engine's view of Envoy during one callback of context `home`.
@@ -154,6 +153,10 @@ impl Host for EnvoyHost<'_> {
 
     fn wake(&mut self) -> bool {
         self.worker.wake_queue.is_some_and(wasm_host::enqueue)
+    }
+
+    fn tick_every(&mut self, period: Duration) -> bool {
+        wasm_host::set_tick_period(period)
     }
 
     fn resume(&mut self, ctx: u32) -> bool {

@@ -37,10 +37,22 @@ pub fn record_metric(id: u32, value: u64) {
     let _ = hostcalls::record_metric(id, value);
 }
 
-/// Starts the worker's timer (`on_tick` every `period`); logs if Envoy refuses.
-pub fn set_tick_period(period: Duration) {
-    if let Err(status) = hostcalls::set_tick_period(period) {
-        log::warn!("cannot start the worker's timer: {status:?}");
+/// Sets the worker's timer: `on_tick` of the root context every `period`, or none for
+/// `Duration::ZERO`; false (logged) if Envoy refuses.
+///
+/// Relied on, as Envoy implements `proxy_set_tick_period_milliseconds` (proxy-wasm-cpp-host's
+/// `ContextBase::setTimerPeriod`, Envoy's `Wasm::setTimerPeriod` and `tickHandler`): the
+/// timer is the root context's of whichever context calls (a request's callback sets the
+/// root's timer); a new period replaces the running timer, first firing one period later; a
+/// period of 0 disables it, also from inside `on_tick` (the handler re-arms only a period
+/// above 0). Envoy answers every call Ok.
+pub fn set_tick_period(period: Duration) -> bool {
+    match hostcalls::set_tick_period(period) {
+        Ok(()) => true,
+        Err(status) => {
+            log::warn!("cannot set the worker's timer to {period:?}: {status:?}");
+            false
+        }
     }
 }
 

@@ -256,6 +256,10 @@ impl PendingCounts {
         *count = count.saturating_add(n);
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.touched.is_empty()
+    }
+
     /// Hands every pending count to `report` (stat, count) and forgets them.
     pub fn drain(&mut self, mut report: impl FnMut(usize, u64)) {
         for i in self.touched.drain(..) {
@@ -271,6 +275,9 @@ stats! {
     Gauge {
         /// Workers whose circuit breaker is open.
         BreakerOpen => "ratelimit_breaker_open",
+        /// Workers whose timer runs: they have work under way (requests waiting or calls
+        /// out, an open breaker, leases, settlements or releases to send). 0 when idle.
+        WorkerTimers => "ratelimit_worker_timers",
     }
 }
 

@@ -14,6 +14,7 @@ mod about;
 mod artifacts;
 mod client;
 mod config;
+mod idle;
 mod measure;
 mod report;
 mod run;
@@ -58,11 +59,16 @@ fn main() {
     ));
 
     let report = run::everything(&b, started_utc);
+    let idle = idle::run(&b);
     let everything = s.only.is_none();
     artifacts::charts(&report, &s.out);
-    let markdown = report.markdown();
+    let markdown = report.markdown() + &idle.as_ref().map(idle::Idle::markdown).unwrap_or_default();
     write(&s.out.join("report.md"), &markdown);
-    let json = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
+    let mut results = report.json();
+    if let (Some(idle), Some(all)) = (&idle, results.as_object_mut()) {
+        all.insert("idle".into(), idle.json());
+    }
+    let json = serde_json::to_string_pretty(&results).unwrap_or_default();
     write(&s.out.join("results.json"), &json);
 
     println!("{}", report.throughput_table());
@@ -91,6 +97,9 @@ fn main() {
     }
     if report.concurrency.is_some() {
         println!("{}", report.concurrency_table());
+    }
+    if let Some(idle) = &idle {
+        println!("{}", idle.markdown());
     }
     if !problems.is_empty() {
         eprintln!(

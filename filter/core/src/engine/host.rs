@@ -22,6 +22,9 @@ pub trait Host {
     ) -> Result<u32, String>;
     /// Asks for `Engine::on_wakeup` soon, from the worker's root context. False if it cannot.
     fn wake(&mut self) -> bool;
+    /// Asks for `Engine::on_tick` every `period` from the worker's root context, or for no
+    /// tick at all (`Duration::ZERO`). False if the host refuses.
+    fn tick_every(&mut self, period: Duration) -> bool;
     /// Lets the paused request `ctx` go on upstream. False if that stream is gone.
     fn resume(&mut self, ctx: u32) -> bool;
     /// Answers request `ctx` locally. False if that stream is gone.

@@ -10,6 +10,10 @@
 //!
 //! Deadlines counted in it stretch by exactly the worker's lateness; Envoy's own timeout of a
 //! call (wall time: the timeout plus `bridge.lag_allowance`) bounds how far.
+//!
+//! The timer runs only while the worker has work ([`super::Engine::needs_tick`]): while it is
+//! off nothing waits, so there is nothing to measure and the worker's time follows wall time;
+//! it is measured again from the instant the timer is asked for again ([`Lag::start`]).
 
 use std::time::Duration;
 
@@ -33,6 +37,18 @@ impl Lag {
         self.total_ns = self.total_ns.saturating_add(late);
         self.last_tick_ns = Some(now);
         late
+    }
+
+    /// The timer was asked for at `now` (it was off): its first tick is due one [`TICK`] later,
+    /// and lateness counts from here.
+    pub fn start(&mut self, now: u128) {
+        self.last_tick_ns = Some(now);
+    }
+
+    /// The timer is off (right after a tick that found nothing to do): no tick is due, so
+    /// none can be overdue until it starts again.
+    pub fn stop(&mut self) {
+        self.last_tick_ns = None;
     }
 
     /// How long the next tick is overdue at `now` (0 if it is not).
@@ -154,6 +170,21 @@ mod tests {
         assert_eq!(lag.tick(T0 + 154 * MS), 70 * MS);
         assert_eq!(lag.work_ns(T0 + 154 * MS), T0 + 84 * MS);
         assert_eq!(lag.work_ns(T0 + 164 * MS), T0 + 94 * MS);
+    }
+
+    #[test]
+    fn a_stopped_timer_is_never_late_and_a_started_one_counts_from_its_start() {
+        let mut lag = Lag::default();
+        lag.tick(T0);
+        lag.stop();
+        // Off for a minute: nothing was due, nothing is late, the time follows wall time.
+        assert_eq!(lag.work_ns(T0 + 60_000 * MS), T0 + 60_000 * MS);
+        lag.start(T0 + 60_000 * MS);
+        assert_eq!(lag.work_ns(T0 + 60_030 * MS), T0 + 60_030 * MS);
+        // The first tick after the start comes 100 ms late: the worker's time stood still.
+        assert_eq!(lag.work_ns(T0 + 60_125 * MS), T0 + 60_030 * MS);
+        assert_eq!(lag.tick(T0 + 60_125 * MS), 95 * MS);
+        assert_eq!(lag.work_ns(T0 + 60_150 * MS), T0 + 60_055 * MS);
     }
 
     /// Over random tick sequences: the worker's time never goes backwards, never runs ahead of

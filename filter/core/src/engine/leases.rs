@@ -159,6 +159,9 @@ pub struct Leases {
     sightings: Sightings,
     /// Given-back units waiting for the next give-back call.
     returns: Vec<Refund>,
+    /// Grants held (spent or not) over every key: each ends at its instant, when its unspent
+    /// units go back.
+    grants: usize,
 }
 
 impl Leases {
@@ -440,6 +443,7 @@ impl Leases {
                 let held = decision.leased.saturating_mul(check.cost).min(units);
                 result.remaining += held as f64;
                 lease.grants.push_back(grant);
+                self.grants += 1;
             }
         }
     }
@@ -450,6 +454,7 @@ impl Leases {
     pub fn expire(&mut self, now: u128) {
         let crowded = self.crowded();
         let returns = &mut self.returns;
+        let grants = &mut self.grants;
         self.keys.retain(|_, lease| {
             while let Some(grant) = lease.grants.front() {
                 if grant.expires_ns > now {
@@ -471,6 +476,7 @@ impl Leases {
                     };
                 }
                 lease.grants.pop_front();
+                *grants = grants.saturating_sub(1);
             }
             lease.asking || !lease.grants.is_empty() || (!crowded && now < lease.keep_until_ns)
         });
@@ -494,6 +500,12 @@ impl Leases {
         let excess = unsent.len().saturating_sub(MAX_LEASED_KEYS);
         unsent.drain(..excess);
         self.returns = unsent;
+    }
+
+    /// Whether grants are held (they end with time, and their unspent units go back then) or
+    /// give-backs wait: the worker's timer is needed.
+    pub fn pending(&self) -> bool {
+        self.grants > 0 || !self.returns.is_empty()
     }
 
     /// Keys with a lease or an ask in flight.

@@ -62,11 +62,16 @@ mod tally;
 /// single request could need more.
 pub const MAX_CALL_BYTES: usize = crate::bounds::MAX_CALL_PATH_BYTES;
 
-/// The period of each worker's timer ([`Engine::on_tick`]): a hung call is seen at most this
-/// long after its timeout when no request comes to see it first, and how late the timer fires
-/// measures how late the worker runs ([`lag`]), while every worker pays only 40 callbacks a
-/// second.
+/// The period of each worker's timer ([`Engine::on_tick`]) while it has work: a hung call is
+/// seen at most this long after its timeout when no request comes to see it first, and how
+/// late the timer fires measures how late the worker runs ([`lag`]), while a busy worker pays
+/// only 40 callbacks a second.
 pub const TICK: Duration = Duration::from_millis(25);
+
+/// Ticks in a row that find nothing to do before the timer stops (100 ms): an idle worker
+/// costs no callback at all, and a worker whose requests come less than 100 ms apart keeps
+/// its timer rather than stopping and starting it (two host calls each) between them.
+pub const IDLE_TICKS: u32 = 4;
 
 #[derive(Debug, Default)]
 pub struct Engine {
@@ -94,6 +99,10 @@ pub struct Engine {
     turn: u64,
     /// Recent identities' Redis keys (bounded), for this engine's configuration.
     memo: PlanMemo,
+    /// Whether the host's timer runs (asked for with [`Host::tick_every`]), and how many
+    /// ticks in a row found nothing to do.
+    ticking: bool,
+    idle_ticks: u32,
 }
 
 impl Engine {
@@ -126,6 +135,74 @@ impl Engine {
         self.queue.load()
     }
 
+    /// Whether the worker needs its timer: requests wait or calls are out (their deadlines,
+    /// a hang to see), the breaker is open (its probes), leases hold units (given back when
+    /// they end) or give-backs wait, settlements or releases wait for a call, or stats wait
+    /// to be handed over. Nothing else the engine holds changes with time alone: the deny
+    /// cache and the local states expire as they are read.
+    pub fn needs_tick(&self) -> bool {
+        self.queue.load() != (0, 0)
+            || self.breaker.is_open()
+            || self.leases.pending()
+            || self.settlements.waiting() > 0
+            || !self.tally.is_empty()
+    }
+
+    /// Whether the host's timer runs (as the engine asked for it).
+    pub fn ticking(&self) -> bool {
+        self.ticking
+    }
+
+    /// At the end of each callback: the timer is asked for if work is left and it is off.
+    /// One host call when it starts, none while it runs.
+    fn keep_ticking(&mut self, host: &mut impl Host) {
+        if !self.needs_tick() {
+            return;
+        }
+        self.idle_ticks = 0;
+        if self.ticking {
+            return;
+        }
+        let now = self.clock_or_last(host);
+        if host.tick_every(TICK) {
+            self.ticking = true;
+            self.lag.start(now);
+            host.gauge_add(Gauge::WorkerTimers, 1);
+        }
+    }
+
+    /// At the end of each tick: the timer stops after [`IDLE_TICKS`] in a row found nothing
+    /// to do (the next work starts it again).
+    fn stop_ticking_if_idle(&mut self, host: &mut impl Host) {
+        if self.needs_tick() {
+            self.idle_ticks = 0;
+            return;
+        }
+        self.idle_ticks = self.idle_ticks.saturating_add(1);
+        if self.idle_ticks >= IDLE_TICKS && host.tick_every(Duration::ZERO) {
+            self.ticking = false;
+            self.idle_ticks = 0;
+            self.lag.stop();
+            host.gauge_add(Gauge::WorkerTimers, -1);
+        }
+    }
+
+    /// A request comes while the timer is off: what its ticks would have done meanwhile
+    /// that a decision can depend on, done first. The Redis restarts other workers saw
+    /// (the deny cache must not answer for a Redis that lost its state) and the leases that
+    /// ended (their units go back at the next tick; idle keys make room for new ones).
+    fn catch_up(&mut self, host: &mut impl Host, now: u128) {
+        if host
+            .redis_restarts(false)
+            .is_some_and(|n| self.refusals.sync(n))
+        {
+            host.count(Counter::DenyCacheResets);
+        }
+        if !self.leases.is_empty() {
+            self.leases.expire(now);
+        }
+    }
+
     /// Request headers of `ctx` arrived (its own callback is running).
     pub fn on_request(
         &mut self,
@@ -138,6 +215,7 @@ impl Engine {
         if let Some(conclusion) = self.admit(config, host, ctx, view) {
             self.delivery.deliver(host, ctx, conclusion, None);
         }
+        self.keep_ticking(host);
         self.delivery.end()
     }
 
@@ -169,6 +247,9 @@ impl Engine {
             self.tally.flush(host); // the per-rule counts with the global ones
             return Some(conclusion);
         };
+        if !self.ticking {
+            self.catch_up(host, now);
+        }
         let at = self.lag.moment(now);
         let parts = (&mut self.leases, &self.refusals, &mut self.tally);
         if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
@@ -327,11 +408,25 @@ impl Engine {
         self.wake_pending = false;
         self.dispatch_ready(config, host, None);
         self.tally.flush(host);
+        self.keep_ticking(host);
     }
 
     /// A call's reply (or its timeout) arrived, in the root context (`at` None) or in the
     /// request context that made the call.
     pub fn on_reply(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        at: Option<u32>,
+        token: u32,
+        reply: BridgeReply<'_>,
+    ) {
+        self.read_reply(config, host, at, token, reply);
+        // A failed settlement call keeps its settlements for the next tick.
+        self.keep_ticking(host);
+    }
+
+    fn read_reply(
         &mut self,
         config: &Config,
         host: &mut impl Host,
@@ -417,10 +512,16 @@ impl Engine {
         self.tally.flush(host);
     }
 
-    /// The worker's timer (every [`TICK`]), in the root context: measures how late the worker
-    /// runs, sees calls past their timeout, sends the breaker's probe and the give-backs,
-    /// learns of Redis restarts other workers saw.
+    /// The worker's timer (every [`TICK`] while there is work, see [`Engine::needs_tick`]), in
+    /// the root context: measures how late the worker runs, sees calls past their timeout,
+    /// sends the breaker's probe, the give-backs and the settlements, learns of Redis
+    /// restarts other workers saw, hands the stats over; and stops itself once idle.
     pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
+        if !self.ticking {
+            // A tick means the timer runs, whatever the engine last asked.
+            self.ticking = true;
+            host.gauge_add(Gauge::WorkerTimers, 1);
+        }
         if let Some(now) = self.clock(host) {
             let late_ms = self.lag.tick(now) / 1_000_000;
             if late_ms > 0 {
@@ -450,6 +551,7 @@ impl Engine {
             host.count(Counter::DenyCacheResets);
         }
         self.tally.flush(host);
+        self.stop_ticking_if_idle(host);
     }
 }
 

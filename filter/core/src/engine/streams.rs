@@ -29,6 +29,7 @@ impl Engine {
         self.settlements.finished(&mut self.tally, outcomes);
         self.count_lost_settlements(host);
         self.tally.flush(host);
+        self.keep_ticking(host);
     }
 
     /// Queues the releases of concurrency slots, sent from the root like settlements: with its
@@ -54,6 +55,7 @@ impl Engine {
         if !self.holds.is_empty() {
             let releases = self.holds.ended(ctx);
             self.release(host, releases);
+            self.keep_ticking(host); // the releases go at the next tick at the latest
         }
         if self.queue.load() == (0, 0) {
             return; // nothing waits nor is in flight (most streams end so)

@@ -63,6 +63,11 @@ impl Tally {
         }
     }
 
+    /// Whether nothing waits to be handed to the host.
+    pub fn is_empty(&self) -> bool {
+        self.deny_hits == 0 && self.lease_hits == 0 && self.pending.is_empty()
+    }
+
     /// Deny-cache refusals not handed to the host yet.
     #[cfg(test)]
     pub fn uncounted_deny_hits(&self) -> u64 {

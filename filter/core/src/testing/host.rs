@@ -23,6 +23,9 @@ pub struct FakeHost {
     pub next_token: u32,
     pub dispatched: Vec<(u32, BridgeRequest, Duration)>,
     pub wakes: usize,
+    /// The tick period asked for last (`Duration::ZERO`: none), and every change asked.
+    pub tick: Duration,
+    pub tick_changes: Vec<Duration>,
     pub resumed: Vec<u32>,
     pub answered: Vec<(u32, LocalResponse)>,
     pub counters: Vec<Counter>,
@@ -31,6 +34,8 @@ pub struct FakeHost {
     pub failures: Vec<BridgeFailure>,
     pub restarts: u64,
     pub breaker_open: i64,
+    /// The `ratelimit_worker_timers` gauge.
+    pub timers: i64,
     pub breaker_log: Vec<(bool, String)>,
 }
 
@@ -55,6 +60,11 @@ impl Host for FakeHost {
     fn wake(&mut self) -> bool {
         self.wakes += 1;
         !self.cannot_wake
+    }
+    fn tick_every(&mut self, period: Duration) -> bool {
+        self.tick = period;
+        self.tick_changes.push(period);
+        true
     }
     fn resume(&mut self, ctx: u32) -> bool {
         if self.gone.contains(&ctx) {
@@ -89,8 +99,10 @@ impl Host for FakeHost {
         Some(self.restarts)
     }
     fn gauge_add(&mut self, gauge: Gauge, delta: i64) {
-        assert_eq!(gauge, Gauge::BreakerOpen);
-        self.breaker_open += delta;
+        match gauge {
+            Gauge::BreakerOpen => self.breaker_open += delta,
+            Gauge::WorkerTimers => self.timers += delta,
+        }
     }
     fn report_breaker(&mut self, open: bool, why: &str) {
         self.breaker_log.push((open, why.to_string()));
@@ -143,5 +155,6 @@ impl FakeHost {
         self.histograms.clear();
         self.failures.clear();
         self.breaker_log.clear();
+        self.tick_changes.clear();
     }
 }

@@ -126,6 +126,7 @@ fn a_hung_call_opens_the_breaker_within_its_timeout_and_releases_every_waiting_r
     let mut h = FakeHost::new();
     e.on_request(&c, &mut h, 1, &req("/", "a"));
     e.on_request(&c, &mut h, 2, &req("/", "b"));
+    ticks(&mut e, &c, &mut h, 25, 125);
     h.now = Some(T0 + 150 * MS);
     assert_eq!(
         e.on_request(&c, &mut h, 3, &req("/", "c")),

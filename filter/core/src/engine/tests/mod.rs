@@ -16,6 +16,7 @@ mod batches;
 mod breaker;
 mod cluster;
 mod holds;
+mod idle;
 mod leases;
 mod overrides;
 mod refusals;
@@ -418,7 +419,9 @@ fn requests_leave_a_late_call_at_their_deadline_and_the_call_holds_its_slot_unti
     arrive(&mut e, &c2, &mut h, 1, &req("/", "a"));
     h.now = Some(T0 + 10 * MS);
     e.on_request(&c2, &mut h, 2, &req("/", "b"));
-    h.now = Some(T0 + 1010 * MS);
+    // The worker's timer runs (the last tick at 990 ms, before request 1's deadline).
+    ticks(&mut e, &c2, &mut h, 15, 990);
+    h.now = Some(T0 + 1015 * MS);
     // The answer came before anything saw request 1's deadline pass: it decides it.
     e.on_reply(&c2, &mut h, None, 1, ok(&reply(&[R::Allow(1)])));
     assert_eq!(h.failures, vec![BridgeFailure::Expired]);
