@@ -400,3 +400,63 @@ fn a_refusal_from_the_deny_cache() {
     );
     assert_eq!(total(&response) + total(&end), 0);
 }
+
+/// The rule of `filter-allow-1key-leased`: the same bucket with a lease.
+const LEASED: &str = r#"{
+  "bridge": {"cluster": "webdis", "authority": "webdis", "username": "ratelimit",
+             "password": "ratelimit-demo-secret", "timeout": "150ms", "clock_skew": "10ms"},
+  "rules": [{"name": "bench-token_bucket-leased", "key": {"from": ["header:x-api-key"]},
+             "limits": [{"name": "bench", "algorithm": "token_bucket", "limit": 1,
+                         "window": "1s", "burst": 10000000,
+                         "lease": {"max_units": 100, "fraction": 0.1, "max_ms": 1000}}]}]}"#;
+
+#[test]
+fn a_request_served_from_a_lease() {
+    let mut w = Worker::start(LEASED);
+    let key = [("x-api-key", "bench-client")];
+    // Plain decisions until the key earns a lease, then the call that asks for one.
+    let mut asked = false;
+    for _ in 0..10 {
+        let (ctx, _, _) = w.request("/", &key);
+        let token = w.last_token();
+        let leasing = ENVOY.with(|e| {
+            e.borrow()
+                .dispatched
+                .last()
+                .is_some_and(|d| d.2.contains("/lease/"))
+        });
+        // Granted 4 requests' worth (this one and 3 held), whole again in 30 s.
+        let body = if leasing {
+            r#"{"EVALSHA":[1,4,1,1,"9000000","30000","0"]}"#.to_string()
+        } else {
+            reply_of(1, true)
+        };
+        w.reply(token, &body);
+        let _ = w.respond_and_end(ctx);
+        if leasing {
+            asked = true;
+            break;
+        }
+    }
+    assert!(asked, "the key earned a lease");
+    let calls = ENVOY.with(|e| e.borrow().dispatched.len());
+    let (ctx, verdict, request) = w.request("/", &key);
+    assert_eq!(verdict, Action::Continue, "allowed from the lease at once");
+    let (response, end) = w.respond_and_end(ctx);
+    assert_eq!(
+        ENVOY.with(|e| e.borrow().dispatched.len()),
+        calls,
+        "no call"
+    );
+    show("lease hit: request headers", &request);
+    show("lease hit: response headers", &response);
+    assert_eq!(
+        request,
+        tally(&[
+            "proxy_get_header_map_pairs",
+            "proxy_get_current_time_nanoseconds",
+        ])
+    );
+    assert_eq!(response, tally(&["proxy_add_header_map_value"; 3]));
+    assert_eq!(total(&end), 0);
+}
