@@ -15,6 +15,13 @@ use usage::{HeldBody, Reading};
 
 mod host;
 mod usage;
+// The adapter's tests run it over a fake Envoy that counts its host calls.
+#[cfg(test)]
+mod host_calls;
+#[cfg(not(test))]
+mod wasm_host;
+#[cfg(test)]
+#[path = "fake_wasm_host.rs"]
 mod wasm_host;
 
 use host::{EnvoyHost, WorkerHost};

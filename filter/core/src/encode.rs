@@ -8,8 +8,15 @@
 /// byte, `.` included, is sent as `%XX`, so a value always stays exactly one argument with
 /// exactly its own bytes, whatever a client put in it.
 pub fn path_segment(value: &[u8]) -> String {
+    let mut out = String::with_capacity(path_segment_len(value));
+    push_path_segment(&mut out, value);
+    out
+}
+
+/// [`path_segment`] appended to `out`: a call's path is written in place, argument after
+/// argument, without a string of its own for each.
+pub fn push_path_segment(out: &mut String, value: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(value.len() * 3);
     for &b in value {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
             out.push(b as char);
@@ -19,7 +26,6 @@ pub fn path_segment(value: &[u8]) -> String {
             out.push(HEX[usize::from(b & 0x0f)] as char);
         }
     }
-    out
 }
 
 /// The length of `path_segment(value)`, without building it.

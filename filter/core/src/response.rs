@@ -22,9 +22,20 @@ pub const UNAVAILABLE_BODY: &str = "rate limiter unavailable\n";
 pub const QUOTA_EXCEEDED_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
+/// A limit's name as headers and bodies show it, `rule.limit`: written where it is shown, not
+/// made for every decided request (the `x-ratelimit` headers never show it).
+#[derive(Clone, Copy)]
+struct PolicyName<'a>(&'a str, &'a str);
+
+impl std::fmt::Display for PolicyName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
 /// One limit's numbers as clients see them.
-struct Shown {
-    policy: String,
+struct Shown<'a> {
+    policy: PolicyName<'a>,
     quota: u64,
     window_s: u64,
     remaining: u64,
@@ -55,7 +66,12 @@ enum OpenAiSet {
 
 /// `now_ms` (Unix ms) dates the decision: a calendar window's `w` is the length of the window
 /// it fell in (a month of 28 to 31 days).
-fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64) -> Shown {
+fn shown<'a>(
+    config: &'a Config,
+    check: &LimitCheck,
+    result: &LimitResult,
+    now_ms: f64,
+) -> Shown<'a> {
     let (rule, limit) = config
         .rules
         .get(check.rule)
@@ -82,7 +98,7 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64)
         Some(Override::Unlimited) | None => check.quota,
     };
     Shown {
-        policy: format!("{rule}.{limit}"),
+        policy: PolicyName(rule, limit),
         quota,
         window_s: whole_seconds_up(check.window.length_at(now_ms)).max(1),
         remaining: whole_units(result.remaining),
@@ -104,12 +120,12 @@ fn shown(config: &Config, check: &LimitCheck, result: &LimitResult, now_ms: f64)
     }
 }
 
-fn shown_all(
-    config: &Config,
+fn shown_all<'a>(
+    config: &'a Config,
     checks: &[LimitCheck],
     decision: &Decision,
     now_ns: u128,
-) -> Vec<Shown> {
+) -> Vec<Shown<'a>> {
     let now_ms = unix_ms(now_ns);
     // An identity's unlimited limit has nothing to show.
     checks
@@ -123,7 +139,7 @@ fn shown_all(
 /// The limit the single-valued headers describe: when refused, the refusing limit with the
 /// longest wait (one with no time to wait for first); else the one with the fewest units left
 /// (the later reset on a tie).
-fn most_restrictive<'a>(limits: &[&'a Shown], denied: bool) -> Option<&'a Shown> {
+fn most_restrictive<'a, 'c>(limits: &[&'a Shown<'c>], denied: bool) -> Option<&'a Shown<'c>> {
     if denied {
         return limits
             .iter()
@@ -160,7 +176,7 @@ pub fn rate_limit_headers(
     )
 }
 
-fn headers_for(config: &Config, limits: &[Shown], denied: bool) -> Headers {
+fn headers_for(config: &Config, limits: &[Shown<'_>], denied: bool) -> Headers {
     let mut headers = Headers::new();
     let all: Vec<&Shown> = limits.iter().collect();
     if config.headers.x_ratelimit() {
@@ -306,7 +322,7 @@ pub fn denied(
         DenyBody::Text => format!("{DENIED_BODY}{}\n", never_fits.join("\n")),
         DenyBody::ProblemJson => {
             headers.push(("content-type", "application/problem+json".to_string()));
-            let names: Vec<&str> = violated.iter().map(|s| s.policy.as_str()).collect();
+            let names: Vec<String> = violated.iter().map(|s| s.policy.to_string()).collect();
             let mut problem = json!({
                 "type": QUOTA_EXCEEDED_TYPE,
                 "title": "Request cannot be satisfied as assigned quota has been exceeded",

@@ -3,7 +3,7 @@
 
 use super::args::DecideCall;
 use crate::config::Bridge;
-use crate::encode::path_segment;
+use crate::encode::{path_segment_len, push_path_segment};
 
 /// One HTTP call to Webdis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,10 +17,20 @@ impl BridgeRequest {
     /// One `EVALSHA` of the decision script. Every segment is percent-encoded: no value can
     /// add, move or change an argument.
     pub fn evalsha(script_sha: &str, call: &DecideCall) -> BridgeRequest {
-        let mut path = String::new();
-        for arg in call.command(script_sha) {
+        // [`DecideCall::command`], written in place into one string of the exact length: every
+        // batch builds one, about ten arguments per request.
+        let count = call.keys.len().to_string();
+        let args = || {
+            ["EVALSHA", script_sha, count.as_str()]
+                .into_iter()
+                .chain(call.keys.iter().map(String::as_str))
+                .chain(call.args.iter().map(String::as_str))
+        };
+        let len = args().map(|a| 1 + path_segment_len(a.as_bytes())).sum();
+        let mut path = String::with_capacity(len);
+        for arg in args() {
             path.push('/');
-            path.push_str(&path_segment(arg.as_bytes()));
+            push_path_segment(&mut path, arg.as_bytes());
         }
         BridgeRequest {
             method: "GET",
@@ -60,6 +70,35 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn an_evalsha_path_is_each_argument_of_the_command_encoded() {
+        use crate::config::Algorithm;
+        use crate::encode::path_segment;
+        use crate::testing::plan::minute_check as check;
+        let first = [
+            check("rl:{k:1}:api:second", Algorithm::TokenBucket, false),
+            check("rl:{a/b%c.d é}:api:day", Algorithm::FixedWindow, true),
+        ];
+        let second = [check("rl:{k:1}:api:second", Algorithm::Gcra, false)];
+        let call = DecideCall::new(
+            "1764489269123456789",
+            1764489269273,
+            [&first[..], &second[..]],
+        );
+        let want: String = call
+            .command("abc123")
+            .iter()
+            .map(|arg| format!("/{}", path_segment(arg.as_bytes())))
+            .collect();
+        let path = BridgeRequest::evalsha("abc123", &call).path;
+        assert_eq!(path, want);
+        assert_eq!(
+            path.len(),
+            path.capacity(),
+            "one string of the exact length"
+        );
+    }
 
     #[test]
     fn headers_carry_authority_auth_and_length() {

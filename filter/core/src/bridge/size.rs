@@ -368,6 +368,11 @@ pub fn call_bytes(checks: &[LimitCheck]) -> usize {
         .iter()
         .map(|c| {
             let decided = call.limit_bytes(&LimitShape::of(c, None));
+            // Only a lease's ask differs from its decision on the wire (sized for every
+            // waiting request as its batch is made).
+            if !matches!(c.mode, Mode::Lease(_)) {
+                return decided;
+            }
             let leased = call.limit_bytes(&LimitShape::of(c, Some(u64::MAX)));
             decided.max(leased)
         })

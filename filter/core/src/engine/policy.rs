@@ -47,12 +47,14 @@ impl Policy {
             }
         }
         match outcome {
+            // Decisions come in a reply: counted once per batch, when its callback returns
+            // (every caller flushes the tally then), with their per-rule twins.
             Outcome::Decided(decision) if decision.allowed => {
-                host.count(Counter::Allowed);
+                tally.count(Counter::Allowed);
                 if decision.limits.iter().any(|l| !l.allowed) {
-                    host.count(Counter::ShadowDenied);
+                    tally.count(Counter::ShadowDenied);
                 }
-                count_decision(host, tally, plan, &decision);
+                count_decision(tally, plan, &decision);
                 Conclusion::Resume(response::rate_limit_headers(
                     config,
                     &plan.checks,
@@ -61,8 +63,8 @@ impl Policy {
                 ))
             }
             Outcome::Decided(decision) => {
-                host.count(Counter::Denied);
-                count_decision(host, tally, plan, &decision);
+                tally.count(Counter::Denied);
+                count_decision(tally, plan, &decision);
                 Conclusion::Answer(response::denied(config, &plan.checks, &decision, now))
             }
             Outcome::Failed(failure) => {
@@ -191,7 +193,7 @@ pub fn serve_locally(
 
 /// Per-rule counts of a decision from Redis: what each limit did, and the rules whose key
 /// budget a new identity found used up (once per rule and request).
-fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision: &Decision) {
+fn count_decision(tally: &mut Tally, plan: &Plan, decision: &Decision) {
     let mut budget_rule = None;
     for (check, result) in plan.checks.iter().zip(&decision.limits) {
         let event = match (result.allowed, check.mode.is_shadow()) {
@@ -214,7 +216,7 @@ fn count_decision(host: &mut impl Host, tally: &mut Tally, plan: &Plan, decision
         }
         if result.over_budget && budget_rule != Some(check.rule) {
             if budget_rule.is_none() {
-                host.count(Counter::KeyBudgetExceeded);
+                tally.count(Counter::KeyBudgetExceeded);
             }
             budget_rule = Some(check.rule);
             tally.rule_count(check.rule, RuleCount::KeyBudgetExceeded);

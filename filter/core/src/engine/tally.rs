@@ -1,7 +1,8 @@
 //! The engine's stats not yet handed to the host: the requests answered from leases and the
 //! deny cache (counted on the hot path without a host call, handed over at the next tick or
-//! reply) and the per-rule counts (handed over when the callback that counted them returns,
-//! with their global twins).
+//! reply), the decisions of a reply (one host call per counter for the whole batch, not one
+//! per request) and the per-rule counts (both handed over when the callback that counted them
+//! returns).
 
 use super::host::Host;
 use crate::check::LimitCheck;
@@ -18,6 +19,8 @@ pub struct Tally {
     deny_hits: u64,
     /// Requests allowed from leases not yet added (`ratelimit_allowed`, `ratelimit_lease_hits`).
     lease_hits: u64,
+    /// Global counts not yet added (a reply's decisions), each counter once.
+    counts: Vec<(Counter, u64)>,
 }
 
 impl Tally {
@@ -27,6 +30,14 @@ impl Tally {
             pending: PendingCounts::new(rule_stats.len()),
             rule_stats,
             ..Default::default()
+        }
+    }
+
+    /// Counts one more of `counter`, added at the next [`Tally::flush`].
+    pub fn count(&mut self, counter: Counter) {
+        match self.counts.iter_mut().find(|(c, _)| *c == counter) {
+            Some((_, n)) => *n += 1,
+            None => self.counts.push((counter, 1)),
         }
     }
 
@@ -85,6 +96,9 @@ impl Tally {
         if n > 0 {
             host.count_n(Counter::Allowed, n);
             host.count_n(Counter::LeaseHits, n);
+        }
+        for (counter, n) in self.counts.drain(..) {
+            host.count_n(counter, n);
         }
         self.pending.drain(|stat, n| host.count_rule(stat, n));
     }
