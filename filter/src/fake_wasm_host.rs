@@ -69,8 +69,9 @@ pub fn record_metric(_id: u32, _value: u64) {
     call("proxy_record_metric");
 }
 
-pub fn set_tick_period(_period: Duration) {
+pub fn set_tick_period(_period: Duration) -> bool {
     call("proxy_set_tick_period_milliseconds");
+    true
 }
 
 pub fn register_queue(_name: &str) -> Option<u32> {
