@@ -8,7 +8,8 @@
 //! ```
 //!
 //! ALGORITHMs (names as in the config) restrict the rows to theirs.
-//! DECISIONS per row (default 64,000; 4,096 with `--callgrind`). It prints a markdown table: µs
+//! DECISIONS per row (default 64,000; 4,096 with `--callgrind`); the batches are of decisions each
+//! on a key of its own, and one of 16 on a single key (a hot identity). It prints a markdown table: µs
 //! of Redis CPU per decision, the Redis commands per decision (the script's own, from
 //! `INFO commandstats`) and the bytes of the call's arguments per decision (what Webdis parses).
 //! With `--callgrind`, Redis runs under valgrind's callgrind and the table gives the
@@ -25,7 +26,9 @@ const ALGORITHMS: [Algorithm; 6] = [
     Algorithm::SlidingWindowLog,
     Algorithm::Concurrency,
 ];
-const BATCHES: [usize; 3] = [1, 16, 64];
+/// Batch sizes, and whether the batch's decisions are on one key (a hot identity) rather than
+/// each on its own.
+const BATCHES: [(usize, bool); 4] = [(1, false), (16, false), (64, false), (16, true)];
 /// Distinct keys a row cycles through: far more than a batch, as many identities would be.
 const KEYS: usize = 4096;
 
@@ -118,8 +121,8 @@ fn main() {
         true => "Redis instructions per decision",
         false => "µs of Redis CPU per decision",
     };
-    println!("| algorithm | batch | {measure} | Redis commands per decision | argument bytes per decision |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| algorithm | batch | keys | {measure} | Redis commands per decision | argument bytes per decision |");
+    println!("|---|---:|---|---:|---:|---:|");
     let named: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let only = |a: &Algorithm| {
         !named
@@ -128,7 +131,7 @@ fn main() {
             || named.iter().any(|n| n.as_str() == a.name())
     };
     for algorithm in ALGORITHMS.into_iter().filter(only) {
-        for batch in BATCHES {
+        for (batch, one_key) in BATCHES {
             let mut turn = 0usize;
             let limits: Vec<Vec<L>> = (0..KEYS)
                 .map(|i| {
@@ -147,7 +150,7 @@ fn main() {
             for _ in 0..calls {
                 let requests: Vec<&[L]> = (0..batch)
                     .map(|_| {
-                        turn = (turn + 1) % KEYS;
+                        turn = if one_key { 0 } else { (turn + 1) % KEYS };
                         limits[turn].as_slice()
                     })
                     .collect();
@@ -164,8 +167,9 @@ fn main() {
             // The two INFO calls of the reading itself are not the script's.
             let ran = (commands(&redis) - commands0).saturating_sub(2) as f64 / n;
             println!(
-                "| {} | {batch} | {cost} | {ran:.2} | {:.0} |",
+                "| {} | {batch} | {} | {cost} | {ran:.2} | {:.0} |",
                 algorithm.name(),
+                if one_key { "one" } else { "each its own" },
                 bytes as f64 / n
             );
             redis.admin().cmd(&["FLUSHALL"]).unwrap();
