@@ -249,8 +249,8 @@ local function read_definitions(a)
     -- The one-limit requests decide_fast takes: no key budget, a window in ms.
     if def.ok and FAST[name] and (mode == 'enforce' or mode == 'shadow') and not def.budget
         and window then
-      def.fast = {algorithm = def.algorithm, limit = def.limit, window = window,
-        burst = def.burst}
+      def.fast = {algorithm = def.algorithm, alone = DECIDE_ALONE[name], limit = def.limit,
+        window = window, burst = def.burst}
     end
     definitions[d] = def
   end
@@ -575,6 +575,12 @@ end
 -- Decides the fast request: charged when its limit allows, committed unless an enforced
 -- limit refused; the reply's values after n as decide_request gives them.
 local function fast_request(p, shadow)
+  local alone = p.alone
+  if alone then
+    local allowed, left, reset, retry = alone(p.key, p, now)
+    return (allowed or shadow) and 1 or 0, allowed and 1 or 0,
+      wire_number(math.max(0, left)), math.ceil(reset), retry
+  end
   local d = p.algorithm(p.key, p, now)
   if d.allowed then
     d.commit()

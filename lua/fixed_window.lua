@@ -89,7 +89,7 @@ local function fixed_window_now(index, w, n, limit)
   return w, n
 end
 
-ALGORITHMS.fixed_window = function(key, p, now)
+algorithm('fixed_window', function(key, p, now)
   local index = window_index(p, now.ms)
   local state = redis.call('HMGET', key, 'w', 'n')
   local w, n = tonumber(state[1]), tonumber(state[2]) or 0
@@ -103,28 +103,21 @@ ALGORITHMS.fixed_window = function(key, p, now)
   -- Windows after this one that debt still fills.
   local owed = math.max(0, math.ceil(n / p.limit) - 1)
 
-  local d = {
-    allowed = n + p.cost <= p.limit,
-    kept_remaining = math.max(0, p.limit - n),
-    kept_reset = n > 0 and ends_in + beyond(owed) or 0,
-    retry = 0,
-  }
-  if d.allowed then
-    d.taken_remaining = p.limit - n - p.cost
-    d.taken_reset = ends_in
-    d.commit = function()
-      redis.call('HSET', key, 'w', index, 'n', n + p.cost)
-      redis.call('PEXPIRE', key, math.ceil(ends_in) + 60000)
-    end
+  local kept = math.max(0, p.limit - n)
+  local kept_reset = n > 0 and ends_in + beyond(owed) or 0
+  if n + p.cost <= p.limit then
+    return true, kept, kept_reset, 0, p.limit - n - p.cost, ends_in,
+      index, n + p.cost, math.ceil(ends_in) + 60000
   elseif p.cost > p.limit then
-    d.retry = NEVER
-  else
-    -- Debt: each window that starts repays `limit`, until n + cost fits.
-    local windows = math.max(1, math.ceil((n + p.cost - p.limit) / p.limit))
-    d.retry = math.ceil(ends_in + beyond(windows - 1))
+    return false, kept, kept_reset, NEVER
   end
-  return d
-end
+  -- Debt: each window that starts repays `limit`, until n + cost fits.
+  local windows = math.max(1, math.ceil((n + p.cost - p.limit) / p.limit))
+  return false, kept, kept_reset, math.ceil(ends_in + beyond(windows - 1))
+end, function(key, index, n, ttl)
+  redis.call('HSET', key, 'w', index, 'n', n)
+  redis.call('PEXPIRE', key, ttl)
+end)
 
 -- Counts are additive: the charge's window, if it is still the current one, counts cost less.
 REFUNDS.fixed_window = function(key, p, now)

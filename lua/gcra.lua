@@ -5,34 +5,25 @@
 -- State (a hash at the limit's key):
 --   tat  theoretical arrival time, Unix ms (%.17g)
 -- Memory: one number per key. Expires when TAT has passed (the key would be fresh), + 60 s.
-ALGORITHMS.gcra = function(key, p, now)
+algorithm('gcra', function(key, p, now)
   local interval = p.window / p.limit
   local stored = tonumber(redis.call('HGET', key, 'tat'))
   -- A clock that went backwards cannot move TAT back.
   local tat = math.max(stored or now.ms, now.ms)
   local new_tat = tat + p.cost * interval
   local allow_at = new_tat - p.burst * interval
-
-  local d = {
-    allowed = now.ms >= allow_at,
-    kept_remaining = math.max(0, (now.ms - (tat - p.burst * interval)) / interval),
-    kept_reset = tat - now.ms,
-    retry = 0,
-  }
-  if d.allowed then
-    d.taken_remaining = math.max(0, (now.ms - allow_at) / interval)
-    d.taken_reset = new_tat - now.ms
-    d.commit = function()
-      redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
-      redis.call('PEXPIRE', key, math.ceil(new_tat - now.ms) + 60000)
-    end
+  local kept = math.max(0, (now.ms - (tat - p.burst * interval)) / interval)
+  if now.ms >= allow_at then
+    return true, kept, tat - now.ms, 0, math.max(0, (now.ms - allow_at) / interval),
+      new_tat - now.ms, new_tat, math.ceil(new_tat - now.ms) + 60000
   elseif p.cost > p.burst then
-    d.retry = NEVER -- even at TAT = now, more than burst intervals early
-  else
-    d.retry = math.ceil(allow_at - now.ms)
+    return false, kept, tat - now.ms, NEVER -- even at TAT = now, more than burst intervals early
   end
-  return d
-end
+  return false, kept, tat - now.ms, math.ceil(allow_at - now.ms)
+end, function(key, new_tat, ttl)
+  redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
+  redis.call('PEXPIRE', key, ttl)
+end)
 
 -- Moves TAT back by at most cost intervals, less the time the clock may have passed the TAT
 -- this limit would have had without the charge (there the charge stopped holding anything

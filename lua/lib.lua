@@ -16,6 +16,38 @@
 -- to every limit or to none.
 local ALGORITHMS = {}
 
+-- DECIDE_ALONE.name = function(key, p, now) -> allowed, remaining, reset_ms, retry_ms: the
+-- same decision for a request of that one limit, its state charged at once when it allows,
+-- with no table made (decide.lua's fast path uses it where it exists). An algorithm gets both
+-- from one decision function through `algorithm` below.
+local DECIDE_ALONE = {}
+
+-- Defines ALGORITHMS[name] and DECIDE_ALONE[name] from
+--   decide(key, p, now) -> allowed, kept_remaining, kept_reset, retry, taken_remaining,
+--     taken_reset, then up to four values for charge (when allowed)
+--   charge(key, a1, a2, a3, a4) writing the state of an allowed decision.
+local function algorithm(name, decide, charge)
+  ALGORITHMS[name] = function(key, p, now)
+    local allowed, kept, kept_reset, retry, taken, taken_reset, a1, a2, a3, a4 = decide(key, p, now)
+    local d = {allowed = allowed, kept_remaining = kept, kept_reset = kept_reset, retry = retry,
+      taken_remaining = taken, taken_reset = taken_reset}
+    if allowed then
+      d.commit = function()
+        charge(key, a1, a2, a3, a4)
+      end
+    end
+    return d
+  end
+  DECIDE_ALONE[name] = function(key, p, now)
+    local allowed, kept, kept_reset, retry, taken, taken_reset, a1, a2, a3, a4 = decide(key, p, now)
+    if allowed then
+      charge(key, a1, a2, a3, a4)
+      return true, taken, taken_reset, 0
+    end
+    return false, kept, kept_reset, retry
+  end
+end
+
 -- Each algorithm file may also add REFUNDS.name = function(key, p, now): gives back what an
 -- earlier charge took, for a request that another Redis Cluster slot refused (all or nothing
 -- across slots). p has p.cost, p.charged_at (the charge's clock, Unix ns string), p.left (the

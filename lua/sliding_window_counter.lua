@@ -8,7 +8,7 @@
 --   cur   cost counted in window w
 --   prev  cost counted in window w - 1
 -- Memory: three numbers per key. Expires when both windows are out of reach, + 60 s.
-ALGORITHMS.sliding_window_counter = function(key, p, now)
+algorithm('sliding_window_counter', function(key, p, now)
   local W = p.window
   local index = math.floor(now.ms / W)
   local state = redis.call('HMGET', key, 'w', 'cur', 'prev')
@@ -35,26 +35,18 @@ ALGORITHMS.sliding_window_counter = function(key, p, now)
     return (W - into) + math.max(0, W - target * W / cur)
   end
 
-  local d = {
-    allowed = estimate + p.cost <= p.limit,
-    kept_remaining = math.max(0, p.limit - estimate),
-    kept_reset = wait_for(0),
-    retry = 0,
-  }
-  if d.allowed then
-    d.taken_remaining = math.max(0, p.limit - estimate - p.cost)
-    d.taken_reset = (W - into) + W
-    d.commit = function()
-      redis.call('HSET', key, 'w', index, 'cur', cur + p.cost, 'prev', prev)
-      redis.call('PEXPIRE', key, math.ceil(2 * W - into) + 60000)
-    end
+  local kept = math.max(0, p.limit - estimate)
+  if estimate + p.cost <= p.limit then
+    return true, kept, wait_for(0), 0, math.max(0, p.limit - estimate - p.cost), (W - into) + W,
+      index, cur + p.cost, prev, math.ceil(2 * W - into) + 60000
   elseif p.cost > p.limit then
-    d.retry = NEVER
-  else
-    d.retry = math.ceil(wait_for(p.limit - p.cost) or (2 * W - into))
+    return false, kept, wait_for(0), NEVER
   end
-  return d
-end
+  return false, kept, wait_for(0), math.ceil(wait_for(p.limit - p.cost) or (2 * W - into))
+end, function(key, index, cur, prev, ttl)
+  redis.call('HSET', key, 'w', index, 'cur', cur, 'prev', prev)
+  redis.call('PEXPIRE', key, ttl)
+end)
 
 -- Counts are additive: the charge's window counts cost less, whether it is still the current
 -- window or has become the previous one.

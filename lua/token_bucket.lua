@@ -5,7 +5,7 @@
 --   tokens  tokens left after the last decision (%.17g: the stored float is exact)
 --   ts      Unix ns of the last decision, stored exactly as given, never moved back
 -- Memory: one small hash per key. Expires once the bucket would be full again, + 60 s.
-ALGORITHMS.token_bucket = function(key, p, now)
+algorithm('token_bucket', function(key, p, now)
   local rate = p.limit / p.window -- tokens per ms
   local capacity = p.burst
   local state = redis.call('HMGET', key, 'tokens', 'ts')
@@ -23,28 +23,19 @@ ALGORITHMS.token_bucket = function(key, p, now)
   end
   -- Refill starts at the stored time: waits count from there when this clock is behind it.
   local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
-
-  local d = {
-    allowed = tokens >= p.cost,
-    kept_remaining = tokens,
-    kept_reset = ahead + (capacity - tokens) / rate,
-    retry = 0,
-  }
-  if d.allowed then
+  local kept_reset = ahead + (capacity - tokens) / rate
+  if tokens >= p.cost then
     local left = tokens - p.cost
-    d.taken_remaining = left
-    d.taken_reset = ahead + (capacity - left) / rate
-    d.commit = function()
-      redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
-      redis.call('PEXPIRE', key, math.ceil(ahead + capacity / rate) + 60000)
-    end
+    return true, tokens, kept_reset, 0, left, ahead + (capacity - left) / rate,
+      left, stamp, math.ceil(ahead + capacity / rate) + 60000
   elseif p.cost > capacity then
-    d.retry = NEVER
-  else
-    d.retry = math.ceil(ahead + (p.cost - tokens) / rate)
+    return false, tokens, kept_reset, NEVER
   end
-  return d
-end
+  return false, tokens, kept_reset, math.ceil(ahead + (p.cost - tokens) / rate)
+end, function(key, left, stamp, ttl)
+  redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
+  redis.call('PEXPIRE', key, ttl)
+end)
 
 -- Gives back at most the cost, less what the bucket may have refilled past its capacity since
 -- the charge (then the charge no longer holds anything back): at the charge the bucket held
