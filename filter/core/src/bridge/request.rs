@@ -5,6 +5,11 @@ use super::args::DecideCall;
 use crate::config::Bridge;
 use crate::encode::path_segment;
 
+/// How many bytes longer [`BridgeRequest::evalsha_on_node`]'s path is than
+/// [`BridgeRequest::evalsha`]'s for the same call, at most: two segments (the number of keys,
+/// up to 5 digits, and the map flag), the declared count becoming `0`.
+pub const NODE_CALL_EXTRA_BYTES: usize = 9;
+
 /// One HTTP call to Webdis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeRequest {
@@ -21,6 +26,34 @@ impl BridgeRequest {
         for arg in call.command(script_sha) {
             path.push('/');
             path.push_str(&path_segment(arg.as_bytes()));
+        }
+        BridgeRequest {
+            method: "GET",
+            path,
+            body: None,
+        }
+    }
+
+    /// The `EVALSHA` of `call` on a Redis Cluster for keys of several slots of one node: no
+    /// key declared, the keys at the head of `ARGV` (the first, which the proxy routes by,
+    /// their number, whether to reply the node's slot map, the others; see `lua/decide.lua`).
+    pub fn evalsha_on_node(script_sha: &str, call: &DecideCall, ask_map: bool) -> BridgeRequest {
+        let mut path = String::new();
+        let mut push = |arg: &str| {
+            path.push('/');
+            path.push_str(&path_segment(arg.as_bytes()));
+        };
+        let (first, others) = call
+            .keys
+            .split_first()
+            .map_or(("", &[][..]), |(f, o)| (f, o));
+        for arg in ["EVALSHA", script_sha, "0", first] {
+            push(arg);
+        }
+        push(&call.keys.len().to_string());
+        push(if ask_map { "1" } else { "0" });
+        for arg in others.iter().chain(&call.args) {
+            push(arg);
         }
         BridgeRequest {
             method: "GET",

@@ -8,11 +8,14 @@ use std::time::Duration;
 use super::host::Host;
 use super::lag::Moment;
 use super::leases::Ticket;
-use super::queue::{Call, Origin, Outcome, Sent, Waiting};
+use super::queue::{Call, OnNode, Origin, Outcome, Sent, Waiting};
 use super::settlements::{Settled, Settlements};
 use super::splits::Split;
 use super::{serve_locally, Engine, MAX_CALL_BYTES};
-use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall, LimitShape};
+use crate::bridge::{
+    BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall, LimitShape,
+    NODE_CALL_EXTRA_BYTES,
+};
 use crate::config::Config;
 use crate::decision::{Refund, Settlement};
 use crate::metrics::{Counter, Gauge, Histogram};
@@ -36,19 +39,21 @@ impl Engine {
                 break; // one call from a request context at most: the root sends the rest
             }
             let at = self.lag.moment(now);
-            let members = self.next_batch(config, host, at);
+            let (members, on_node) = self.next_batch(config, host, at);
             if !members.is_empty() {
                 let epoch = self.refusals.epoch();
                 host.count(Counter::BridgeCalls);
                 host.record(Histogram::BatchSize, members.len() as u64);
                 // Settlements go with a call from the root (their outcome comes back to it),
-                // in the room the batch left, on its slot.
-                let riders = match from {
-                    None => self.riders(config, host, &members),
-                    Some(_) => Vec::new(),
+                // in the room the batch left, on its slot; not with a call for several slots,
+                // whose keys Redis checks one by one (a settlement of several limits could be
+                // refused after its first).
+                let riders = match (from, on_node) {
+                    (None, None) => self.riders(config, host, &members),
+                    _ => Vec::new(),
                 };
                 let sent = Sent { at_ns: now, epoch };
-                let call = Call::decide(config, members, sent, from, riders);
+                let call = Call::decide(config, members, sent, from, riders, on_node);
                 self.send(config, host, call, now);
             }
         }
@@ -98,14 +103,35 @@ impl Engine {
         riders
     }
 
-    /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
-    /// policy. One that waited while a reply came is asked again about leases and refusals
-    /// (that reply may have brought either), a prefetch about refusals; a part always goes.
-    fn next_batch(&mut self, config: &Config, host: &mut impl Host, at: Moment) -> Vec<Waiting> {
+    /// The next batch from the queue ([`Queue::next`]), and how its call goes: on a Redis
+    /// Cluster, for the slots of one node when the slot map knows the front's master (the
+    /// call then holds every slot of that master) or when the call asks for the map; else for
+    /// one slot. Requests past their deadline fail by policy. One that waited while a reply
+    /// came is asked again about leases and refusals (that reply may have brought either), a
+    /// prefetch about refusals; a part always goes.
+    fn next_batch(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        at: Moment,
+    ) -> (Vec<Waiting>, Option<OnNode>) {
         let now = at.wall_ns;
-        let mut batch = self.queue.batch(CallSize::batch().bytes());
+        // Sent back to a call of its own slot, or of a slot a node refused lately: one slot.
+        let front = self
+            .queue
+            .front()
+            .filter(|w| config.redis_cluster && !w.declared)
+            .and_then(|w| w.slot)
+            .filter(|&slot| !self.nodes.doubted(slot, now));
+        let node = front.and_then(|slot| self.nodes.node_of(slot, now));
+        let mut batch = self.queue.batch(CallSize::batch().bytes(), node);
         let max = config.batch.max_requests;
-        while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
+        // A call for one node is a few bytes longer than the same call for one slot.
+        let max_bytes = MAX_CALL_BYTES - NODE_CALL_EXTRA_BYTES;
+        // Held apart while the loop answers requests (nothing it calls reads the map).
+        let nodes = std::mem::take(&mut self.nodes);
+        let node_of = |slot: u16| nodes.node_of(slot, now);
+        while let Some((mut w, size)) = self.queue.next(&mut batch, max, max_bytes, node_of) {
             if w.deadline.passed(at) {
                 let outcome = Outcome::Failed(BridgeFailure::Expired);
                 self.resolve(config, host, w, outcome, None, now);
@@ -132,7 +158,16 @@ impl Engine {
             }
             batch.join(w, size);
         }
-        batch.into_members()
+        self.nodes = nodes;
+        let slot = batch.slot();
+        let members = batch.into_members();
+        if !config.redis_cluster || front.is_none() || members.is_empty() {
+            return (members, None);
+        }
+        let several = members.iter().any(|m| m.slot != slot);
+        let asks = self.nodes.ask(now);
+        let on_node = (several || asks.is_some()).then_some(OnNode { asks });
+        (members, on_node)
     }
 
     /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their

@@ -4,7 +4,8 @@ use super::*;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// The keys of a decision call (its `KEYS`), decoded.
+/// The keys of a decision call (its `KEYS`, or in a call for the slots of one node, those at
+/// the head of its `ARGV`), decoded.
 fn call_keys(request: &BridgeRequest) -> Vec<String> {
     let segments: Vec<&str> = request.path.split('/').collect();
     let n: usize = segments[3].parse().unwrap();
@@ -23,6 +24,12 @@ fn call_keys(request: &BridgeRequest) -> Vec<String> {
         }
         String::from_utf8(out).unwrap()
     };
+    if n == 0 {
+        let k: usize = segments[5].parse().unwrap();
+        let mut keys = vec![decode(segments[4])];
+        keys.extend(segments[7..7 + k - 1].iter().map(|s| decode(s)));
+        return keys;
+    }
     segments[4..4 + n].iter().map(|s| decode(s)).collect()
 }
 
