@@ -558,6 +558,49 @@ mod tests {
         }
     }
 
+    /// A call for the slots of one node: a request whose keys the node does not serve is
+    /// told apart (sent again), the slot map after the requests is read, a whole call refused
+    /// before it ran (TRYAGAIN, MOVED, ASK, CLUSTERDOWN) is moving.
+    #[test]
+    fn node_replies_are_read() {
+        let shape = [RequestShape {
+            limits: 1,
+            most_leased: 0,
+        }; 2];
+        let body = r#"{"EVALSHA":[2,1,1,1,"9","6000","0",-1,"ERR Script attempted to access a non local key in a cluster node script: x","slots",2,0,8191,1,8192,16383,2]}"#;
+        let (outcome, map) = parse_node_reply(ok(body), &shape, true).unwrap();
+        let EvalOutcome::Decided(results) = outcome else {
+            panic!("decided")
+        };
+        assert!(results[0].is_ok());
+        assert!(matches!(results[1], Err(BridgeFailure::NotServed(_))));
+        assert_eq!(map, Some(vec![(0, 8191, 1), (8192, 16383, 2)]));
+        // Not asked for, a map is a reply too long; asked for, a bad one is unreadable.
+        assert!(parse_node_reply(ok(body), &shape, false).is_err());
+        let bad =
+            r#"{"EVALSHA":[2,1,1,1,"9","6000","0",1,1,1,"9","6000","0","slots",1,0,16384,1]}"#;
+        assert!(parse_node_reply(ok(bad), &shape, true).is_err());
+        let none = r#"{"EVALSHA":[2,1,1,1,"9","6000","0",1,1,1,"9","6000","0"]}"#;
+        assert_eq!(parse_node_reply(ok(none), &shape, true).unwrap().1, None);
+        for moving in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "MOVED 3300 127.0.0.1:7001",
+            "ASK 3300 127.0.0.1:7001",
+            "CLUSTERDOWN The cluster is down",
+        ] {
+            let body = format!(r#"{{"EVALSHA":[false,"{moving}"]}}"#);
+            assert_eq!(
+                parse_batch_reply(ok(&body), &shape),
+                Err(BridgeFailure::Moving(moving.to_string()))
+            );
+        }
+        let other = r#"{"EVALSHA":[false,"ERR upstream failure"]}"#;
+        assert!(matches!(
+            parse_batch_reply(ok(other), &shape),
+            Err(BridgeFailure::Redis(_))
+        ));
+    }
+
     #[test]
     fn script_load_reply_must_name_our_script() {
         let sha = "0123456789abcdef0123456789abcdef01234567";

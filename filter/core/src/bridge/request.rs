@@ -94,6 +94,36 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// A call for the slots of one node declares no key, starts `ARGV` with the first key
+    /// (which the proxy routes by), the number of keys and the map flag, then the other keys
+    /// and the same arguments; it is at most NODE_CALL_EXTRA_BYTES longer.
+    #[test]
+    fn a_call_for_a_node_puts_its_keys_at_the_head_of_argv() {
+        let call = DecideCall {
+            keys: vec!["rl:{a}:x".into(), "rl:{b}:x".into()],
+            args: vec!["1".into(), "0".into()],
+        };
+        let node = BridgeRequest::evalsha_on_node("sha", &call, true);
+        assert_eq!(
+            node.path,
+            "/EVALSHA/sha/0/rl%3A%7Ba%7D%3Ax/2/1/rl%3A%7Bb%7D%3Ax/1/0"
+        );
+        let declared = BridgeRequest::evalsha("sha", &call);
+        assert_eq!(
+            declared.path,
+            "/EVALSHA/sha/2/rl%3A%7Ba%7D%3Ax/rl%3A%7Bb%7D%3Ax/1/0"
+        );
+        let many = DecideCall {
+            keys: (0..12_000).map(|i| format!("k{i}")).collect(),
+            args: vec![],
+        };
+        let (node, declared) = (
+            BridgeRequest::evalsha_on_node("sha", &many, false),
+            BridgeRequest::evalsha("sha", &many),
+        );
+        assert!(node.path.len() <= declared.path.len() + NODE_CALL_EXTRA_BYTES);
+    }
+
     #[test]
     fn headers_carry_authority_auth_and_length() {
         let bridge = Bridge {
