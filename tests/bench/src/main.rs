@@ -91,6 +91,9 @@ fn main() {
     if report.concurrency.is_some() {
         println!("{}", report.concurrency_table());
     }
+    if !everything && !report.cluster.throughput.is_empty() {
+        println!("{}", report.cluster_text());
+    }
     if !problems.is_empty() {
         eprintln!(
             "the report is incomplete: {} ({} and results.json beside it)",
