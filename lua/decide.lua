@@ -10,29 +10,32 @@
 -- ARGV[3]    number of requests R
 -- ARGV[4]    number of key budgets B, then four per budget: counter key index, new keys per
 --            window, window (ms), "shared" | "deny"
--- then, per request: its number of limits n, then nine per limit:
---            key index (into KEYS), algorithm, limit, window, burst, cost,
---            "enforce" | "shadow", budget index (0: none), overflow key index (0: none)
+-- then the number of limit definitions D, then seven per definition: algorithm, limit,
+--            window, burst, mode, budget index (0: none), overflow key index (0: none).
+--            A batch's requests on one rule's limit share one definition.
 --            The window is its length in ms (digits), or for fixed_window a calendar window:
 --            "D", "W" or "M" (a day, an ISO week from Monday, a month from the 1st), then its
 --            UTC offset in minutes, signed: "M+330" is a month at UTC+05:30, "D-300" a day at
 --            UTC-05:00, "W+0" a week in UTC. Parsed only when it is not plain digits.
+--            The mode is "enforce" | "shadow" (a budget only with these);
 --            or, to give back what an earlier call charged (Redis Cluster: another slot
---            refused the request), mode "refund", then the charge's clock (Unix ns) and the
---            remaining it replied. A refund request takes nothing and replies 1 for each
---            limit; its clock (ARGV[1]) must be no earlier than any decision on its keys.
---            or, to ask for a lease (token_bucket, gcra, fixed_window), mode "lease", then its
---            max units and fraction: see "Leases" below.
---            or, for a limit metered by usage in mode `after`, mode "after", then "0", "0":
---            allowed while at least 1 unit is left, charging nothing (cost is ignored).
+--            refused the request), "refund": the limit then adds the charge's clock (Unix ns)
+--            and the remaining it replied. A refund request takes nothing and replies 1 for
+--            each limit; its clock (ARGV[1]) must be no earlier than any decision on its keys.
+--            or, to ask for a lease (token_bucket, gcra, fixed_window), "lease": the limit
+--            adds its max units and fraction: see "Leases" below.
+--            or, for a limit metered by usage in mode `after`, "after": allowed while at least
+--            1 unit is left, charging nothing (cost is ignored).
 --            or, to settle a usage limit (a charge of a signed number of units that never
---            refuses: positive is debt, negative gives back; see SETTLES in lib.lua), mode
---            "settle", then the delta and "0"; for a concurrency limit, a release of the slot
---            the request holds: "settle", "-1" and the request's id. A settle request takes
+--            refuses: positive is debt, negative gives back; see SETTLES in lib.lua),
+--            "settle": the limit adds the delta and "0"; for a concurrency limit, a release
+--            of the slot the request holds: "-1" and the request's id. A settle request takes
 --            nothing and replies 1 for each limit, like a refund request; a request that
 --            adjusts holds only refunds and settles, or none.
---            or, for a concurrency limit (always), mode "hold", then the request's id (unique
---            per request, the member its slot is held by) and "0".
+--            or, for a concurrency limit (always), "hold": the limit adds the request's id
+--            (unique per request, the member its slot is held by).
+-- then, per request: its number of limits n, then per limit: key index (into KEYS),
+--            definition index, cost, then what its definition's mode adds (above).
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
@@ -40,7 +43,8 @@
 --      committed (1|0), n, then per limit: outcome, remaining, reset_ms, retry_ms
 --    or -1, "ERR ..." when that request alone could not be decided (bad arguments, a Redis
 --      error such as WRONGTYPE): the others are still decided}
--- with the numbers as strings (Redis would truncate Lua numbers to integers). remaining and
+-- with whole numbers as integers and the others as their text (Redis would truncate a Lua
+-- number with a fraction). remaining and
 -- reset_ms describe the state after this request: charged if committed, untouched if not.
 -- retry_ms is 0 for a limit that allowed, else the ms until this request would fit, or -1
 -- when it never can: its cost is more than the limit ever holds (a token_bucket's or gcra's
@@ -119,8 +123,18 @@ end
 if not string.match(now_str, '^%d+$') then
   return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
 end
+set_clock(now_str)
 local now = {str = now_str}
 now.ms = elapsed_ms('0', now_str)
+
+-- A reply number: a whole one as an integer (no text to format), else its text (Redis would
+-- truncate a Lua number with a fraction).
+local function wire_number(x)
+  if x == math.floor(x) then
+    return x
+  end
+  return tostring(x)
+end
 
 local function whole(v)
   return v and v >= 0 and v == math.floor(v)
@@ -163,72 +177,148 @@ for b = 1, budget_count do
   BUDGETS[b] = budget
 end
 
+-- A request of one limit in mode "enforce" or "shadow", with no key budget or override, on an
+-- algorithm whose window is its length in ms: the shape of nearly every decision. It is
+-- decided without building the general path's tables (see fast_request below).
+local FAST = {token_bucket = true, gcra = true, fixed_window = true,
+  sliding_window_counter = true, sliding_window_log = true}
+
+-- tonumber of an argument, remembered for the call: a batch repeats the same limit, window
+-- and burst texts, and one table lookup costs far less than converting the text again.
+local NUMBERS = {}
+local function number_of(text)
+  if text == nil then
+    return nil
+  end
+  local n = NUMBERS[text]
+  if n == nil then
+    n = tonumber(text) or false
+    NUMBERS[text] = n
+  end
+  return n or nil
+end
+
+-- The values a limit adds after its cost, by its definition's mode.
+local EXTRAS = {enforce = 0, shadow = 0, after = 0, hold = 1, lease = 2, settle = 2, refund = 2}
+
+-- The mode-specific fields of a limit in mode `mode`, from the values it adds (x, y); false
+-- when they are malformed.
+local function read_mode(p, mode, x, y)
+  local name = p.algorithm_name
+  local concurrency = name == 'concurrency'
+  if mode == 'refund' then
+    p.refund, p.charged_at, p.left = REFUNDS[name], x, tonumber(y)
+    return p.refund and string.match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
+  elseif mode == 'lease' then
+    local lease = {max_units = tonumber(x), fraction = tonumber(y)}
+    p.lease = lease
+    return LEASABLE[name] and whole(lease.max_units) and lease.max_units >= 1
+      and lease.fraction and lease.fraction > 0 and lease.fraction <= 1
+  elseif mode == 'settle' then
+    p.settle, p.delta = SETTLES[name], tonumber(x)
+    if concurrency then
+      p.member = y
+    end
+    return p.settle and p.delta and p.delta == math.floor(p.delta)
+      and (not concurrency or y ~= '')
+  elseif mode == 'hold' then
+    p.member = x
+    return x ~= ''
+  end
+  return true
+end
+
+-- Reads the D limit definitions at `a`: returns them and the position after them, or nil when
+-- the layout is broken. A definition's fields are its limits' fields (its `meta` makes them
+-- so); `ok` is false when they are malformed, and each limit using it is refused alone.
+local function read_definitions(a)
+  local count = tonumber(ARGV[a])
+  if not whole(count) or a + 7 * count > #ARGV then
+    return nil
+  end
+  local definitions = {}
+  for d = 1, count do
+    local at = a + (d - 1) * 7
+    local name, mode = ARGV[at + 1], ARGV[at + 5]
+    local window = tonumber(ARGV[at + 3])
+    local def = {
+      algorithm_name = name,
+      algorithm = ALGORITHMS[name],
+      limit = tonumber(ARGV[at + 2]),
+      window = window,
+      burst = tonumber(ARGV[at + 4]),
+      mode = mode,
+      extras = EXTRAS[mode],
+    }
+    -- A concurrency limit holds a slot or releases it, and only it holds one.
+    local ok = def.extras ~= nil
+    if name == 'concurrency' then
+      ok = ok and (mode == 'hold' or mode == 'settle')
+    else
+      ok = ok and mode ~= 'hold' and (mode ~= 'after' or SETTLES[name] ~= nil)
+    end
+    local budget = tonumber(ARGV[at + 6])
+    if budget ~= 0 then
+      def.budget, def.overflow = budget, KEYS[tonumber(ARGV[at + 7]) or 0]
+      ok = ok and (mode == 'enforce' or mode == 'shadow') and BUDGETS[budget] and def.overflow
+    end
+    local window_ok = window and window > 0
+    if not window and name == 'fixed_window' then
+      def.calendar = calendar_of(ARGV[at + 3])
+      window_ok = def.calendar ~= nil
+    end
+    def.shadow, def.after = mode == 'shadow', mode == 'after'
+    def.ok = ok and def.algorithm and def.limit and def.limit >= 1 and window_ok
+      and def.burst and def.burst >= 1 and true or false
+    def.meta = {__index = def}
+    -- The one-limit requests decide_fast takes: no key budget, a window in ms.
+    if def.ok and FAST[name] and (mode == 'enforce' or mode == 'shadow') and not def.budget
+        and window then
+      def.fast = {algorithm = def.algorithm, limit = def.limit, window = window,
+        burst = def.burst}
+    end
+    definitions[d] = def
+  end
+  return definitions, a + 1 + 7 * count
+end
+
 -- Reads one request's limits from ARGV at `a`; returns the limits (or an error text) and
 -- the position after them, or nil when the layout itself is broken.
-local function read_request(a)
+local function read_request(a, definitions)
   local n = tonumber(ARGV[a])
-  if not n or n < 1 or n ~= math.floor(n) or a + 9 * n > #ARGV then
+  if not n or n < 1 or n ~= math.floor(n) or a + 3 * n > #ARGV then
     return nil
   end
   local limits, problem = {}, nil
+  local b = a + 1
   for i = 1, n do
-    local b = a + (i - 1) * 9
-    local refund = ARGV[b + 7] == 'refund'
-    local lease = ARGV[b + 7] == 'lease'
-    local settle = ARGV[b + 7] == 'settle'
-    local after = ARGV[b + 7] == 'after'
-    local hold = ARGV[b + 7] == 'hold'
-    local concurrency = ARGV[b + 2] == 'concurrency'
-    local budget = not (refund or lease or settle or after or hold) and tonumber(ARGV[b + 8]) or 0
+    local def = definitions[number_of(ARGV[b + 1]) or 0]
+    if not def then
+      return nil
+    end
+    if b + 2 + def.extras > #ARGV then
+      return nil
+    end
     -- "i", or "i:j" for a limit that reads its identity's override at KEYS[j].
-    local key_index, override_index = tonumber(ARGV[b + 1]), nil
+    local key_index, override_index = number_of(ARGV[b]), nil
     if not key_index then
-      key_index, override_index = string.match(ARGV[b + 1], '^(%d+):(%d+)$')
+      key_index, override_index = string.match(ARGV[b], '^(%d+):(%d+)$')
+      key_index = tonumber(key_index)
     end
-    local p = {
-      key = KEYS[tonumber(key_index) or 0],
-      override = override_index and KEYS[tonumber(override_index)],
-      algorithm_name = ARGV[b + 2],
-      algorithm = ALGORITHMS[ARGV[b + 2]],
-      limit = tonumber(ARGV[b + 3]),
-      window = tonumber(ARGV[b + 4]),
-      burst = tonumber(ARGV[b + 5]),
-      cost = tonumber(ARGV[b + 6]),
-      shadow = ARGV[b + 7] == 'shadow',
-      budget = budget ~= 0 and budget or nil,
-      overflow = KEYS[tonumber(ARGV[b + 9]) or 0],
-      refund = refund and REFUNDS[ARGV[b + 2]],
-      charged_at = refund and ARGV[b + 8],
-      left = refund and tonumber(ARGV[b + 9]),
-      lease = lease and {max_units = tonumber(ARGV[b + 8]), fraction = tonumber(ARGV[b + 9])},
-      settle = settle and SETTLES[ARGV[b + 2]],
-      delta = settle and tonumber(ARGV[b + 8]),
-      after = after,
-      member = (hold and ARGV[b + 8]) or (settle and concurrency and ARGV[b + 9]) or nil,
-    }
-    local window_ok = p.window and p.window > 0
-    if not p.window and ARGV[b + 2] == 'fixed_window' then
-      p.calendar = calendar_of(ARGV[b + 4])
-      window_ok = p.calendar ~= nil
+    local p = setmetatable({key = KEYS[key_index or 0], cost = number_of(ARGV[b + 2])},
+      def.meta)
+    local ok = def.ok and read_mode(p, def.mode, ARGV[b + 3], ARGV[b + 4])
+    if override_index then
+      p.override = KEYS[tonumber(override_index)]
+      ok = ok and p.override
     end
-    if not p.key or (override_index and not p.override) or not p.algorithm or not p.limit
-        or p.limit < 1 or not window_ok
-        or not p.burst or p.burst < 1 or not p.cost or p.cost < 0
-        or (p.budget and (not BUDGETS[p.budget] or not p.overflow))
-        or (refund and (not p.refund or not string.match(p.charged_at, '^%d+$')
-          or not p.left or p.left < 0))
-        or (lease and (not LEASABLE[ARGV[b + 2]] or not whole(p.lease.max_units)
-          or p.lease.max_units < 1 or not p.lease.fraction or p.lease.fraction <= 0
-          or p.lease.fraction > 1))
-        or (settle and (not p.settle or not p.delta or p.delta ~= math.floor(p.delta)))
-        or (after and not SETTLES[ARGV[b + 2]])
-        or (concurrency and not ((hold or settle) and p.member and p.member ~= ''))
-        or (hold and not concurrency) then
+    if not (ok and p.key and p.cost and p.cost >= 0) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
+    b = b + 3 + def.extras
   end
-  return problem or limits, a + 1 + 9 * n
+  return problem or limits, b
 end
 
 -- An override, as operators write it (ratelimit-admin): a hash with `mode` "limit" (then
@@ -467,9 +557,9 @@ local function decide_request(limits)
     reply[#reply + 1] = outcome
     -- Debt is never shown as a negative remaining.
     local left = charged[i] and d.taken_remaining or d.kept_remaining
-    reply[#reply + 1] = tostring(math.max(0, left))
-    reply[#reply + 1] = tostring(math.ceil(charged[i] and d.taken_reset or d.kept_reset))
-    reply[#reply + 1] = tostring(d.retry)
+    reply[#reply + 1] = wire_number(math.max(0, left))
+    reply[#reply + 1] = math.ceil(charged[i] and d.taken_reset or d.kept_reset)
+    reply[#reply + 1] = d.retry
   end
   if budgets then
     charge_budgets(budgets, limits, charged)
@@ -486,27 +576,78 @@ local function error_text(e)
   return tostring(e)
 end
 
+
+-- The fast request's limit (its definition's `fast`, with the request's key and cost) and
+-- whether it is a shadow one; nil when the request at `a` is not of that shape (then the
+-- general path reads it, and reports what is wrong with it).
+local function read_fast(a, definitions)
+  if ARGV[a] ~= '1' then
+    return nil
+  end
+  local def = definitions[number_of(ARGV[a + 2]) or 0]
+  local p = def and def.fast
+  if not p then
+    return nil
+  end
+  local key, cost = KEYS[number_of(ARGV[a + 1]) or 0], number_of(ARGV[a + 3])
+  if not (key and cost and cost >= 0) then
+    return nil
+  end
+  p.key, p.cost = key, cost
+  return p, def.shadow
+end
+
+-- Decides the fast request: charged when its limit allows, committed unless an enforced
+-- limit refused; the reply's values after n as decide_request gives them.
+local function fast_request(p, shadow)
+  local d = p.algorithm(p.key, p, now)
+  if d.allowed then
+    d.commit()
+  end
+  local left = d.allowed and d.taken_remaining or d.kept_remaining
+  local reset = d.allowed and d.taken_reset or d.kept_reset
+  return (d.allowed or shadow) and 1 or 0, d.allowed and 1 or 0,
+    wire_number(math.max(0, left)), math.ceil(reset), d.retry
+end
+
+local BROKEN = 'ERR decide: expected the limit definitions, then per request n and its limits'
+local definitions, a = read_definitions(5 + 4 * budget_count)
+if not definitions then
+  return redis.error_reply(BROKEN)
+end
 local out = {requests}
-local a = 5 + 4 * budget_count
 for _ = 1, requests do
-  local limits, next_a = read_request(a)
-  if not limits then
-    return redis.error_reply('ERR decide: expected n, then 9 arguments per limit')
-  end
-  a = next_a
-  local entry
-  if type(limits) == 'string' then
-    entry = {-1, limits}
+  local p, shadow = read_fast(a, definitions)
+  if p then
+    local ok, committed, outcome, left, reset, retry = pcall(fast_request, p, shadow)
+    local o = #out
+    if ok then
+      out[o + 1], out[o + 2], out[o + 3] = committed, 1, outcome
+      out[o + 4], out[o + 5], out[o + 6] = left, reset, retry
+    else
+      out[o + 1], out[o + 2] = -1, error_text(committed)
+    end
+    a = a + 4
   else
-    local ok, result = pcall(decide_request, limits)
-    entry = ok and result or {-1, error_text(result)}
-  end
-  for _, v in ipairs(entry) do
-    out[#out + 1] = v
+    local limits, next_a = read_request(a, definitions)
+    if not limits then
+      return redis.error_reply(BROKEN)
+    end
+    a = next_a
+    local entry
+    if type(limits) == 'string' then
+      entry = {-1, limits}
+    else
+      local ok, result = pcall(decide_request, limits)
+      entry = ok and result or {-1, error_text(result)}
+    end
+    for _, v in ipairs(entry) do
+      out[#out + 1] = v
+    end
   end
 end
 if a ~= #ARGV + 1 then
-  return redis.error_reply('ERR decide: expected n, then 9 arguments per limit')
+  return redis.error_reply(BROKEN)
 end
 if SLOT_MAP then
   local map = redis.pcall('CLUSTER', 'SLOTS')

@@ -4,12 +4,16 @@
 //! `INFO cpu` (user + system) before and after. Run it on a quiet machine:
 //!
 //! ```text
-//! cargo run --release -p e2e --example script_cost [-- DECISIONS]
+//! cargo run --release -p e2e --example script_cost [-- [--callgrind] [ALGORITHM ...] DECISIONS]
 //! ```
 //!
-//! DECISIONS per row (default 64,000). It prints a markdown table: µs of Redis CPU per decision,
-//! the Redis commands per decision (the script's own, from `INFO commandstats`) and the bytes
-//! of the call's arguments per decision (what Webdis parses).
+//! ALGORITHMs (names as in the config) restrict the rows to theirs.
+//! DECISIONS per row (default 64,000; 4,096 with `--callgrind`). It prints a markdown table: µs
+//! of Redis CPU per decision, the Redis commands per decision (the script's own, from
+//! `INFO commandstats`) and the bytes of the call's arguments per decision (what Webdis parses).
+//! With `--callgrind`, Redis runs under valgrind's callgrind and the table gives the
+//! instructions Redis executed per decision instead of its CPU time: a count that a loaded
+//! machine does not change (callgrind's own overhead makes the CPU figure meaningless there).
 
 use e2e::script::*;
 
@@ -49,18 +53,81 @@ fn commands(redis: &Redis) -> u64 {
         .sum()
 }
 
+/// Redis under callgrind: its counters zeroed before a row and dumped after it.
+struct Callgrind {
+    pid: String,
+    dir: std::path::PathBuf,
+}
+
+impl Callgrind {
+    fn control(&self, option: &str) {
+        let status = std::process::Command::new("callgrind_control")
+            .args([option, &self.pid])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("callgrind_control (valgrind) runs");
+        assert!(status.success(), "callgrind_control {option} {}", self.pid);
+    }
+
+    /// The instructions Redis executed since the last zeroing: the newest dump's `summary:`.
+    fn instructions(&self) -> f64 {
+        self.control("-d");
+        let newest = std::fs::read_dir(&self.dir)
+            .expect("work dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("callgrind.out"))
+            .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+            .expect("a callgrind dump");
+        let text = std::fs::read_to_string(newest.path()).expect("read the dump");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("summary:")
+                    .or_else(|| l.strip_prefix("totals:"))
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .expect("the dump's instruction total")
+    }
+}
+
 fn main() {
-    let decisions: usize = std::env::args()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(64_000);
-    let (_dir, redis, mut script) = script("script-cost");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let callgrind = args.iter().any(|a| a == "--callgrind");
+    let decisions: usize = args
+        .iter()
+        .find_map(|n| n.parse().ok())
+        .unwrap_or(if callgrind { 4_096 } else { 64_000 });
+    let dir = WorkDir::new("script-cost");
+    let out_file = format!(
+        "--callgrind-out-file={}/callgrind.out.%p",
+        dir.path.display()
+    );
+    let redis = match callgrind {
+        true => Redis::start_wrapped(&dir, &["valgrind", "--tool=callgrind", &out_file]),
+        false => Redis::start(&dir),
+    };
+    let grind = callgrind.then(|| Callgrind {
+        pid: redis.process.pid().to_string(),
+        dir: dir.path.clone(),
+    });
+    let mut script = Script::new(&redis);
     let keys: Vec<&'static str> = (0..KEYS)
         .map(|i| &*Box::leak(format!("rl:{{k:{i:040}}}:bench:l").into_boxed_str()))
         .collect();
-    println!("| algorithm | batch | µs of Redis CPU per decision | Redis commands per decision | argument bytes per decision |");
+    let measure = match callgrind {
+        true => "Redis instructions per decision",
+        false => "µs of Redis CPU per decision",
+    };
+    println!("| algorithm | batch | {measure} | Redis commands per decision | argument bytes per decision |");
     println!("|---|---:|---:|---:|---:|");
-    for algorithm in ALGORITHMS {
+    let named: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let only = |a: &Algorithm| {
+        !named
+            .iter()
+            .any(|n| ALGORITHMS.iter().any(|x| x.name() == n.as_str()))
+            || named.iter().any(|n| n.as_str() == a.name())
+    };
+    for algorithm in ALGORITHMS.into_iter().filter(only) {
         for batch in BATCHES {
             let mut turn = 0usize;
             let limits: Vec<Vec<L>> = (0..KEYS)
@@ -72,6 +139,9 @@ fn main() {
                 .collect();
             let calls = decisions.div_ceil(batch);
             let (cpu0, commands0) = (redis_cpu(&redis), commands(&redis));
+            if let Some(g) = &grind {
+                g.control("-z");
+            }
             let mut bytes = 0usize;
             let mut now = T0;
             for _ in 0..calls {
@@ -87,11 +157,14 @@ fn main() {
                 script.conn.cmd(&command).unwrap();
             }
             let n = (calls * batch) as f64;
-            let cpu = (redis_cpu(&redis) - cpu0) / n * 1e6;
+            let cost = match &grind {
+                Some(g) => format!("{:.0}", g.instructions() / n),
+                None => format!("{:.1}", (redis_cpu(&redis) - cpu0) / n * 1e6),
+            };
             // The two INFO calls of the reading itself are not the script's.
             let ran = (commands(&redis) - commands0).saturating_sub(2) as f64 / n;
             println!(
-                "| {} | {batch} | {cpu:.1} | {ran:.2} | {:.0} |",
+                "| {} | {batch} | {cost} | {ran:.2} | {:.0} |",
                 algorithm.name(),
                 bytes as f64 / n
             );

@@ -222,17 +222,30 @@ pub struct Redis {
 impl Redis {
     /// Redis with the shipped envoy/redis.conf (users and ACLs), on a free port.
     pub fn start(dir: &WorkDir) -> Redis {
-        on_a_free_port(|port| Redis::try_start(dir.path.clone(), port))
+        on_a_free_port(|port| Redis::try_start(dir.path.clone(), port, &[]))
+    }
+
+    /// The same Redis run under `wrapper` (a command and its arguments, e.g. valgrind's), for
+    /// measurements that count what Redis executes.
+    pub fn start_wrapped(dir: &WorkDir, wrapper: &[&str]) -> Redis {
+        on_a_free_port(|port| Redis::try_start(dir.path.clone(), port, wrapper))
     }
 
     fn start_on(dir: PathBuf, port: u16) -> Redis {
-        Redis::try_start(dir, port).unwrap_or_else(|report| panic!("{report}"))
+        Redis::try_start(dir, port, &[]).unwrap_or_else(|report| panic!("{report}"))
     }
 
     /// Redis on `port`, or how it exited.
-    fn try_start(dir: PathBuf, port: u16) -> Result<Redis, String> {
+    fn try_start(dir: PathBuf, port: u16, wrapper: &[&str]) -> Result<Redis, String> {
         let conf = root().join("envoy/redis.conf");
-        let mut command = Command::new("redis-server");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg("redis-server");
+                c
+            }
+            None => Command::new("redis-server"),
+        };
         command
             .arg(conf)
             .args(["--port", &port.to_string(), "--dir"])

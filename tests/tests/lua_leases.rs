@@ -139,8 +139,10 @@ fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
         left: 1.0,
     };
     let mut command = DecideCall::refund(T0, 0, &[refund]).command(&s.sha);
-    let at = command.iter().position(|a| a == "refund").unwrap();
-    command[at + 1] = "soon".into();
+    // The call's last two arguments are the refund's clock and what the charge left.
+    let at = command.len() - 2;
+    assert_eq!(command[at], T0.to_string());
+    command[at] = "soon".into();
     let items = s.conn.cmd(&command).unwrap().items();
     assert_eq!((items[0].int(), items[1].int()), (1, -1));
     assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
@@ -298,8 +300,10 @@ fn a_lease_on_a_window_or_with_bad_numbers_fails_only_its_request() {
         0.5,
     );
     let mut command = s.command(&T0.to_string(), &[&[l]]);
-    let at = command.iter().position(|a| a == "lease").unwrap();
-    command[at + 1] = "0".to_string();
+    // The call's last two arguments are its one limit's lease units and fraction.
+    let at = command.len() - 2;
+    assert_eq!(command[at + 1], "0.500000");
+    command[at] = "0".to_string();
     let reply = s.conn.cmd(&command).unwrap().items();
     assert_eq!(reply[1].int(), -1, "{reply:?}");
 }

@@ -47,7 +47,7 @@ pub const MAX_LIMIT: u64 = 1_000_000_000_000;
 pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// Limits one request can carry (all its matching rules together): one script call decides
-/// them, nine arguments each, and the response headers list them.
+/// them, and the response headers list them.
 pub const MAX_LIMITS_PER_REQUEST: usize = 64;
 /// Bytes of a bridge call's path (`/EVALSHA/…`, every argument percent-encoded), counted with
 /// the bridge's size model (`bridge::CallSize`): a batch stops growing before it, and a
@@ -289,7 +289,7 @@ mod tests {
                         })
                         .collect::<Vec<_>>(),
                 ),
-                "rules[0]: a request it matches can need a bridge call of 57063 bytes (its limits and those of every rule whose match does not exclude it, with the longest identity): must be at most 49152",
+                "rules[0]: a request it matches can need a bridge call of 57323 bytes (its limits and those of every rule whose match does not exclude it, with the longest identity): must be at most 49152",
             ),
         ];
         for (json, want) in cases {

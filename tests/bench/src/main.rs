@@ -66,6 +66,7 @@ fn main() {
     write(&s.out.join("results.json"), &json);
 
     println!("{}", report.throughput_table());
+    println!("{}", report.capacity_table());
     println!("{}", report.phase_text());
     println!("{}", report.lease_text());
     // The rounds as results.json holds them, read back from the file.

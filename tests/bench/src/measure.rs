@@ -19,7 +19,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / clock_ticks_per_second())
 }
 
-fn clock_ticks_per_second() -> f64 {
+pub fn clock_ticks_per_second() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *TICKS.get_or_init(|| {
         Command::new("getconf")

@@ -39,6 +39,14 @@ impl Spread {
         format!("{:.2} ({:.2}–{:.2})", self.median(), self.min(), self.max())
     }
 
+    /// The median and the range, each written by `f`: `72.1 (63.0–77.4)`.
+    pub fn cell_with(&self, f: impl Fn(f64) -> String) -> String {
+        if self.is_empty() {
+            return "–".into();
+        }
+        format!("{} ({}–{})", f(self.median()), f(self.min()), f(self.max()))
+    }
+
     /// `{"median", "min", "max", "rounds"}` for results.json.
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -80,6 +88,9 @@ mod tests {
         assert_eq!(median(&[5.0]), 5.0);
         assert!(median(&[]).is_nan());
         assert_eq!(Spread::default().cell(), "–");
+        let s = Spread::new(vec![72.14, 63.0, 77.44]);
+        assert_eq!(s.cell_with(|v| format!("{v:.1}")), "72.1 (63.0–77.4)");
+        assert_eq!(Spread::default().cell_with(|v| format!("{v:.1}")), "–");
     }
 
     #[test]

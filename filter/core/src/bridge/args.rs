@@ -17,23 +17,82 @@ pub struct DecideCall {
     /// The distinct keys of the batch (`KEYS`); a hot key is sent once.
     pub keys: Vec<String>,
     /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
-    /// budget (counter key index, new keys, window ms, `shared` | `deny`), then per request its
-    /// number of limits and nine values per limit (key index, algorithm, limit, window
-    /// ([`window_arg`]), burst, cost, mode, budget index or 0, overflow key index or 0; in mode `lease` the
-    /// last two are the lease's max units and fraction).
+    /// budget (counter key index, new keys, window ms, `shared` | `deny`), number of limit
+    /// definitions and seven values per definition (algorithm, limit, window ([`window_arg`]),
+    /// burst, mode, budget index or 0, overflow key index or 0), then per request its number
+    /// of limits and per limit its key index, definition index and cost, then what its mode
+    /// adds (`lease`: units and fraction; `hold`: the request's id; `settle`: the delta and
+    /// the slot's id or `0`; `refund`: the charge's clock and what it left). A batch's
+    /// requests on one rule's limit share its definition.
     pub args: Vec<String>,
 }
 
-/// The first six arguments of a limit, the same for a decision and a refund: its key's index
-/// (with its override's, `i:j`, for a limit that reads one), algorithm, limit, window, burst
-/// and cost.
-fn push_limit(args: &mut Vec<String>, key_index: String, c: &LimitCheck) {
-    args.push(key_index);
-    args.push(c.algorithm.name().to_string());
-    args.push(c.per_window.to_string());
-    args.push(window_arg(c.window));
-    args.push(c.burst.to_string());
-    args.push(c.cost.to_string());
+/// What a limit's definition holds: everything but its key, cost and per-request mode values.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Definition {
+    algorithm: &'static str,
+    per_window: u64,
+    window: String,
+    burst: u64,
+    mode: &'static str,
+    budget: usize,
+    overflow: usize,
+}
+
+/// Numbers a call's limit definitions from 1 in order of first use, and writes their values.
+#[derive(Default)]
+struct Definitions {
+    args: Vec<String>,
+    index: HashMap<Definition, usize>,
+}
+
+impl Definitions {
+    fn count(&self) -> usize {
+        self.index.len()
+    }
+
+    fn index_of(&mut self, definition: Definition) -> usize {
+        let next = self.index.len() + 1;
+        let args = &mut self.args;
+        *self.index.entry(definition).or_insert_with_key(|d| {
+            args.extend([
+                d.algorithm.to_string(),
+                d.per_window.to_string(),
+                d.window.clone(),
+                d.burst.to_string(),
+                d.mode.to_string(),
+                d.budget.to_string(),
+                d.overflow.to_string(),
+            ]);
+            next
+        })
+    }
+}
+
+/// Writes one limit of a request: its key index (with its override's, `i:j`, for a limit that
+/// reads one), its definition's index, its cost, then its mode's values.
+fn push_limit(
+    body: &mut Vec<String>,
+    definitions: &mut Definitions,
+    key_index: String,
+    c: &LimitCheck,
+    mode: &'static str,
+    (budget, overflow): (usize, usize),
+    extras: impl IntoIterator<Item = String>,
+) {
+    let definition = Definition {
+        algorithm: c.algorithm.name(),
+        per_window: c.per_window,
+        window: window_arg(c.window),
+        burst: c.burst,
+        mode,
+        budget,
+        overflow,
+    };
+    body.push(key_index);
+    body.push(definitions.index_of(definition).to_string());
+    body.push(c.cost.to_string());
+    body.extend(extras);
 }
 
 /// The units of `check` a request asking for a lease of `requests` requests' worth asks for:
@@ -101,23 +160,26 @@ impl<'a> WireMode<'a> {
     }
 }
 
-/// A settlement as its limit goes in a call: its key, the check sent (its cost as 0) and its
-/// mode's three arguments.
-fn settle_limit(s: &Settlement) -> (&str, LimitCheck, [String; 3]) {
+/// A limit as it goes in a call that adjusts what earlier calls charged: its key, the check
+/// sent, its mode and the mode's two values.
+type Adjustment<'a> = (&'a str, LimitCheck, &'static str, [String; 2]);
+
+/// A settlement as its limit goes in a call: its check sent with cost 0, mode `settle`, the
+/// delta and `0`, or for a concurrency slot its release.
+fn settle_limit(s: &Settlement) -> Adjustment<'_> {
     let check = LimitCheck {
         cost: 0,
         ..s.check.clone()
     };
-    let mode = release_of(&s.check)
-        .unwrap_or_else(|| ["settle".to_string(), s.delta.to_string(), "0".to_string()]);
-    (&s.check.key, check, mode)
+    let values = release_of(&s.check).unwrap_or_else(|| [s.delta.to_string(), "0".to_string()]);
+    (&s.check.key, check, "settle", values)
 }
 
-/// The mode arguments releasing the slot a concurrency limit's request holds: `settle`, `-1`,
-/// its id (None: `check` holds no slot).
-fn release_of(check: &LimitCheck) -> Option<[String; 3]> {
+/// The values after `settle` releasing the slot a concurrency limit's request holds: `-1`
+/// and its id (None: `check` holds no slot).
+fn release_of(check: &LimitCheck) -> Option<[String; 2]> {
     match &check.mode {
-        Mode::Hold(member) => Some(["settle".to_string(), "-1".to_string(), member.to_string()]),
+        Mode::Hold(member) => Some(["-1".to_string(), member.to_string()]),
         _ => None,
     }
 }
@@ -189,6 +251,7 @@ impl DecideCall {
         settlements: &'a [Settlement],
     ) -> Self {
         let mut keys = KeyTable::default();
+        let mut definitions = Definitions::default();
         let mut budgets: Vec<String> = Vec::new();
         let mut budget_index: HashMap<&str, usize> = HashMap::new();
         let mut body: Vec<String> = Vec::new();
@@ -197,64 +260,67 @@ impl DecideCall {
             count += 1;
             body.push(checks.len().to_string());
             for c in checks {
-                push_limit(&mut body, keys.limit_index(&c.key, c.overrides), c);
-                let (shadow, budget) = match WireMode::of(c, ask_lease) {
-                    WireMode::After => {
-                        body.push("after".to_string());
-                        body.push("0".to_string());
-                        body.push("0".to_string());
-                        continue;
+                let key_index = keys.limit_index(&c.key, c.overrides);
+                let (mode, budget, extras) = match WireMode::of(c, ask_lease) {
+                    WireMode::After => ("after", (0, 0), vec![]),
+                    WireMode::Hold(member) => ("hold", (0, 0), vec![member.to_string()]),
+                    WireMode::Lease { units, fraction } => (
+                        "lease",
+                        (0, 0),
+                        vec![units.to_string(), fraction_text(fraction)],
+                    ),
+                    WireMode::Decide { shadow, budget } => {
+                        let budget = budget.map_or((0, 0), |b| {
+                            let next = budget_index.len() + 1;
+                            let i = *budget_index.entry(&b.counter_key).or_insert(next);
+                            if i == next {
+                                budgets.push(keys.index_of(&b.counter_key).to_string());
+                                budgets.push(b.new_keys.to_string());
+                                budgets.push(b.window_ms.to_string());
+                                budgets.push(b.over_budget.name().to_string());
+                            }
+                            (i, keys.index_of(&b.overflow_key))
+                        });
+                        let mode = if shadow { "shadow" } else { "enforce" };
+                        (mode, budget, vec![])
                     }
-                    WireMode::Hold(member) => {
-                        body.push("hold".to_string());
-                        body.push(member.to_string());
-                        body.push("0".to_string());
-                        continue;
-                    }
-                    WireMode::Lease { units, fraction } => {
-                        body.push("lease".to_string());
-                        body.push(units.to_string());
-                        body.push(fraction_text(fraction));
-                        continue;
-                    }
-                    WireMode::Decide { shadow, budget } => (shadow, budget),
                 };
-                body.push(if shadow { "shadow" } else { "enforce" }.to_string());
-                match budget {
-                    None => {
-                        body.push("0".to_string());
-                        body.push("0".to_string());
-                    }
-                    Some(b) => {
-                        let next = budget_index.len() + 1;
-                        let i = *budget_index.entry(&b.counter_key).or_insert(next);
-                        if i == next {
-                            budgets.push(keys.index_of(&b.counter_key).to_string());
-                            budgets.push(b.new_keys.to_string());
-                            budgets.push(b.window_ms.to_string());
-                            budgets.push(b.over_budget.name().to_string());
-                        }
-                        body.push(i.to_string());
-                        body.push(keys.index_of(&b.overflow_key).to_string());
-                    }
-                }
+                push_limit(
+                    &mut body,
+                    &mut definitions,
+                    key_index,
+                    c,
+                    mode,
+                    budget,
+                    extras,
+                );
             }
         }
         if !settlements.is_empty() {
             count += 1;
             body.push(settlements.len().to_string());
             for s in settlements {
-                let (key, check, mode) = settle_limit(s);
-                push_limit(&mut body, keys.limit_index(key, check.overrides), &check);
-                body.extend(mode);
+                let (key, check, mode, values) = settle_limit(s);
+                let key_index = keys.limit_index(key, check.overrides);
+                push_limit(
+                    &mut body,
+                    &mut definitions,
+                    key_index,
+                    &check,
+                    mode,
+                    (0, 0),
+                    values,
+                );
             }
         }
-        let mut args = Vec::with_capacity(4 + budgets.len() + body.len());
+        let mut args = Vec::with_capacity(5 + budgets.len() + definitions.args.len() + body.len());
         args.push(clock.to_string());
         args.push(deadline_ms.to_string());
         args.push(count.to_string());
         args.push(budget_index.len().to_string());
         args.extend(budgets);
+        args.push(definitions.count().to_string());
+        args.extend(definitions.args);
         args.extend(body);
         DecideCall {
             keys: keys.keys,
@@ -269,15 +335,14 @@ impl DecideCall {
     pub fn refund(clock: u128, deadline_ms: u128, refunds: &[Refund]) -> Self {
         Self::adjustment(clock, deadline_ms, refunds, |r| {
             // A concurrency slot is given back by its id: a release.
-            let mode = match release_of(&r.check) {
-                Some(release) => release,
-                None => [
-                    "refund".to_string(),
-                    r.charged_at_ns.to_string(),
-                    format!("{}", r.left),
-                ],
+            let (mode, values) = match release_of(&r.check) {
+                Some(release) => ("settle", release),
+                None => (
+                    "refund",
+                    [r.charged_at_ns.to_string(), format!("{}", r.left)],
+                ),
             };
-            (&*r.check.key, r.check.clone(), mode)
+            (&*r.check.key, r.check.clone(), mode, values)
         })
     }
 
@@ -288,27 +353,39 @@ impl DecideCall {
     }
 
     /// One request of `items`, each a limit (its key, as the check to send) with its mode and
-    /// the mode's two arguments: a request that only adjusts what earlier calls charged
+    /// the mode's two values: a request that only adjusts what earlier calls charged
     /// (refunds, settlements).
     fn adjustment<'a, T>(
         clock: u128,
         deadline_ms: u128,
         items: &'a [T],
-        limit: impl Fn(&'a T) -> (&'a str, LimitCheck, [String; 3]),
+        limit: impl Fn(&'a T) -> Adjustment<'a>,
     ) -> Self {
         let mut keys = KeyTable::default();
+        let mut definitions = Definitions::default();
+        let mut body = vec![items.len().to_string()];
+        for item in items {
+            let (key, check, mode, values) = limit(item);
+            let key_index = keys.limit_index(key, check.overrides);
+            push_limit(
+                &mut body,
+                &mut definitions,
+                key_index,
+                &check,
+                mode,
+                (0, 0),
+                values,
+            );
+        }
         let mut args = vec![
             clock.to_string(),
             deadline_ms.to_string(),
             "1".to_string(),
             "0".to_string(),
-            items.len().to_string(),
+            definitions.count().to_string(),
         ];
-        for item in items {
-            let (key, check, mode) = limit(item);
-            push_limit(&mut args, keys.limit_index(key, check.overrides), &check);
-            args.extend(mode);
-        }
+        args.extend(definitions.args);
+        args.extend(body);
         DecideCall {
             keys: keys.keys,
             args,
@@ -322,6 +399,30 @@ impl DecideCall {
         command.push(script_sha.to_string());
         command.push(self.keys.len().to_string());
         command.extend(self.keys.iter().cloned());
+        command.extend(self.args.iter().cloned());
+        command
+    }
+
+    /// The Redis command for a Redis Cluster call for keys of several slots of one node:
+    /// `EVALSHA sha 0`, no key declared (Redis refuses declared keys of several slots), then
+    /// the keys at the head of `ARGV`: the first (the proxy routes the call by it), their
+    /// number, `1` to ask for the node's slot map (else `0`), the others; then `ARGV` as in
+    /// [`DecideCall::command`]. `lua/decide.lua` reads them back into `KEYS` and `ARGV`.
+    pub fn command_on_node(&self, script_sha: &str, ask_map: bool) -> Vec<String> {
+        let (first, others) = self
+            .keys
+            .split_first()
+            .map_or((String::new(), &[][..]), |(f, o)| (f.clone(), o));
+        let mut command = Vec::with_capacity(6 + self.keys.len() + self.args.len());
+        command.extend([
+            "EVALSHA".to_string(),
+            script_sha.to_string(),
+            "0".to_string(),
+            first,
+            self.keys.len().to_string(),
+            if ask_map { "1" } else { "0" }.to_string(),
+        ]);
+        command.extend(others.iter().cloned());
         command.extend(self.args.iter().cloned());
         command
     }
@@ -357,11 +458,15 @@ mod tests {
             "", "EVALSHA", "abc123", "2",
             "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond", "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
             "1764489269123456789", "1764489269273", "2", "0",
+            // Two definitions; the second request's limit shares the first's.
             "2",
-            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "0", "0",
-            "2", "fixed_window", "10", "60000", "20", "1", "shadow", "0", "0",
+            "token_bucket", "10", "60000", "20", "enforce", "0", "0",
+            "fixed_window", "10", "60000", "20", "shadow", "0", "0",
+            "2",
+            "1", "1", "1",
+            "2", "2", "1",
             "1",
-            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "0", "0",
+            "1", "1", "1",
         ];
         assert_eq!(segments, want);
         assert_eq!(req.method, "GET");
@@ -411,12 +516,17 @@ mod tests {
         let want = [
             "redis", "0", "2",
             "1", "2", "1000", "60000", "deny",
+            // One definition per overflow state (the budget is shared), one for gcra.
+            "3",
+            "token_bucket", "10", "60000", "20", "enforce", "1", "3",
+            "token_bucket", "10", "60000", "20", "enforce", "1", "5",
+            "gcra", "10", "60000", "20", "shadow", "0", "0",
             "2",
-            "1", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "3",
-            "4", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "5",
+            "1", "1", "1",
+            "4", "2", "1",
             "2",
-            "6", "gcra", "10", "60000", "20", "1", "shadow", "0", "0",
-            "7", "token_bucket", "10", "60000", "20", "1", "enforce", "1", "3",
+            "6", "3", "1",
+            "7", "1", "1",
         ];
         assert_eq!(call.args, want);
         let path = BridgeRequest::evalsha("", &call).path;
@@ -443,7 +553,9 @@ mod tests {
         };
         let checks = [calendar(Month, 330), calendar(Day, -300), calendar(Week, 0)];
         let call = DecideCall::new("1", 0, [&checks[..]]);
-        let windows: Vec<&str> = call.args[5..].chunks(9).map(|a| a[3].as_str()).collect();
+        // clock, deadline, 1 request, 0 budgets, 3 definitions of seven values.
+        assert_eq!(call.args[4], "3");
+        let windows: Vec<&str> = call.args[5..26].chunks(7).map(|a| a[2].as_str()).collect();
         assert_eq!(windows, ["M+330", "D-300", "W+0"]);
         let path = BridgeRequest::evalsha("sha", &call).path;
         assert!(
@@ -460,7 +572,9 @@ mod tests {
             false,
         )];
         let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", 0, [&checks[..]]));
-        assert_eq!(req.path.split('/').count(), 19);
+        // "", EVALSHA, sha, 1, the key, clock, deadline, 1, 0, 1, seven for the definition,
+        // then 1 and the limit's key index, definition index and cost.
+        assert_eq!(req.path.split('/').count(), 21);
         assert!(!req.path.contains(".json"));
     }
 }

@@ -291,7 +291,8 @@ fn retry_of(value: &Value, allowed: bool) -> Result<(f64, bool), BridgeFailure> 
     Ok((retry, false))
 }
 
-/// Numbers come back as strings (Redis truncates Lua numbers); accept plain integers too.
+/// Whole numbers come back as integers, others as text (Redis would truncate a Lua number with
+/// a fraction).
 fn non_negative_number(value: &Value) -> Option<f64> {
     let n = match value {
         Value::String(s) => s.parse::<f64>().ok()?,

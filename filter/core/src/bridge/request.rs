@@ -22,38 +22,21 @@ impl BridgeRequest {
     /// One `EVALSHA` of the decision script. Every segment is percent-encoded: no value can
     /// add, move or change an argument.
     pub fn evalsha(script_sha: &str, call: &DecideCall) -> BridgeRequest {
-        let mut path = String::new();
-        for arg in call.command(script_sha) {
-            path.push('/');
-            path.push_str(&path_segment(arg.as_bytes()));
-        }
-        BridgeRequest {
-            method: "GET",
-            path,
-            body: None,
-        }
+        BridgeRequest::get(call.command(script_sha))
     }
 
-    /// The `EVALSHA` of `call` on a Redis Cluster for keys of several slots of one node: no
-    /// key declared, the keys at the head of `ARGV` (the first, which the proxy routes by,
-    /// their number, whether to reply the node's slot map, the others; see `lua/decide.lua`).
+    /// The `EVALSHA` of `call` on a Redis Cluster for keys of several slots of one node
+    /// ([`DecideCall::command_on_node`]).
     pub fn evalsha_on_node(script_sha: &str, call: &DecideCall, ask_map: bool) -> BridgeRequest {
+        BridgeRequest::get(call.command_on_node(script_sha, ask_map))
+    }
+
+    /// A `GET` of `command`, each argument one percent-encoded path segment.
+    fn get(command: Vec<String>) -> BridgeRequest {
         let mut path = String::new();
-        let mut push = |arg: &str| {
+        for arg in command {
             path.push('/');
             path.push_str(&path_segment(arg.as_bytes()));
-        };
-        let (first, others) = call
-            .keys
-            .split_first()
-            .map_or(("", &[][..]), |(f, o)| (f, o));
-        for arg in ["EVALSHA", script_sha, "0", first] {
-            push(arg);
-        }
-        push(&call.keys.len().to_string());
-        push(if ask_map { "1" } else { "0" });
-        for arg in others.iter().chain(&call.args) {
-            push(arg);
         }
         BridgeRequest {
             method: "GET",
@@ -122,6 +105,28 @@ mod tests {
             BridgeRequest::evalsha("sha", &many),
         );
         assert!(node.path.len() <= declared.path.len() + NODE_CALL_EXTRA_BYTES);
+    }
+
+    /// A real batch of two slots in the definitions layout reads back the same limits from
+    /// either call, the key indexes unchanged (the script rebuilds `KEYS` in order).
+    #[test]
+    fn a_call_for_a_node_carries_the_same_limits() {
+        use crate::config::Algorithm;
+        use crate::testing::call::sent_limits;
+        use crate::testing::plan::minute_check as check;
+        let a = [
+            check("rl:{a}:r:s", Algorithm::TokenBucket, false),
+            check("rl:{a}:r:d", Algorithm::FixedWindow, true),
+        ];
+        let b = [check("rl:{b}:r:s", Algorithm::TokenBucket, false)];
+        let call = DecideCall::new("1", 0, [&a[..], &b[..]]);
+        let node = BridgeRequest::evalsha_on_node("sha", &call, false);
+        let declared = BridgeRequest::evalsha("sha", &call);
+        let sent = sent_limits(&node.path).expect("laid out as a decision call");
+        assert_eq!(Some(sent.clone()), sent_limits(&declared.path));
+        let keys: Vec<&str> = sent.iter().map(|l| l.key_index.as_str()).collect();
+        assert_eq!(keys, ["1", "2", "3"]);
+        assert_eq!(sent[2].request, 1);
     }
 
     #[test]

@@ -60,7 +60,8 @@ pub struct LimitShape {
     pub overrides: bool,
 }
 
-/// How a limit goes into a call: its last three arguments.
+/// How a limit goes into a call: its definition's mode and key budget, and the values the mode
+/// adds after the limit's cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ModeShape {
     /// Decided per request: `enforce` or `shadow`, then its key budget's indexes (`0 0`
@@ -144,6 +145,43 @@ impl LimitShape {
         }
     }
 
+    /// What its definition holds (two limits of a call with the same share one definition):
+    /// its algorithm, limit, window, burst and mode; for a decision with a key budget, None
+    /// (such definitions are never counted as shared).
+    pub fn definition(&self) -> Option<(Algorithm, u64, Window, u64, &'static str)> {
+        let mode = match self.mode {
+            ModeShape::Decide {
+                budget: Some(_), ..
+            } => return None,
+            ModeShape::Decide { shadow: true, .. } => "shadow",
+            ModeShape::Decide { shadow: false, .. } => "enforce",
+            ModeShape::Lease { .. } => "lease",
+            ModeShape::Refund { .. } => "refund",
+            ModeShape::After => "after",
+            ModeShape::Settle { .. } | ModeShape::Release => "settle",
+            ModeShape::Hold => "hold",
+        };
+        Some((
+            self.algorithm,
+            self.per_window,
+            self.window,
+            self.burst,
+            mode,
+        ))
+    }
+
+    /// The bytes of its definition's seven values in a call, for a definition without a key
+    /// budget (what [`CallSize::limit_bytes`] counts again for each limit that shares it).
+    pub fn definition_bytes(&self) -> usize {
+        let mode = self.definition().map_or("enforce", |d| d.4);
+        text(self.algorithm.name())
+            + number(self.per_window)
+            + window_bytes(self.window)
+            + number(self.burst)
+            + text(mode)
+            + 2 * number(0u8)
+    }
+
     fn with_mode(check: &LimitCheck, mode: ModeShape) -> Self {
         LimitShape {
             key: path_segment_len(check.key.as_bytes()),
@@ -161,10 +199,11 @@ impl LimitShape {
 /// The size model of a call's path, the one every size check uses: the batcher's stop, the
 /// give-backs' grouping and the configuration's bound on one request. It counts what
 /// [`DecideCall`] writes and [`BridgeRequest::evalsha`] encodes: the fixed prefix (`/EVALSHA/`,
-/// the script's hash, the number of keys, clock, deadline, the numbers of requests and of key
-/// budgets), then per request its number of limits and per limit its arguments, in any mode
-/// (decision, lease ask, give-back). An upper bound: a key is counted with every limit that
-/// uses it, and the clock and deadline at [`MAX_CLOCK_DIGITS`].
+/// the script's hash, the number of keys, clock, deadline, the numbers of requests, of key
+/// budgets and of limit definitions), then per request its number of limits and per limit its
+/// arguments and its definition's, in any mode (decision, lease ask, give-back). An upper
+/// bound: a key and a definition are counted with every limit that uses them, and the clock
+/// and deadline at [`MAX_CLOCK_DIGITS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallSize {
     /// Digits of the largest key index (or count) the call can hold.
@@ -173,8 +212,8 @@ pub struct CallSize {
 }
 
 impl CallSize {
-    /// An empty call that holds at most `keys` keys, `requests` requests and `budgets` key
-    /// budgets: its fixed prefix.
+    /// An empty call that holds at most `keys` keys (and as many limit definitions),
+    /// `requests` requests and `budgets` key budgets: its fixed prefix.
     pub fn new(keys: usize, requests: usize, budgets: usize) -> Self {
         let index_digits = digits(keys as u128);
         CallSize {
@@ -185,7 +224,9 @@ impl CallSize {
                 + index_digits
                 + 2 * (1 + MAX_CLOCK_DIGITS)
                 + number(requests as u64)
-                + number(budgets as u64),
+                + number(budgets as u64)
+                + 1
+                + index_digits,
         }
     }
 
@@ -207,16 +248,19 @@ impl CallSize {
         self.bytes <= MAX_CALL_PATH_BYTES
     }
 
-    /// The bytes one limit adds: `/` and its key, its nine arguments, and with a key budget
-    /// `/` and the budget's two keys and its four arguments (counted with every limit that
-    /// carries it).
+    /// The bytes one limit adds: `/` and its key, its key index, definition index and cost,
+    /// the values its mode adds, its definition's seven values, and with a key budget `/` and
+    /// the budget's two keys and its four values (a definition and a budget counted with every
+    /// limit that uses them).
     pub fn limit_bytes(self, limit: &LimitShape) -> usize {
         let index = 1 + self.index_digits;
+        let no_budget = 2 * number(0u8);
+        // The definition's mode and budget values, and what the mode adds after the cost.
         let mode = match limit.mode {
             ModeShape::Decide { shadow, budget } => {
                 let name = text(if shadow { "shadow" } else { "enforce" });
                 match budget {
-                    None => name + 2 * number(0u8),
+                    None => name + no_budget,
                     Some(b) => {
                         name + 2 * index
                             + 1
@@ -230,18 +274,24 @@ impl CallSize {
                     }
                 }
             }
-            ModeShape::Lease { units } => text("lease") + number(units) + FRACTION_SEGMENT,
+            ModeShape::Lease { units } => {
+                text("lease") + no_budget + number(units) + FRACTION_SEGMENT
+            }
             ModeShape::Refund {
                 charged_at_ns,
                 left,
-            } => text("refund") + number(charged_at_ns) + text(&format!("{left}")),
-            ModeShape::After => text("after") + 2 * number(0u8),
+            } => text("refund") + no_budget + number(charged_at_ns) + text(&format!("{left}")),
+            ModeShape::After => text("after") + no_budget,
             ModeShape::Settle { delta } => {
-                text("settle") + usize::from(delta < 0) + number(delta.unsigned_abs()) + number(0u8)
+                text("settle")
+                    + no_budget
+                    + usize::from(delta < 0)
+                    + number(delta.unsigned_abs())
+                    + number(0u8)
             }
             // The id is hex digits, `-` and decimal digits: nothing to percent-encode.
-            ModeShape::Hold => text("hold") + 1 + MAX_MEMBER_BYTES + number(0u8),
-            ModeShape::Release => text("settle") + text("-1") + 1 + MAX_MEMBER_BYTES,
+            ModeShape::Hold => text("hold") + no_budget + 1 + MAX_MEMBER_BYTES,
+            ModeShape::Release => text("settle") + no_budget + text("-1") + 1 + MAX_MEMBER_BYTES,
         };
         // `/` and the override key, and `:j` (`%3A` and the index).
         let overrides = if limit.overrides {
@@ -250,7 +300,7 @@ impl CallSize {
             0
         };
         1 + limit.key
-            + index
+            + 2 * index
             + overrides
             + text(limit.algorithm.name())
             + number(limit.per_window)
@@ -359,14 +409,15 @@ mod tests {
         );
     }
 
-    /// Checks at their longest: hostile keys, every number at its largest, a lease on the
+    /// Checks at their longest: hostile keys, every number at its largest (each limit's a
+    /// little less than the one before, so that no two share a definition), a lease on the
     /// enforcing ones, a key budget of its own on every third.
     fn longest_checks(n: usize) -> Vec<LimitCheck> {
         (0..n)
             .map(|i| {
                 let mut c = check("", Algorithm::Gcra, false);
                 c.key = format!("rl:{{k:{i}/é}}:api:limit-{i}").into();
-                c.per_window = u64::MAX;
+                c.per_window = u64::MAX - i as u64;
                 c.burst = u64::MAX;
                 c.window = Window::ms(u64::MAX);
                 c.cost = u64::MAX;
@@ -431,12 +482,15 @@ mod tests {
                 "lease {lease:?}"
             );
         }
-        assert!(BridgeRequest::evalsha(
-            "",
-            &DecideCall::leasing(&clock, 0, [(&plain[..], Some(1))])
-        )
-        .path
-        .contains("/lease/18446744073709551615/0%2E000001/"));
+        let leasing =
+            BridgeRequest::evalsha("", &DecideCall::leasing(&clock, 0, [(&plain[..], Some(1))]))
+                .path;
+        // The definition says `lease`; the limit adds its units and fraction after its cost.
+        assert!(leasing.contains("/lease/0/0/"), "{leasing}");
+        assert!(
+            leasing.contains("/18446744073709551615/18446744073709551615/0%2E000001/"),
+            "{leasing}"
+        );
         let refunds: Vec<Refund> = plain
             .iter()
             .zip([0.25, 1e300, 5e-324, 0.0, 7.0, 1.5, 1e-7, 123456.789, 3.0])

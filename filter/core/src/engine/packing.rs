@@ -61,20 +61,35 @@ pub fn pack<T: Packable>(config: &Config, items: Vec<T>, max_calls: usize) -> Pa
     let mut calls: Vec<(usize, Vec<T>)> = Vec::new();
     let mut left = Vec::new();
     let mut last_slot = None;
+    // The definitions the last call already holds: a limit that shares one adds only its own
+    // values (items of one rule's limit nearly always do).
+    let mut defined = Vec::new();
     for (slot, item) in items {
-        let size = call.limit_bytes(&item.shape());
+        let shape = item.shape();
+        let size = call.limit_bytes(&shape);
+        let shared = shape
+            .definition()
+            .filter(|d| defined.contains(d))
+            .map_or(0, |_| shape.definition_bytes());
         let room = calls.len() < max_calls;
         match calls.last_mut() {
-            Some((bytes, group)) if last_slot == slot && *bytes + size <= MAX_CALL_PATH_BYTES => {
-                *bytes += size;
+            Some((bytes, group))
+                if last_slot == slot && *bytes + size - shared <= MAX_CALL_PATH_BYTES =>
+            {
+                *bytes += size - shared;
                 group.push(item);
             }
             _ if room => {
                 calls.push((fixed + size, vec![item]));
                 last_slot = slot;
+                defined.clear();
             }
-            _ => left.push(item),
+            _ => {
+                left.push(item);
+                continue;
+            }
         }
+        defined.extend(shape.definition());
     }
     let calls = calls
         .into_iter()

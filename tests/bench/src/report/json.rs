@@ -1,13 +1,15 @@
 //! results.json: every figure of the report and the counters behind them. Each throughput
 //! scenario (and each Redis Cluster setup) has its req/s per round under `rounds`, `rps`
-//! being their median; each ratio has its median, range and rounds under `ratios`.
+//! being their median; each ratio has its median, range and rounds under `ratios`; the CPU
+//! per request of each process likewise under `cpu_us_per_request`, each run's CPU seconds
+//! and requests under `runs`.
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
 use super::leases::LEASED_OVER_UNLEASED_TARGET;
-use super::{Accuracy, Report, Scenario, LEASE_PAIRS, PASS_THROUGH};
+use super::{Accuracy, Report, Scenario, LEASE_PAIRS, PASS_THROUGH, PROCESSES};
 
 /// The least rounds every throughput figure must have.
 pub const MIN_ROUNDS: usize = 3;
@@ -22,11 +24,30 @@ impl Report {
                 ratios.insert(reference.to_string(), spread.json());
             }
         }
+        let per_process = |f: &dyn Fn(&str) -> Value| {
+            PROCESSES
+                .iter()
+                .map(|p| (p.to_string(), f(p)))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let cpu_us_per_decision = if s.filter {
+            json!(per_process(&|p| s.cpu_us_per_decision(p).json()))
+        } else {
+            Value::Null
+        };
         json!({
             "name": s.name, "what": s.what, "load": s.load, "compare_to": s.compare_to,
             "rps": s.run.rps,
             "rounds": s.rounds().rounds,
-            "runs": s.runs.iter().map(|m| json!({"round": m.round, "seq": m.seq, "rps": m.run.rps})).collect::<Vec<_>>(),
+            "runs": s.runs.iter().map(|m| json!({
+                "round": m.round, "seq": m.seq, "rps": m.run.rps, "requests": m.run.requests,
+                "decisions": m.cost.decisions(), "redis_decisions": m.cost.redis_decisions(),
+                "cpu_s": per_process(&|p| json!(m.cost.cpu_of(p))), "wall_s": m.cost.wall_s,
+            })).collect::<Vec<_>>(),
+            "cpu_us_per_request": per_process(&|p| s.cpu_us_per_request(p).json()),
+            "cpu_us_per_decision": cpu_us_per_decision,
+            "envoy_us_over_floor": self.envoy_over_floor(s).map(|r| r.json()),
+            "floor": self.floor_of(s).map(|f| f.name.clone()),
             "ratio": self.ratio(s).map(|r| r.median()),
             "ratio_to_pass_through": self.pass_through_ratio(s).map(|r| r.median()),
             "ratios": ratios,
@@ -93,7 +114,7 @@ impl Report {
                 Some(v)
             })
             .collect();
-        json!({
+        let mut all = json!({
             "quick": self.quick, "started_utc": self.started_utc, "took_s": self.took_s,
             "commit": self.commit,
             "machine": {"cpu_model": self.machine.cpu_model, "cores": self.machine.cores,
@@ -154,13 +175,16 @@ impl Report {
                 "keys_after": f.keys_after, "redis_used_memory": [f.redis_memory.0, f.redis_memory.1],
                 "envoy_rss": [f.envoy_rss.0, f.envoy_rss.1], "webdis_rss": [f.webdis_rss.0, f.webdis_rss.1],
             })).collect::<Vec<_>>(),
-        })
+        });
+        // Set apart: one more key in the macro above passes its recursion limit.
+        all["fleet_capacity"] = self.capacity_json();
+        all
     }
 }
 
 /// What is wrong with the rounds of a results.json (empty: nothing): every scenario and every
 /// Redis Cluster setup needs at least [`MIN_ROUNDS`] positive req/s under `rounds`, and `rps`
-/// their median. Read from the JSON as written, so a writer that drops them is caught.
+/// their median; every scenario a CPU per request of each process in each of those rounds. Read from the JSON as written, so a writer that drops them is caught.
 pub fn rounds_problems(results: &Value) -> Vec<String> {
     fn check(label: String, v: &Value) -> Option<String> {
         let rounds: Vec<f64> = v["rounds"]
@@ -182,6 +206,28 @@ pub fn rounds_problems(results: &Value) -> Vec<String> {
             None
         }
     }
+    /// CPU per request of every process, one figure of at least 0 per round of req/s.
+    fn check_cpu(label: String, v: &Value) -> Vec<String> {
+        let rounds = v["rounds"].as_array().map_or(0, Vec::len);
+        PROCESSES
+            .iter()
+            .filter_map(|p| {
+                let cpu = &v["cpu_us_per_request"][*p]["rounds"];
+                let figures: Vec<f64> = cpu
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                    .unwrap_or_default();
+                (figures.len() < rounds.max(MIN_ROUNDS) || figures.iter().any(|f| *f < 0.0)).then(
+                    || {
+                        format!(
+                            "{label}: {p} CPU per request in {} of {rounds} rounds ({cpu})",
+                            figures.len()
+                        )
+                    },
+                )
+            })
+            .collect()
+    }
     let mut problems = Vec::new();
     let scenarios = results["scenarios"].as_array().cloned().unwrap_or_default();
     // `--only cluster` runs the Redis Cluster section alone.
@@ -192,7 +238,9 @@ pub fn rounds_problems(results: &Value) -> Vec<String> {
         problems.push("no throughput scenario".into());
     }
     for s in &scenarios {
-        problems.extend(check(format!("scenario {}", s["name"]), s));
+        let label = format!("scenario {}", s["name"]);
+        problems.extend(check(label.clone(), s));
+        problems.extend(check_cpu(label, s));
     }
     for c in results["cluster"]["throughput"]
         .as_array()

@@ -7,6 +7,7 @@
 
 mod accuracy;
 mod busy;
+mod capacity;
 mod cluster;
 mod concurrency;
 mod flood;
@@ -62,6 +63,9 @@ pub struct Report {
 /// The scenario every filter scenario is also compared with: the filter loaded, no rule
 /// matching, the floor any wasm filter pays here.
 pub const PASS_THROUGH: &str = "filter-pass-through";
+
+/// The floor of the usage scenarios: the filter loaded on the LLM upstream, no rule matching.
+pub const PASS_THROUGH_LLM: &str = "filter-pass-through-llm";
 
 impl Report {
     pub fn scenario(&self, name: &str) -> Option<&Scenario> {
@@ -146,6 +150,8 @@ impl Report {
         }
         r += "\n## Throughput and latency\n\n";
         r += &self.throughput_text();
+        r += "\n## Fleet capacity\n\n";
+        r += &self.capacity_text();
         r += "\n## Where the cost is\n\n";
         r += &self.cost_text();
         r += "\n## Where a filtered request's time goes, phase by phase\n\n";
@@ -180,7 +186,7 @@ impl Report {
         r += &self.cluster_text();
         r += "\n## Raw outputs\n\n";
         r += &format!(
-            "Beside this report: `results.json` (every figure above and the counters behind them; each throughput scenario with its req/s per round under `rounds`), `raw/*.wrk.txt` (wrk's output of every run, named by scenario, round and place in the run, warm-ups too), `raw/overload-per-second.csv` and `raw/overload-leased-per-second.csv`, `{}` and `{}`, and `procs/` (the configs and logs of every process the run started).\n",
+            "Beside this report: `results.json` (every figure above and the counters behind them; each throughput scenario with its req/s per round under `rounds` and its CPU per request per round under `cpu_us_per_request`), `raw/*.wrk.txt` (wrk's output of every run, named by scenario, round and place in the run, warm-ups too), `raw/overload-per-second.csv` and `raw/overload-leased-per-second.csv`, `{}` and `{}`, and `procs/` (the configs and logs of every process the run started).\n",
             self.chart_file, self.chart_file_leased
         );
         r
@@ -298,6 +304,14 @@ impl Report {
         }
         if self.timeline_leased.per_second.is_empty() {
             missing.push("overload timeline with leases".into());
+        }
+        if self.capacity().len() < CAPACITY_SCENARIOS.len()
+            || self
+                .capacity()
+                .iter()
+                .any(|c| c.envoy.is_empty() || (c.decided && c.redis.is_empty()))
+        {
+            missing.push("the fleet capacity table".into());
         }
         if self.phases().len() < PHASES.len() {
             missing.push("the per-phase table".into());

@@ -67,6 +67,20 @@ pub const PHASES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The processes whose CPU each throughput run reads, as labelled in `Cost::cpu`.
+pub const PROCESSES: &[&str] = &["envoy", "webdis", "redis"];
+
+/// The scenarios the fleet capacity is derived from: every request decided by Redis (no
+/// deny cache, no lease), and the two references for Envoy's side.
+pub const CAPACITY_SCENARIOS: &[&str] = &[
+    "baseline",
+    "filter-pass-through",
+    "filter-allow-1key",
+    "filter-allow-10k-keys",
+    "filter-allow-1key-overrides",
+    "filter-llm-usage",
+];
+
 /// The allow scenarios with and without a lease, side by side in the leases table.
 pub const LEASE_PAIRS: &[(&str, &str)] = &[
     ("filter-allow-1key", "filter-allow-1key-leased"),
@@ -191,9 +205,15 @@ impl Cost {
         self.allowed + self.denied
     }
 
-    /// Decisions Redis made (the rest came from the deny cache).
+    /// Decisions Redis made (the rest came from the deny cache or from a lease).
     pub fn redis_decisions(&self) -> u64 {
-        self.decisions().saturating_sub(self.deny_cache_hits)
+        self.decisions()
+            .saturating_sub(self.deny_cache_hits + self.lease.hits.unwrap_or(0))
+    }
+
+    /// CPU seconds process `label` used over the run; None when it was not read.
+    pub fn cpu_of(&self, label: &str) -> Option<f64> {
+        self.cpu.iter().find(|(l, _)| l == label)?.1
     }
 
     /// Requests one decision call carried, on average.
@@ -325,6 +345,67 @@ impl Scenario {
             by_round.entry(m.round).or_default().push(m.run.rps);
         }
         Spread::new(by_round.values().map(|v| median(v)).collect())
+    }
+
+    /// µs of CPU of process `label` per request wrk completed, by round.
+    pub fn cpu_us_per_request_by_round(&self, label: &str) -> BTreeMap<usize, f64> {
+        self.cpu_us_per(label, |m| m.run.requests)
+    }
+
+    /// µs of CPU of process `label` per request, per round, in round order.
+    pub fn cpu_us_per_request(&self, label: &str) -> Spread {
+        Spread::new(
+            self.cpu_us_per_request_by_round(label)
+                .into_values()
+                .collect(),
+        )
+    }
+
+    /// µs of CPU of process `label` per decision Redis made, per round: only the rounds in
+    /// which Redis decided at least half the requests (none without the filter). Where the
+    /// deny cache or leases answer most requests, the few decisions left each carry the
+    /// process's background work and a clock tick's worth of rounding, and the figure per
+    /// request is the one to read.
+    pub fn cpu_us_per_decision(&self, label: &str) -> Spread {
+        if !self.filter {
+            return Spread::default();
+        }
+        let mut units: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+        for m in &self.runs {
+            let (decided, requests) = units.entry(m.round).or_default();
+            *decided += m.cost.redis_decisions();
+            *requests += m.run.requests;
+        }
+        Spread::new(
+            self.cpu_us_per(label, |m| m.cost.redis_decisions())
+                .into_iter()
+                .filter(|(round, _)| {
+                    units
+                        .get(round)
+                        .is_some_and(|(decided, requests)| 2 * decided >= *requests)
+                })
+                .map(|(_, us)| us)
+                .collect(),
+        )
+    }
+
+    /// Per round, the CPU of `label` over the round's runs (a reference runs several times a
+    /// round: all of them) divided by their units (`per`), in µs. A round with a run whose
+    /// CPU was not read, or without a unit, is left out.
+    fn cpu_us_per(&self, label: &str, per: fn(&Measured) -> u64) -> BTreeMap<usize, f64> {
+        let mut by_round: BTreeMap<usize, (Option<f64>, u64)> = BTreeMap::new();
+        for m in &self.runs {
+            let (cpu, units) = by_round.entry(m.round).or_insert((Some(0.0), 0));
+            *cpu = cpu.zip(m.cost.cpu_of(label)).map(|(a, b)| a + b);
+            *units += per(m);
+        }
+        by_round
+            .into_iter()
+            .filter_map(|(round, (cpu, units))| {
+                let cpu = cpu.filter(|_| units > 0)?;
+                Some((round, cpu * 1e6 / units as f64))
+            })
+            .collect()
     }
 }
 

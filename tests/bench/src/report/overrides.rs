@@ -4,8 +4,9 @@
 use serde_json::{json, Value};
 
 use super::accuracy::{accuracy_cells, accuracy_columns_after};
-use super::format::{opt2, sig3, thousands};
+use super::format::{opt2, thousands};
 use super::table::Table;
+use super::throughput::us_cell;
 use super::{OverrideAccuracy, Report, Scenario, OVERRIDE_PAIR, PASS_THROUGH};
 
 impl Report {
@@ -23,7 +24,7 @@ impl Report {
             .right("req/s")
             .right("× baseline")
             .right(&format!("× {PASS_THROUGH}"))
-            .right("CPU s per 1,000 req: Envoy")
+            .right("CPU µs / req: Envoy")
             .right("Webdis")
             .right("Redis")
             .right("Redis commands / decision")
@@ -33,7 +34,7 @@ impl Report {
             let Some(s) = self.scenario(name) else {
                 continue;
             };
-            let cpu = |label: &str| Report::cpu_per_1k(s, label).map_or("–".into(), sig3);
+            let cpu = |label: &str| us_cell(&s.cpu_us_per_request(label));
             let per_decision = |n: u64| {
                 let decisions = s.cost.redis_decisions();
                 opt2((decisions > 0).then(|| n as f64 / decisions as f64))
@@ -52,7 +53,7 @@ impl Report {
             ]);
         }
         r += &t.render();
-        r += "\nCPU: utime + stime of each process over the scenario's runs, all rounds, per 1,000 requests wrk completed. Redis commands (and `HMGET`s) per decision: `INFO commandstats` calls, the commands inside the script included, over the filter's decisions; the token bucket reads its state with one `HMGET`, and with overrides on each decision reads the override with another.\n";
+        r += "\nCPU per request: as in the headline table (µs per request wrk completed, per round; the median and range). Redis commands (and `HMGET`s) per decision: `INFO commandstats` calls, the commands inside the script included, over the filter's decisions; the token bucket reads its state with one `HMGET`, and with overrides on each decision reads the override with another.\n";
         if let Some(spread) = self.pair_ratio(on, off) {
             r += &format!(
                 "\nOverrides on over off, per round (each scenario's req/s over the `{PASS_THROUGH}` runs around it, then one over the other, so a slowdown between the two cancels): **{}**, rounds {}.\n",

@@ -4,7 +4,11 @@ use super::*;
 use crate::config::{Lease, Policy};
 use crate::wrk::WrkRun;
 
-/// One run of `rps` req/s; its place in the run is set by [`report`].
+/// CPU per request of Envoy, Webdis and Redis in the runs [`measured`] makes, µs.
+const CPU_US: [f64; 3] = [30.0, 5.0, 10.0];
+
+/// One run of `rps` req/s, its processes using [`CPU_US`] per request; its place in the run
+/// is set by [`report`].
 fn measured(round: usize, rps: f64, requests: u64) -> Measured {
     Measured {
         round,
@@ -14,7 +18,14 @@ fn measured(round: usize, rps: f64, requests: u64) -> Measured {
             requests,
             ..WrkRun::default()
         },
-        cost: Cost::default(),
+        cost: Cost {
+            cpu: PROCESSES
+                .iter()
+                .zip(CPU_US)
+                .map(|(p, us)| (p.to_string(), Some(us * requests as f64 / 1e6)))
+                .collect(),
+            ..Cost::default()
+        },
     }
 }
 
@@ -681,11 +692,11 @@ fn the_cost_of_overrides_sets_the_allow_scenario_with_them_against_it_without() 
     ]);
     let text = r.override_cost_text();
     assert!(
-        text.contains("| `filter-allow-1key` | 10,000 | 0.20 (0.20–0.20) | 0.25 (0.25–0.25) | – | – | – | 1.10 | 1.00 | 0 |"),
+        text.contains("| `filter-allow-1key` | 10,000 | 0.20 (0.20–0.20) | 0.25 (0.25–0.25) | 30.0 (30.0–30.0) | 5.0 (5.0–5.0) | 10.0 (10.0–10.0) | 1.10 | 1.00 | 0 |"),
         "{text}"
     );
     assert!(
-        text.contains("| `filter-allow-1key-overrides` | 9,000 | 0.18 (0.18–0.18) | 0.23 (0.23–0.23) | – | – | – | 2.10 | 2.00 | 0 |"),
+        text.contains("| `filter-allow-1key-overrides` | 9,000 | 0.18 (0.18–0.18) | 0.23 (0.23–0.23) | 30.0 (30.0–30.0) | 5.0 (5.0–5.0) | 10.0 (10.0–10.0) | 2.10 | 2.00 | 0 |"),
         "{text}"
     );
     assert!(
@@ -695,4 +706,224 @@ fn the_cost_of_overrides_sets_the_allow_scenario_with_them_against_it_without() 
     let pair = &r.json()["overrides_over_off"];
     assert_eq!(pair["scenario"], "filter-allow-1key-overrides");
     assert_eq!(pair["over"], "filter-allow-1key");
+}
+
+/// A run of `requests` requests, all decided (`from_cache` of them by the deny cache, `leased`
+/// from a lease), its processes using `cpu_s` seconds (None: not read).
+fn run_with_cpu(
+    round: usize,
+    requests: u64,
+    cpu_s: [Option<f64>; 3],
+    from_cache: u64,
+    leased: u64,
+) -> Measured {
+    let mut m = measured(round, requests as f64, requests);
+    m.cost.cpu = PROCESSES
+        .iter()
+        .zip(cpu_s)
+        .map(|(p, s)| (p.to_string(), s))
+        .collect();
+    m.cost.allowed = requests - from_cache;
+    m.cost.denied = from_cache;
+    m.cost.deny_cache_hits = from_cache;
+    m.cost.bridge_calls = 10;
+    m.cost.lease.hits = Some(leased);
+    m
+}
+
+/// A filter scenario of three rounds: the second with two runs (their CPU and requests
+/// summed), the third with half its requests from leases and no Webdis reading.
+fn allow_scenario() -> Scenario {
+    let runs = vec![
+        run_with_cpu(0, 1000, [Some(0.08), Some(0.01), Some(0.02)], 0, 0),
+        run_with_cpu(1, 500, [Some(0.03), Some(0.004), Some(0.01)], 0, 0),
+        run_with_cpu(1, 500, [Some(0.05), Some(0.006), Some(0.01)], 0, 0),
+        run_with_cpu(2, 1000, [Some(0.07), None, Some(0.02)], 0, 500),
+    ];
+    Scenario::new("filter-allow-1key", "", "baseline", "", true, runs)
+}
+
+fn close(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
+}
+
+#[test]
+fn cpu_per_request_is_a_figure_per_round_of_each_process() {
+    let s = allow_scenario();
+    let envoy = s.cpu_us_per_request("envoy");
+    assert!(close(&envoy.rounds, &[80.0, 80.0, 70.0]), "{envoy:?}");
+    // The round whose Webdis reading is missing is left out, not counted as 0.
+    assert!(close(&s.cpu_us_per_request("webdis").rounds, &[10.0, 10.0]));
+    // Per decision Redis made: the leased half of round 3 cost Redis no decision.
+    let redis = s.cpu_us_per_decision("redis");
+    assert!(close(&redis.rounds, &[20.0, 20.0, 40.0]), "{redis:?}");
+    assert_eq!(s.cost.redis_decisions(), 2500);
+    // The deny cache's answers are no Redis decision either; a round in which Redis decided
+    // under half the requests has no figure per decision; no filter, no figure.
+    let deny = Scenario::new(
+        "filter-deny-hotkey",
+        "",
+        "baseline",
+        "",
+        true,
+        vec![
+            run_with_cpu(0, 1000, [Some(0.05), Some(0.0), Some(0.01)], 500, 0),
+            run_with_cpu(1, 1000, [Some(0.05), Some(0.0), Some(0.01)], 990, 0),
+        ],
+    );
+    assert!(close(&deny.cpu_us_per_decision("redis").rounds, &[20.0]));
+    assert!(close(
+        &deny.cpu_us_per_request("redis").rounds,
+        &[10.0, 10.0]
+    ));
+    assert!(scenario("baseline", 50_000.0)
+        .cpu_us_per_decision("redis")
+        .is_empty());
+}
+
+#[test]
+fn the_headline_table_sets_cpu_per_request_beside_req_s_and_the_floor() {
+    let r = report(vec![
+        scenario_rounds("baseline", &[50_000.0, 40_000.0, 45_000.0]),
+        scenario("filter-pass-through", 40_000.0),
+        allow_scenario(),
+    ]);
+    let allow = r.scenario("filter-allow-1key").expect("allow");
+    // Envoy over the floor, round by round: the pass-through's Envoy used 30 µs per request.
+    let over = r.envoy_over_floor(allow).expect("over the floor");
+    assert!(close(&over.rounds, &[50.0, 50.0, 40.0]), "{over:?}");
+    assert!(r
+        .envoy_over_floor(r.scenario(PASS_THROUGH).expect("floor"))
+        .is_none());
+    assert!(r
+        .envoy_over_floor(r.scenario("baseline").expect("baseline"))
+        .is_none());
+    let table = r.throughput_table();
+    assert!(
+        table.contains("| `baseline` | 45,000 (40,000–50,000) | 1.00 (1.00–1.00) | – | 30.0 (30.0–30.0) | – | 5.0 (5.0–5.0) | 10.0 (10.0–10.0) | – | – |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| `filter-allow-1key` | 1,000 (500–1,000) |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| 80.0 (70.0–80.0) | 50.0 (40.0–50.0) | 10.0 (10.0–10.0) | 20.0 (20.0–20.0) | 10.0 (10.0–10.0) | 20.0 (20.0–40.0) |"),
+        "{table}"
+    );
+    // Latencies and what each scenario runs are in the table below it.
+    let text = r.throughput_text();
+    assert!(
+        text.contains("| scenario | req/s per round | p50 ms |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| `baseline` | 50,000 / 40,000 / 45,000 |"),
+        "{text}"
+    );
+}
+
+#[test]
+fn fleet_capacity_is_what_one_core_carries_per_round() {
+    let mut r = report(vec![
+        scenario("baseline", 50_000.0),
+        scenario("filter-pass-through", 40_000.0),
+        allow_scenario(),
+    ]);
+    let capacity = r.capacity();
+    assert_eq!(capacity.len(), 3);
+    let allow = &capacity[2];
+    assert!(close(
+        &allow.envoy.rounds,
+        &[12_500.0, 12_500.0, 1e6 / 70.0]
+    ));
+    assert!(close(&allow.redis.rounds, &[50_000.0, 50_000.0, 25_000.0]));
+    assert!(close(&allow.webdis.rounds, &[100_000.0, 100_000.0]));
+    assert!(capacity[0].redis.is_empty());
+    let text = r.capacity_text();
+    assert!(
+        text.contains("| `filter-allow-1key` | 62.5 | 50,000 (25,000–50,000) | 100,000 (100,000–100,000) | 12,500 (12,500–14,286) |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| `baseline` | – | – | – | 33,333 (33,333–33,333) |"),
+        "{text}"
+    );
+    // Scenarios of the table that did not run make it incomplete.
+    let missing = r.missing("");
+    assert!(missing.contains(&"the fleet capacity table".to_string()));
+    for name in CAPACITY_SCENARIOS.iter().skip(3) {
+        let mut s = allow_scenario();
+        s.name = name.to_string();
+        r.scenarios.push(s);
+    }
+    let missing = r.missing("");
+    assert!(
+        !missing.contains(&"the fleet capacity table".to_string()),
+        "{missing:?}"
+    );
+    let json = r.json();
+    let rows = json["fleet_capacity"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(rows.len(), CAPACITY_SCENARIOS.len());
+    assert_eq!(rows[2]["scenario"], "filter-allow-1key");
+    assert_eq!(rows[2]["redis_decisions_per_core_s"]["median"], 50_000.0);
+    assert!(rows[0]["redis_decisions_per_core_s"]["median"].is_null());
+}
+
+/// results.json holds every process's CPU per request per round and each run's readings, and
+/// a results.json without them is caught.
+#[test]
+fn results_json_holds_cpu_per_request_per_round() {
+    let r = report(vec![
+        scenario("baseline", 50_000.0),
+        scenario("filter-pass-through", 40_000.0),
+        allow_scenario(),
+    ]);
+    let json = r.json();
+    let allow = &json["scenarios"][2];
+    let envoy = allow["cpu_us_per_request"]["envoy"]["rounds"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(envoy.len(), 3);
+    assert_eq!(
+        allow["cpu_us_per_request"]["redis"]["rounds"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
+    );
+    assert_eq!(
+        allow["cpu_us_per_decision"]["redis"]["rounds"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
+    );
+    assert_eq!(
+        allow["envoy_us_over_floor"]["rounds"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
+    );
+    assert_eq!(allow["floor"], PASS_THROUGH);
+    assert_eq!(allow["runs"][3]["cpu_s"]["envoy"], 0.07);
+    assert!(allow["runs"][3]["cpu_s"]["webdis"].is_null());
+    assert_eq!(allow["runs"][3]["redis_decisions"], 500);
+    assert!(json["scenarios"][0]["cpu_us_per_decision"].is_null());
+    // The allow scenario lacks a Webdis figure in one round.
+    let problems = rounds_problems(&json);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0]
+            .starts_with("scenario \"filter-allow-1key\": webdis CPU per request in 2 of 3 rounds"),
+        "{problems:?}"
+    );
+    let mut broken = json.clone();
+    broken["scenarios"][0]
+        .as_object_mut()
+        .expect("object")
+        .remove("cpu_us_per_request");
+    assert_eq!(rounds_problems(&broken).len(), 4);
 }

@@ -1,9 +1,9 @@
-//! The throughput sections: the scenarios' table, what they cost, where the time goes, and
-//! the per-phase table.
+//! The throughput sections: the headline table (req/s, ratios, CPU per request), latency
+//! and errors, what the scenarios cost, where the time goes, and the per-phase table.
 
 use super::format::{ms, opt2, sig3, thousands};
 use super::table::Table;
-use super::{against, per_round, Phase, Report, Scenario, PASS_THROUGH, PHASES};
+use super::{against, per_round, Phase, Report, Scenario, PASS_THROUGH, PASS_THROUGH_LLM, PHASES};
 use crate::spread::Spread;
 
 /// A ratio's cell: the median and range, "(vs X)" when X is not Envoy alone.
@@ -15,21 +15,73 @@ fn ratio_cell(s: &Scenario, ratio: Option<Spread>) -> String {
     }
 }
 
+/// µs of CPU: the median and range, 1 decimal.
+pub(super) fn us_cell(spread: &Spread) -> String {
+    spread.cell_with(|v| format!("{v:.1}"))
+}
+
 impl Report {
-    /// CPU seconds per 1,000 requests of process `label` in scenario `s`.
-    pub(super) fn cpu_per_1k(s: &Scenario, label: &str) -> Option<f64> {
-        let cpu = s.cost.cpu.iter().find(|(l, _)| l == label)?.1?;
-        (s.run.requests > 0).then(|| cpu / s.run.requests as f64 * 1000.0)
+    /// The pass-through scenario a filter scenario's Envoy CPU is set against: the floor on
+    /// the same upstream (none for the floors themselves and the serial pair).
+    pub fn floor_of(&self, s: &Scenario) -> Option<&Scenario> {
+        let floor = match s.compare_to.as_str() {
+            "baseline" => PASS_THROUGH,
+            PASS_THROUGH_LLM => PASS_THROUGH_LLM,
+            _ => return None,
+        };
+        (s.filter && s.name != floor)
+            .then(|| self.scenario(floor))
+            .flatten()
     }
 
-    /// The throughput table (also what the docs show).
+    /// Envoy's µs of CPU per request over its floor's, round by round (each round's figure
+    /// less the floor's in the same round).
+    pub fn envoy_over_floor(&self, s: &Scenario) -> Option<Spread> {
+        let floor = self.floor_of(s)?.cpu_us_per_request_by_round("envoy");
+        let rounds: Vec<f64> = s
+            .cpu_us_per_request_by_round("envoy")
+            .into_iter()
+            .filter_map(|(round, us)| floor.get(&round).map(|f| us - f))
+            .collect();
+        (!rounds.is_empty()).then(|| Spread::new(rounds))
+    }
+
+    /// The headline table: per scenario req/s, the ratios and CPU per request of each
+    /// process, all medians over the rounds with their range (also what the docs show).
     pub fn throughput_table(&self) -> String {
         let mut t = Table::new()
             .left("scenario")
-            .right("req/s (median)")
-            .right("req/s per round")
+            .right("req/s")
             .right("× baseline")
             .right("× pass-through")
+            .right("Envoy µs / req")
+            .right("Envoy µs over the floor")
+            .right("Webdis µs / req")
+            .right("Redis µs / req")
+            .right("Webdis µs / decision")
+            .right("Redis µs / decision");
+        for s in &self.scenarios {
+            t.row([
+                format!("`{}`", s.name),
+                s.rounds().cell_with(thousands),
+                ratio_cell(s, self.ratio(s)),
+                self.pass_through_ratio(s).map_or("–".into(), |r| r.cell()),
+                us_cell(&s.cpu_us_per_request("envoy")),
+                self.envoy_over_floor(s).map_or("–".into(), |r| us_cell(&r)),
+                us_cell(&s.cpu_us_per_request("webdis")),
+                us_cell(&s.cpu_us_per_request("redis")),
+                us_cell(&s.cpu_us_per_decision("webdis")),
+                us_cell(&s.cpu_us_per_decision("redis")),
+            ]);
+        }
+        t.render()
+    }
+
+    /// Below the headline table: req/s of each round, latencies, errors, what each runs.
+    pub fn latency_table(&self) -> String {
+        let mut t = Table::new()
+            .left("scenario")
+            .right("req/s per round")
             .right("p50 ms")
             .right("p99 ms")
             .right("non-2xx")
@@ -37,15 +89,12 @@ impl Report {
         for s in &self.scenarios {
             t.row([
                 format!("`{}`", s.name),
-                thousands(s.run.rps),
                 s.rounds()
                     .rounds
                     .iter()
                     .map(|v| thousands(*v))
                     .collect::<Vec<_>>()
                     .join(" / "),
-                ratio_cell(s, self.ratio(s)),
-                self.pass_through_ratio(s).map_or("–".into(), |r| r.cell()),
                 ms(s.run.p50_ms),
                 ms(s.run.p99_ms),
                 thousands(s.run.non_2xx as f64),
@@ -57,7 +106,12 @@ impl Report {
 
     pub(super) fn throughput_text(&self) -> String {
         let mut r = self.throughput_table();
-        r += "\nReq/s: the median of the rounds (a reference scenario that runs several times a round: the median of its runs in each round). × baseline and × pass-through: per round, the run over the mean of the runs of `baseline` (or `filter-pass-through`) nearest before and after it; the median over the rounds, lowest–highest round in brackets. Latencies: the median of the runs.\n";
+        r += &format!(
+            "\nEvery cell is the median over the rounds, the lowest and highest round in brackets. Req/s: per round (a reference scenario that runs several times a round: the median of its runs in that round). × baseline and × pass-through: per round, the run over the mean of the runs of `baseline` (or `{PASS_THROUGH}`) nearest before and after it. **CPU per request** (µs): per round, the user + system time of each process over the round's runs of the scenario (`/proc/PID/stat`, every thread, {:.0} ms ticks) divided by the requests wrk completed in them. Webdis and Redis are the processes the scenario's Envoy calls; in a scenario whose Envoy calls none (Envoy alone, `local_ratelimit`, `filter-bridge-down`) they are the run's idle Webdis and Redis, which shows what the reading gives without work. Envoy µs over the floor: per round, the scenario's Envoy µs per request less those of the pass-through filter on the same upstream (`{PASS_THROUGH}`, or `{PASS_THROUGH_LLM}` for the usage scenarios) in the same round: what the rate limiter itself costs Envoy. Per decision: the Webdis and Redis CPU over the decisions Redis made (the filter's allowed + denied, less those answered by the deny cache or a lease), in the rounds in which Redis decided at least half the requests (where the deny cache or leases answer most, the few decisions left each carry the process's background work and the rounding of a clock tick: read the figures per request).\n\n",
+            1000.0 / crate::measure::clock_ticks_per_second()
+        );
+        r += &self.latency_table();
+        r += "\nReq/s per round, in the order the rounds ran; latencies: the median of the runs; non-2xx: summed over the runs.\n";
         if let Some((p50, p99)) = self.added_latency() {
             r += &format!(
                 "\nAdded latency of one decision (1 connection, one request at a time): **+{p50:.3} ms p50, +{p99:.3} ms p99** (`filter-serial` minus `baseline-serial`, medians of the runs).\n"
@@ -84,9 +138,6 @@ impl Report {
             .right("Webdis calls / request")
             .right("mean batch")
             .right("Redis commands / decision")
-            .right("CPU s per 1,000 req: Envoy")
-            .right("Webdis")
-            .right("Redis")
             .left("cores busy: Envoy / Webdis / Redis")
             .right(&format!("machine busy (of {} cores)", self.machine.cores));
         for s in &self.scenarios {
@@ -101,7 +152,6 @@ impl Report {
             };
             let per_decision = (c.redis_decisions() > 0)
                 .then(|| c.redis_total() as f64 / c.redis_decisions() as f64);
-            let cpu = |label: &str| Report::cpu_per_1k(s, label).map_or("–".into(), sig3);
             let cores: Vec<String> = c
                 .cpu
                 .iter()
@@ -119,9 +169,6 @@ impl Report {
                 per_req(c.webdis_calls),
                 c.mean_batch().map_or("–".into(), |b| format!("{b:.1}")),
                 opt2(per_decision),
-                cpu("envoy"),
-                cpu("webdis"),
-                cpu("redis"),
                 cores.join(" / "),
                 opt2(c.machine_busy_s.map(|b| b / c.wall_s)),
             ]);
@@ -131,7 +178,7 @@ impl Report {
 
     pub(super) fn cost_text(&self) -> String {
         let mut r = self.cost_table();
-        r += "\nEvery column sums the scenario's runs over all rounds. Webdis calls per request: `cluster.webdis.upstream_rq_total` of Envoy over the requests wrk completed. Redis commands per decision: `INFO commandstats` calls (commands run inside the script included, the bench's own INFO/AUTH left out) over the filter's decisions (`ratelimit_allowed` + `ratelimit_denied`). CPU: utime + stime from `/proc/PID/stat` over the runs (10 ms ticks); cores busy = CPU seconds / wall seconds. Machine busy: all cores, from `/proc/stat`, so wrk (which shares the cores) and anything else running are in it.\n\n";
+        r += "\nEvery column sums the scenario's runs over all rounds. Webdis calls per request: `cluster.webdis.upstream_rq_total` of Envoy over the requests wrk completed. Mean batch and Redis commands per decision: over the decisions Redis made (the filter's `ratelimit_allowed` + `ratelimit_denied`, less the deny cache's and the leases' answers); commands are `INFO commandstats` calls (commands run inside the script included, the bench's own INFO/AUTH left out). Cores busy: CPU seconds of each process (as in the headline table) over wall seconds. Machine busy: all cores, from `/proc/stat`, so wrk (which shares the cores) and anything else running are in it.\n\n";
         r += &self.where_the_time_goes();
         r
     }
@@ -146,13 +193,22 @@ impl Report {
             return out;
         };
         let share = |part: f64, total: f64| 100.0 * part / total.max(f64::MIN_POSITIVE);
-        let envoy_base = Report::cpu_per_1k(base, "envoy").unwrap_or(0.0);
-        let envoy = Report::cpu_per_1k(allow, "envoy").unwrap_or(0.0);
-        let webdis = Report::cpu_per_1k(allow, "webdis").unwrap_or(0.0);
-        let redis = Report::cpu_per_1k(allow, "redis").unwrap_or(0.0);
+        // Medians over the rounds, as in the headline table.
+        let us = |s: &Scenario, label: &str| {
+            let spread = s.cpu_us_per_request(label);
+            if spread.is_empty() {
+                0.0
+            } else {
+                spread.median()
+            }
+        };
+        let envoy_base = us(base, "envoy");
+        let envoy = us(allow, "envoy");
+        let webdis = us(allow, "webdis");
+        let redis = us(allow, "redis");
         let total = envoy + webdis + redis;
         out += &format!(
-            "- Per 1,000 allowed requests (`filter-allow-1key`) the chain used {} CPU s: Envoy {} ({:.0}%), Webdis {} ({:.0}%), Redis {} ({:.0}%). Envoy without the filter used {} per 1,000 (`baseline`), so the filter makes each request cost Envoy {:.1}× as much: the wasm callbacks, the request's share of a call-out (an HTTP request to Webdis and its response) and resuming the paused request.\n",
+            "- Per allowed request (`filter-allow-1key`, medians of the rounds) the chain used {} µs of CPU: Envoy {} ({:.0}%), Webdis {} ({:.0}%), Redis {} ({:.0}%). Envoy without the filter used {} µs per request (`baseline`), so the filter makes each request cost Envoy {:.1}× as much: the wasm callbacks, the request's share of a call-out (an HTTP request to Webdis and its response) and resuming the paused request.\n",
             sig3(total),
             sig3(envoy),
             share(envoy, total),

@@ -105,10 +105,11 @@ const RUN_ORDER: &[&str] = &[
     "filter-bridge-down",
 ];
 
-/// What a throughput scenario runs against: the Envoy, and the processes whose CPU counts.
+/// What a throughput scenario runs against: the Envoy, and the processes whose CPU counts:
+/// the Webdis it calls (or, calling none, the run's idle one) and Redis.
 struct Target<'a> {
     envoy: &'a Envoy,
-    webdis: Option<&'a Webdis>,
+    webdis: &'a Webdis,
     redis: &'a Redis,
     filter: bool,
 }
@@ -143,7 +144,7 @@ fn spec<'a>(
 fn target<'a>(
     redis: &'a Redis,
     envoy: &'a Option<Envoy>,
-    webdis: Option<&'a Webdis>,
+    webdis: &'a Webdis,
     filter: bool,
 ) -> Option<Target<'a>> {
     envoy.as_ref().map(|envoy| Target {
@@ -247,25 +248,25 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
     };
     let (llm_json, llm_stream) = (llm_load(false), llm_load(true));
     let candidates = [
-        spec("baseline", "Envoy, same route, no rate-limit filter", "baseline", &one_key, target(&redis, &baseline, None, false)),
-        spec("baseline-serial", "as baseline, 1 connection, one request at a time", "baseline-serial", &serial, target(&redis, &baseline, None, false)),
-        spec(REPEAT, "baseline again, at the end of each round: the run's noise", "baseline", &one_key, target(&redis, &baseline, None, false)),
-        spec("local_ratelimit", "Envoy's built-in local_ratelimit, limit never reached", "baseline", &one_key, target(&redis, &local, None, false)),
-        spec(PASS_THROUGH, "the filter loaded, its rule matching no request: the floor of any wasm filter here", "baseline", &one_key, target(&redis, &pass, Some(&webdis), true)),
-        spec("filter-plan-only", "the filter built with `phase-plan-only`: each request planned as in filter-allow-1key, then let through undecided", "baseline", &one_key, target(&redis, &plan, Some(&webdis), true)),
-        spec("filter-allow-1key", "the filter, every request allowed, one key", "baseline", &one_key, target(&redis, &allowing, Some(&webdis), true)),
-        spec("filter-allow-10k-keys", "the filter, every request allowed, keys of 10,000 clients in turn", "baseline", &ten_k, target(&redis, &allowing, Some(&webdis), true)),
-        spec("filter-serial", "as filter-allow-1key, 1 connection, one request at a time", "baseline-serial", &serial, target(&redis, &allowing, Some(&webdis), true)),
-        spec("filter-allow-1key-leased", "as filter-allow-1key with a lease on a limit spent faster than it refills (see Leases)", "baseline", &one_key, target(&redis, &leasing, Some(&webdis), true)),
-        spec("filter-allow-10k-keys-leased", "as filter-allow-10k-keys with a lease on the same limit", "baseline", &ten_k, target(&redis, &leasing, Some(&webdis), true)),
-        spec("filter-allow-1key-overrides", "as filter-allow-1key with `\"overrides\": true` on the limit and no override set: each decision also looks up the key's override and finds none", "baseline", &one_key, target(&redis, &overrides, Some(&webdis), true)),
-        spec("filter-deny-hotkey", "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429", "baseline", &deny_load, target(&redis, &denying, Some(&webdis), true)),
-        spec("filter-bridge-hung", "the filter, its Webdis stopped (SIGSTOP): the breaker opens on the first call without an answer for its timeout while requests wait, then requests fail open without a call", "baseline", &one_key, target(&redis, &hung, Some(&hung_webdis), true)),
-        spec("filter-bridge-down", "the filter, nothing listening on its Webdis port: connection refused, the breaker opens, fail open without a call", "baseline", &one_key, target(&redis, &down, None, true)),
-        spec("baseline-llm", "Envoy alone, every request a chat completion (POST, JSON answer) to the OpenAI-compatible test upstream in the bench process", "baseline-llm", &llm_json, target(&redis, &baseline_llm, None, false)),
-        spec("filter-pass-through-llm", "as baseline-llm with the filter loaded, its usage rule matching no request: the reference of the usage scenarios", "baseline-llm", &llm_json, target(&redis, &pass_llm, Some(&webdis), true)),
-        spec("filter-llm-usage", "as baseline-llm with a rule of a request limit and a token limit (`reserve`, fixed estimate 2,000, usage 1,000 read from the JSON body, the rest given back), nothing refused", "filter-pass-through-llm", &llm_json, target(&redis, &usage_llm, Some(&webdis), true)),
-        spec("filter-llm-usage-stream", "as filter-llm-usage, each answer an event stream whose last event carries the usage", "filter-pass-through-llm", &llm_stream, target(&redis, &usage_llm, Some(&webdis), true)),
+        spec("baseline", "Envoy, same route, no rate-limit filter", "baseline", &one_key, target(&redis, &baseline, &webdis, false)),
+        spec("baseline-serial", "as baseline, 1 connection, one request at a time", "baseline-serial", &serial, target(&redis, &baseline, &webdis, false)),
+        spec(REPEAT, "baseline again, at the end of each round: the run's noise", "baseline", &one_key, target(&redis, &baseline, &webdis, false)),
+        spec("local_ratelimit", "Envoy's built-in local_ratelimit, limit never reached", "baseline", &one_key, target(&redis, &local, &webdis, false)),
+        spec(PASS_THROUGH, "the filter loaded, its rule matching no request: the floor of any wasm filter here", "baseline", &one_key, target(&redis, &pass, &webdis, true)),
+        spec("filter-plan-only", "the filter built with `phase-plan-only`: each request planned as in filter-allow-1key, then let through undecided", "baseline", &one_key, target(&redis, &plan, &webdis, true)),
+        spec("filter-allow-1key", "the filter, every request allowed, one key", "baseline", &one_key, target(&redis, &allowing, &webdis, true)),
+        spec("filter-allow-10k-keys", "the filter, every request allowed, keys of 10,000 clients in turn", "baseline", &ten_k, target(&redis, &allowing, &webdis, true)),
+        spec("filter-serial", "as filter-allow-1key, 1 connection, one request at a time", "baseline-serial", &serial, target(&redis, &allowing, &webdis, true)),
+        spec("filter-allow-1key-leased", "as filter-allow-1key with a lease on a limit spent faster than it refills (see Leases)", "baseline", &one_key, target(&redis, &leasing, &webdis, true)),
+        spec("filter-allow-10k-keys-leased", "as filter-allow-10k-keys with a lease on the same limit", "baseline", &ten_k, target(&redis, &leasing, &webdis, true)),
+        spec("filter-allow-1key-overrides", "as filter-allow-1key with `\"overrides\": true` on the limit and no override set: each decision also looks up the key's override and finds none", "baseline", &one_key, target(&redis, &overrides, &webdis, true)),
+        spec("filter-deny-hotkey", "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429", "baseline", &deny_load, target(&redis, &denying, &webdis, true)),
+        spec("filter-bridge-hung", "the filter, its Webdis stopped (SIGSTOP): the breaker opens on the first call without an answer for its timeout while requests wait, then requests fail open without a call", "baseline", &one_key, target(&redis, &hung, &hung_webdis, true)),
+        spec("filter-bridge-down", "the filter, nothing listening on its Webdis port: connection refused, the breaker opens, fail open without a call", "baseline", &one_key, target(&redis, &down, &webdis, true)),
+        spec("baseline-llm", "Envoy alone, every request a chat completion (POST, JSON answer) to the OpenAI-compatible test upstream in the bench process", "baseline-llm", &llm_json, target(&redis, &baseline_llm, &webdis, false)),
+        spec("filter-pass-through-llm", "as baseline-llm with the filter loaded, its usage rule matching no request: the reference of the usage scenarios", "baseline-llm", &llm_json, target(&redis, &pass_llm, &webdis, true)),
+        spec("filter-llm-usage", "as baseline-llm with a rule of a request limit and a token limit (`reserve`, fixed estimate 2,000, usage 1,000 read from the JSON body, the rest given back), nothing refused", "filter-pass-through-llm", &llm_json, target(&redis, &usage_llm, &webdis, true)),
+        spec("filter-llm-usage-stream", "as filter-llm-usage, each answer an event stream whose last event carries the usage", "filter-pass-through-llm", &llm_stream, target(&redis, &usage_llm, &webdis, true)),
     ];
     let specs: Vec<Spec> = candidates
         .into_iter()
@@ -380,21 +381,34 @@ fn measure_run(
     t: &Target,
     raw: &std::path::Path,
 ) -> (wrk::WrkRun, Cost) {
-    let mut procs = vec![("envoy", t.envoy.process.pid())];
-    if t.filter {
-        procs.push(("webdis", t.webdis.map(|w| w.process.pid()).unwrap_or(0)));
-        procs.push(("redis", t.redis.process.pid()));
-    }
+    let procs = [
+        ("envoy", t.envoy.process.pid()),
+        ("webdis", t.webdis.process.pid()),
+        ("redis", t.redis.process.pid()),
+    ];
+    let redis_before = measure::redis_commandstats(admin);
+    let stats_before = measure::envoy_stats(t.envoy.admin_port);
+    // The CPU window holds the wrk run alone: the bench's own reads of the counters (an
+    // admin request to Envoy, INFO to Redis) fall outside it.
+    let busy_before = measure::machine_busy_seconds();
     let cpu_before: Vec<Option<f64>> = procs
         .iter()
         .map(|(_, pid)| measure::cpu_seconds(*pid))
         .collect();
-    let redis_before = measure::redis_commandstats(admin);
-    let stats_before = measure::envoy_stats(t.envoy.admin_port);
-    let busy_before = measure::machine_busy_seconds();
     let wall = Instant::now();
     let run = wrk::run(t.envoy.port, load, raw);
     let wall_s = wall.elapsed().as_secs_f64();
+    let cpu = procs
+        .iter()
+        .zip(cpu_before)
+        .map(|((label, pid), before)| {
+            let used = match (before, measure::cpu_seconds(*pid)) {
+                (Some(b), Some(a)) => Some(a - b),
+                _ => None,
+            };
+            (label.to_string(), used)
+        })
+        .collect();
     let machine_busy_s = match (busy_before, measure::machine_busy_seconds()) {
         (Some(b), Some(a)) => Some(a - b),
         _ => None,
@@ -402,17 +416,6 @@ fn measure_run(
     let stats = measure::delta(&stats_before, &measure::envoy_stats(t.envoy.admin_port));
     let mut redis_commands = measure::delta(&redis_before, &measure::redis_commandstats(admin));
     redis_commands.retain(|name, calls| *calls > 0 && !BENCH_OWN_COMMANDS.contains(&name.as_str()));
-    let cpu = procs
-        .iter()
-        .zip(cpu_before)
-        .map(|((label, pid), before)| {
-            let used = match (before, measure::cpu_seconds(*pid)) {
-                (Some(b), Some(a)) if *pid != 0 => Some(a - b),
-                _ => None,
-            };
-            (label.to_string(), used)
-        })
-        .collect();
     let stat = |name: &str| stats.get(name).copied().unwrap_or(0);
     let cost = Cost {
         allowed: stat("wasmcustom.ratelimit_allowed"),

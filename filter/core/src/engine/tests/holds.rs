@@ -23,22 +23,19 @@ fn refuse() -> &'static str {
     r#"{"EVALSHA":[1,0,2,0,"0","1000","1000",1,"9","6000","0"]}"#
 }
 
-/// The id the request went with: the argument after `hold`.
+/// The id the request went with: its `hold`'s value (the call's last hold).
 fn member_of(path: &str) -> String {
-    let parts: Vec<&str> = path.split('/').collect();
-    let at = parts.iter().position(|p| *p == "hold").expect("a hold");
-    parts[at + 1].to_string()
+    let holds = sent_in_mode(path, "hold");
+    holds.last().expect("a hold").values[0].clone()
 }
 
-/// The releases sent so far: the ids after `settle/-1/`.
+/// The releases sent so far: the ids of the settlements of `-1`.
 fn releases(h: &FakeHost) -> Vec<String> {
     h.dispatched
         .iter()
-        .filter_map(|(_, r, _)| {
-            let parts: Vec<&str> = r.path.split('/').collect();
-            let at = parts.windows(2).position(|w| w == ["settle", "-1"])?;
-            Some(parts[at + 2].to_string())
-        })
+        .flat_map(|(_, r, _)| sent_in_mode(&r.path, "settle"))
+        .filter(|l| l.values[0] == "-1")
+        .map(|l| l.values[1].clone())
         .collect()
 }
 
@@ -52,8 +49,16 @@ fn an_admitted_request_is_released_when_its_stream_ends_and_not_before() {
         member.ends_with("-7"),
         "{member}: the worker's id and the stream's"
     );
-    assert!(
-        decision.contains("/concurrency/2/600000/2/1/hold/"),
+    let hold = &sent_in_mode(&decision, "hold")[0];
+    assert_eq!(
+        (
+            &*hold.algorithm,
+            &*hold.limit,
+            &*hold.window,
+            &*hold.burst,
+            &*hold.cost
+        ),
+        ("concurrency", "2", "600000", "2", "1"),
         "cost 1, max_duration as the window: {decision}"
     );
     e.on_reply(&c, &mut h, Some(7), 1, ok(allow()));

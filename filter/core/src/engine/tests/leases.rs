@@ -10,7 +10,12 @@ fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_ru
     assert_eq!(ask_k(&mut e, &c, &mut h, 1), Verdict::Pause);
     let (token, call, _) = h.dispatched[0].clone();
     // A key it has not leased before: 4 requests' worth at most (of max_units 10).
-    assert!(call.path.contains("/1/lease/4/0%2E5"), "{}", call.path);
+    assert_eq!(
+        lease_asked(&call.path),
+        ["4", "0%2E500000"],
+        "{}",
+        call.path
+    );
     // Redis charged 4 requests' worth: this one and 3 held here; 6 left in the bucket.
     e.on_reply(&c, &mut h, Some(1), token, ok(&leased(4, 6, 30_000)));
     assert_eq!(h.resumed, vec![1]);
@@ -29,7 +34,12 @@ fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_ru
     // while requests go on from the unit still held.
     assert_eq!(h.count_of(Counter::LeasePrefetches), 1);
     let (prefetch, call, _) = h.dispatched[1].clone();
-    assert!(call.path.contains("/1/lease/4/0%2E5"), "{}", call.path);
+    assert_eq!(
+        lease_asked(&call.path),
+        ["4", "0%2E500000"],
+        "{}",
+        call.path
+    );
     assert_eq!(ask_k(&mut e, &c, &mut h, 4), Verdict::Continue);
     // Spent: the next one waits (the call slot is the prefetch's) ...
     assert_eq!(ask_k(&mut e, &c, &mut h, 5), Verdict::Pause);
@@ -46,7 +56,12 @@ fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_ru
     // The first lease was spent before it ended: the next asks for twice as much.
     assert_eq!(h.count_of(Counter::LeasePrefetches), 2);
     let (_, call, _) = h.dispatched[2].clone();
-    assert!(call.path.contains("/1/lease/8/0%2E5"), "{}", call.path);
+    assert_eq!(
+        lease_asked(&call.path),
+        ["8", "0%2E500000"],
+        "{}",
+        call.path
+    );
     e.on_tick(&c, &mut h);
     assert_eq!(h.count_of(Counter::Allowed), 7);
     assert_eq!(h.count_of(Counter::LeaseHits), 6);
@@ -94,7 +109,12 @@ fn after_a_lease_that_served_nothing_a_key_asks_again_only_when_it_earns_one_aga
     h.now = Some(T0 + 2400 * MS);
     ask_k(&mut e, &c, &mut h, 5);
     let (_, call, _) = h.dispatched.last().cloned().unwrap();
-    assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
+    assert_eq!(
+        lease_asked(&call.path),
+        ["2", "0%2E500000"],
+        "{}",
+        call.path
+    );
 }
 
 #[test]
@@ -136,7 +156,7 @@ fn a_key_back_about_once_a_lease_time_sends_plain_decisions_and_a_busy_key_gets_
         if arrive(&mut e, &c, &mut h, ctx, &req("/", "busy")) == Verdict::Pause {
             assert_eq!(h.dispatched.len(), calls + 1);
             let (token, call, _) = h.dispatched.last().cloned().unwrap();
-            let leasing = call.path.contains("/1/lease/4/");
+            let leasing = lease_asked(&call.path).first().map(String::as_str) == Some("4");
             leases.push(leasing);
             let body = if leasing {
                 leased(4, 6, 30_000)
@@ -178,9 +198,10 @@ fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back
         "{}",
         call.path
     );
-    assert!(
-        call.path
-            .ends_with(&format!("/token_bucket/10/60000/10/2/refund/{T0}/1")),
+    let refund = &sent_in_mode(&call.path, "refund")[0];
+    assert_eq!(
+        (&*refund.algorithm, &*refund.cost, &refund.values[..]),
+        ("token_bucket", "2", &[T0.to_string(), "1".to_string()][..]),
         "{}",
         call.path
     );
@@ -194,7 +215,12 @@ fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back
     e.on_reply(&c, &mut h, Some(3), token, ok(&reply(&[R::Allow(1)])));
     ask_k(&mut e, &c, &mut h, 4);
     let (_, call, _) = h.dispatched.last().cloned().unwrap();
-    assert!(call.path.contains("/1/lease/2/0%2E5"), "{}", call.path);
+    assert_eq!(
+        lease_asked(&call.path),
+        ["2", "0%2E500000"],
+        "{}",
+        call.path
+    );
 }
 
 #[test]

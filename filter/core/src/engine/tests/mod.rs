@@ -5,6 +5,7 @@ use crate::bridge::{call_bytes, BridgeRequest};
 use crate::metrics::Histogram;
 use crate::response::LocalResponse;
 use crate::slot::key_slot;
+use crate::testing::call::sent_in_mode;
 use crate::testing::host::{FakeHost, T0};
 use crate::testing::request::FakeRequest;
 use std::collections::HashSet;
@@ -114,7 +115,7 @@ fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
     assert!(call.path.starts_with("/EVALSHA/"));
     assert!(
         call.path
-            .contains("/1000000000000/1002150/1/0/1/1/token_bucket/"),
+            .contains("/1000000000000/1002150/1/0/1/token_bucket/"),
         "{}",
         call.path
     );
@@ -578,5 +579,14 @@ fn remaining(e: &mut Engine, ctx: u32) -> String {
         .iter()
         .find(|(name, _)| *name == "x-ratelimit-remaining")
         .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+/// What the first limit asking for a lease in the call at `path` asks: its units and
+/// fraction (empty: none asks).
+fn lease_asked(path: &str) -> Vec<String> {
+    sent_in_mode(path, "lease")
+        .first()
+        .map(|l| l.values.clone())
         .unwrap_or_default()
 }

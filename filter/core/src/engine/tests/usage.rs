@@ -52,16 +52,16 @@ fn respond(e: &mut Engine, h: &mut FakeHost, ctx: u32, body: &str) {
 fn settle_calls(h: &FakeHost) -> Vec<(u32, Vec<i64>)> {
     h.dispatched
         .iter()
-        .filter(|(_, r, _)| r.path.contains("/settle/"))
-        .map(|(token, r, _)| {
-            let parts: Vec<&str> = r.path.split('/').collect();
-            let deltas = parts
-                .windows(2)
-                .filter(|w| w[0] == "settle")
-                .map(|w| w[1].parse().unwrap())
-                .collect();
-            (*token, deltas)
-        })
+        .map(|(token, r, _)| (*token, settled(&r.path)))
+        .filter(|(_, deltas)| !deltas.is_empty())
+        .collect()
+}
+
+/// The deltas the call at `path` settles.
+fn settled(path: &str) -> Vec<i64> {
+    sent_in_mode(path, "settle")
+        .iter()
+        .map(|l| l.values[0].parse().unwrap())
         .collect()
 }
 
@@ -77,8 +77,11 @@ fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_the_next_t
     let (c, mut e, mut h) = metered("");
     e.on_request(&c, &mut h, 1, &req("/v1/chat", "k"));
     let decision = h.dispatched[0].1.path.clone();
-    assert!(
-        decision.contains("/token_bucket/1000/60000/1000/100/enforce/"),
+    // The requests limit, then the tokens limit with its estimate as cost.
+    let reserved = &sent_in_mode(&decision, "enforce")[1];
+    assert_eq!(
+        (&*reserved.algorithm, &*reserved.limit, &*reserved.cost),
+        ("token_bucket", "1000", "100"),
         "{decision}"
     );
     e.on_reply(&c, &mut h, Some(1), 1, ok(&allow(2)));
@@ -147,7 +150,7 @@ fn after_mode_reserves_nothing_and_charges_the_usage() {
     let (c, mut e, mut h) = metered("");
     e.on_request(&c, &mut h, 1, &req("/after/x", "k"));
     assert!(
-        h.dispatched[0].1.path.contains("/after/0/0"),
+        sent_in_mode(&h.dispatched[0].1.path, "after").len() == 1,
         "{}",
         h.dispatched[0].1.path
     );
@@ -386,7 +389,7 @@ fn on_a_redis_cluster_settlements_go_in_one_call_per_slot() {
     let slots: HashSet<u16> = h
         .dispatched
         .iter()
-        .filter(|(_, r, _)| r.path.contains("/settle/"))
+        .filter(|(_, r, _)| !settled(&r.path).is_empty())
         .map(|(_, r, _)| {
             let key = r.path.split('/').nth(4).unwrap();
             key_slot(&percent_decoded(key))
@@ -560,7 +563,7 @@ fn a_settlement_rides_on_the_next_decision_call_from_the_root() {
     let (c, mut e, mut h) = metered("");
     let (token, path) = ride(&mut e, &c, &mut h, 30);
     assert!(path.contains("/enforce/"), "a decision call: {path}");
-    assert!(path.contains("/settle/-70/"), "with the give-back: {path}");
+    assert_eq!(settled(&path), [-70], "with the give-back: {path}");
     let calls = h.dispatched.len();
     // Its reply: stream 3's decision, then the settlement's entry.
     let reply = r#"{"EVALSHA":[2,1,2,1,"5","6000","0",1,"5","6000","0",1,1,1,"0","0","0"]}"#;
@@ -576,7 +579,7 @@ fn a_settlement_rides_on_the_next_decision_call_from_the_root() {
 fn a_riding_debt_whose_call_went_unanswered_is_sent_again_on_its_own() {
     let (c, mut e, mut h) = metered("");
     let (token, path) = ride(&mut e, &c, &mut h, 250);
-    assert!(path.contains("/settle/150/"), "{path}");
+    assert_eq!(settled(&path), [150], "{path}");
     e.on_reply(
         &c,
         &mut h,
