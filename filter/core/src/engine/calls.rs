@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::host::Host;
 use super::lag::Moment;
 use super::leases::Ticket;
+use super::nodes::NodeTag;
 use super::queue::{Call, OnNode, Origin, Outcome, Sent, Waiting};
 use super::settlements::{Settled, Settlements};
 use super::splits::Split;
@@ -39,7 +40,10 @@ impl Engine {
                 break; // one call from a request context at most: the root sends the rest
             }
             let at = self.lag.moment(now);
-            let (members, on_node) = self.next_batch(config, host, at);
+            // Every waiting request's master has its calls in flight: they wait for a reply.
+            let Some((members, on_node, node)) = self.next_batch(config, host, at) else {
+                break;
+            };
             if !members.is_empty() {
                 let epoch = self.refusals.epoch();
                 host.count(Counter::BridgeCalls);
@@ -53,7 +57,8 @@ impl Engine {
                     _ => Vec::new(),
                 };
                 let sent = Sent { at_ns: now, epoch };
-                let call = Call::decide(config, members, sent, from, riders, on_node);
+                let mut call = Call::decide(config, members, sent, from, riders, on_node);
+                call.node = node;
                 self.send(config, host, call, now);
             }
         }
@@ -103,28 +108,43 @@ impl Engine {
         riders
     }
 
-    /// The next batch from the queue ([`Queue::next`]), and how its call goes: on a Redis
-    /// Cluster, for the slots of one node when the slot map knows the front's master (the
-    /// call then holds every slot of that master) or when the call asks for the map; else for
-    /// one slot. Requests past their deadline fail by policy. One that waited while a reply
-    /// came is asked again about leases and refusals (that reply may have brought either), a
-    /// prefetch about refusals; a part always goes.
+    /// The next batch from the queue ([`Queue::next`]), how its call goes, and the master it
+    /// goes to if the slot map knows it: on a Redis Cluster, for the slots of one node when
+    /// the slot map knows the front's master (the call then holds every slot of that master)
+    /// or when the call asks for the map; else for one slot. The front is the first request
+    /// whose master has fewer than [`super::nodes::CALLS_PER_NODE`] calls in flight (None: there is none).
+    /// Requests past their deadline fail by policy. One that waited while a reply came is
+    /// asked again about leases and refusals (that reply may have brought either), a prefetch
+    /// about refusals; a part always goes.
     fn next_batch(
         &mut self,
         config: &Config,
         host: &mut impl Host,
         at: Moment,
-    ) -> (Vec<Waiting>, Option<OnNode>) {
+    ) -> Option<(Vec<Waiting>, Option<OnNode>, Option<NodeTag>)> {
         let now = at.wall_ns;
-        // Sent back to a call of its own slot, or of a slot a node refused lately: one slot.
-        let front = self
+        // Sent back to a call of its own slot, or of a slot a node refused lately: one slot,
+        // and no master known (it goes whatever is in flight).
+        let grouped = |w: &Waiting| {
+            w.slot.filter(|&slot| {
+                config.redis_cluster && !w.declared && !self.nodes.doubted(slot, now)
+            })
+        };
+        let (start, front, tag) = self
             .queue
-            .front()
-            .filter(|w| config.redis_cluster && !w.declared)
-            .and_then(|w| w.slot)
-            .filter(|&slot| !self.nodes.doubted(slot, now));
-        let node = front.and_then(|slot| self.nodes.node_of(slot, now));
-        let mut batch = self.queue.batch(CallSize::batch().bytes(), node);
+            .waiting()
+            .enumerate()
+            .map(|(i, w)| {
+                let front = grouped(w);
+                (
+                    i,
+                    front,
+                    front.and_then(|slot| self.nodes.tag_of(slot, now)),
+                )
+            })
+            .find(|&(_, _, tag)| !tag.is_some_and(|t| self.queue.node_busy(t)))?;
+        let node = tag.map(|(_, node)| node);
+        let mut batch = self.queue.batch_at(start, CallSize::batch().bytes(), node);
         let max = config.batch.max_requests;
         // A call for one node is a few bytes longer than the same call for one slot.
         let max_bytes = MAX_CALL_BYTES - NODE_CALL_EXTRA_BYTES;
@@ -162,12 +182,12 @@ impl Engine {
         let slot = batch.slot();
         let members = batch.into_members();
         if !config.redis_cluster || front.is_none() || members.is_empty() {
-            return (members, None);
+            return Some((members, None, tag));
         }
         let several = members.iter().any(|m| m.slot != slot);
         let asks = self.nodes.ask(now);
         let on_node = (several || asks.is_some()).then_some(OnNode { asks });
-        (members, on_node)
+        Some((members, on_node, tag))
     }
 
     /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their

@@ -21,6 +21,16 @@ pub const DOUBT: Duration = Duration::from_secs(1);
 /// master it knew, say), at most.
 pub const REFRESH: Duration = Duration::from_secs(10);
 
+/// Calls in flight to one master from one worker, at most (Redis Cluster, with the slot map
+/// known). The requests for a busy master wait for its call's reply and go together in the
+/// next, rather than in calls of a request or two each: a call's cost in Webdis, the proxy
+/// and Redis is mostly per call.
+pub const CALLS_PER_NODE: usize = 1;
+
+/// A master as one slot map numbers it: the map's generation and the master's number in it
+/// (numbers from an older map name nobody).
+pub type NodeTag = (u64, u16);
+
 /// Most slots doubted at once; past it the one doubted first goes (a worker that sees this
 /// many refusals at once is in a resharding, and asks for a map at each).
 const MAX_DOUBTS: usize = 64;
@@ -39,6 +49,8 @@ pub struct Nodes {
     asking: Option<u128>,
     /// When the last map (or an empty answer) came, Unix ns.
     learnt_ns: Option<u128>,
+    /// Counts the maps taken and dropped: the masters' numbers are those of one generation.
+    generation: u64,
 }
 
 impl Nodes {
@@ -50,6 +62,11 @@ impl Nodes {
         let i = self.ranges.partition_point(|&(first, _, _)| first <= slot);
         let &(first, last, node) = self.ranges.get(i.checked_sub(1)?)?;
         (first..=last).contains(&slot).then_some(node)
+    }
+
+    /// The master of `slot` as [`Nodes::node_of`] has it, tagged with the map's generation.
+    pub fn tag_of(&self, slot: u16, now: u128) -> Option<NodeTag> {
+        self.node_of(slot, now).map(|node| (self.generation, node))
     }
 
     /// Whether a node refused the keys of `slot` less than [`DOUBT`] ago.
@@ -91,6 +108,7 @@ impl Nodes {
         let overlaps = map.windows(2).any(|w| w[1].0 <= w[0].1);
         self.ranges = if overlaps { Vec::new() } else { map };
         self.learnt_ns = Some(now);
+        self.generation = self.generation.wrapping_add(1);
     }
 
     /// A node refused the keys of `slot`: the map is dropped (every call holds one slot until
@@ -98,6 +116,7 @@ impl Nodes {
     pub fn refused(&mut self, slot: u16, now: u128) {
         self.ranges.clear();
         self.epoch = self.epoch.wrapping_add(1);
+        self.generation = self.generation.wrapping_add(1);
         self.asking = None;
         self.learnt_ns = None;
         let until = now.saturating_add(DOUBT.as_nanos());

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::lag::{Deadline, Moment};
 use super::leases::{Leases, Ticket};
+use super::nodes::{NodeTag, CALLS_PER_NODE};
 use super::slots;
 use crate::bounds::MAX_ABANDONED_CALLS;
 use crate::bridge::{
@@ -156,6 +157,9 @@ pub struct Call {
     /// Redis Cluster: a call for the slots of one node (no key declared, see
     /// [`BridgeRequest::evalsha_on_node`]), with the epoch of the slot map it asks for.
     pub on_node: Option<OnNode>,
+    /// Redis Cluster: the master it goes to, as the slot map had it when it was sent (None:
+    /// not known); see [`CALLS_PER_NODE`].
+    pub node: Option<NodeTag>,
 }
 
 /// How a call for the slots of one node goes.
@@ -226,6 +230,7 @@ impl Call {
             owner,
             riders,
             on_node,
+            node: None,
         }
     }
 
@@ -424,26 +429,32 @@ impl Queue {
         self.requeue(parked);
     }
 
-    /// The request at the front.
-    pub fn front(&self) -> Option<&Waiting> {
-        self.waiting.front()
-    }
-
     /// Whether no call is in flight and `waiting` is the only one waiting.
     pub fn only(&self) -> bool {
         self.in_flight.is_empty() && self.waiting.len() == 1
     }
 
-    /// A batch starting at the front of the queue (of its slot, and with `node` of the slots
-    /// of that master), `fixed_bytes` in use.
-    pub fn batch(&self, fixed_bytes: usize, node: Option<u16>) -> Batch {
+    /// A batch starting at the `at`-th waiting request (of its slot, and with `node` of the
+    /// slots of that master; those before it stay), `fixed_bytes` in use.
+    pub fn batch_at(&self, at: usize, fixed_bytes: usize, node: Option<u16>) -> Batch {
         Batch {
-            slot: self.waiting.front().and_then(|w| w.slot),
+            slot: self.waiting.get(at).and_then(|w| w.slot),
             node,
-            at: 0,
+            at,
             bytes: fixed_bytes,
             members: Vec::new(),
         }
+    }
+
+    /// The waiting requests, front first.
+    pub fn waiting(&self) -> impl Iterator<Item = &Waiting> + '_ {
+        self.waiting.iter()
+    }
+
+    /// Whether [`CALLS_PER_NODE`] calls to master `node` are in flight.
+    pub fn node_busy(&self, node: NodeTag) -> bool {
+        let calls = self.in_flight.iter().filter(|f| f.call.node == Some(node));
+        calls.count() >= CALLS_PER_NODE
     }
 
     /// The next waiting request of `batch`'s slot (or of a slot of its master, `node_of` a
@@ -653,7 +664,7 @@ mod tests {
         for (n, slot) in [(1, 7), (2, 8), (3, 7), (4, 8), (5, 7)] {
             q.push(waiting(n, Some(slot), 1, 10));
         }
-        let mut batch = q.batch(0, None);
+        let mut batch = q.batch_at(0, 0, None);
         while let Some((w, size)) = q.next(&mut batch, 2, usize::MAX, |_| None) {
             batch.join(w, size);
         }
@@ -676,13 +687,13 @@ mod tests {
         let mut refused = waiting(7, Some(3), 1, 10);
         refused.declared = true;
         q.push(refused);
-        let mut batch = q.batch(0, Some(1));
+        let mut batch = q.batch_at(0, 0, Some(1));
         while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
             batch.join(w, size);
         }
         let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
         assert_eq!(taken, vec![1, 3, 4, 5]);
-        let mut batch = q.batch(0, None);
+        let mut batch = q.batch_at(0, 0, None);
         while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
             batch.join(w, size);
         }
@@ -690,7 +701,7 @@ mod tests {
         assert_eq!(taken, vec![2], "one slot");
         // A request sent back to its own slot's call goes with that slot's others, declared.
         q.requeue(vec![waiting(0, Some(3), 1, 10)]);
-        let mut batch = q.batch(0, None);
+        let mut batch = q.batch_at(0, 0, None);
         while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
             batch.join(w, size);
         }
@@ -708,7 +719,7 @@ mod tests {
         assert_eq!(q.load().0, 3);
         assert!(q.requests_wait());
         assert_eq!(
-            q.front().map(|w| w.arrived_ns),
+            q.waiting().next().map(|w| w.arrived_ns),
             Some(3),
             "not before the tick"
         );
@@ -742,7 +753,7 @@ mod tests {
                 let (max_requests, max_bytes) =
                     (1 + rng.below(5) as usize, 200 + rng.below(800) as usize);
                 let fixed = rng.below(100) as usize;
-                let mut batch = q.batch(fixed, None);
+                let mut batch = q.batch_at(0, fixed, None);
                 let mut seen = Vec::new();
                 let mut bytes = fixed;
                 while let Some((w, size)) = q.next(&mut batch, max_requests, max_bytes, |_| None) {

@@ -438,3 +438,66 @@ fn in_cluster_mode_a_slot_being_migrated_is_tried_again_at_the_next_tick() {
     assert_eq!(h.count_of(Counter::FailureModeOpen), 1);
     assert!((5..=8).contains(&tries), "{tries} tries in its 150 ms");
 }
+
+/// With the slot map known, a worker keeps one call in flight per master: requests for a
+/// master whose call is out wait for its reply and go together in the next call, while a
+/// request for another master goes at once; every request is decided once.
+#[test]
+fn in_cluster_mode_a_master_has_one_call_in_flight_and_its_requests_wait_for_it() {
+    let c = cluster_config();
+    assert!(
+        c.batch.max_in_flight > 2,
+        "the worker's cap is not what holds them"
+    );
+    let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
+    arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
+    let token = h.dispatched[0].0;
+    let map = reply_with_map(&[R::Allow(9)], &parity_map());
+    e.on_reply(&c, &mut h, Some(1), token, ok(&map));
+    let (even, odd) = keys_by_parity(&c, 4);
+    arrive(&mut e, &c, &mut h, 10, &req("/", &even[0]));
+    assert_eq!(h.dispatched.len(), 2, "master 1 was idle");
+    for (i, key) in even[1..].iter().enumerate() {
+        arrive(&mut e, &c, &mut h, 11 + i as u32, &req("/", key));
+    }
+    assert_eq!(
+        h.dispatched.len(),
+        2,
+        "master 1 has its call out: they wait"
+    );
+    arrive(&mut e, &c, &mut h, 20, &req("/", &odd[0]));
+    assert_eq!(h.dispatched.len(), 3, "master 2 was idle");
+    arrive(&mut e, &c, &mut h, 21, &req("/", &odd[1]));
+    assert_eq!(h.dispatched.len(), 3);
+    ticks(&mut e, &c, &mut h, 0, 50);
+    assert_eq!(h.dispatched.len(), 3, "a tick does not send them either");
+
+    let (first_even, first_odd) = (h.dispatched[1].0, h.dispatched[2].0);
+    e.on_reply(&c, &mut h, None, first_even, ok(&reply(&[R::Allow(9)])));
+    assert_eq!(
+        h.dispatched.len(),
+        4,
+        "the three waiting for master 1, in one call"
+    );
+    assert_eq!(h.batch_size(3), 3);
+    assert!(on_node(&h.dispatched[3].1).0, "several slots of master 1");
+    let sent: HashSet<u16> = call_keys(&h.dispatched[3].1)
+        .iter()
+        .map(|k| key_slot(k.as_bytes()))
+        .collect();
+    assert!(sent.iter().all(|s| s % 2 == 0), "{sent:?}");
+    e.on_reply(&c, &mut h, None, first_odd, ok(&reply(&[R::Allow(9)])));
+    assert_eq!(h.dispatched.len(), 5);
+    assert_eq!(h.batch_size(4), 1);
+    let (t3, t4) = (h.dispatched[3].0, h.dispatched[4].0);
+    e.on_reply(&c, &mut h, None, t3, ok(&reply(&[R::Allow(9); 3])));
+    e.on_reply(&c, &mut h, None, t4, ok(&reply(&[R::Allow(9)])));
+    let mut resumed = h.resumed.clone();
+    resumed.sort_unstable();
+    assert_eq!(
+        resumed,
+        vec![1, 10, 11, 12, 13, 20, 21],
+        "each decided once"
+    );
+    assert_eq!(h.dispatched.len(), 5);
+}
