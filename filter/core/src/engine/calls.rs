@@ -111,8 +111,8 @@ impl Engine {
     /// The next batch from the queue ([`Queue::next`]), how its call goes, and the master it
     /// goes to if the slot map knows it: on a Redis Cluster, for the slots of one node when
     /// the slot map knows the front's master (the call then holds every slot of that master)
-    /// or when the call asks for the map; else for one slot. The front is the first request
-    /// whose master has fewer than [`super::nodes::CALLS_PER_NODE`] calls in flight (None: there is none).
+    /// or when the call asks for the map; else for one slot. It starts with [`Engine::front`]
+    /// (None: no request can go now).
     /// Requests past their deadline fail by policy. One that waited while a reply came is
     /// asked again about leases and refusals (that reply may have brought either), a prefetch
     /// about refusals; a part always goes.
@@ -123,26 +123,7 @@ impl Engine {
         at: Moment,
     ) -> Option<(Vec<Waiting>, Option<OnNode>, Option<NodeTag>)> {
         let now = at.wall_ns;
-        // Sent back to a call of its own slot, or of a slot a node refused lately: one slot,
-        // and no master known (it goes whatever is in flight).
-        let grouped = |w: &Waiting| {
-            w.slot.filter(|&slot| {
-                config.redis_cluster && !w.declared && !self.nodes.doubted(slot, now)
-            })
-        };
-        let (start, front, tag) = self
-            .queue
-            .waiting()
-            .enumerate()
-            .map(|(i, w)| {
-                let front = grouped(w);
-                (
-                    i,
-                    front,
-                    front.and_then(|slot| self.nodes.tag_of(slot, now)),
-                )
-            })
-            .find(|&(_, _, tag)| !tag.is_some_and(|t| self.queue.node_busy(t)))?;
+        let (start, front, tag) = self.front(config, now)?;
         let node = tag.map(|(_, node)| node);
         let mut batch = self.queue.batch_at(start, CallSize::batch().bytes(), node);
         let max = config.batch.max_requests;
@@ -188,6 +169,33 @@ impl Engine {
         let asks = self.nodes.ask(now);
         let on_node = (several || asks.is_some()).then_some(OnNode { asks });
         Some((members, on_node, tag))
+    }
+
+    /// The request the next call starts with: its place in the queue, its slot if calls
+    /// may group it with others (Redis Cluster), and its master if the slot map knows it.
+    /// The first whose master has fewer than [`super::nodes::CALLS_PER_NODE`] calls in
+    /// flight; None when there is none.
+    pub(super) fn front(
+        &self,
+        config: &Config,
+        now: u128,
+    ) -> Option<(usize, Option<u16>, Option<NodeTag>)> {
+        // Sent back to a call of its own slot, or of a slot a node refused lately: one slot,
+        // and no master known (it goes whatever is in flight).
+        let grouped = |w: &Waiting| {
+            w.slot.filter(|&slot| {
+                config.redis_cluster && !w.declared && !self.nodes.doubted(slot, now)
+            })
+        };
+        self.queue
+            .waiting()
+            .enumerate()
+            .map(|(i, w)| {
+                let front = grouped(w);
+                let tag = front.and_then(|slot| self.nodes.tag_of(slot, now));
+                (i, front, tag)
+            })
+            .find(|&(_, _, tag)| !tag.is_some_and(|t| self.queue.node_busy(t)))
     }
 
     /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their

@@ -319,6 +319,11 @@ impl Engine {
         if !self.queue.ready(config.batch.max_in_flight) || self.wake_pending {
             return;
         }
+        // Redis Cluster: every waiting request's master has its call out; its reply sends
+        // them (a wake-up would find nothing to send).
+        if config.redis_cluster && self.front(config, self.last_now_ns).is_none() {
+            return;
+        }
         if host.wake() {
             self.wake_pending = true;
         } else if from.is_some() {

@@ -457,6 +457,7 @@ fn in_cluster_mode_a_master_has_one_call_in_flight_and_its_requests_wait_for_it(
     let (even, odd) = keys_by_parity(&c, 4);
     arrive(&mut e, &c, &mut h, 10, &req("/", &even[0]));
     assert_eq!(h.dispatched.len(), 2, "master 1 was idle");
+    let wakes = h.wakes;
     for (i, key) in even[1..].iter().enumerate() {
         arrive(&mut e, &c, &mut h, 11 + i as u32, &req("/", key));
     }
@@ -465,6 +466,7 @@ fn in_cluster_mode_a_master_has_one_call_in_flight_and_its_requests_wait_for_it(
         2,
         "master 1 has its call out: they wait"
     );
+    assert_eq!(h.wakes, wakes, "nothing to send: the root is not woken");
     arrive(&mut e, &c, &mut h, 20, &req("/", &odd[0]));
     assert_eq!(h.dispatched.len(), 3, "master 2 was idle");
     arrive(&mut e, &c, &mut h, 21, &req("/", &odd[1]));
