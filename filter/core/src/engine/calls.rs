@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::host::Host;
 use super::lag::Moment;
 use super::leases::Ticket;
-use super::nodes::NodeTag;
+use super::nodes::{NodeTag, FRONT_SCAN};
 use super::queue::{Call, OnNode, Origin, Outcome, Sent, Waiting};
 use super::settlements::{Settled, Settlements};
 use super::splits::Split;
@@ -174,7 +174,7 @@ impl Engine {
     /// The request the next call starts with: its place in the queue, its slot if calls
     /// may group it with others (Redis Cluster), and its master if the slot map knows it.
     /// The first whose master has fewer than [`super::nodes::CALLS_PER_NODE`] calls in
-    /// flight; None when there is none.
+    /// flight, among the first [`FRONT_SCAN`]; None when there is none.
     pub(super) fn front(
         &self,
         config: &Config,
@@ -189,6 +189,7 @@ impl Engine {
         };
         self.queue
             .waiting()
+            .take(FRONT_SCAN)
             .enumerate()
             .map(|(i, w)| {
                 let front = grouped(w);

@@ -27,6 +27,11 @@ pub const REFRESH: Duration = Duration::from_secs(10);
 /// and Redis is mostly per call.
 pub const CALLS_PER_NODE: usize = 1;
 
+/// How many waiting requests, from the front, are looked at for one whose master has no call
+/// out: a bound on the work per arrival when many wait. One further back waits for the next
+/// reply (the requests ahead of it leave with it).
+pub const FRONT_SCAN: usize = 64;
+
 /// A master as one slot map numbers it: the map's generation and the master's number in it
 /// (numbers from an older map name nobody).
 pub type NodeTag = (u64, u16);

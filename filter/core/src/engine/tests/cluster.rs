@@ -503,3 +503,42 @@ fn in_cluster_mode_a_master_has_one_call_in_flight_and_its_requests_wait_for_it(
     );
     assert_eq!(h.dispatched.len(), 5);
 }
+
+/// The search for a request whose master has no call out looks at the first FRONT_SCAN
+/// waiting: one further back waits for the next reply, and goes with it; none is lost.
+#[test]
+fn in_cluster_mode_a_request_behind_many_for_a_busy_master_goes_at_the_next_reply() {
+    use crate::engine::nodes::FRONT_SCAN;
+    let c = cluster_config();
+    let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
+    arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
+    let token = h.dispatched[0].0;
+    let map = reply_with_map(&[R::Allow(9)], &parity_map());
+    e.on_reply(&c, &mut h, Some(1), token, ok(&map));
+    let (even, odd) = keys_by_parity(&c, 1);
+    // The same even key again and again: master 1's call out, FRONT_SCAN waiting for it.
+    for i in 0..=FRONT_SCAN as u32 {
+        arrive(&mut e, &c, &mut h, 100 + i, &req("/", &even[0]));
+    }
+    assert_eq!(h.dispatched.len(), 2);
+    arrive(&mut e, &c, &mut h, 2, &req("/", &odd[0]));
+    assert_eq!(h.dispatched.len(), 2, "beyond the scan: it waits");
+    let busy = h.dispatched[1].0;
+    e.on_reply(&c, &mut h, None, busy, ok(&reply(&[R::Allow(9)])));
+    assert_eq!(
+        h.dispatched.len(),
+        4,
+        "master 1's waiting ones, and the odd one"
+    );
+    assert_eq!(h.batch_size(2), FRONT_SCAN);
+    assert_eq!(h.batch_size(3), 1);
+    for i in [2, 3] {
+        let (token, n) = (h.dispatched[i].0, h.batch_size(i));
+        e.on_reply(&c, &mut h, None, token, ok(&reply(&vec![R::Allow(9); n])));
+    }
+    assert_eq!(
+        h.resumed.len(),
+        FRONT_SCAN + 3,
+        "every request decided once"
+    );
+}
