@@ -73,6 +73,31 @@
 -- identity charged by a committed request counts one against the budget's current window
 -- (a fixed window: floor(now / window), or the counter's window if a call with a later clock
 -- already moved it on); existing identities never touch the budget.
+--
+-- Redis Cluster, a call for several slots of one node: Redis refuses declared keys of several
+-- slots (CROSSSLOT), so such a call declares none and ARGV starts with its keys: the first key
+-- (the proxy routes the call by it), their number K, "1" to also reply this node's slot map
+-- (else "0"), the other K - 1 keys; then the layout above. Redis checks each key as the
+-- script touches it: one this node does not serve (another node's slot, or a key gone from a
+-- slot being migrated) fails that request alone, at a read, before it wrote anything. The
+-- map follows the requests in the reply: "slots", the number of ranges, then per range its
+-- first slot, last slot and master (numbered in order of appearance).
+local KEYS, ARGV, SLOT_MAP = KEYS, ARGV, false
+if #KEYS == 0 and #ARGV >= 3 then
+  local count = tonumber(ARGV[2])
+  if not count or count ~= math.floor(count) or count < 1 or count + 2 > #ARGV then
+    return redis.error_reply('ERR decide: bad key count')
+  end
+  local keys, args = {ARGV[1]}, {}
+  for i = 2, count do
+    keys[i] = ARGV[i + 2]
+  end
+  for i = count + 3, #ARGV do
+    args[#args + 1] = ARGV[i]
+  end
+  KEYS, ARGV, SLOT_MAP = keys, args, ARGV[3] == '1'
+end
+
 local redis_time = nil
 local function time_now()
   redis_time = redis_time or redis.call('TIME')
@@ -629,5 +654,28 @@ for _ = 1, requests do
 end
 if a ~= #ARGV + 1 then
   return redis.error_reply(BROKEN)
+end
+if SLOT_MAP then
+  local map = redis.pcall('CLUSTER', 'SLOTS')
+  local ranges, nodes, count = {}, {}, 0
+  if type(map) == 'table' and not map.err then
+    for _, r in ipairs(map) do
+      local master = type(r[3]) == 'table' and r[3][3]
+      if master then
+        if not nodes[master] then
+          count = count + 1
+          nodes[master] = count
+        end
+        ranges[#ranges + 1] = {r[1], r[2], nodes[master]}
+      end
+    end
+  end
+  out[#out + 1] = 'slots'
+  out[#out + 1] = #ranges
+  for _, r in ipairs(ranges) do
+    out[#out + 1] = r[1]
+    out[#out + 1] = r[2]
+    out[#out + 1] = r[3]
+  end
 end
 return out

@@ -180,6 +180,65 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The node id of `node` (`CLUSTER MYID`).
+    pub fn node_id(&self, node: u16) -> String {
+        self.admin(node)
+            .cmd(&["CLUSTER", "MYID"])
+            .expect("CLUSTER MYID")
+            .text()
+    }
+
+    /// Reshards `slot` from its master to `to`, as `redis-cli --cluster reshard` does: the
+    /// slot IMPORTING on `to` and MIGRATING on its master, its keys moved `batch` at a time
+    /// with `MIGRATE`, then the slot given to `to` on every master. Returns the keys moved.
+    pub fn migrate_slot(&self, slot: u16, to: u16, batch: usize) -> usize {
+        let from = self.master_of_slot(slot);
+        assert_ne!(from, to, "slot {slot} is already on {to}");
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let slot_text = slot.to_string();
+        let setslot = |node: u16, how: &[&str]| {
+            let mut command = vec!["CLUSTER", "SETSLOT", slot_text.as_str()];
+            command.extend_from_slice(how);
+            let reply = self.admin(node).cmd(&command).expect("CLUSTER SETSLOT");
+            assert_eq!(
+                reply,
+                Resp::Simple("OK".into()),
+                "SETSLOT {how:?} on {node}"
+            );
+        };
+        setslot(to, &["IMPORTING", &from_id]);
+        setslot(from, &["MIGRATING", &to_id]);
+        let mut moved = 0;
+        loop {
+            let mut source = self.admin(from);
+            let count = batch.to_string();
+            let keys = source
+                .cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_text, &count])
+                .expect("GETKEYSINSLOT")
+                .items();
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.to_string();
+            let mut command = vec!["MIGRATE", "127.0.0.1", port.as_str(), "", "0", "5000"];
+            command.extend(["AUTH2", REDIS_ADMIN.0, REDIS_ADMIN.1, "KEYS"]);
+            let names: Vec<String> = keys.iter().map(Resp::text).collect();
+            command.extend(names.iter().map(String::as_str));
+            let reply = source.cmd(&command).expect("MIGRATE");
+            assert_eq!(reply, Resp::Simple("OK".into()), "MIGRATE {names:?}");
+            moved += names.len();
+        }
+        // The new owner first, then the old one, then the others (as redis-cli does).
+        setslot(to, &["NODE", &to_id]);
+        setslot(from, &["NODE", &to_id]);
+        for master in self.masters() {
+            if master != to && master != from {
+                setslot(master, &["NODE", &to_id]);
+            }
+        }
+        moved
+    }
+
     /// Kills the master on `port` (SIGKILL to its PID), as a crash would; its replica takes
     /// over after `cluster-node-timeout` (see [`RedisCluster::wait_failover`]).
     pub fn kill_master(&mut self, port: u16) {

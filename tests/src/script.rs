@@ -149,6 +149,17 @@ impl Script {
 
     /// The command the filter would send for these requests, built by the filter's builder.
     pub fn command(&self, clock: &str, requests: &[&[L]]) -> Vec<String> {
+        self.decide_call(clock, requests).command(&self.sha)
+    }
+
+    /// [`Script::command`] as a Redis Cluster call for several slots of one node sends it:
+    /// no key declared, the keys at the head of `ARGV`; `ask_map` asks for the slot map.
+    pub fn command_on_node(&self, clock: &str, requests: &[&[L]], ask_map: bool) -> Vec<String> {
+        self.decide_call(clock, requests)
+            .command_on_node(&self.sha, ask_map)
+    }
+
+    fn decide_call(&self, clock: &str, requests: &[&[L]]) -> DecideCall {
         let checks: Vec<Vec<LimitCheck>> = requests
             .iter()
             .map(|r| r.iter().map(L::check).collect())
@@ -162,7 +173,7 @@ impl Script {
                     .then_some(u64::MAX),
             )
         });
-        DecideCall::leasing(clock, 0, asks).command(&self.sha)
+        DecideCall::leasing(clock, 0, asks)
     }
 
     pub fn call_batch(&mut self, clock: &str, requests: &[&[L]]) -> Resp {
@@ -184,25 +195,24 @@ impl Script {
     /// Every request's answer for a batch decided at `now`.
     pub fn decide_batch(&mut self, now: u128, requests: &[&[L]]) -> Vec<RequestAnswer> {
         let items = self.call_batch(&now.to_string(), requests).items();
-        assert_eq!(items[0].int(), requests.len() as i64, "{items:?}");
-        let mut rest = &items[1..];
-        let mut out = Vec::new();
-        for _ in requests {
-            if rest[0].int() == -1 {
-                out.push(Err(rest[1].text()));
-                rest = &rest[2..];
-                continue;
-            }
-            let n = rest[1].int() as usize;
-            let answers = rest[2..2 + 4 * n]
-                .chunks(4)
-                .map(|c| (c[0].int(), c[1].text(), c[2].text(), c[3].text()))
-                .collect();
-            out.push(Ok((rest[0].int(), answers)));
-            rest = &rest[2 + 4 * n..];
-        }
+        let (out, rest) = read_answers(&items, requests.len());
         assert!(rest.is_empty(), "nothing after the last request");
         out
+    }
+
+    /// [`Script::decide_batch`] sent as a Redis Cluster call for several slots of one node
+    /// ([`Script::command_on_node`]): every request's answer, and what the reply adds after
+    /// them (the slot map, when `ask_map`).
+    pub fn decide_on_node(
+        &mut self,
+        now: u128,
+        requests: &[&[L]],
+        ask_map: bool,
+    ) -> (Vec<RequestAnswer>, Vec<Resp>) {
+        let command = self.command_on_node(&now.to_string(), requests, ask_map);
+        let items = self.conn.cmd(&command).unwrap().items();
+        let (out, rest) = read_answers(&items, requests.len());
+        (out, rest.to_vec())
     }
 
     /// (committed, answers) of one request alone at `now`.
@@ -216,6 +226,28 @@ impl Script {
     pub fn one(&mut self, now: u128, l: &L) -> Answer {
         self.decide(now, std::slice::from_ref(l)).1.remove(0)
     }
+}
+
+/// The answers of a reply of `requests` requests, and the items after them.
+fn read_answers(items: &[Resp], requests: usize) -> (Vec<RequestAnswer>, &[Resp]) {
+    assert_eq!(items[0].int(), requests as i64, "{items:?}");
+    let mut rest = &items[1..];
+    let mut out = Vec::new();
+    for _ in 0..requests {
+        if rest[0].int() == -1 {
+            out.push(Err(rest[1].text()));
+            rest = &rest[2..];
+            continue;
+        }
+        let n = rest[1].int() as usize;
+        let answers = rest[2..2 + 4 * n]
+            .chunks(4)
+            .map(|c| (c[0].int(), c[1].text(), c[2].text(), c[3].text()))
+            .collect();
+        out.push(Ok((rest[0].int(), answers)));
+        rest = &rest[2 + 4 * n..];
+    }
+    (out, rest)
 }
 
 /// A fresh Redis in work dir `name`, and the script loaded into it as Webdis's user.

@@ -639,3 +639,141 @@ fn in_cluster_mode_a_key_budget_counts_per_slot() {
         (stack.envoy.counter("ratelimit_key_budget_exceeded") == 1).then_some(())
     });
 }
+
+/// A slot is resharded to another master while clients keep sending (`CLUSTER SETSLOT
+/// IMPORTING/MIGRATING`, its keys moved with `MIGRATE` a few at a time, `SETSLOT NODE`).
+/// Workers put the requests of every slot of a master in one call, so calls that hold the
+/// moving slot meet a node that no longer serves its keys; those requests go again in a call
+/// of their own slot (the proxy follows `ASK` and `MOVED` for it). Every request is decided,
+/// exactly once: each identity gets exactly its limit, none passes by the failure policy.
+#[test]
+fn a_slot_resharded_under_load_keeps_every_decision_exact() {
+    let limit = 10;
+    let list = [
+        (
+            r#""limit": 10, "window": "1m""#.to_string(),
+            format!(r#""limit": {limit}, "window": "1h""#),
+        ),
+        (
+            r#""failure_mode": "open","#.to_string(),
+            r#""failure_mode": "open", "batch": {"max_in_flight": 2},"#.to_string(),
+        ),
+    ];
+    let stack = ClusterStack::start("cluster-reshard", &edits(&list));
+    let named = stack.envoy.keys();
+    let cluster = &stack.cluster;
+    let slots = cluster.slots();
+    let master_of = |key: &str| {
+        let slot = ratelimit_core::slot::key_slot(key.as_bytes());
+        slots
+            .iter()
+            .find(|&&(a, b, _)| (a..=b).contains(&slot))
+            .map(|&(_, _, m)| m)
+            .unwrap_or_default()
+    };
+    let slot_of = |id: &str| ratelimit_core::slot::key_slot(named.shipped_bucket(id).as_bytes());
+    // Three identities on the slot that moves; eight more on its master; four elsewhere.
+    let slot = slot_of("move-0");
+    let from = master_of(&named.shipped_bucket("move-0"));
+    let to = *cluster.masters().iter().find(|&&m| m != from).unwrap();
+    let moving: Vec<String> = (0..)
+        .map(|i| format!("move-{i}"))
+        .filter(|id| slot_of(id) == slot)
+        .take(3)
+        .collect();
+    let staying: Vec<String> = (0..)
+        .map(|i| format!("stay-{i}"))
+        .filter(|id| master_of(&named.shipped_bucket(id)) == from && slot_of(id) != slot)
+        .take(8)
+        .collect();
+    let elsewhere: Vec<String> = (0..)
+        .map(|i| format!("other-{i}"))
+        .filter(|id| master_of(&named.shipped_bucket(id)) != from)
+        .take(4)
+        .collect();
+    let ids: Vec<String> = [&moving[..], &staying[..], &elsewhere[..]].concat();
+    assert_eq!(
+        stack.envoy.keyed("warm-up").status,
+        200,
+        "{}",
+        diagnose(&stack)
+    );
+
+    // Per identity: requests sent, allowed with the limit's headers, refused; anything else.
+    type Seen = std::collections::BTreeMap<String, (u64, u64, u64)>;
+    let seen = std::sync::Mutex::new(Seen::new());
+    let undecided = std::sync::Mutex::new(Vec::<(String, u16)>::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let sent_of = |seen: &Seen| ids.iter().map(|id| seen.get(id).map_or(0, |s| s.0)).min();
+    let port = stack.envoy.port;
+    let mut moved = 0;
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let (ids, seen, undecided, stop) = (&ids, &seen, &undecided, &stop);
+            scope.spawn(move || {
+                let mut i = t * 5;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let id = &ids[i % ids.len()];
+                    i += 1;
+                    let reply = get(port, "/", &[("x-api-key", id.as_bytes())]);
+                    let (status, decided) = reply.map_or((0, false), |r| {
+                        (r.status, r.header("x-ratelimit-limit").is_some())
+                    });
+                    let mut all = seen.lock().unwrap();
+                    let entry = all.entry(id.clone()).or_default();
+                    entry.0 += 1;
+                    match (status, decided) {
+                        (200, true) => entry.1 += 1,
+                        (429, true) => entry.2 += 1,
+                        _ => undecided.lock().unwrap().push((id.clone(), status)),
+                    }
+                }
+            });
+        }
+        // Some requests on every identity first (the workers learn the slot map), then the
+        // resharding while they go on, then more on every identity.
+        e2e::wait_for("4 requests per identity", Duration::from_secs(60), || {
+            (sent_of(&seen.lock().unwrap())? >= 4).then_some(())
+        });
+        moved = cluster.migrate_slot(slot, to, 2);
+        let after = sent_of(&seen.lock().unwrap()).unwrap_or(0);
+        e2e::wait_for(
+            "more requests per identity",
+            Duration::from_secs(60),
+            || {
+                let least = sent_of(&seen.lock().unwrap())?;
+                (least >= after + 6 && least > limit + 4).then_some(())
+            },
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let seen = seen.into_inner().unwrap();
+    let undecided = undecided.into_inner().unwrap();
+    println!(
+        "slot {slot} moved from {from} to {to} with {moved} keys; resends {}, slot maps {}; {seen:?}",
+        stack.envoy.counter("ratelimit_cluster_resends"),
+        stack.envoy.counter("ratelimit_cluster_slot_maps"),
+    );
+    assert_eq!(moved, moving.len(), "the moving identities' buckets");
+    assert!(undecided.is_empty(), "{undecided:?} {}", diagnose(&stack));
+    for id in &ids {
+        let (sent, allowed, refused) = seen[id];
+        assert_eq!(
+            (allowed, refused),
+            (limit, sent - limit),
+            "{id}: {} {}",
+            if moving.contains(id) { "moved" } else { "" },
+            diagnose(&stack)
+        );
+    }
+    assert_eq!(stack.envoy.counter("ratelimit_failure_mode_open"), 0);
+    assert!(stack.envoy.counter("ratelimit_cluster_slot_maps") >= 1);
+    // The moved buckets live on their new master, spent.
+    assert_eq!(cluster.master_of_slot(slot), to);
+    for id in &moving {
+        let key = named.shipped_bucket(id);
+        let exists = cluster.admin(to).cmd(&["EXISTS", &key]).unwrap();
+        assert_eq!(exists, Resp::Int(1), "{key} on {to}");
+        assert!(stack.bucket_tokens(&key) < 1.0, "{key}");
+    }
+}

@@ -264,3 +264,75 @@ fn the_restricted_user_can_touch_only_limiter_keys() {
         }
     }
 }
+
+/// The layout of a Redis Cluster call for several slots of one node (no key declared, the
+/// keys at the head of ARGV), on a single Redis: decided exactly as the same batch with its
+/// keys declared, one-limit requests (the fast path) and others alike; asked for the slot map,
+/// a Redis without cluster support replies an empty one; a key count that does not add up
+/// fails the call before anything is charged.
+#[test]
+fn a_call_that_declares_no_key_decides_as_one_that_declares_them() {
+    let (_dir, redis, mut s) = script("lua-on-node");
+    let batch = |prefix: &'static str| -> Vec<Vec<L>> {
+        let key = |name: &str| -> &'static str { Box::leak(format!("{prefix}{name}").into()) };
+        let one = limit(key("one"), Algorithm::TokenBucket, 4, 60_000).with_burst(4);
+        let window = limit(key("window"), Algorithm::FixedWindow, 2, 60_000);
+        let shadow = L {
+            shadow: true,
+            ..limit(key("shadow"), Algorithm::Gcra, 1, 60_000)
+        };
+        let mut requests = Vec::new();
+        for _ in 0..4 {
+            requests.push(vec![one.clone()]);
+            requests.push(vec![one.clone(), window.clone(), shadow.clone()]);
+        }
+        requests
+    };
+    let (declared, on_node) = (batch("rl:{a}:declared:"), batch("rl:{b}:node:"));
+    let declared_refs: Vec<&[L]> = declared.iter().map(Vec::as_slice).collect();
+    let node_refs: Vec<&[L]> = on_node.iter().map(Vec::as_slice).collect();
+    let want = s.decide_batch(T0, &declared_refs);
+    let (got, after) = s.decide_on_node(T0, &node_refs, false);
+    assert_eq!(got, want);
+    assert!(after.is_empty(), "no map asked: {after:?}");
+    let committed: Vec<i64> = got.iter().map(|a| a.as_ref().unwrap().0).collect();
+    assert_eq!(
+        committed,
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        "4 tokens, the window's 2 within them, the shadow limit never refuses"
+    );
+    let mut admin = redis.admin();
+    for (a, b) in [("one", "tokens"), ("window", "n")] {
+        let field = |admin: &mut e2e::RedisConn, prefix: &str| {
+            admin
+                .cmd(&["HGET", &format!("{prefix}{a}"), b])
+                .unwrap()
+                .text()
+        };
+        assert_eq!(
+            field(&mut admin, "rl:{a}:declared:"),
+            field(&mut admin, "rl:{b}:node:"),
+            "{a}"
+        );
+    }
+
+    // Asked for the map: "slots" and no range (no cluster support), after the requests.
+    let fresh = limit("rl:{c}:map", Algorithm::TokenBucket, 5, 1000);
+    let (got, after) = s.decide_on_node(T0, &[std::slice::from_ref(&fresh)], true);
+    assert_eq!(got[0].as_ref().map(|a| a.0), Ok(1));
+    let after: Vec<String> = after.iter().map(Resp::text).collect();
+    assert_eq!(after, ["slots", "0"]);
+
+    // A key count past the arguments, or none: the whole call fails, nothing charged.
+    let untouched = limit("rl:{d}:untouched", Algorithm::TokenBucket, 5, 1000);
+    for count in ["0", "99", "x"] {
+        let mut command = s.command_on_node("1", &[std::slice::from_ref(&untouched)], false);
+        command[4] = count.into();
+        match s.conn.cmd(&command).unwrap() {
+            Resp::Error(message) => assert!(message.contains("bad key count"), "{message}"),
+            other => panic!("count {count}: expected an error, got {other:?}"),
+        }
+    }
+    let exists = admin.cmd(&["EXISTS", "rl:{d}:untouched"]).unwrap().int();
+    assert_eq!(exists, 0, "nothing charged");
+}

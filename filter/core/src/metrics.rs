@@ -50,6 +50,11 @@ stats! {
         /// Redis Cluster: calls giving back what one slot charged for a request another slot
         /// refused.
         Refunds => "ratelimit_refunds",
+        /// Redis Cluster: requests sent again because a node did not serve their keys or
+        /// their slot was moving (nothing of them had run).
+        ClusterResends => "ratelimit_cluster_resends",
+        /// Redis Cluster: slot maps learnt from a node (which slots share a master).
+        ClusterSlotMaps => "ratelimit_cluster_slot_maps",
         /// Allowed from units this worker had leased, without a call.
         LeaseHits => "ratelimit_lease_hits",
         /// Leases granted (a decision that also took units for later requests).
@@ -307,7 +312,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 25);
+        assert_eq!(Counter::ALL.len(), 27);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
     }
 

@@ -101,6 +101,9 @@ fn main() {
     if let Some(idle) = &idle {
         println!("{}", idle.markdown());
     }
+    if !everything && !report.cluster.throughput.is_empty() {
+        println!("{}", report.cluster_text());
+    }
     if !problems.is_empty() {
         eprintln!(
             "the report is incomplete: {} ({} and results.json beside it)",

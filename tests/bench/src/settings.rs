@@ -35,7 +35,7 @@ pub const USAGE: &str = "usage: bench [--quick] [--out DIR] [--only a,b,...] [--
   --quick        every part, short (also BENCH_QUICK=1); output in target/bench-quick
   --out DIR      write the report there (default target/bench, or target/bench-quick)
   --only a,b     just these throughput scenarios, override, usage and concurrency
-                 accuracy rows and busy-machine rows
+                 accuracy rows and busy-machine rows; `cluster`: the Redis Cluster section
   --rounds N     rounds of the throughput scenarios (default 7, 3 with --quick; at least 3)
   --help         this text";
 

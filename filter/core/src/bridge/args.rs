@@ -402,6 +402,30 @@ impl DecideCall {
         command.extend(self.args.iter().cloned());
         command
     }
+
+    /// The Redis command for a Redis Cluster call for keys of several slots of one node:
+    /// `EVALSHA sha 0`, no key declared (Redis refuses declared keys of several slots), then
+    /// the keys at the head of `ARGV`: the first (the proxy routes the call by it), their
+    /// number, `1` to ask for the node's slot map (else `0`), the others; then `ARGV` as in
+    /// [`DecideCall::command`]. `lua/decide.lua` reads them back into `KEYS` and `ARGV`.
+    pub fn command_on_node(&self, script_sha: &str, ask_map: bool) -> Vec<String> {
+        let (first, others) = self
+            .keys
+            .split_first()
+            .map_or((String::new(), &[][..]), |(f, o)| (f.clone(), o));
+        let mut command = Vec::with_capacity(6 + self.keys.len() + self.args.len());
+        command.extend([
+            "EVALSHA".to_string(),
+            script_sha.to_string(),
+            "0".to_string(),
+            first,
+            self.keys.len().to_string(),
+            if ask_map { "1" } else { "0" }.to_string(),
+        ]);
+        command.extend(others.iter().cloned());
+        command.extend(self.args.iter().cloned());
+        command
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,13 @@ pub enum BridgeFailure {
     Expired,
     /// The stream that made the call ended, and its reply with it.
     Orphaned,
+    /// Redis Cluster: the node that ran a call for several slots does not serve this
+    /// request's keys (another node's slot, or a key gone from a slot being migrated). Redis
+    /// refused them at a read, before the request wrote anything: it is sent again.
+    NotServed(String),
+    /// Redis Cluster: the slot of a call is being migrated or has moved (`TRYAGAIN`, `MOVED`,
+    /// `ASK`, `CLUSTERDOWN` answered for the whole call): nothing ran, it is tried again.
+    Moving(String),
 }
 
 /// What a failure tells an operator: the bridge answered too late, or not at all; or no call
@@ -59,7 +66,9 @@ impl BridgeFailure {
             | BridgeFailure::BadReply(_)
             | BridgeFailure::Dispatch(_)
             | BridgeFailure::Clock
-            | BridgeFailure::Orphaned => FailureCause::BridgeError,
+            | BridgeFailure::Orphaned
+            | BridgeFailure::NotServed(_)
+            | BridgeFailure::Moving(_) => FailureCause::BridgeError,
         }
     }
 }
@@ -82,6 +91,10 @@ impl fmt::Display for BridgeFailure {
             BridgeFailure::BreakerOpen => write!(f, "the circuit breaker is open"),
             BridgeFailure::Expired => write!(f, "timed out waiting for a bridge call"),
             BridgeFailure::Orphaned => write!(f, "the stream that made the call ended"),
+            BridgeFailure::NotServed(message) => {
+                write!(f, "redis cluster node does not serve the keys: {message}")
+            }
+            BridgeFailure::Moving(message) => write!(f, "redis cluster slot moving: {message}"),
         }
     }
 }

@@ -11,10 +11,10 @@ mod size;
 pub use args::{lease_units, DecideCall, FRACTION_DECIMALS};
 pub use failure::{BridgeFailure, FailureCause};
 pub use reply::{
-    is_answer, parse_batch_reply, parse_eval_reply, parse_script_load_reply, BridgeReply,
-    EvalOutcome, RequestShape,
+    is_answer, parse_batch_reply, parse_eval_reply, parse_node_reply, parse_script_load_reply,
+    BridgeReply, EvalOutcome, RequestShape, SlotMap,
 };
-pub use request::BridgeRequest;
+pub use request::{BridgeRequest, NODE_CALL_EXTRA_BYTES};
 pub use size::{
     batch_size, call_bytes, BudgetShape, CallSize, LimitShape, ModeShape, MAX_CLOCK_DIGITS,
 };

@@ -65,16 +65,38 @@ pub fn parse_batch_reply(
     reply: BridgeReply<'_>,
     shape: &[RequestShape],
 ) -> Result<EvalOutcome, BridgeFailure> {
+    parse_node_reply(reply, shape, false).map(|(outcome, _)| outcome)
+}
+
+/// A Redis Cluster node's slot map, as the script replies it: (first slot, last slot, master)
+/// per range, masters numbered from 1 within one map.
+pub type SlotMap = Vec<(u16, u16, u16)>;
+
+/// [`parse_batch_reply`] for a call that may have asked for the node's slot map (`map`): the
+/// map follows the requests (`"slots"`, the number of ranges, three numbers per range); None
+/// if none does.
+pub fn parse_node_reply(
+    reply: BridgeReply<'_>,
+    shape: &[RequestShape],
+    map: bool,
+) -> Result<(EvalOutcome, Option<SlotMap>), BridgeFailure> {
     let items = command_result(reply, "EVALSHA")?;
     let items = items
         .as_array()
         .ok_or(BridgeFailure::BadReply("EVALSHA result is not an array"))?;
     if let [Value::Bool(false), Value::String(message)] = items.as_slice() {
         if message.starts_with("NOSCRIPT") {
-            return Ok(EvalOutcome::NoScript);
+            return Ok((EvalOutcome::NoScript, None));
         }
         if message.starts_with("EXPIRED") {
             return Err(BridgeFailure::Stale);
+        }
+        // Redis Cluster's answers before it runs a command: nothing of the call ran.
+        if ["TRYAGAIN ", "MOVED ", "ASK ", "CLUSTERDOWN "]
+            .iter()
+            .any(|p| message.starts_with(p))
+        {
+            return Err(BridgeFailure::Moving(shown_error(message)));
         }
         return Err(BridgeFailure::Redis(shown_error(message)));
     }
@@ -92,10 +114,33 @@ pub fn parse_batch_reply(
         decisions.push(decision);
         rest = after;
     }
-    if !rest.is_empty() {
-        return Err(BridgeFailure::BadReply("EVALSHA result is too long"));
+    let slots = match map {
+        _ if rest.is_empty() => None,
+        true => Some(slot_map(rest)?),
+        false => return Err(BridgeFailure::BadReply("EVALSHA result is too long")),
+    };
+    Ok((EvalOutcome::Decided(decisions), slots))
+}
+
+/// The slot map at the end of a reply: `"slots"`, n, then n × (first, last, master).
+fn slot_map(items: &[Value]) -> Result<SlotMap, BridgeFailure> {
+    let bad = BridgeFailure::BadReply("slot map is not slots, n, then 3 numbers per range");
+    let [Value::String(tag), count, ranges @ ..] = items else {
+        return Err(bad);
+    };
+    if tag != "slots" || count.as_u64() != Some(ranges.len() as u64 / 3) || ranges.len() % 3 != 0 {
+        return Err(bad);
     }
-    Ok(EvalOutcome::Decided(decisions))
+    let number = |v: &Value| v.as_u64().and_then(|n| u16::try_from(n).ok());
+    ranges
+        .chunks_exact(3)
+        .map(|r| match (number(&r[0]), number(&r[1]), number(&r[2])) {
+            (Some(first), Some(last), Some(node)) if first <= last && last < crate::slot::SLOTS => {
+                Ok((first, last, node))
+            }
+            _ => Err(bad.clone()),
+        })
+        .collect()
 }
 
 /// One request's part of a batch reply, and what follows it.
@@ -112,7 +157,15 @@ fn parse_request(
         let message = second
             .as_str()
             .ok_or(BridgeFailure::BadReply("request error is not a text"))?;
-        return Ok((Err(BridgeFailure::Redis(shown_error(message))), rest));
+        // Redis refused a key this node does not serve, before the request wrote anything.
+        let not_served = ["non local key", "while the cluster is down"]
+            .iter()
+            .any(|p| message.contains(p));
+        let failure = match not_served {
+            true => BridgeFailure::NotServed(shown_error(message)),
+            false => BridgeFailure::Redis(shown_error(message)),
+        };
+        return Ok((Err(failure), rest));
     }
     // 0: refused; k >= 1: committed, with k - 1 further requests leased.
     let committed = status
@@ -504,6 +557,49 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// A call for the slots of one node: a request whose keys the node does not serve is
+    /// told apart (sent again), the slot map after the requests is read, a whole call refused
+    /// before it ran (TRYAGAIN, MOVED, ASK, CLUSTERDOWN) is moving.
+    #[test]
+    fn node_replies_are_read() {
+        let shape = [RequestShape {
+            limits: 1,
+            most_leased: 0,
+        }; 2];
+        let body = r#"{"EVALSHA":[2,1,1,1,"9","6000","0",-1,"ERR Script attempted to access a non local key in a cluster node script: x","slots",2,0,8191,1,8192,16383,2]}"#;
+        let (outcome, map) = parse_node_reply(ok(body), &shape, true).unwrap();
+        let EvalOutcome::Decided(results) = outcome else {
+            panic!("decided")
+        };
+        assert!(results[0].is_ok());
+        assert!(matches!(results[1], Err(BridgeFailure::NotServed(_))));
+        assert_eq!(map, Some(vec![(0, 8191, 1), (8192, 16383, 2)]));
+        // Not asked for, a map is a reply too long; asked for, a bad one is unreadable.
+        assert!(parse_node_reply(ok(body), &shape, false).is_err());
+        let bad =
+            r#"{"EVALSHA":[2,1,1,1,"9","6000","0",1,1,1,"9","6000","0","slots",1,0,16384,1]}"#;
+        assert!(parse_node_reply(ok(bad), &shape, true).is_err());
+        let none = r#"{"EVALSHA":[2,1,1,1,"9","6000","0",1,1,1,"9","6000","0"]}"#;
+        assert_eq!(parse_node_reply(ok(none), &shape, true).unwrap().1, None);
+        for moving in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "MOVED 3300 127.0.0.1:7001",
+            "ASK 3300 127.0.0.1:7001",
+            "CLUSTERDOWN The cluster is down",
+        ] {
+            let body = format!(r#"{{"EVALSHA":[false,"{moving}"]}}"#);
+            assert_eq!(
+                parse_batch_reply(ok(&body), &shape),
+                Err(BridgeFailure::Moving(moving.to_string()))
+            );
+        }
+        let other = r#"{"EVALSHA":[false,"ERR upstream failure"]}"#;
+        assert!(matches!(
+            parse_batch_reply(ok(other), &shape),
+            Err(BridgeFailure::Redis(_))
+        ));
     }
 
     #[test]

@@ -5,6 +5,11 @@ use super::args::DecideCall;
 use crate::config::Bridge;
 use crate::encode::{path_segment_len, push_path_segment};
 
+/// How many bytes longer [`BridgeRequest::evalsha_on_node`]'s path is than
+/// [`BridgeRequest::evalsha`]'s for the same call, at most: two segments (the number of keys,
+/// up to 5 digits, and the map flag), the declared count becoming `0`.
+pub const NODE_CALL_EXTRA_BYTES: usize = 9;
+
 /// One HTTP call to Webdis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeRequest {
@@ -18,14 +23,25 @@ impl BridgeRequest {
     /// add, move or change an argument.
     pub fn evalsha(script_sha: &str, call: &DecideCall) -> BridgeRequest {
         // [`DecideCall::command`], written in place into one string of the exact length: every
-        // batch builds one, about ten arguments per request.
+        // batch builds one.
         let count = call.keys.len().to_string();
-        let args = || {
+        BridgeRequest::get(|| {
             ["EVALSHA", script_sha, count.as_str()]
                 .into_iter()
                 .chain(call.keys.iter().map(String::as_str))
                 .chain(call.args.iter().map(String::as_str))
-        };
+        })
+    }
+
+    /// The `EVALSHA` of `call` on a Redis Cluster for keys of several slots of one node
+    /// ([`DecideCall::command_on_node`]).
+    pub fn evalsha_on_node(script_sha: &str, call: &DecideCall, ask_map: bool) -> BridgeRequest {
+        let command = call.command_on_node(script_sha, ask_map);
+        BridgeRequest::get(|| command.iter().map(String::as_str))
+    }
+
+    /// A `GET` of the command `args` yields, each argument one percent-encoded path segment.
+    fn get<'a, I: Iterator<Item = &'a str>>(args: impl Fn() -> I) -> BridgeRequest {
         let len = args().map(|a| 1 + path_segment_len(a.as_bytes())).sum();
         let mut path = String::with_capacity(len);
         for arg in args() {
@@ -70,6 +86,58 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// A call for the slots of one node declares no key, starts `ARGV` with the first key
+    /// (which the proxy routes by), the number of keys and the map flag, then the other keys
+    /// and the same arguments; it is at most NODE_CALL_EXTRA_BYTES longer.
+    #[test]
+    fn a_call_for_a_node_puts_its_keys_at_the_head_of_argv() {
+        let call = DecideCall {
+            keys: vec!["rl:{a}:x".into(), "rl:{b}:x".into()],
+            args: vec!["1".into(), "0".into()],
+        };
+        let node = BridgeRequest::evalsha_on_node("sha", &call, true);
+        assert_eq!(
+            node.path,
+            "/EVALSHA/sha/0/rl%3A%7Ba%7D%3Ax/2/1/rl%3A%7Bb%7D%3Ax/1/0"
+        );
+        let declared = BridgeRequest::evalsha("sha", &call);
+        assert_eq!(
+            declared.path,
+            "/EVALSHA/sha/2/rl%3A%7Ba%7D%3Ax/rl%3A%7Bb%7D%3Ax/1/0"
+        );
+        let many = DecideCall {
+            keys: (0..12_000).map(|i| format!("k{i}")).collect(),
+            args: vec![],
+        };
+        let (node, declared) = (
+            BridgeRequest::evalsha_on_node("sha", &many, false),
+            BridgeRequest::evalsha("sha", &many),
+        );
+        assert!(node.path.len() <= declared.path.len() + NODE_CALL_EXTRA_BYTES);
+    }
+
+    /// A real batch of two slots in the definitions layout reads back the same limits from
+    /// either call, the key indexes unchanged (the script rebuilds `KEYS` in order).
+    #[test]
+    fn a_call_for_a_node_carries_the_same_limits() {
+        use crate::config::Algorithm;
+        use crate::testing::call::sent_limits;
+        use crate::testing::plan::minute_check as check;
+        let a = [
+            check("rl:{a}:r:s", Algorithm::TokenBucket, false),
+            check("rl:{a}:r:d", Algorithm::FixedWindow, true),
+        ];
+        let b = [check("rl:{b}:r:s", Algorithm::TokenBucket, false)];
+        let call = DecideCall::new("1", 0, [&a[..], &b[..]]);
+        let node = BridgeRequest::evalsha_on_node("sha", &call, false);
+        let declared = BridgeRequest::evalsha("sha", &call);
+        let sent = sent_limits(&node.path).expect("laid out as a decision call");
+        assert_eq!(Some(sent.clone()), sent_limits(&declared.path));
+        let keys: Vec<&str> = sent.iter().map(|l| l.key_index.as_str()).collect();
+        assert_eq!(keys, ["1", "2", "3"]);
+        assert_eq!(sent[2].request, 1);
+    }
 
     #[test]
     fn an_evalsha_path_is_each_argument_of_the_command_encoded() {

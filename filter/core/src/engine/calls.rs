@@ -8,11 +8,15 @@ use std::time::Duration;
 use super::host::Host;
 use super::lag::Moment;
 use super::leases::Ticket;
-use super::queue::{Call, Origin, Outcome, Sent, Waiting};
+use super::nodes::{NodeTag, FRONT_SCAN};
+use super::queue::{Call, OnNode, Origin, Outcome, Sent, Waiting};
 use super::settlements::{Settled, Settlements};
 use super::splits::Split;
 use super::{serve_locally, Engine, MAX_CALL_BYTES};
-use crate::bridge::{BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall, LimitShape};
+use crate::bridge::{
+    BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall, LimitShape,
+    NODE_CALL_EXTRA_BYTES,
+};
 use crate::config::Config;
 use crate::decision::{Refund, Settlement};
 use crate::metrics::{Counter, Gauge, Histogram};
@@ -36,19 +40,25 @@ impl Engine {
                 break; // one call from a request context at most: the root sends the rest
             }
             let at = self.lag.moment(now);
-            let members = self.next_batch(config, host, at);
+            // Every waiting request's master has its calls in flight: they wait for a reply.
+            let Some((members, on_node, node)) = self.next_batch(config, host, at) else {
+                break;
+            };
             if !members.is_empty() {
                 let epoch = self.refusals.epoch();
                 host.count(Counter::BridgeCalls);
                 host.record(Histogram::BatchSize, members.len() as u64);
                 // Settlements go with a call from the root (their outcome comes back to it),
-                // in the room the batch left, on its slot.
-                let riders = match from {
-                    None => self.riders(config, host, &members),
-                    Some(_) => Vec::new(),
+                // in the room the batch left, on its slot; not with a call for several slots,
+                // whose keys Redis checks one by one (a settlement of several limits could be
+                // refused after its first).
+                let riders = match (from, on_node) {
+                    (None, None) => self.riders(config, host, &members),
+                    _ => Vec::new(),
                 };
                 let sent = Sent { at_ns: now, epoch };
-                let call = Call::decide(config, members, sent, from, riders);
+                let mut call = Call::decide(config, members, sent, from, riders, on_node);
+                call.node = node;
                 self.send(config, host, call, now);
             }
         }
@@ -98,14 +108,31 @@ impl Engine {
         riders
     }
 
-    /// The next batch from the queue ([`Queue::next`]). Requests past their deadline fail by
-    /// policy. One that waited while a reply came is asked again about leases and refusals
-    /// (that reply may have brought either), a prefetch about refusals; a part always goes.
-    fn next_batch(&mut self, config: &Config, host: &mut impl Host, at: Moment) -> Vec<Waiting> {
+    /// The next batch from the queue ([`Queue::next`]), how its call goes, and the master it
+    /// goes to if the slot map knows it: on a Redis Cluster, for the slots of one node when
+    /// the slot map knows the front's master (the call then holds every slot of that master)
+    /// or when the call asks for the map; else for one slot. It starts with [`Engine::front`]
+    /// (None: no request can go now).
+    /// Requests past their deadline fail by policy. One that waited while a reply came is
+    /// asked again about leases and refusals (that reply may have brought either), a prefetch
+    /// about refusals; a part always goes.
+    fn next_batch(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        at: Moment,
+    ) -> Option<(Vec<Waiting>, Option<OnNode>, Option<NodeTag>)> {
         let now = at.wall_ns;
-        let mut batch = self.queue.batch(CallSize::batch().bytes());
+        let (start, front, tag) = self.front(config, now)?;
+        let node = tag.map(|(_, node)| node);
+        let mut batch = self.queue.batch_at(start, CallSize::batch().bytes(), node);
         let max = config.batch.max_requests;
-        while let Some((mut w, size)) = self.queue.next(&mut batch, max, MAX_CALL_BYTES) {
+        // A call for one node is a few bytes longer than the same call for one slot.
+        let max_bytes = MAX_CALL_BYTES - NODE_CALL_EXTRA_BYTES;
+        // Held apart while the loop answers requests (nothing it calls reads the map).
+        let nodes = std::mem::take(&mut self.nodes);
+        let node_of = |slot: u16| nodes.node_of(slot, now);
+        while let Some((mut w, size)) = self.queue.next(&mut batch, max, max_bytes, node_of) {
             if w.deadline.passed(at) {
                 let outcome = Outcome::Failed(BridgeFailure::Expired);
                 self.resolve(config, host, w, outcome, None, now);
@@ -132,7 +159,44 @@ impl Engine {
             }
             batch.join(w, size);
         }
-        batch.into_members()
+        self.nodes = nodes;
+        let slot = batch.slot();
+        let members = batch.into_members();
+        if !config.redis_cluster || front.is_none() || members.is_empty() {
+            return Some((members, None, tag));
+        }
+        let several = members.iter().any(|m| m.slot != slot);
+        let asks = self.nodes.ask(now);
+        let on_node = (several || asks.is_some()).then_some(OnNode { asks });
+        Some((members, on_node, tag))
+    }
+
+    /// The request the next call starts with: its place in the queue, its slot if calls
+    /// may group it with others (Redis Cluster), and its master if the slot map knows it.
+    /// The first whose master has fewer than [`super::nodes::CALLS_PER_NODE`] calls in
+    /// flight, among the first [`FRONT_SCAN`]; None when there is none.
+    pub(super) fn front(
+        &self,
+        config: &Config,
+        now: u128,
+    ) -> Option<(usize, Option<u16>, Option<NodeTag>)> {
+        // Sent back to a call of its own slot, or of a slot a node refused lately: one slot,
+        // and no master known (it goes whatever is in flight).
+        let grouped = |w: &Waiting| {
+            w.slot.filter(|&slot| {
+                config.redis_cluster && !w.declared && !self.nodes.doubted(slot, now)
+            })
+        };
+        self.queue
+            .waiting()
+            .take(FRONT_SCAN)
+            .enumerate()
+            .map(|(i, w)| {
+                let front = grouped(w);
+                let tag = front.and_then(|slot| self.nodes.tag_of(slot, now));
+                (i, front, tag)
+            })
+            .find(|&(_, _, tag)| !tag.is_some_and(|t| self.queue.node_busy(t)))
     }
 
     /// Sends `call` in its stage (its requests whose deadline passed meanwhile follow their

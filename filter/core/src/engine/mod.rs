@@ -29,6 +29,7 @@ use delivery::Delivery;
 use holds::Holds;
 use lag::Lag;
 use leases::Leases;
+use nodes::Nodes;
 use policy::{serve_locally, Conclusion, Policy};
 use queue::{InFlight, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
 use refusals::Refusals;
@@ -46,6 +47,7 @@ mod host;
 pub mod lag;
 pub mod leases;
 pub mod local;
+pub mod nodes;
 mod packing;
 mod policy;
 mod queue;
@@ -92,6 +94,8 @@ pub struct Engine {
     settlements: Settlements,
     /// Concurrency limits: the slots this worker's streams hold.
     holds: Holds,
+    /// Redis Cluster: which slots share a master, as a node last said.
+    nodes: Nodes,
     /// Decision replies so far: a waiting request is asked about leases and refusals again
     /// only if one came since it was last asked (`Waiting::checked`).
     replies: u64,
@@ -396,6 +400,11 @@ impl Engine {
         if !self.queue.ready(config.batch.max_in_flight) || self.wake_pending {
             return;
         }
+        // Redis Cluster: every waiting request's master has its call out; its reply sends
+        // them (a wake-up would find nothing to send).
+        if config.redis_cluster && self.front(config, self.last_now_ns).is_none() {
+            return;
+        }
         if host.wake() {
             self.wake_pending = true;
         } else if from.is_some() {
@@ -455,19 +464,63 @@ impl Engine {
             return;
         };
         let now = self.clock_or_last(host);
-        match call.read(config, reply) {
-            Reply::Decided(results) => {
+        let reply = call.read(config, reply);
+        if let Some(epoch) = call.on_node.and_then(|n| n.asks) {
+            let map = match &reply {
+                Reply::Decided(_, map) => map.clone(),
+                _ => None,
+            };
+            if map.is_some() {
+                host.count(Counter::ClusterSlotMaps);
+            }
+            self.nodes.answered(epoch, map, now);
+        }
+        match reply {
+            Reply::Decided(results, _) => {
                 self.breaker.answered();
                 self.replies = self.replies.wrapping_add(1);
-                let sent = call.sent;
+                let (sent, on_node) = (call.sent, call.on_node.is_some());
                 let (members, riding) = call.with_results(results);
                 if let Some((riders, result)) = riding {
                     self.settlements.ridden(riders, result.as_ref().map(|_| ()));
                 }
-                for (member, result) in members {
+                let mut again = Vec::new();
+                for (mut member, result) in members {
+                    // A node that ran a call for several slots refused this one's keys before
+                    // it wrote anything: sent again, in a call of its own slot.
+                    if let (true, Err(BridgeFailure::NotServed(_)), Some(slot)) =
+                        (on_node, &result, member.slot)
+                    {
+                        self.nodes.refused(slot, now);
+                        member.declared = true;
+                        again.push(member);
+                        continue;
+                    }
                     let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
                     self.resolve(config, host, member, outcome, Some(sent), now);
                 }
+                if !again.is_empty() {
+                    host.count_n(Counter::ClusterResends, again.len() as u64);
+                    self.queue.requeue(again);
+                }
+            }
+            Reply::Failed(BridgeFailure::Moving(why)) => {
+                // Redis Cluster answered for the whole call before running it (a slot being
+                // migrated, or moved): nothing ran, its requests try again at the next tick,
+                // each in a call of its own slot.
+                self.breaker.answered();
+                let (members, riders) = call.into_parts();
+                self.settlements
+                    .ridden(riders, Err(&BridgeFailure::Moving(why)));
+                let parked: Vec<Waiting> = members
+                    .into_iter()
+                    .map(|mut m| {
+                        m.declared = true;
+                        m
+                    })
+                    .collect();
+                host.count_n(Counter::ClusterResends, parked.len() as u64);
+                self.queue.park(parked);
             }
             Reply::NoScript => {
                 self.breaker.answered();
@@ -531,7 +584,9 @@ impl Engine {
                 );
             }
             self.watch_calls(config, host, self.lag.moment(now));
-            // A call given up with the breaker off frees its slot for what waits.
+            // What a moving slot held back goes again; a call given up with the breaker off
+            // frees its slot for what waits.
+            self.queue.unpark();
             self.dispatch_ready(config, host, None);
             if let Some((request, timeout)) = self.breaker.probe(config, now) {
                 let probe = host.dispatch(&config.bridge, &request, timeout).ok();

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use super::lag::{Deadline, Moment};
 use super::leases::{Leases, Ticket};
+use super::nodes::{NodeTag, CALLS_PER_NODE};
 use super::slots;
 use crate::bounds::MAX_ABANDONED_CALLS;
 use crate::bridge::{
-    call_bytes, lease_units, parse_batch_reply, parse_script_load_reply, BridgeFailure,
-    BridgeReply, BridgeRequest, DecideCall, EvalOutcome, RequestShape,
+    call_bytes, lease_units, parse_node_reply, parse_script_load_reply, BridgeFailure, BridgeReply,
+    BridgeRequest, DecideCall, EvalOutcome, RequestShape, SlotMap,
 };
 use crate::config::{Clock, Config};
 use crate::decision::{Decision, Settlement};
@@ -56,6 +57,9 @@ pub struct Waiting {
     /// cache were last asked about it; None: never asked. They are asked again only when
     /// replies came since.
     pub checked: Option<u64>,
+    /// Redis Cluster: a node refused its keys in a call for several slots (or its slot was
+    /// moving): it goes only in calls of its own slot, whose keys Redis routes and checks.
+    pub declared: bool,
 }
 
 impl Waiting {
@@ -76,6 +80,7 @@ impl Waiting {
             arrived_ns: at.wall_ns,
             lease,
             checked,
+            declared: false,
         }
     }
 
@@ -149,6 +154,19 @@ pub struct Call {
     pub owner: Option<u32>,
     /// Settlements riding on the call: its last request, which no stream waits for.
     riders: Vec<Settlement>,
+    /// Redis Cluster: a call for the slots of one node (no key declared, see
+    /// [`BridgeRequest::evalsha_on_node`]), with the epoch of the slot map it asks for.
+    pub on_node: Option<OnNode>,
+    /// Redis Cluster: the master it goes to, as the slot map had it when it was sent (None:
+    /// not known); see [`CALLS_PER_NODE`].
+    pub node: Option<NodeTag>,
+}
+
+/// How a call for the slots of one node goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnNode {
+    /// The slot map's epoch when the call asked for it (None: it did not).
+    pub asks: Option<u64>,
 }
 
 impl Call {
@@ -160,6 +178,7 @@ impl Call {
         sent: Sent,
         owner: Option<u32>,
         riders: Vec<Settlement>,
+        on_node: Option<OnNode>,
     ) -> Call {
         let now = sent.at_ns;
         let clock = match config.clock {
@@ -195,15 +214,23 @@ impl Call {
             .map(|m| m.plan.timeout)
             .min()
             .unwrap_or_default();
+        let eval = match on_node {
+            Some(node) => {
+                BridgeRequest::evalsha_on_node(&config.script_sha, &call, node.asks.is_some())
+            }
+            None => BridgeRequest::evalsha(&config.script_sha, &call),
+        };
         Call {
             stage: Stage::Deciding { reloaded: false },
-            eval: BridgeRequest::evalsha(&config.script_sha, &call),
+            eval,
             shapes,
             members: members.into_iter().map(Some).collect(),
             timeout,
             sent,
             owner,
             riders,
+            on_node,
+            node: None,
         }
     }
 
@@ -256,17 +283,24 @@ impl Call {
     /// failure, not a loop).
     pub fn read(&self, config: &Config, reply: BridgeReply<'_>) -> Reply {
         match self.stage {
-            Stage::Deciding { reloaded } => match parse_batch_reply(reply, &self.shapes) {
-                Ok(EvalOutcome::Decided(results)) => Reply::Decided(results),
-                Ok(EvalOutcome::NoScript) if !reloaded => Reply::NoScript,
-                Ok(EvalOutcome::NoScript) => Reply::Failed(BridgeFailure::NoScript),
-                Err(failure) => Reply::Failed(failure),
-            },
+            Stage::Deciding { reloaded } => {
+                match parse_node_reply(reply, &self.shapes, self.asks()) {
+                    Ok((EvalOutcome::Decided(results), map)) => Reply::Decided(results, map),
+                    Ok((EvalOutcome::NoScript, _)) if !reloaded => Reply::NoScript,
+                    Ok((EvalOutcome::NoScript, _)) => Reply::Failed(BridgeFailure::NoScript),
+                    Err(failure) => Reply::Failed(failure),
+                }
+            }
             Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
                 Ok(()) => Reply::Loaded,
                 Err(failure) => Reply::Failed(failure),
             },
         }
+    }
+
+    /// Whether it asks for the node's slot map.
+    fn asks(&self) -> bool {
+        self.on_node.is_some_and(|n| n.asks.is_some())
     }
 
     /// Envoy's own timeout of the call: its timeout plus the lag allowance, in wall time.
@@ -281,8 +315,9 @@ impl Call {
 
 /// What a call's reply says, for its stage.
 pub enum Reply {
-    /// Each member's decision, or why Redis could not decide that one alone.
-    Decided(Vec<Result<Decision, BridgeFailure>>),
+    /// Each member's decision, or why Redis could not decide that one alone; and the node's
+    /// slot map, if the call asked for it.
+    Decided(Vec<Result<Decision, BridgeFailure>>, Option<SlotMap>),
     /// Redis had lost the script (it restarted): load it, then send the call again.
     NoScript,
     /// The script is loaded: send the call again.
@@ -328,6 +363,9 @@ pub struct Unanswered {
 #[derive(Debug)]
 pub struct Batch {
     slot: Option<u16>,
+    /// Redis Cluster: the master of its slot, as the worker's slot map has it: requests of
+    /// that master's other slots join (None: only requests of its slot).
+    node: Option<u16>,
     /// Where the next candidate is looked for.
     at: usize,
     bytes: usize,
@@ -344,11 +382,19 @@ impl Batch {
     pub fn into_members(self) -> Vec<Waiting> {
         self.members
     }
+
+    /// The slot of its first request.
+    pub fn slot(&self) -> Option<u16> {
+        self.slot
+    }
 }
 
 #[derive(Debug, Default)]
 pub struct Queue {
     waiting: VecDeque<Waiting>,
+    /// Requests to try again at the next tick (Redis Cluster: their slot was moving), before
+    /// those waiting.
+    parked: Vec<Waiting>,
     in_flight: Vec<InFlight>,
     /// Calls abandoned while in flight (the breaker opened, or one was given up), newest
     /// last: an answer to one still shows that the bridge answers.
@@ -358,11 +404,29 @@ pub struct Queue {
 impl Queue {
     /// Requests waiting, and calls in flight.
     pub fn load(&self) -> (usize, usize) {
-        (self.waiting.len(), self.in_flight.len())
+        (self.waiting.len() + self.parked.len(), self.in_flight.len())
     }
 
     pub fn push(&mut self, waiting: Waiting) {
         self.waiting.push_back(waiting);
+    }
+
+    /// `requests` go first, in their order (sent again: they waited longest).
+    pub fn requeue(&mut self, requests: Vec<Waiting>) {
+        for w in requests.into_iter().rev() {
+            self.waiting.push_front(w);
+        }
+    }
+
+    /// `requests` wait for the next tick ([`Queue::unpark`]) before they are sent again.
+    pub fn park(&mut self, requests: Vec<Waiting>) {
+        self.parked.extend(requests);
+    }
+
+    /// The parked requests go first again.
+    pub fn unpark(&mut self) {
+        let parked = std::mem::take(&mut self.parked);
+        self.requeue(parked);
     }
 
     /// Whether no call is in flight and `waiting` is the only one waiting.
@@ -370,29 +434,51 @@ impl Queue {
         self.in_flight.is_empty() && self.waiting.len() == 1
     }
 
-    /// A batch starting at the front of the queue (of its slot), `fixed_bytes` in use.
-    pub fn batch(&self, fixed_bytes: usize) -> Batch {
+    /// A batch starting at the `at`-th waiting request (of its slot, and with `node` of the
+    /// slots of that master; those before it stay), `fixed_bytes` in use.
+    pub fn batch_at(&self, at: usize, fixed_bytes: usize, node: Option<u16>) -> Batch {
         Batch {
-            slot: self.waiting.front().and_then(|w| w.slot),
-            at: 0,
+            slot: self.waiting.get(at).and_then(|w| w.slot),
+            node,
+            at,
             bytes: fixed_bytes,
             members: Vec::new(),
         }
     }
 
-    /// The next waiting request of `batch`'s slot, taken from the queue with its size in
-    /// bytes, if the batch holds fewer than `max_requests` and it fits within `max_bytes`
-    /// (the first always does). The caller has it join the batch or answers it otherwise.
+    /// The waiting requests, front first.
+    pub fn waiting(&self) -> impl Iterator<Item = &Waiting> + '_ {
+        self.waiting.iter()
+    }
+
+    /// Whether [`CALLS_PER_NODE`] calls to master `node` are in flight.
+    pub fn node_busy(&self, node: NodeTag) -> bool {
+        let calls = self.in_flight.iter().filter(|f| f.call.node == Some(node));
+        calls.count() >= CALLS_PER_NODE
+    }
+
+    /// The next waiting request of `batch`'s slot (or of a slot of its master, `node_of` a
+    /// slot's master: Redis Cluster), taken from the queue with its size in bytes, if the batch
+    /// holds fewer than `max_requests` and it fits within `max_bytes` (the first always does).
+    /// The caller has it join the batch or answers it otherwise.
     pub fn next(
         &mut self,
         batch: &mut Batch,
         max_requests: usize,
         max_bytes: usize,
+        node_of: impl Fn(u16) -> Option<u16>,
     ) -> Option<(Waiting, usize)> {
         if batch.members.len() >= max_requests {
             return None;
         }
-        while self.waiting.get(batch.at)?.slot != batch.slot {
+        let joins = |w: &Waiting| match batch.node {
+            None => w.slot == batch.slot,
+            // Not one sent back to a call of its own slot.
+            Some(node) => {
+                !w.declared && (w.slot == batch.slot || w.slot.and_then(&node_of) == Some(node))
+            }
+        };
+        while !joins(self.waiting.get(batch.at)?) {
             batch.at += 1;
         }
         let size = call_bytes(&self.waiting.get(batch.at)?.plan.checks);
@@ -466,6 +552,7 @@ impl Queue {
     /// Whether any request waits on the bridge: for a call, or in one in flight.
     pub fn requests_wait(&self) -> bool {
         !self.waiting.is_empty()
+            || !self.parked.is_empty()
             || self
                 .in_flight
                 .iter()
@@ -481,8 +568,9 @@ impl Queue {
         Some(self.in_flight.swap_remove(i).call)
     }
 
-    /// Every waiting request, taken.
+    /// Every waiting request (and parked one), taken.
     pub fn take_waiting(&mut self) -> Vec<Waiting> {
+        self.unpark();
         self.waiting.drain(..).collect()
     }
 
@@ -508,6 +596,7 @@ impl Queue {
     pub fn forget(&mut self, ctx: u32, leases: &mut Leases) -> (Vec<Waiting>, Vec<Settlement>) {
         let mut orphans = Vec::new();
         let mut riders = Vec::new();
+        self.unpark();
         let mut i = 0;
         while i < self.waiting.len() {
             match self.waiting.get(i) {
@@ -565,6 +654,7 @@ mod tests {
             slot,
             lease: None,
             checked: None,
+            declared: false,
         }
     }
 
@@ -574,14 +664,71 @@ mod tests {
         for (n, slot) in [(1, 7), (2, 8), (3, 7), (4, 8), (5, 7)] {
             q.push(waiting(n, Some(slot), 1, 10));
         }
-        let mut batch = q.batch(0);
-        while let Some((w, size)) = q.next(&mut batch, 2, usize::MAX) {
+        let mut batch = q.batch_at(0, 0, None);
+        while let Some((w, size)) = q.next(&mut batch, 2, usize::MAX, |_| None) {
             batch.join(w, size);
         }
         let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
         assert_eq!(taken, vec![1, 3]);
         let left: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
         assert_eq!(left, vec![2, 4, 5]);
+    }
+
+    /// Redis Cluster with a slot map: a batch takes the requests of every slot of the front's
+    /// master, not those of another master, nor those sent back to a call of their own slot;
+    /// without a node, one slot only.
+    #[test]
+    fn a_batch_for_a_node_takes_the_slots_of_its_master() {
+        let node_of = |slot: u16| Some(if slot < 10 { 1 } else { 2 });
+        let mut q = Queue::default();
+        for (n, slot) in [(1, 1), (2, 11), (3, 2), (4, 1), (5, 3), (6, 12)] {
+            q.push(waiting(n, Some(slot), 1, 10));
+        }
+        let mut refused = waiting(7, Some(3), 1, 10);
+        refused.declared = true;
+        q.push(refused);
+        let mut batch = q.batch_at(0, 0, Some(1));
+        while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
+            batch.join(w, size);
+        }
+        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(taken, vec![1, 3, 4, 5]);
+        let mut batch = q.batch_at(0, 0, None);
+        while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
+            batch.join(w, size);
+        }
+        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(taken, vec![2], "one slot");
+        // A request sent back to its own slot's call goes with that slot's others, declared.
+        q.requeue(vec![waiting(0, Some(3), 1, 10)]);
+        let mut batch = q.batch_at(0, 0, None);
+        while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
+            batch.join(w, size);
+        }
+        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(taken, vec![0, 7]);
+        let left: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(left, vec![6]);
+    }
+
+    #[test]
+    fn parked_requests_go_first_at_the_next_tick_and_are_never_lost() {
+        let mut q = Queue::default();
+        q.push(waiting(3, Some(1), 1, 10));
+        q.park(vec![waiting(1, Some(2), 1, 10), waiting(2, Some(2), 1, 10)]);
+        assert_eq!(q.load().0, 3);
+        assert!(q.requests_wait());
+        assert_eq!(
+            q.waiting().next().map(|w| w.arrived_ns),
+            Some(3),
+            "not before the tick"
+        );
+        q.unpark();
+        let order: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
+        assert_eq!(order, vec![1, 2, 3]);
+        q.park(vec![waiting(4, Some(2), 1, 10)]);
+        let (all, _) = q.take_all();
+        assert_eq!(all.len(), 1, "the breaker opening takes parked ones too");
     }
 
     /// Random queues and batches: a batch holds requests of one slot (the front's), in
@@ -606,10 +753,10 @@ mod tests {
                 let (max_requests, max_bytes) =
                     (1 + rng.below(5) as usize, 200 + rng.below(800) as usize);
                 let fixed = rng.below(100) as usize;
-                let mut batch = q.batch(fixed);
+                let mut batch = q.batch_at(0, fixed, None);
                 let mut seen = Vec::new();
                 let mut bytes = fixed;
-                while let Some((w, size)) = q.next(&mut batch, max_requests, max_bytes) {
+                while let Some((w, size)) = q.next(&mut batch, max_requests, max_bytes, |_| None) {
                     assert_eq!(size, call_bytes(&w.plan.checks));
                     seen.push((w.arrived_ns, w.slot));
                     out.push(w.arrived_ns);

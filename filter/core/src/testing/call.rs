@@ -27,13 +27,17 @@ fn extras(mode: &str) -> usize {
     }
 }
 
-/// The limits of the call at `path` (`/EVALSHA/sha/numkeys/keys.../args...`), in order; None
-/// when the path is not laid out as a decision call.
+/// The limits of the call at `path` (`/EVALSHA/sha/numkeys/keys.../args...`, or a Redis
+/// Cluster call for several slots of one node, `/EVALSHA/sha/0/first/K/map/others.../args...`),
+/// in order; None when the path is not laid out as a decision call.
 pub fn sent_limits(path: &str) -> Option<Vec<SentLimit>> {
     let parts: Vec<&str> = path.split('/').collect();
     let number = |i: usize| parts.get(i)?.parse::<usize>().ok();
-    let keys = number(3)?;
-    let args = 4 + keys;
+    // A decision declares at least one key: none declared is a call for one node.
+    let args = match number(3)? {
+        0 => 6 + number(5)?,
+        keys => 4 + keys,
+    };
     let requests = number(args + 2)?;
     let budgets = number(args + 3)?;
     let definitions_at = args + 4 + 4 * budgets;

@@ -140,7 +140,12 @@ impl FakeHost {
         };
         let segments: Vec<&str> = call.path.split('/').collect();
         let number = |at: usize| segments.get(at).and_then(|s| s.parse().ok()).unwrap_or(0);
-        number(4 + number(3) + 2)
+        match number(3) {
+            // A call for the slots of one node: the first key, their number K, the map flag,
+            // the other K - 1 keys, the clock, the deadline, the number of requests.
+            0 => number(8 + number(5)),
+            declared => number(4 + declared + 2),
+        }
     }
     pub fn statuses(&self) -> Vec<(u32, u16)> {
         self.answered.iter().map(|(c, r)| (*c, r.status)).collect()

@@ -22,7 +22,7 @@ impl Report {
         (!rounds.is_empty()).then(|| Spread::new(rounds))
     }
 
-    pub(super) fn cluster_text(&self) -> String {
+    pub fn cluster_text(&self) -> String {
         let c = &self.cluster;
         let mut r = format!(
             "The same Envoy config (2 workers, one rule that allows everything, `wrk -t2 -c32`, 10,000 API keys in turn) against one Redis (envoy/envoy.yaml) and against a Redis Cluster of 3 masters + 3 replicas behind Envoy's `redis_proxy` (envoy/cluster/, `bridge.redis_cluster`), both running at once and measured one after the other in each of {} rounds.\n\n",

@@ -74,7 +74,7 @@ pub fn everything(b: &Bench, started_utc: String) -> Report {
     } else {
         Vec::new()
     };
-    let cluster = if all {
+    let cluster = if all || s.wants("cluster") {
         cluster::run(b, s.rounds)
     } else {
         Default::default()
