@@ -82,8 +82,10 @@
 -- slot being migrated) fails that request alone, at a read, before it wrote anything. The
 -- map follows the requests in the reply: "slots", the number of ranges, then per range its
 -- first slot, last slot and master (numbered in order of appearance).
+-- A call that declares no key and starts with its clock ("redis" or digits: a key never is
+-- either) is in the layout above: the breaker's probe, a batch of no request.
 local KEYS, ARGV, SLOT_MAP = KEYS, ARGV, false
-if #KEYS == 0 and #ARGV >= 3 then
+if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not string.match(ARGV[1], '^%d+$') then
   local count = tonumber(ARGV[2])
   if not count or count ~= math.floor(count) or count < 1 or count + 2 > #ARGV then
     return redis.error_reply('ERR decide: bad key count')

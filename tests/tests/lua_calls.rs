@@ -336,3 +336,23 @@ fn a_call_that_declares_no_key_decides_as_one_that_declares_them() {
     let exists = admin.cmd(&["EXISTS", "rl:{d}:untouched"]).unwrap().int();
     assert_eq!(exists, 0, "nothing charged");
 }
+
+/// The breaker's probe is a call of no request and no key: it stays in the declared layout
+/// (its clock first), is answered with no decision and charges nothing, with a deadline or
+/// without, on either clock.
+#[test]
+fn a_call_of_no_request_and_no_key_is_answered_empty() {
+    let (_dir, redis, mut s) = script("lua-probe");
+    for (clock, deadline) in [
+        (T0.to_string(), 0),
+        (T0.to_string(), u128::MAX / 2),
+        ("redis".to_string(), 0),
+    ] {
+        let command = DecideCall::new(&clock, deadline, std::iter::empty()).command(&s.sha);
+        assert_eq!(command[2], "0", "no key declared");
+        let items = s.conn.cmd(&command).unwrap().items();
+        assert_eq!(items.len(), 1, "{clock} {deadline}: {items:?}");
+        assert_eq!(items[0].int(), 0);
+    }
+    assert_eq!(redis.admin().cmd(&["DBSIZE"]).unwrap().int(), 0);
+}
