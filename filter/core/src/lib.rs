@@ -27,10 +27,10 @@ pub mod usage;
 
 /// The decision script Redis runs: the shared part, one part per algorithm, then the driver
 /// that decides all of a request's limits at once. Sent by hash (`EVALSHA`), loaded on
-/// `NOSCRIPT`. Its first line declares that it may touch keys of several slots of one Redis
-/// Cluster node (a call for several slots, see `lua/decide.lua`); a single Redis ignores it.
+/// `NOSCRIPT`. It has no flags line: Redis 7 runs such a script in its compatible mode, which
+/// lets it touch undeclared keys of several slots of one Redis Cluster node (a call for several
+/// slots, see `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`.
 pub const DECISION_LUA: &str = concat!(
-    "#!lua flags=allow-cross-slot-keys\n",
     include_str!("../../../lua/lib.lua"),
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/gcra.lua"),
