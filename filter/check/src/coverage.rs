@@ -254,9 +254,8 @@ fn uncovered(config: &Config) -> Vec<String> {
                 if !plan.checks.is_empty() {
                     continue;
                 }
-                // One example per path for each set of sources.
-                let kind = (path.clone(), variant.is_empty());
-                if kinds.insert(kind) {
+                // One example per path: the first, with the fewest sources set.
+                if kinds.insert(path.clone()) {
                     shown.push(probe.shown(&settable));
                 }
             }
@@ -288,7 +287,8 @@ fn client_chosen(config: &Config) -> Vec<String> {
                     .iter()
                     .all(|s| matches!(s, KeySource::ClientIp | KeySource::Route))
             }) && ceiling.key.when_missing == WhenMissing::Anonymous;
-            by_ip && !ceiling.shadow && covers(&ceiling.matcher, &rule.matcher)
+            // A shadow rule is held (in its reports) by a shadow ceiling too.
+            by_ip && (!ceiling.shadow || rule.shadow) && covers(&ceiling.matcher, &rule.matcher)
         });
         if !held {
             warned.insert(rule.name.clone());
