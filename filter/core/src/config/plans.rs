@@ -9,8 +9,6 @@
 //! from its next request, as with an override. So limits of one name must keep their state's
 //! shape in every plan: the same algorithm, window and shards.
 
-use std::collections::HashMap;
-
 use super::fields::check_name;
 use super::raw::{RawLimit, RawPlan};
 use super::sources::{condition_values, parse_source};
@@ -40,14 +38,13 @@ pub(super) fn expand(
         ));
     }
     // Every plan's values, each value in one plan only.
-    let mut owner: HashMap<Vec<u8>, usize> = HashMap::new();
-    let mut values = Vec::with_capacity(plans.len());
+    let mut owner: Vec<(&[u8], usize)> = Vec::new();
+    let mut values: Vec<Vec<Vec<u8>>> = Vec::with_capacity(plans.len());
     let mut default = None;
-    let mut names = HashMap::new();
     for (p, plan) in plans.iter().enumerate() {
         let plan_field = format!("{plans_field}[{p}]");
         check_name(&plan.name, &format!("{plan_field}.name"))?;
-        if let Some(first) = names.insert(plan.name.clone(), p) {
+        if let Some(first) = plans[..p].iter().position(|q| q.name == plan.name) {
             return Err(invalid(
                 &format!("{plan_field}.name"),
                 format!("duplicate plan name \"{}\" (plans[{first}])", plan.name),
@@ -72,18 +69,26 @@ pub(super) fn expand(
         } else {
             condition_values(plan.values.clone(), &format!("{plan_field}.values"))?
         };
-        for (v, value) in own.iter().enumerate() {
-            if let Some(other) = owner.insert(value.clone(), p) {
-                return Err(invalid(
-                    &format!("{plan_field}.values[{v}]"),
-                    format!(
-                        "\"{}\" is a value of plans[{other}] already: a request is in one plan",
-                        String::from_utf8_lossy(value)
-                    ),
-                ));
-            }
-        }
         values.push(own);
+    }
+    // Sorted, a value named twice is next to itself: the first in config order is kept.
+    for (p, own) in values.iter().enumerate() {
+        owner.extend(own.iter().map(|v| (v.as_slice(), p)));
+    }
+    owner.sort();
+    if let Some(pair) = owner
+        .windows(2)
+        .find(|w| w[0].0 == w[1].0 && w[0].1 != w[1].1)
+    {
+        let (value, (first, second)) = (pair[0].0, (pair[0].1, pair[1].1));
+        let v = values[second].iter().position(|x| x == value).unwrap_or(0);
+        return Err(invalid(
+            &format!("{plans_field}[{second}].values[{v}]"),
+            format!(
+                "\"{}\" is a value of plans[{first}] already: a request is in one plan",
+                String::from_utf8_lossy(value)
+            ),
+        ));
     }
     let Some(default) = default else {
         return Err(invalid(
@@ -99,17 +104,15 @@ pub(super) fn expand(
         .collect();
     let mut rules = Vec::with_capacity(plans.len());
     // The first plan defining a limit of each name: the shape the others must keep.
-    let mut shapes: HashMap<String, (Algorithm, Window, u64)> = HashMap::new();
+    let mut shapes: Vec<(String, (Algorithm, Window, u64))> = Vec::new();
     for (p, (plan, own)) in plans.into_iter().zip(values).enumerate() {
         let plan_field = format!("{plans_field}[{p}]");
         let limits = limits_of(plan.limits, &format!("{plan_field}.limits"))?;
         for (l, limit) in limits.iter().enumerate() {
             let shape = (limit.algorithm, limit.window, limit.shards);
-            match shapes.get(&limit.name) {
-                None => {
-                    shapes.insert(limit.name.clone(), shape);
-                }
-                Some(&first) => {
+            match shapes.iter().find(|(name, _)| *name == limit.name) {
+                None => shapes.push((limit.name.clone(), shape)),
+                Some(&(_, first)) => {
                     if first != shape {
                         let (algorithm, window, shards) = first;
                         return Err(invalid(
