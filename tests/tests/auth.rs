@@ -29,6 +29,8 @@ const RULE: &str = "api";
 const LIMIT: &str = "per_hour";
 const SUB: &str = "metadata:envoy.filters.http.jwt_authn:jwt_payload:sub";
 const CALLER: &str = "metadata:envoy.filters.http.ext_authz:x-caller-id";
+/// The subject of mint_tokens.py's token `zoe`.
+const ZOE: &str = "zoë/ü+ x{1}";
 /// Every request of a test comes from this address: the anonymous requests' identity.
 const CLIENT_IP: &str = "127.0.0.1";
 /// Clients sending requests at once.
@@ -47,9 +49,6 @@ fn exact(n: usize, allowed: usize, limit: u64) -> Tally {
         limits: BTreeMap::from([(limit.to_string(), n)]),
     }
 }
-
-/// The subject of mint_tokens.py's token `zoe`.
-const ZOE: &str = "zoë/ü+ x{1}";
 
 /// Every answer was decided in Redis (none failed open), `allowed` and `denied` in all, by
 /// both Envoys, each of whose two workers took connections.
@@ -151,10 +150,10 @@ fn jwt_subjects_and_plans_from_verified_claims_are_exact_across_two_envoys() {
         ("other_issuer", 401),
         ("other_audience", 403),
     ];
-    let mut refused = 0;
+    let mut refused = 0usize;
     for (name, status) in invalid {
+        let token = bearer(name);
         for (i, (path, headers)) in spoofs.iter().enumerate() {
-            let token = bearer(name);
             let mut headers = headers.clone();
             headers.push(("authorization", &token));
             let r = fleet.send(i, path, &headers);
@@ -162,6 +161,11 @@ fn jwt_subjects_and_plans_from_verified_claims_are_exact_across_two_envoys() {
             assert_eq!(r.header("x-ratelimit-limit"), None, "decided: {name}");
             refused += 1;
         }
+        // In the query parameter jwt_authn also reads by default.
+        let path = format!("/?access_token={}", minted.tokens[name]);
+        let r = fleet.send(refused, &path, &[]);
+        assert_eq!(r.status, status, "token {name} in access_token");
+        refused += 1;
     }
 
     // bob (free) sending alice's and pro's names beside his token: his own 5.
@@ -217,7 +221,7 @@ fn jwt_subjects_and_plans_from_verified_claims_are_exact_across_two_envoys() {
     let allowed = 2 + 5 + 5 + 20 + 2 * defaults.len() as u64;
     let denied = 4 + spoofs.len() as u64 + 4 + 1 + 10 + 2 * defaults.len() as u64;
     assert_decided_by_both(&fleet, allowed, denied);
-    assert_eq!(fleet.stat("http.ingress.jwt_authn.denied"), refused);
+    assert_eq!(fleet.stat("http.ingress.jwt_authn.denied"), refused as u64);
     println!(
         "jwt: allowed {allowed}, denied {denied}, refused by jwt_authn {refused}; connections per worker {:?}; Redis keys {:#?}",
         fleet.connections_per_worker(),
