@@ -3,9 +3,12 @@
 //! dropped. `cluster` does the same for a Redis Cluster behind Envoy's redis_proxy.
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates,
 //! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose;
-//! `admin` runs the operator's command, ratelimit-admin, as a user would.
+//! `admin` runs the operator's command, ratelimit-admin, as a user would; `authz` is an HTTP
+//! authorization service for Envoy's ext_authz, `auth` the support of the auth recipes' tests.
 
 pub mod admin;
+pub mod auth;
+pub mod authz;
 pub mod busy;
 pub mod cluster;
 pub mod flood;

@@ -138,7 +138,9 @@ fn shipped_envoy_configs_validate() {
         [
             "cluster/envoy.yaml",
             "envoy.yaml",
+            "examples/ext_authz_plans.yaml",
             "examples/internal_shadow.yaml",
+            "examples/jwt_plans.yaml",
             "examples/llm_tokens.yaml",
             "examples/login_per_ip.yaml",
             "examples/plans.yaml",
