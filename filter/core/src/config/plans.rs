@@ -81,7 +81,11 @@ pub(super) fn expand(
         .find(|w| w[0].0 == w[1].0 && w[0].1 != w[1].1)
     {
         let (value, (first, second)) = (pair[0].0, (pair[0].1, pair[1].1));
-        let v = values[second].iter().position(|x| x == value).unwrap_or(0);
+        // The value as written in that plan (a number stands for its text and its bytes).
+        let written = |raw: &serde_json::Value| {
+            condition_values(vec![raw.clone()], "").is_ok_and(|b| b.iter().any(|x| x == value))
+        };
+        let v = plans[second].values.iter().position(written).unwrap_or(0);
         return Err(invalid(
             &format!("{plans_field}[{second}].values[{v}]"),
             format!(

@@ -132,8 +132,8 @@ pub(super) struct RawMatch {
 pub(super) struct RawCondition {
     pub(super) source: String,
     #[serde(rename = "in")]
-    pub(super) in_: Option<Vec<String>>,
-    pub(super) not_in: Option<Vec<String>>,
+    pub(super) in_: Option<Vec<Value>>,
+    pub(super) not_in: Option<Vec<Value>>,
     pub(super) present: Option<bool>,
 }
 
@@ -144,7 +144,7 @@ pub(super) struct RawCondition {
 pub(super) struct RawPlan {
     pub(super) name: String,
     #[serde(default)]
-    pub(super) values: Vec<String>,
+    pub(super) values: Vec<Value>,
     #[serde(default)]
     pub(super) default: bool,
     pub(super) limits: Vec<RawLimit>,

@@ -4,6 +4,8 @@
 use super::fields::check_header_name;
 use super::raw::RawCondition;
 use super::{invalid, Condition, ConfigError, KeySource, MetadataPath, Test};
+use serde_json::Value;
+
 use crate::bounds::{MAX_CONDITION_VALUES, MAX_CONDITION_VALUE_BYTES, MAX_METADATA_KEYS};
 
 pub(super) const SOURCES: &str =
@@ -145,9 +147,12 @@ impl RawCondition {
 }
 
 /// The values of `in` / `not_in`, or a plan's: at least one, none empty (an empty value is
-/// an absent one), bounded.
+/// an absent one), bounded; each as the bytes it is compared with. A string is its bytes. A
+/// number or a bool is also its text (`1`, `true`: a header or an `ext_authz` answer) and the
+/// bytes Envoy hands over for such a metadata value (a JWT claim): a number as the 8 bytes of a
+/// double, a bool as one byte.
 pub(super) fn condition_values(
-    values: Vec<String>,
+    values: Vec<Value>,
     field: &str,
 ) -> Result<Vec<Vec<u8>>, ConfigError> {
     if values.is_empty() {
@@ -159,21 +164,37 @@ pub(super) fn condition_values(
             format!("must hold at most {MAX_CONDITION_VALUES} values"),
         ));
     }
+    let mut out = Vec::with_capacity(values.len());
     for (i, v) in values.iter().enumerate() {
-        if v.is_empty() {
-            return Err(invalid(
-                &format!("{field}[{i}]"),
-                "must not be empty: an empty value is an absent one (test it with \"present\": false)",
-            ));
-        }
-        if v.len() > MAX_CONDITION_VALUE_BYTES {
-            return Err(invalid(
-                &format!("{field}[{i}]"),
-                format!("must be at most {MAX_CONDITION_VALUE_BYTES} bytes"),
-            ));
+        let item = format!("{field}[{i}]");
+        match v {
+            Value::String(text) if text.is_empty() => {
+                return Err(invalid(
+                    &item,
+                    "must not be empty: an empty value is an absent one (test it with \"present\": false)",
+                ))
+            }
+            Value::String(text) if text.len() > MAX_CONDITION_VALUE_BYTES => {
+                return Err(invalid(
+                    &item,
+                    format!("must be at most {MAX_CONDITION_VALUE_BYTES} bytes"),
+                ))
+            }
+            Value::String(text) => out.push(text.clone().into_bytes()),
+            Value::Number(n) => {
+                out.push(n.to_string().into_bytes());
+                if let Some(double) = n.as_f64() {
+                    out.push(double.to_le_bytes().to_vec());
+                }
+            }
+            Value::Bool(b) => {
+                out.push(b.to_string().into_bytes());
+                out.push(vec![u8::from(*b)]);
+            }
+            _ => return Err(invalid(&item, "must be a string, a number or true/false")),
         }
     }
-    Ok(values.into_iter().map(String::into_bytes).collect())
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -514,6 +514,29 @@ mod tests {
     }
 
     #[test]
+    fn numbers_and_bools_name_a_plan_as_a_claim_or_as_text() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "api", "plan_from": "metadata:ns:tier",
+              "plans": [
+                {"name": "two", "values": [2], "limits": [{"name": "l", "limit": 20, "window": "1m"}]},
+                {"name": "yes", "values": [true], "limits": [{"name": "l", "limit": 10, "window": "1m"}]},
+                {"name": "other", "default": true, "limits": [{"name": "l", "limit": 1, "window": "1m"}]}]}]}"#,
+        )
+        .unwrap();
+        let limit = |tier: &[u8]| {
+            let r = FakeRequest::new("GET", "/").with_metadata("ns:tier", tier);
+            plan_of(&c, &r).checks[0].per_window
+        };
+        // As Envoy hands over a JWT's number (a double) and bool, and as text.
+        assert_eq!(limit(&2.0f64.to_le_bytes()), 20);
+        assert_eq!(limit(b"2"), 20);
+        assert_eq!(limit(&[1]), 10);
+        assert_eq!(limit(b"true"), 10);
+        assert_eq!(limit(&2.5f64.to_le_bytes()), 1);
+        assert_eq!(limit(&[0]), 1);
+    }
+
+    #[test]
     fn a_limit_keeps_its_key_across_plans_and_its_override() {
         let c = plans_config();
         let key = |plan: &[u8]| {
