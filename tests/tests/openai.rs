@@ -25,7 +25,8 @@ fn the_openai_client_reads_the_headers_and_honours_retry_after_ms() {
     let python = root().join(".venv/bin/python");
     assert!(
         Command::new(&python)
-            .args(["-c", "import openai"])
+            // Isolated: tests/openai/ (a folder beside the cwd) would import as a package.
+            .args(["-I", "-c", "import openai"])
             .status()
             .is_ok_and(|s| s.success()),
         "{} cannot import openai: run `make setup-openai`",

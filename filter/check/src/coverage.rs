@@ -370,14 +370,15 @@ mod tests {
                  {{"name": "other", "default": true, {LIMITS}}}]}}"#
         ));
         assert_eq!(findings(&c), Vec::<String>::new());
-        // Without a default the same set would leave the unknown plans open: the config
-        // refuses it, so the plans above must cover them.
+        // The same written as rules, without a default and anonymous requests taken apart:
+        // the unknown plans are left open.
         let listed = config(&format!(
-            r#"{{"name": "pro", "match": {{"sources": [{{"source": "metadata:ns:plan", "in": ["pro"]}}]}}, "key": {{"from": ["client_ip"]}}, {LIMITS}}}"#
+            r#"{{"name": "pro", "match": {{"sources": [{{"source": "metadata:ns:plan", "in": ["pro"]}}]}}, "key": {{"from": ["client_ip"]}}, {LIMITS}}},
+               {{"name": "anonymous", "match": {{"sources": [{{"source": "metadata:ns:plan", "present": false}}]}}, "key": {{"from": ["client_ip"]}}, {LIMITS}}}"#
         ));
         let found = findings(&listed);
         assert!(
-            found[0].contains("metadata:ns:plan = \"unlisted-value\""),
+            found[0].contains("GET / with metadata:ns:plan = \"unlisted-value\""),
             "{found:?}"
         );
     }
