@@ -3,12 +3,14 @@
 //! dropped. `cluster` does the same for a Redis Cluster behind Envoy's redis_proxy.
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates,
 //! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose;
-//! `admin` runs the operator's command, ratelimit-admin, as a user would.
+//! `admin` runs the operator's command, ratelimit-admin, as a user would; `grpc`, a gRPC
+//! upstream on the official grpcio server.
 
 pub mod admin;
 pub mod busy;
 pub mod cluster;
 pub mod flood;
+pub mod grpc;
 pub mod http;
 pub mod keys;
 pub mod llm;
