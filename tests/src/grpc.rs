@@ -13,7 +13,8 @@ use crate::{free_port, root, wait_for};
 pub fn python() -> PathBuf {
     let python = root().join(".venv/bin/python");
     let imports = Command::new(&python)
-        .args(["-c", "import grpc, grpc_status"])
+        // -I: not the tests/grpc folder of the working directory as a package named grpc.
+        .args(["-I", "-c", "import grpc, grpc_status"])
         .status();
     assert!(
         imports.is_ok_and(|s| s.success()),
