@@ -78,10 +78,17 @@ impl Delivery {
         }
     }
 
-    /// Request `ctx` is answered in `protocol` until its stream ends.
+    /// Request `ctx` is answered in `protocol` until its stream ends (a stream whose end was
+    /// not seen, its engine busy then, does not pass its protocol on to its id's next use).
     pub fn answer_in(&mut self, ctx: u32, protocol: Protocol) {
-        if protocol == Protocol::Grpc {
-            self.grpc.insert(ctx);
+        match protocol {
+            Protocol::Grpc => {
+                self.grpc.insert(ctx);
+            }
+            Protocol::Http if !self.grpc.is_empty() => {
+                self.grpc.remove(&ctx);
+            }
+            Protocol::Http => {}
         }
     }
 
