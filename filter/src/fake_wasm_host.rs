@@ -35,6 +35,8 @@ pub struct Envoy {
     pub queued: usize,
     pub metrics: Vec<(MetricType, String)>,
     pub counters: HashMap<u32, i64>,
+    /// Properties beside `source.address`, by their path joined with `.`.
+    pub properties: HashMap<String, Vec<u8>>,
 }
 
 /// A local reply: `proxy_send_local_response`'s arguments (the details left empty).
@@ -225,4 +227,9 @@ pub fn response_body(_len: usize) -> Vec<u8> {
 pub fn property_text(path: &[&str]) -> Option<String> {
     call("proxy_get_property");
     (path == ["source", "address"]).then(|| "203.0.113.7:40000".to_string())
+}
+
+pub fn property_bytes(path: &[&str]) -> Option<Vec<u8>> {
+    call("proxy_get_property");
+    with(|e| e.properties.get(&path.join(".")).cloned())
 }

@@ -515,3 +515,43 @@ fn a_grpc_request_is_refused_in_grpc_at_the_cost_of_an_http_one() {
         .iter()
         .any(|(n, v)| n == "retry-after" && v == "1"));
 }
+
+/// Plans from a verified claim, keyed on the verified subject, as the jwt_authn recipe.
+const JWT_PLANS: &str = r#"{
+  "bridge": {"cluster": "webdis", "authority": "webdis", "username": "ratelimit",
+             "password": "ratelimit-demo-secret", "timeout": "150ms"},
+  "rules": [{"name": "api",
+             "key": {"from": ["metadata:envoy.filters.http.jwt_authn:jwt_payload:sub", "client_ip"]},
+             "plan_from": "metadata:envoy.filters.http.jwt_authn:jwt_payload:plan",
+             "plans": [
+               {"name": "pro", "values": ["pro"], "limits": [{"name": "l", "limit": 20, "window": "1m"}]},
+               {"name": "free", "values": ["free"], "limits": [{"name": "l", "limit": 5, "window": "1m"}]},
+               {"name": "other", "default": true, "limits": [{"name": "l", "limit": 2, "window": "1m"}]}]}]}"#;
+
+#[test]
+fn a_request_keyed_and_planned_by_claims_reads_each_claim_once() {
+    let mut w = Worker::start(JWT_PLANS);
+    ENVOY.with(|e| {
+        let mut e = e.borrow_mut();
+        let claim = |name: &str| {
+            format!("metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.{name}")
+        };
+        e.properties.insert(claim("sub"), b"alice".to_vec());
+        e.properties.insert(claim("plan"), b"free".to_vec());
+    });
+    let (_, verdict, calls) = w.request("/", &[]);
+    assert_eq!(verdict, Action::Pause);
+    show("a request keyed and planned by claims", &calls);
+    // The plan's claim is read once for all three plans, the subject once.
+    assert_eq!(calls.get("proxy_get_property"), Some(&2), "{calls:?}");
+    let path = ENVOY.with(|e| e.borrow().dispatched.last().map(|d| d.2.clone()));
+    let path = path.unwrap_or_default();
+    assert!(
+        path.contains("jwt_authn%3Ajwt_payload%3Asub%3A"),
+        "keyed on the claim: {path}"
+    );
+    assert!(
+        path.contains("/token_bucket/5/60000/"),
+        "the free plan's numbers: {path}"
+    );
+}

@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
+use ratelimit_core::config::MetadataPath;
 use ratelimit_core::request::plan::request_body_plan;
 use ratelimit_core::request::view::{first_header, header_count};
 use ratelimit_core::response::{self, Protocol};
@@ -367,6 +368,8 @@ struct RequestHeaders {
     headers: OnceCell<Vec<(String, Vec<u8>)>>,
     /// The request body as counted while it was held (usage limits estimated from it).
     body: Option<RefCell<RequestEstimate>>,
+    /// Metadata values read for this request: a plan's source is read by each of its plans.
+    metadata: RefCell<Vec<(MetadataPath, Option<Vec<u8>>)>>,
 }
 
 impl RequestHeaders {
@@ -392,6 +395,19 @@ impl RequestView for RequestHeaders {
         // `xds.route_name` in current Envoy; `route_name` in older releases.
         wasm_host::property_text(&["xds", "route_name"])
             .or_else(|| wasm_host::property_text(&["route_name"]))
+    }
+
+    fn metadata(&self, path: &MetadataPath) -> Option<Vec<u8>> {
+        if let Ok(read) = self.metadata.try_borrow() {
+            if let Some((_, value)) = read.iter().find(|(p, _)| p == path) {
+                return value.clone();
+            }
+        }
+        let value = wasm_host::property_bytes(&path.property());
+        if let Ok(mut read) = self.metadata.try_borrow_mut() {
+            read.push((path.clone(), value.clone()));
+        }
+        value
     }
 
     fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<u64> {

@@ -256,3 +256,10 @@ pub fn property_text(path: &[&str]) -> Option<String> {
     let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
     String::from_utf8(bytes).ok()
 }
+
+/// A property of the stream as the host serializes it (dynamic metadata: a string's bytes,
+/// a number or a bool in binary, a list or a struct as pairs); None when absent, empty, or
+/// when Envoy cannot serialize it (a null).
+pub fn property_bytes(path: &[&str]) -> Option<Vec<u8>> {
+    hostcalls::get_property(path.to_vec()).ok().flatten()
+}

@@ -1,11 +1,21 @@
 //! The shipped demo policy (envoy/envoy.yaml: `per_client`, 10 per minute, burst 10, keyed by
-//! `x-api-key` then the client IP) as tests see it through a real Envoy.
+//! `x-api-key`; `per_ip`, 30 per minute per client IP, every request) as tests see it through
+//! a real Envoy.
 
 use crate::http::Response;
 use crate::procs::Envoy;
 
-/// The demo policy's capacity: 10, refilled at 10 per minute.
+/// The demo policy's capacity per API key: 10, refilled at 10 per minute.
 pub const CAPACITY: usize = 10;
+/// The demo's ceiling per client IP: 30, refilled at 30 per minute.
+pub const IP_CEILING: usize = 30;
+
+/// An edit of the shipped envoy.yaml raising the per-IP ceiling out of reach, for a test of
+/// the per-key rule's mechanics with more keys from one address than the ceiling allows.
+pub const RAISED_CEILING: (&str, &str) = (
+    "\"limit\": 30, \"window\": \"1m\"",
+    "\"limit\": 1000000, \"window\": \"1m\"",
+);
 
 /// `GET /` with API key `api_key`, or without one (the client IP is then the identity).
 pub fn hit(envoy: &Envoy, api_key: Option<&[u8]>) -> Response {

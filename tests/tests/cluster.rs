@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e::cluster::{envoy_config_file, ClusterStack, RedisCluster, NODE_USER, SLOTS};
 use e2e::procs::WorkDir;
+use e2e::shipped::RAISED_CEILING;
 use e2e::{get, script_sha, Envoy, Keys, Resp};
 
 /// The keys of the shipped cluster config's filter.
@@ -45,13 +46,23 @@ fn diagnose(stack: &ClusterStack) -> String {
     format!("{}\n{}", counters.join(" "), warnings.join("\n"))
 }
 
+/// `list` as edits of the shipped cluster config, with its per-IP ceiling raised out of reach:
+/// these tests send many identities' requests from one address.
 fn edits(list: &[(String, String)]) -> Vec<(&str, &str)> {
-    list.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect()
+    // First: an edit of the list may write a limit like the ceiling's.
+    let mut edits = vec![RAISED_CEILING];
+    edits.extend(list.iter().map(|(a, b)| (a.as_str(), b.as_str())));
+    edits
 }
 
 #[test]
 fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
-    let stack = ClusterStack::start("cluster-spread", &[]);
+    // The per-IP rule set aside: each request is then one identity's, one call.
+    let aside = [(
+        r#""name": "per_ip","#.to_string(),
+        r#""name": "per_ip", "match": { "path_exact": "/not-requested" },"#.to_string(),
+    )];
+    let stack = ClusterStack::start("cluster-spread", &edits(&aside));
     let cluster = &stack.cluster;
     println!(
         "cluster of {} nodes ready in {} ms",
@@ -493,26 +504,22 @@ fn concurrent_clients_on_many_slots_get_exactly_their_limits() {
 /// far below a unit.)
 #[test]
 fn a_request_on_two_slots_refused_by_one_gives_back_what_the_other_charged() {
-    let rules = (
-        r#""key": { "from": ["header:x-api-key", "client_ip"] },
+    // The shipped rules, per API key and per client IP, with numbers of this test.
+    let rules = [
+        (
+            r#""key": { "from": ["header:x-api-key"], "when_missing": "skip" },
                           "limits": [
-                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m" }
-                          ]"#
-            .to_string(),
-        r#""key": { "from": ["header:x-api-key"] },
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m" }"#,
+            r#""key": { "from": ["header:x-api-key"], "when_missing": "skip" },
                           "limits": [
-                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 3, "window": "1h" }
-                          ]
-                        },
-                        {
-                          "name": "per_ip",
-                          "key": { "from": ["client_ip"] },
-                          "limits": [
-                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 100, "window": "1h" }
-                          ]"#
-            .to_string(),
-    );
-    let stack = ClusterStack::start("cluster-two-slots", &edits(&[rules]));
+                            { "name": "per_minute", "algorithm": "token_bucket", "limit": 3, "window": "1h" }"#,
+        ),
+        (
+            r#""limit": 30, "window": "1m""#,
+            r#""limit": 100, "window": "1h""#,
+        ),
+    ];
+    let stack = ClusterStack::start("cluster-two-slots", &rules);
     let named = stack.envoy.keys();
     let key = named.shipped_bucket("k");
     // The bucket of the per-IP rule on 127.0.0.1.

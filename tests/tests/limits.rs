@@ -1,13 +1,14 @@
 //! The shipped configuration decides, end to end (real Envoy, Webdis and Redis from the shipped
 //! configs on free loopback ports, each test its own): a fresh key gets exactly its capacity
-//! then 429, keys are independent, hostile keys get ordinary buckets of their own, a readable
-//! identity never meets its digest's bucket, and two Envoys share one limit exactly.
+//! then 429, keys are independent and held together by the client IP's ceiling (a flood of
+//! made-up keys gets what the address gets), hostile keys get ordinary buckets of their own, a
+//! readable identity never meets its digest's bucket, and two Envoys share one limit exactly.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use e2e::procs::{Webdis, WorkDir};
-use e2e::shipped::{assert_full_bucket_then_limited, hit};
+use e2e::shipped::{assert_full_bucket_then_limited, hit, IP_CEILING, RAISED_CEILING};
 use e2e::{get, Envoy, Redis, Stack};
 
 /// The Redis key of the demo rule's bucket for API key `api_key`, as `envoy`'s filter names it.
@@ -26,29 +27,65 @@ fn fresh_key_gets_exactly_capacity_then_429() {
     assert_eq!(stack.envoy.counter("ratelimit_allowed"), 10);
     assert_eq!(stack.envoy.counter("ratelimit_denied"), 1);
     assert_eq!(stack.envoy.counter("ratelimit_bridge_errors"), 0);
-    // The identity is stored as a digest, never in clear.
-    let keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().text();
+    // The identity is stored as a digest, never in clear, beside the address's ceiling.
+    let mut keys: Vec<String> = stack
+        .redis
+        .admin()
+        .cmd(&["KEYS", "*"])
+        .unwrap()
+        .items()
+        .iter()
+        .map(|k| k.text())
+        .collect();
+    keys.sort();
     let expected = bucket_key(&stack.envoy, b"alice");
     assert!(expected.contains(&digest(b"alice")) && !expected.contains("alice"));
-    assert_eq!(keys, format!("[{expected}]"));
+    let ceiling = ip_bucket(&stack.envoy);
+    let mut want = vec![expected, ceiling];
+    want.sort();
+    assert_eq!(keys, want);
+}
+
+/// The Redis key of the per-IP ceiling's bucket of 127.0.0.1.
+fn ip_bucket(envoy: &Envoy) -> String {
+    envoy
+        .keys()
+        .limit_key("per_ip", "per_minute", "client_ip", b"127.0.0.1")
 }
 
 #[test]
-fn keys_are_independent_and_requests_without_a_key_are_limited_by_ip() {
+fn keys_are_independent_and_held_together_by_the_ip_ceiling() {
     let stack = Stack::start("e2e-independent", &[]);
     assert_full_bucket_then_limited(&stack.envoy, Some(b"key-a"));
     assert_full_bucket_then_limited(&stack.envoy, Some(b"key-b"));
     assert_eq!(hit(&stack.envoy, Some(b"key-a")).status, 429);
-    // No API key (or an empty one): the client IP's bucket, shared by both.
-    assert_full_bucket_then_limited(&stack.envoy, None);
+    // Key c's 10 are the address's last 10 (the headers show whichever is whole later).
+    let statuses: Vec<u16> = (0..11)
+        .map(|_| hit(&stack.envoy, Some(b"key-c")).status)
+        .collect();
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429]].concat());
+    // 30 allowed from 127.0.0.1 in all: a made-up key per request, no key at all or an empty
+    // one, every further request is refused by the address's ceiling.
+    for i in 0..IP_CEILING {
+        let made_up = format!("made-up-{i}");
+        let r = hit(&stack.envoy, Some(made_up.as_bytes()));
+        assert_eq!(r.status, 429, "{made_up}: {}", r.text());
+        assert_eq!(
+            r.header("x-ratelimit-limit"),
+            Some("30"),
+            "the ceiling refuses"
+        );
+    }
+    assert_eq!(hit(&stack.envoy, None).status, 429);
     assert_eq!(hit(&stack.envoy, Some(b"")).status, 429);
-    let ip_key =
-        stack
-            .envoy
-            .keys()
-            .limit_key("per_client", "per_minute", "client_ip", b"127.0.0.1");
-    let exists = stack.redis.admin().cmd(&["EXISTS", &ip_key]).unwrap().int();
+    let exists = stack
+        .redis
+        .admin()
+        .cmd(&["EXISTS", &ip_bucket(&stack.envoy)])
+        .unwrap()
+        .int();
     assert_eq!(exists, 1, "bucket of 127.0.0.1, port stripped");
+    assert_eq!(stack.envoy.counter("ratelimit_allowed"), 30);
 }
 
 /// Keys that would add, shift or alter script arguments if put in the Webdis URL unencoded.
@@ -78,8 +115,8 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
     let keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().items();
     assert_eq!(
         keys.len(),
-        hostile_keys().len(),
-        "one bucket each: {keys:?}"
+        hostile_keys().len() + 1,
+        "one bucket each, and the address's: {keys:?}"
     );
     for key in hostile_keys() {
         let printable = key.len() <= 128
@@ -112,7 +149,7 @@ fn assert_hostile_keys_get_ordinary_buckets(stack: &Stack, readable: bool) {
 
 #[test]
 fn hostile_keys_each_get_their_own_ordinary_bucket() {
-    let stack = Stack::start("e2e-hostile-hashed", &[]);
+    let stack = Stack::start("e2e-hostile-hashed", &[RAISED_CEILING]);
     assert_hostile_keys_get_ordinary_buckets(&stack, false);
 }
 
@@ -121,7 +158,10 @@ fn hostile_keys_stay_intact_when_identities_are_readable() {
     // Readable keys put the client's bytes themselves into the Webdis URL.
     let stack = Stack::start(
         "e2e-hostile-readable",
-        &[("\"hash_identities\": true", "\"hash_identities\": false")],
+        &[
+            ("\"hash_identities\": true", "\"hash_identities\": false"),
+            RAISED_CEILING,
+        ],
     );
     assert_hostile_keys_get_ordinary_buckets(&stack, true);
 }
@@ -141,7 +181,12 @@ fn a_readable_identity_never_shares_the_bucket_of_its_digest() {
     assert_full_bucket_then_limited(&stack.envoy, Some(hex.as_bytes()));
     let mut keys = stack.redis.admin().cmd(&["KEYS", "*"]).unwrap().items();
     keys.sort_by_key(|k| k.text());
-    let keys: Vec<String> = keys.iter().map(|k| k.text()).collect();
+    let ceiling = ip_bucket(&stack.envoy);
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| k.text())
+        .filter(|k| *k != ceiling)
+        .collect();
     let (hashed_key, readable_key) = (
         bucket_key(&stack.envoy, hashed),
         bucket_key(&stack.envoy, hex.as_bytes()),
@@ -164,10 +209,13 @@ fn two_envoys_sharing_redis_allow_exactly_capacity_in_total() {
     // Each replica has its own Webdis, as it would next to each Envoy; Redis is the one shared
     // part. Negligible refill (50 per day), the shipped timeout and breaker: failures are
     // counted and must be zero, even on a loaded machine.
-    let edits = [(
-        "\"limit\": 10, \"window\": \"1m\"",
-        "\"limit\": 50, \"window\": \"1d\"",
-    )];
+    let edits = [
+        (
+            "\"limit\": 10, \"window\": \"1m\"",
+            "\"limit\": 50, \"window\": \"1d\"",
+        ),
+        RAISED_CEILING,
+    ];
     let webdis: Vec<Webdis> = (0..2).map(|_| Webdis::start(&dir, redis.port)).collect();
     let envoys: Vec<Envoy> = webdis
         .iter()

@@ -182,7 +182,8 @@ fn stack(name: &str, rules: &str) -> Stack {
     Stack::start(name, &[(&from, &to)])
 }
 
-/// The demo's rule (envoy/envoy.yaml): per API key, else per client IP, 10 per minute.
+/// A rule per API key, else per client IP, 10 per minute: one bucket per made-up key, which is
+/// what fills Redis here (the shipped demo also limits each address, envoy/envoy.yaml).
 const DEMO_RULES: &str = r#"[{"name": "per_client", "key": {"from": ["header:x-api-key", "client_ip"]},
   "limits": [{"name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m"}]}]"#;
 

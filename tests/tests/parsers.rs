@@ -157,7 +157,7 @@ fn cost_headers_are_a_whole_number_within_bounds_or_a_400() {
                 ("x-cost".into(), value),
             ],
             source: Some("10.0.0.1:1234".into()),
-            route: None,
+            ..FakeRequest::default()
         };
         match plan(&config, &request) {
             Ok(p) => prop_assert!(p.checks.iter().all(|c| (1..=10).contains(&c.cost))),
@@ -165,6 +165,75 @@ fn cost_headers_are_a_whole_number_within_bounds_or_a_400() {
                 prop_assert_eq!(message, "x-cost must be a whole number from 1 to 10")
             }
         }
+        Ok(())
+    });
+}
+
+/// A query string of parameters named from a small set (so names repeat), values of any bytes
+/// a client can put in a request line, percent-escapes and `+` included.
+fn query_string() -> impl Strategy<Value = String> {
+    let name = prop_oneof!["k", "key", "k%65y", "x", "k+", ""];
+    let value = "[a-zA-Z0-9%+=._~!$'()*,;:@/?-]{0,12}";
+    prop::collection::vec((name, value, any::<bool>()), 0..6).prop_map(|pairs| {
+        pairs
+            .into_iter()
+            .map(|(n, v, eq)| {
+                if eq {
+                    format!("{n}={v}")
+                } else {
+                    n.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("&")
+    })
+}
+
+#[test]
+fn a_query_key_is_its_decoded_value_the_ip_or_a_400() {
+    let config = Config::parse(
+        br#"{"rules": [{"name": "r", "key": {"from": ["query:key", "client_ip"]},
+             "limits": [{"name": "l", "limit": 5, "window": "1s"}]}]}"#,
+    )
+    .unwrap();
+    check("query string", 50_000, query_string(), |query| {
+        let request = FakeRequest::new("GET", &format!("/a?{query}"));
+        // The parameter named `key` once decoded (`k%65y` is one of them).
+        let copies = query
+            .split('&')
+            .filter(|p| matches!(p.split('=').next(), Some("key" | "k%65y")))
+            .count();
+        match plan(&config, &request) {
+            Ok(p) => {
+                prop_assert!(copies <= 1, "{query}: {copies} copies let through");
+                let key = &p.checks[0].key;
+                prop_assert!(
+                    key.starts_with("rl:{query:key:") || key.starts_with("rl:{client_ip:"),
+                    "{key}"
+                );
+            }
+            Err(BadRequest(message)) => {
+                prop_assert!(copies > 1, "{query}: refused with one copy");
+                prop_assert_eq!(message, "query parameter key must be sent once")
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_metadata_value_is_a_scalar_key_or_absent() {
+    let config = Config::parse(
+        br#"{"rules": [{"name": "r", "key": {"from": ["metadata:ns:sub", "client_ip"]},
+             "limits": [{"name": "l", "limit": 5, "window": "1s"}]}]}"#,
+    )
+    .unwrap();
+    check("metadata value", 50_000, header_value(), |value| {
+        let request = FakeRequest::new("GET", "/").with_metadata("ns:sub", &value);
+        let p = plan(&config, &request).map_err(|e| TestCaseError::fail(e.0))?;
+        let by_claim = p.checks[0].key.starts_with("rl:{metadata:ns:sub:");
+        let structure = ratelimit_core::request::source::is_structure(&value);
+        prop_assert_eq!(by_claim, !value.is_empty() && !structure, "{:?}", value);
         Ok(())
     });
 }
@@ -180,7 +249,7 @@ fn x_forwarded_for_gives_an_address_or_nothing() {
             let request = FakeRequest {
                 headers: vec![("x-forwarded-for".into(), xff)],
                 source: Some("192.0.2.1:5555".into()),
-                route: None,
+                ..FakeRequest::default()
             };
             let policy = ClientIpPolicy {
                 xff_trusted_hops: hops,

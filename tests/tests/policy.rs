@@ -7,7 +7,7 @@ use std::time::Duration;
 use e2e::http::request;
 use e2e::procs::{filter_config_edit, validate_config, WorkDir};
 use e2e::sf::{parse_list, Item};
-use e2e::{root, wait_for, wait_until, Envoy, Redis, Response, Stack, Webdis};
+use e2e::{get, root, wait_for, wait_until, Envoy, Redis, Response, Stack, Webdis};
 
 /// The filter JSON with the shipped bridge credentials (timeout and breaker left to their
 /// defaults), plus `body`.
@@ -671,7 +671,15 @@ fn example_public_api_tiers() {
         .iter()
         .filter_map(|i| i.name().map(str::to_string))
         .collect();
-    assert_eq!(names, ["api.per_second", "api.per_day"]);
+    assert_eq!(
+        names,
+        [
+            "api.per_second",
+            "api.per_day",
+            "per_ip.per_second",
+            "per_ip.per_day"
+        ]
+    );
     // Leases are on (and the clock skew allowed is 50 ms): a busy key is served partly from
     // units its worker took ahead, within the same limits.
     let got = statuses(12, || envoy.keyed_at("/api/orders", "customer-2"));
@@ -778,8 +786,12 @@ fn example_internal_shadow() {
         "{shadow_denied} shadow denials in {seconds:.1} s"
     );
     assert_eq!(envoy.counter("ratelimit_allowed"), 700);
-    // Requests without the header are skipped: no decision, no headers.
-    assert_eq!(envoy.send("/", &[]).header("x-ratelimit-limit"), None);
+    // Every request also counts against its address's 1,800 (none refused here); one
+    // without the header is measured by that rule alone.
+    assert_eq!(
+        envoy.send("/", &[]).header("x-ratelimit-limit"),
+        Some("1800")
+    );
 }
 
 #[test]
@@ -816,6 +828,50 @@ fn keys_can_combine_route_method_and_path() {
         "route+method+path",
         b"demo_route\x1fGET\x1f/a",
     );
+    assert_eq!(s.redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
+}
+
+/// A key from a query parameter (`?api_key=…`, as public APIs and webhooks take one): decoded
+/// once, so `k%31` is `k1`'s bucket; sent twice it is a bad request; beside it the address's
+/// ceiling holds a client making up keys.
+#[test]
+fn a_query_parameter_keys_a_bucket_and_the_address_holds_made_up_ones() {
+    let s = stack(
+        "policy-query-key",
+        r#""rules": [
+          {"name": "hooks", "match": {"path_prefix": "/hooks/"},
+           "key": {"from": ["query:api_key"], "when_missing": "skip"},
+           "limits": [{"name": "hour", "limit": 3, "window": "1h"}]},
+          {"name": "per_ip", "match": {"path_prefix": "/hooks/"}, "key": {"from": ["client_ip"]},
+           "limits": [{"name": "hour", "limit": 8, "window": "1h"}]}]"#,
+    );
+    let port = s.envoy.port;
+    let call = |path: &str| get(port, path, &[]).unwrap();
+    let got: Vec<u16> = [
+        "/hooks/a?api_key=k1",
+        "/hooks/b?x=1&api_key=k1",
+        "/hooks/a?api_key=k%31",
+    ]
+    .iter()
+    .map(|p| call(p).status)
+    .collect();
+    assert_eq!(got, [200, 200, 200]);
+    assert_eq!(call("/hooks/a?api_key=k1").status, 429, "k1's 3 are spent");
+    let twice = call("/hooks/a?api_key=k2&api_key=k1");
+    assert_eq!(twice.status, 400, "{}", twice.text());
+    assert!(twice
+        .text()
+        .contains("query parameter api_key must be sent once"));
+    assert_eq!(statuses(3, || call("/hooks/a?api_key=k2")), [200; 3]);
+    // 6 of the address's 8 are spent: made-up keys get the 2 left, then nothing.
+    let made_up: Vec<u16> = (0..6)
+        .map(|i| call(&format!("/hooks/a?api_key=made-up-{i}")).status)
+        .collect();
+    assert_eq!(made_up, [200, 200, 429, 429, 429, 429]);
+    let key = s
+        .envoy
+        .keys()
+        .limit_key("hooks", "hour", "query:api_key", b"k1");
     assert_eq!(s.redis.admin().cmd(&["EXISTS", &key]).unwrap().int(), 1);
 }
 

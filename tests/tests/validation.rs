@@ -19,13 +19,13 @@ fn bad_filter_config_stops_envoy_and_names_the_field() {
             "rules[0].limits[0].limit: must be >= 1",
         ),
         (
-            "\"window\": \"1m\"",
-            "\"window\": \"0s\"",
+            "\"limit\": 10, \"window\": \"1m\"",
+            "\"limit\": 10, \"window\": \"0s\"",
             "rules[0].limits[0].window: must be > 0",
         ),
         (
-            "\"token_bucket\"",
-            "\"leaky_bucket\"",
+            "\"token_bucket\", \"limit\": 10",
+            "\"leaky_bucket\", \"limit\": 10",
             "rules[0].limits[0].algorithm: unknown variant `leaky_bucket`",
         ),
         (
@@ -180,9 +180,10 @@ fn webdis_with_the_shipped_config_refuses_everything_but_the_limiter() {
     // SCRIPT passes Webdis (its ACL cannot tell LOAD from FLUSH), Redis's ACL stops FLUSH.
     let r = get(port, "/SCRIPT/FLUSH", &with_auth).unwrap();
     assert!(r.text().contains("NOPERM"), "{}", r.text());
-    // Nothing was flushed: the bucket is still there, and the script too.
+    // Nothing was flushed: the buckets (the key's and the address's) are still there, and
+    // the script too.
     let mut admin = stack.redis.admin();
-    assert_eq!(admin.cmd(&["DBSIZE"]).unwrap().int(), 1);
+    assert_eq!(admin.cmd(&["DBSIZE"]).unwrap().int(), 2);
     let exists = admin.cmd(&["SCRIPT", "EXISTS", &sha]).unwrap().items();
     assert_eq!(exists[0].int(), 1);
 }

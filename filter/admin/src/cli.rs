@@ -24,6 +24,9 @@ Options:
   --redis URL      redis://USER:PASSWORD@HOST:PORT, any node of a Redis Cluster with
                    bridge.redis_cluster (default: $RATELIMIT_ADMIN_REDIS)
   --from LABEL     the rule's key.from entry IDENTITY is for (default: its first)
+  --plan NAME      for a rule with plans, the plan whose numbers inspect uses (default: each
+                   limit with the numbers of the first plan holding it; a limit's state and
+                   override are the same in every plan)
   --by WHO         who makes a change, for the audit stream (default: $USER)
   --json           machine-readable output
   -h, --help       this text
@@ -38,6 +41,7 @@ pub struct Cli {
     pub select: Option<usize>,
     pub redis: Option<String>,
     pub from: Option<String>,
+    pub plan: Option<String>,
     pub by: Option<String>,
     pub json: bool,
     pub command: Command,
@@ -93,6 +97,7 @@ const VALUED: &[&str] = &[
     "--select",
     "--redis",
     "--from",
+    "--plan",
     "--by",
     "--limit",
     "--burst",
@@ -168,6 +173,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cl
             select: None,
             redis: None,
             from: None,
+            plan: None,
             by: None,
             json: false,
             command: Command::Help,
@@ -191,6 +197,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cl
         .or_else(|| env("RATELIMIT_ADMIN_REDIS"));
     let by = words.take("--by");
     let from = words.take("--from");
+    let plan = words.take("--plan");
     let command = command(&mut words, from.is_some())?;
     if let Some((name, _)) = words.options.first() {
         let what = words
@@ -204,6 +211,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cl
         select,
         redis,
         from,
+        plan,
         by,
         json,
         command,

@@ -27,7 +27,7 @@ pub fn run(cli: &Cli, user: Option<String>) -> Result<Report> {
     let path = cli.config.as_deref().ok_or_else(|| {
         Error::usage("no filter config: give --config FILE or set RATELIMIT_ADMIN_CONFIG")
     })?;
-    let config = target::load(path, cli.select)?;
+    let config = target::by_name(target::load(path, cli.select)?, cli.plan.as_deref())?;
     let who = cli
         .by
         .clone()

@@ -61,6 +61,48 @@ pub fn load(path: &str, select: Option<usize>) -> Result<Config> {
     })
 }
 
+/// The rules as the tool names them: a rule with plans becomes one rule holding every plan's
+/// limits, since a limit's state and override keys are the same in every plan (the rule's and
+/// the limit's names). Each limit has the numbers of `plan` where that plan holds it, else of
+/// the first plan that does.
+pub fn by_name(mut config: Config, plan: Option<&str>) -> Result<Config> {
+    if let Some(plan) = plan {
+        let plans: Vec<&str> = config
+            .rules
+            .iter()
+            .filter_map(|r| r.plan.as_deref())
+            .collect();
+        if !plans.contains(&plan) {
+            return Err(Error::usage(if plans.is_empty() {
+                format!("--plan {plan}: the config's rules have no plans")
+            } else {
+                format!(
+                    "unknown plan {plan:?}: the config's plans are {}",
+                    plans.join(", ")
+                )
+            }));
+        }
+    }
+    let mut merged: Vec<Rule> = Vec::with_capacity(config.rules.len());
+    for rule in std::mem::take(&mut config.rules) {
+        let chosen = plan.is_some() && rule.plan.as_deref() == plan;
+        match merged.iter_mut().find(|r| r.name == rule.name) {
+            None => merged.push(rule),
+            Some(seen) => {
+                for limit in rule.limits {
+                    match seen.limits.iter_mut().find(|l| l.name == limit.name) {
+                        Some(held) if chosen => *held = limit,
+                        Some(_) => {}
+                        None => seen.limits.push(limit),
+                    }
+                }
+            }
+        }
+    }
+    config.rules = merged;
+    Ok(config)
+}
+
 pub fn rule<'c>(config: &'c Config, name: &str) -> Result<&'c Rule> {
     config.rules.iter().find(|r| r.name == name).ok_or_else(|| {
         let names: Vec<&str> = config.rules.iter().map(|r| r.name.as_str()).collect();
@@ -278,6 +320,46 @@ mod tests {
         assert_eq!(
             identity(&c, rule, Some("anonymous"), "").unwrap().bytes,
             b""
+        );
+    }
+
+    #[test]
+    fn a_rule_with_plans_is_one_rule_with_every_plans_limits() {
+        let json = r#"{"rules": [{"name": "api", "key": {"from": ["metadata:ns:sub"]},
+          "plan_from": "metadata:ns:plan", "plans": [
+            {"name": "pro", "values": ["pro"], "limits": [
+              {"name": "m", "limit": 20, "window": "1m", "overrides": true},
+              {"name": "d", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]},
+            {"name": "free", "default": true, "limits": [{"name": "m", "limit": 5, "window": "1m", "overrides": true}]}]}]}"#;
+        let numbers = |plan: Option<&str>| {
+            let c = by_name(config(json), plan).unwrap();
+            assert_eq!(c.rules.len(), 1);
+            c.rules[0]
+                .limits
+                .iter()
+                .map(|l| (l.name.clone(), l.limit))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            numbers(None),
+            [("m".to_string(), 20), ("d".to_string(), 1000)]
+        );
+        assert_eq!(
+            numbers(Some("free")),
+            [("m".to_string(), 5), ("d".to_string(), 1000)]
+        );
+        assert_eq!(
+            by_name(config(json), Some("gold")).unwrap_err().message,
+            "unknown plan \"gold\": the config's plans are pro, free"
+        );
+        let c = by_name(config(json), None).unwrap();
+        let rule = &c.rules[0];
+        let id = identity(&c, rule, None, "alice").unwrap();
+        assert_eq!(id.label, "metadata:ns:sub");
+        let digest = ratelimit_core::sha1::sha1_hex(b"alice");
+        assert_eq!(
+            override_key_of(&c, rule, &rule.limits[0], &id),
+            format!("rl:{{metadata:ns:sub:{digest}}}:api:m:override")
         );
     }
 }

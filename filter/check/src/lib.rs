@@ -12,9 +12,11 @@
 //! the unmaintained `yaml-rust`), multi-document, keeps key order, and its errors carry a line
 //! and column. `serde_yaml` is archived and its forks are younger or less active.
 
+mod coverage;
 mod find;
 mod summary;
 mod tree;
 
+pub use coverage::findings;
 pub use find::{find, Found};
 pub use summary::summary;

@@ -1,8 +1,8 @@
 //! What a valid config makes the filter do, in a few lines a reviewer can read.
 
 use ratelimit_core::config::{
-    show_duration, Admit, Algorithm, Clock, Config, Cost, Estimate, FailureMode, KeySpec, Limit,
-    Match, PathMatch, Rule, Usage, UsageSource, WhenMissing,
+    show_duration, Admit, Algorithm, Clock, Config, Cost, Estimate, FailureMode, KeySource,
+    KeySpec, Limit, Match, PathMatch, Rule, Test, Usage, UsageSource, WhenMissing,
 };
 
 /// The policy, one line for the bridge, then per rule a line and a line per limit; each line
@@ -39,13 +39,20 @@ pub fn summary(config: &Config) -> String {
             out.push_str(&limit_line(limit, &rule.cost));
         }
     }
+    for finding in crate::coverage::findings(config) {
+        out.push_str(&format!("  {finding}\n"));
+    }
     out
 }
 
 fn rule_line(rule: &Rule, with_timeout: bool) -> String {
+    let name = match &rule.plan {
+        Some(plan) => format!("{}, plan {plan}", rule.name),
+        None => rule.name.clone(),
+    };
     let mut line = format!(
         "  rule {}: {}; key {}; failure mode {}",
-        rule.name,
+        name,
         matcher(&rule.matcher),
         key(&rule.key),
         failure_mode(rule.failure_mode)
@@ -156,16 +163,40 @@ fn matcher(matcher: &Match) -> String {
     if !matcher.methods.is_empty() {
         parts.push(format!("method {}", matcher.methods.join("|")));
     }
-    if let Some(header) = &matcher.header {
-        match &header.value {
-            Some(value) => parts.push(format!("header {} = {value}", header.name)),
-            None => parts.push(format!("header {} present", header.name)),
-        }
+    for condition in &matcher.conditions {
+        let source = source_name(&condition.source);
+        let list = |values: &[Vec<u8>]| {
+            values
+                .iter()
+                .map(|v| format!("{:?}", String::from_utf8_lossy(v)))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        };
+        parts.push(match &condition.test {
+            Test::Present => format!("{source} present"),
+            Test::Absent => format!("{source} absent"),
+            Test::In(values) => format!("{source} = {}", list(values)),
+            Test::NotIn(values) if values.is_empty() => format!("any {source}"),
+            Test::NotIn(values) => format!("{source} absent or not {}", list(values)),
+        });
     }
     if parts.is_empty() {
         "every request".to_string()
     } else {
         parts.join(" and ")
+    }
+}
+
+/// A source as the config writes it.
+fn source_name(source: &KeySource) -> String {
+    match source {
+        KeySource::Header(name) => format!("header:{name}"),
+        KeySource::Query(name) => format!("query:{name}"),
+        KeySource::Metadata(path) => format!("metadata:{}:{}", path.namespace, path.keys.join(":")),
+        KeySource::ClientIp => "client_ip".into(),
+        KeySource::Route => "route".into(),
+        KeySource::Method => "method".into(),
+        KeySource::Path => "path".into(),
     }
 }
 

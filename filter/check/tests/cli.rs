@@ -42,7 +42,7 @@ fn a_valid_config_prints_ok_and_its_policy() {
     assert_eq!(
         out,
         format!(
-            "{}: document 1: OK\n  bridge: cluster webdis, authority webdis, no auth, timeout 150ms\n  rule r: every request; key header:x-api-key, else client_ip, else one shared anonymous key; failure mode open\n    limit m: token_bucket 10 per 1m, burst 10, cost 1, no lease\n",
+            "{}: document 1: OK\n  bridge: cluster webdis, authority webdis, no auth, timeout 150ms\n  rule r: every request; key header:x-api-key, else client_ip, else one shared anonymous key; failure mode open\n    limit m: token_bucket 10 per 1m, burst 10, cost 1, no lease\n  warning: rule r keys on header:x-api-key, which the client chooses: every made-up value gets a bucket of its own, and no rule limits the same requests by client_ip (see docs/security.md)\n",
             path.display()
         )
     );

@@ -22,6 +22,17 @@ pub const MAX_RULES: usize = 1_000;
 pub const MAX_LIMITS_PER_RULE: usize = 16;
 /// Length of one `key.from` entry: it is the label written into every key of the rule.
 pub const MAX_KEY_SOURCE_BYTES: usize = 128;
+/// Keys below a metadata namespace that a `metadata:` source reads through.
+pub const MAX_METADATA_KEYS: usize = 8;
+/// Values one match condition (`in`, `not_in`) or one plan (`values`) lists.
+pub const MAX_CONDITION_VALUES: usize = 256;
+/// Length of one such value.
+pub const MAX_CONDITION_VALUE_BYTES: usize = 1024;
+/// Plans of one rule.
+pub const MAX_PLANS: usize = 32;
+/// Length of a value a request's query parameter or its metadata gives a key or a condition:
+/// a longer one is absent (the key's next alternative applies). Headers are bounded by Envoy.
+pub const MAX_SOURCE_VALUE_BYTES: usize = 4096;
 /// Length of `bridge.authority`, `bridge.username` and `bridge.password`: they go into every
 /// call's headers, which share Webdis's request size with the path.
 pub const MAX_BRIDGE_FIELD_BYTES: usize = 255;

@@ -111,6 +111,10 @@ pub fn settings(s: &Settings) -> Vec<(String, String)> {
             "the rule and load of filter-allow-1key, its limit with `\"overrides\": true`, no override set in Redis (each decision's lookup finds nothing); an Envoy of its own".into(),
         ),
         (
+            "filter-allow-1key-claim".into(),
+            "the rule and load of filter-allow-1key keyed on `metadata:envoy.filters.http.jwt_authn:jwt_payload:sub`, which a `set_metadata` filter before the rate limiter sets on every request; an Envoy of its own".into(),
+        ),
+        (
             "filter-deny-hotkey".into(),
             format!(
                 "one key, capacity 10, rate 1/s, bridge timeout {} ms",

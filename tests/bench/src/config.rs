@@ -100,7 +100,18 @@ pub struct Policy {
     pub clock_skew_ms: Option<u64>,
     /// `"overrides": true`: each decision also reads the identity's override in Redis.
     pub overrides: bool,
+    /// Keyed on a JWT claim in dynamic metadata ([`CLAIM_SOURCE`]) instead of the
+    /// `x-api-key` header: a `set_metadata` filter before ours puts the claim there for every
+    /// request, as `jwt_authn`'s `payload_in_metadata` would.
+    pub claim: bool,
 }
+
+/// The key source of a policy with `claim`.
+pub const CLAIM_SOURCE: &str = "metadata:envoy.filters.http.jwt_authn:jwt_payload:sub";
+
+/// The `http_filters` entry putting the claim of [`CLAIM_SOURCE`] into every request's dynamic
+/// metadata, inserted before the rate-limit filter (at the shipped envoy.yaml's indentation).
+const CLAIM_FILTER: &str = "          - name: envoy.filters.http.set_metadata\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n              metadata:\n              - metadata_namespace: envoy.filters.http.jwt_authn\n                value: { jwt_payload: { sub: bench-client } }\n";
 
 /// A lease on a limit, as the filter's `lease` object writes it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -141,6 +152,9 @@ impl Policy {
         }
         if self.overrides {
             name += "-overrides";
+        }
+        if self.claim {
+            name += "-claim";
         }
         name
     }
@@ -218,9 +232,14 @@ pub fn filter_json(shipped: &Value, policies: &[Policy], never_match: bool) -> V
             if p.overrides {
                 limit["overrides"] = json!(true);
             }
+            let key = if p.claim {
+                CLAIM_SOURCE
+            } else {
+                "header:x-api-key"
+            };
             let mut rule = json!({
                 "name": p.rule_name(),
-                "key": { "from": ["header:x-api-key"] },
+                "key": { "from": [key] },
                 "limits": [limit],
             });
             if policies.len() > 1 {
@@ -413,6 +432,10 @@ pub fn envoy_yaml(front: &Front, port: u16, admin_port: u16, webdis_port: u16) -
     match front {
         Front::Filter(policies) | Front::PassThrough(policies) | Front::Variant(policies, _) => {
             let mut edits = filter_edits(policies, matches!(front, Front::PassThrough(_)));
+            if policies.iter().any(|p| p.claim) {
+                let wasm = "          - name: ratelimit\n";
+                edits.push((wasm.to_string(), format!("{CLAIM_FILTER}{wasm}")));
+            }
             if let Front::Variant(_, wasm) = front {
                 // envoy_config has made the module's path absolute; this edit comes after.
                 edits.push((
@@ -555,6 +578,7 @@ mod tests {
             lease: None,
             clock_skew_ms: None,
             overrides: false,
+            claim: false,
         }
     }
 

@@ -133,6 +133,23 @@ fn main() {
             }
         ));
     }
+    if let Some(spread) = report.claim_over_header_us() {
+        b.say(&format!(
+            "filter-allow-1key-claim less filter-allow-1key, Envoy µs per request, per round: {:+.1} ({}){}",
+            spread.median(),
+            spread
+                .rounds
+                .iter()
+                .map(|r| format!("{r:+.1}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            if spread.median() > report::CLAIM_OVER_HEADER_TARGET_US {
+                format!(", above the +{} µs target", report::CLAIM_OVER_HEADER_TARGET_US)
+            } else {
+                String::new()
+            }
+        ));
+    }
     b.say(&format!(
         "done: {} ({}each throughput scenario with {} rounds)",
         s.out.join("report.md").display(),

@@ -21,6 +21,6 @@ pub fn view(api_key: Option<&str>) -> FakeRequest {
     FakeRequest {
         headers,
         source: Some("127.0.0.1:53124".into()),
-        route: None,
+        ..FakeRequest::default()
     }
 }

@@ -16,8 +16,10 @@ mod fields;
 pub(crate) mod fixtures;
 mod locate;
 mod overlap;
+mod plans;
 mod raw;
 mod rules;
+pub mod sources;
 mod usage;
 mod validate;
 
@@ -275,6 +277,10 @@ pub struct Rule {
     pub shadow: bool,
     /// At most this many new identities may create state per window.
     pub key_budget: Option<KeyBudget>,
+    /// The plan this rule is, when it was written as one of a rule's `plans`: each plan is a
+    /// rule of its own with the plan's limits, under the rule's name, its match narrowed to
+    /// the requests of that plan (the default plan's to every value no other plan names).
+    pub plan: Option<String>,
 }
 
 /// A bound on how fast a rule's key space grows: new identities (none of the rule's keys
@@ -340,7 +346,8 @@ pub struct Match {
     pub path: Option<PathMatch>,
     /// Upper-case methods; empty matches any.
     pub methods: Vec<String>,
-    pub header: Option<HeaderMatch>,
+    /// Each must hold: `match.header`, `match.sources`, and a plan's own condition.
+    pub conditions: Vec<Condition>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -349,11 +356,34 @@ pub enum PathMatch {
     Prefix(String),
 }
 
+/// A test of one source's value. A source with an empty value is absent, as for keys.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HeaderMatch {
-    pub name: String,
-    /// None: the header must be present; Some: it must equal this value.
-    pub value: Option<String>,
+pub struct Condition {
+    pub source: KeySource,
+    pub test: Test,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Test {
+    Present,
+    Absent,
+    /// Present and equal to one of these (none empty).
+    In(Vec<Vec<u8>>),
+    /// Absent, or equal to none of these: a rule's default plan.
+    NotIn(Vec<Vec<u8>>),
+}
+
+impl Test {
+    /// Whether a source whose value is `value` (None: absent or empty) passes.
+    pub fn passes(&self, value: Option<&[u8]>) -> bool {
+        let value = value.filter(|v| !v.is_empty());
+        match self {
+            Test::Present => value.is_some(),
+            Test::Absent => value.is_none(),
+            Test::In(values) => value.is_some_and(|v| values.iter().any(|w| w == v)),
+            Test::NotIn(values) => !value.is_some_and(|v| values.iter().any(|w| w == v)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -370,15 +400,49 @@ pub struct KeyAlternative {
     pub sources: Vec<KeySource>,
 }
 
+/// Where a key, a match or a plan reads a value of the request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KeySource {
-    /// A request header (lower-case name).
+    /// A request header (lower-case name): the client chooses it.
     Header(String),
     ClientIp,
     Route,
     Method,
     /// The path without its query string.
     Path,
+    /// A query parameter (its name as written, compared after percent-decoding): the client
+    /// chooses it.
+    Query(String),
+    /// A value in the stream's dynamic metadata, which a filter before this one set (a JWT
+    /// claim from `jwt_authn`, an `ext_authz` result): what Envoy verified.
+    Metadata(MetadataPath),
+}
+
+impl KeySource {
+    /// Whether the client chooses the value (a header, a query parameter, the path or the
+    /// method): a client can send a fresh one with every request.
+    pub fn client_chosen(&self) -> bool {
+        matches!(
+            self,
+            KeySource::Header(_) | KeySource::Query(_) | KeySource::Path | KeySource::Method
+        )
+    }
+}
+
+/// `metadata:NAMESPACE:KEY[:KEY…]`: the value at KEY… in the filter metadata of NAMESPACE.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MetadataPath {
+    pub namespace: String,
+    pub keys: Vec<String>,
+}
+
+impl MetadataPath {
+    /// The property path Envoy reads it at (`get_property`).
+    pub fn property(&self) -> Vec<&str> {
+        let mut path = vec!["metadata", "filter_metadata", self.namespace.as_str()];
+        path.extend(self.keys.iter().map(String::as_str));
+        path
+    }
 }
 
 /// A limit's window.

@@ -1,11 +1,11 @@
 //! Which rules can apply to one request together: the bound on what one request carries
 //! adds up only the rules whose matches may meet.
 
-use super::{Match, PathMatch};
+use super::{Match, PathMatch, Test};
 
 /// Whether one request can match both rules: false only when their matches provably exclude
 /// each other. Sound because a request has one path, one method, and (repeats being refused)
-/// at most one value of a header a rule matches on.
+/// at most one value of each source a rule matches on.
 pub fn may_overlap(a: &Match, b: &Match) -> bool {
     let paths_meet = match (&a.path, &b.path) {
         (Some(PathMatch::Exact(x)), Some(PathMatch::Exact(y))) => x == y,
@@ -19,14 +19,24 @@ pub fn may_overlap(a: &Match, b: &Match) -> bool {
     let methods_meet = a.methods.is_empty()
         || b.methods.is_empty()
         || a.methods.iter().any(|m| b.methods.contains(m));
-    let headers_meet = match (&a.header, &b.header) {
-        (Some(x), Some(y)) if x.name == y.name => match (&x.value, &y.value) {
-            (Some(v), Some(w)) => v == w,
-            _ => true,
-        },
-        _ => true,
-    };
-    paths_meet && methods_meet && headers_meet
+    let conditions_meet = !a.conditions.iter().any(|x| {
+        b.conditions
+            .iter()
+            .any(|y| x.source == y.source && excludes(&x.test, &y.test))
+    });
+    paths_meet && methods_meet && conditions_meet
+}
+
+/// Whether no value of one source passes both tests.
+fn excludes(a: &Test, b: &Test) -> bool {
+    let within = |v: &[Vec<u8>], w: &[Vec<u8>]| v.iter().all(|x| w.contains(x));
+    match (a, b) {
+        (Test::In(v), Test::In(w)) => !v.iter().any(|x| w.contains(x)),
+        (Test::In(v), Test::NotIn(w)) | (Test::NotIn(w), Test::In(v)) => within(v, w),
+        (Test::In(_) | Test::Present, Test::Absent)
+        | (Test::Absent, Test::In(_) | Test::Present) => true,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -71,5 +81,43 @@ mod tests {
         }
         assert!(!may_overlap(&c.rules[0].matcher, &c.rules[2].matcher));
         assert!(may_overlap(&c.rules[0].matcher, &c.rules[1].matcher));
+    }
+
+    #[test]
+    fn plans_and_disjoint_conditions_exclude_each_other() {
+        let c = parse(
+            r#"{"rules": [
+              {"name": "api", "plan_from": "metadata:ns:plan", "plans": [
+                {"name": "pro", "values": ["pro"], "limits": [{"name": "l", "limit": 5, "window": "1s"}]},
+                {"name": "free", "values": ["free"], "limits": [{"name": "l", "limit": 2, "window": "1s"}]},
+                {"name": "other", "default": true, "limits": [{"name": "l", "limit": 1, "window": "1s"}]}]},
+              {"name": "absent", "match": {"sources": [{"source": "metadata:ns:plan", "present": false}]},
+               "limits": [{"name": "l", "limit": 1, "window": "1s"}]},
+              {"name": "present", "match": {"sources": [{"source": "metadata:ns:plan", "present": true}]},
+               "limits": [{"name": "l", "limit": 1, "window": "1s"}]},
+              {"name": "other_source", "match": {"sources": [{"source": "metadata:ns:tier", "in": ["pro"]}]},
+               "limits": [{"name": "l", "limit": 1, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let m = |i: usize| &c.rules[i].matcher;
+        let (pro, free, other, absent, present, tier) = (0, 1, 2, 3, 4, 5);
+        for (a, b) in [
+            (pro, free),
+            (pro, other),
+            (free, other),
+            (pro, absent),
+            (present, absent),
+        ] {
+            assert!(!may_overlap(m(a), m(b)), "{a} / {b}");
+            assert!(!may_overlap(m(b), m(a)), "{b} / {a}");
+        }
+        for (a, b) in [
+            (other, absent),
+            (pro, present),
+            (other, present),
+            (pro, tier),
+        ] {
+            assert!(may_overlap(m(a), m(b)), "{a} / {b}");
+        }
     }
 }

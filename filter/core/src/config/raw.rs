@@ -96,7 +96,11 @@ pub(super) struct RawRule {
     pub(super) matcher: RawMatch,
     #[serde(default)]
     pub(super) key: RawKey,
-    pub(super) limits: Vec<RawLimit>,
+    /// Required, but for a rule with `plans`, whose plans hold the limits.
+    pub(super) limits: Option<Vec<RawLimit>>,
+    /// The source naming a request's plan (`metadata:…`), with `plans`.
+    pub(super) plan_from: Option<String>,
+    pub(super) plans: Option<Vec<RawPlan>>,
     pub(super) cost: Option<Value>,
     pub(super) failure_mode: Option<FailureMode>,
     pub(super) timeout: Option<String>,
@@ -121,6 +125,32 @@ pub(super) struct RawMatch {
     pub(super) path_prefix: Option<String>,
     pub(super) methods: Option<Vec<String>>,
     pub(super) header: Option<RawHeaderMatch>,
+    pub(super) sources: Option<Vec<RawCondition>>,
+}
+
+/// `{"source": S, "in": [...]}`, `{"source": S, "not_in": [...]}` or
+/// `{"source": S, "present": true|false}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCondition {
+    pub(super) source: String,
+    #[serde(rename = "in")]
+    pub(super) in_: Option<Vec<String>>,
+    pub(super) not_in: Option<Vec<String>>,
+    pub(super) present: Option<bool>,
+}
+
+/// One of a rule's plans: the values of `plan_from` it takes, or the default (every other
+/// value, none included), and its limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlan {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) values: Vec<String>,
+    #[serde(default)]
+    pub(super) default: bool,
+    pub(super) limits: Vec<RawLimit>,
 }
 
 #[derive(Debug, Deserialize)]

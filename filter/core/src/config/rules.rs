@@ -8,6 +8,7 @@ use super::fields::{
     check_header_name, check_name, validate_lease, NamedList, LEASE_NEEDS_PROXY_CLOCK,
 };
 use super::raw::*;
+use super::sources::parse_source;
 use super::*;
 pub use crate::bounds::{MAX_COST, MAX_SHARDS};
 use crate::bounds::{
@@ -27,20 +28,15 @@ pub(super) struct RuleDefaults {
 }
 
 impl RawRule {
+    /// The rule, or with `plans` one rule per plan (see [`Rule::plan`]).
     pub(super) fn validate(
         self,
         field: &str,
         defaults: &RuleDefaults,
-    ) -> Result<Rule, ConfigError> {
+    ) -> Result<Vec<Rule>, ConfigError> {
         check_name(&self.name, &format!("{field}.name"))?;
         let matcher = self.matcher.validate(&format!("{field}.match"))?;
         let key = self.key.validate(&format!("{field}.key"))?;
-        let list = NamedList {
-            field: &format!("{field}.limits"),
-            noun: ("limit", "limits"),
-            max: MAX_LIMITS_PER_RULE,
-            duplicate_suffix: " in this rule",
-        };
         let shadow = self.shadow || defaults.shadow;
         let leasing = LeaseContext {
             inherited: defaults.lease,
@@ -48,11 +44,6 @@ impl RawRule {
             key_budget: self.key_budget.is_some(),
             clock: defaults.clock,
         };
-        let limits = list.validate(
-            self.limits,
-            |l| &l.name,
-            |raw, field| raw.validate(field, &leasing),
-        )?;
         let cost = validate_cost(self.cost, &format!("{field}.cost"))?;
         let timeout = timeout_field(
             self.timeout.as_deref(),
@@ -63,17 +54,49 @@ impl RawRule {
             None => None,
             Some(raw) => Some(raw.validate(&format!("{field}.key_budget"))?),
         };
-        Ok(Rule {
+        let rule = Rule {
             name: self.name,
             matcher,
             key,
-            limits,
+            limits: Vec::new(),
             cost,
             failure_mode: self.failure_mode.unwrap_or(defaults.failure_mode),
             timeout,
             shadow,
             key_budget,
-        })
+            plan: None,
+        };
+        let limits_of = |raw: Vec<RawLimit>, field: &str| {
+            let list = NamedList {
+                field,
+                noun: ("limit", "limits"),
+                max: MAX_LIMITS_PER_RULE,
+                duplicate_suffix: " in this rule",
+            };
+            list.validate(raw, |l| &l.name, |raw, field| raw.validate(field, &leasing))
+        };
+        match (self.limits, self.plan_from, self.plans) {
+            (Some(limits), None, None) => Ok(vec![Rule {
+                limits: limits_of(limits, &format!("{field}.limits"))?,
+                ..rule
+            }]),
+            (None, Some(from), Some(plans)) => {
+                super::plans::expand(rule, &from, plans, field, limits_of)
+            }
+            (Some(_), _, Some(_)) => Err(invalid(
+                &format!("{field}.limits"),
+                "a rule with plans has no limits of its own: each plan holds its limits",
+            )),
+            (None, None, None) => Err(invalid(&format!("{field}.limits"), "is required")),
+            (_, Some(_), None) => Err(invalid(
+                &format!("{field}.plans"),
+                "is required with plan_from: the plans the source's values name, one of them the default",
+            )),
+            (_, None, Some(_)) => Err(invalid(
+                &format!("{field}.plan_from"),
+                "is required with plans: the source naming a request's plan, e.g. metadata:envoy.filters.http.jwt_authn:jwt_payload:plan",
+            )),
+        }
     }
 }
 
@@ -117,17 +140,31 @@ impl RawMatch {
                 upper
             }
         };
-        let header = match self.header {
-            None => None,
-            Some(h) => Some(HeaderMatch {
-                name: check_header_name(&h.name, &format!("{field}.header.name"))?,
-                value: h.value,
-            }),
-        };
+        let mut conditions = Vec::new();
+        if let Some(h) = self.header {
+            let name = check_header_name(&h.name, &format!("{field}.header.name"))?;
+            let test = match h.value {
+                None => Test::Present,
+                Some(v) if v.is_empty() => {
+                    return Err(invalid(
+                        &format!("{field}.header.value"),
+                        "must not be empty: an empty header is an absent one",
+                    ))
+                }
+                Some(v) => Test::In(vec![v.into_bytes()]),
+            };
+            conditions.push(Condition {
+                source: KeySource::Header(name),
+                test,
+            });
+        }
+        for (i, raw) in self.sources.into_iter().flatten().enumerate() {
+            conditions.push(raw.validate(&format!("{field}.sources[{i}]"))?);
+        }
         Ok(Match {
             path: path.map(|(p, _, _)| p),
             methods,
-            header,
+            conditions,
         })
     }
 }
@@ -152,22 +189,12 @@ impl RawKey {
             }
             let mut sources = Vec::new();
             for part in text.split('+') {
-                let source = match part {
-                    "client_ip" => KeySource::ClientIp,
-                    "route" => KeySource::Route,
-                    "method" => KeySource::Method,
-                    "path" => KeySource::Path,
-                    _ => match part.strip_prefix("header:") {
-                        Some(name) => KeySource::Header(check_header_name(name, &entry_field)?),
-                        None => {
-                            return Err(invalid(
-                                &entry_field,
-                                format!("unknown key source \"{part}\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
-                            ))
-                        }
-                    },
-                };
-                sources.push(source);
+                sources.push(parse_source(part, &entry_field).map_err(|mut e| {
+                    if e.message.starts_with("unknown source") {
+                        e.message.push_str(", joined with '+'");
+                    }
+                    e
+                })?);
             }
             alternatives.push(KeyAlternative {
                 label: text.to_ascii_lowercase(),

@@ -129,11 +129,11 @@ fn full_config_is_read() {
     assert_eq!(r.matcher.path, Some(PathMatch::Exact("/login".into())));
     assert_eq!(r.matcher.methods, vec!["POST".to_string()]);
     assert_eq!(
-        r.matcher.header,
-        Some(HeaderMatch {
-            name: "x-tier".into(),
-            value: Some("free".into())
-        })
+        r.matcher.conditions,
+        vec![Condition {
+            source: KeySource::Header("x-tier".into()),
+            test: Test::In(vec![b"free".to_vec()])
+        }]
     );
     assert_eq!(
         r.key.alternatives[0].sources,
@@ -333,7 +333,7 @@ fn bad_configs_name_the_field() {
         (format!(r#"{{"rules": [{{"name": "r", "limits": [{LIMIT}]}}, {{"name": "r", "limits": [{LIMIT}]}}]}}"#), "rules[1].name: duplicate rule name \"r\""),
         (with_rule(r#"{"name": "r", "limits": []}"#), "rules[0].limits: must hold at least one limit"),
         (with_rule(r#"{"name": "r"}"#), "rules[0].limits: is required"),
-        (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `cost`, `failure_mode`, `timeout`, `shadow`, `key_budget`"),
+        (rule(r#", "limit": 5"#), "rules[0].limit: unknown field `limit`, expected one of `name`, `match`, `key`, `limits`, `plan_from`, `plans`, `cost`, `failure_mode`, `timeout`, `shadow`, `key_budget`"),
         (rule(r#", "timeout": "0s""#), "rules[0].timeout: must be between 1ms and 60s"),
         (rule(r#", "failure_mode": "half""#), "rules[0].failure_mode: unknown variant `half`, expected one of `open`, `closed`, `local`"),
         (limit(r#""window": "1s""#), "rules[0].limits[0].limit: is required"),
@@ -371,16 +371,43 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "day", "algorithm": "fixed_window", "utc_offset": 330"#), "rules[0].limits[0].utc_offset: invalid type: integer `330`, expected a string"),
         (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}, {LIMIT}]}}"#)), "rules[0].limits[1].name: duplicate limit name \"l\" in this rule"),
         (rule(r#", "key": {"from": []}"#), "rules[0].key.from: must name at least one key source"),
-        (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown key source \"cookie\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+        (rule(r#", "key": {"from": ["cookie"]}"#), "rules[0].key.from[0]: unknown source \"cookie\": expected header:NAME, query:NAME, metadata:NAMESPACE:KEY[:KEY…], client_ip, route, method or path, joined with '+'"),
         (rule(r#", "key": {"from": ["client_ip", "header:"]}"#), "rules[0].key.from[1]: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
-        (rule(r#", "key": {"from": ["path+"]}"#), "rules[0].key.from[0]: unknown key source \"\": expected header:NAME, client_ip, route, method or path, joined with '+'"),
+        (rule(r#", "key": {"from": ["path+"]}"#), "rules[0].key.from[0]: unknown source \"\": expected header:NAME, query:NAME, metadata:NAMESPACE:KEY[:KEY…], client_ip, route, method or path, joined with '+'"),
         (rule(r#", "key": {"when_missing": "deny"}"#), "rules[0].key.when_missing: unknown variant `deny`, expected `anonymous` or `skip`"),
         (rule(r#", "match": {"path_exact": "/a", "path_prefix": "/b"}"#), "rules[0].match: path_exact and path_prefix exclude each other"),
         (rule(r#", "match": {"path_prefix": "api"}"#), "rules[0].match.path_prefix: must start with '/'"),
         (rule(r#", "match": {"methods": []}"#), "rules[0].match.methods: must not be empty (leave it out to match any method)"),
         (rule(r#", "match": {"methods": ["GET", "GE T"]}"#), "rules[0].match.methods[1]: must be an HTTP method such as GET"),
         (rule(r#", "match": {"header": {"name": "bad name"}}"#), "rules[0].match.header.name: must be a header name (letters, digits and !#$%&'*+-.^_`|~)"),
-        (rule(r#", "match": {"host": "x"}"#), "rules[0].match.host: unknown field `host`, expected one of `path_exact`, `path_prefix`, `methods`, `header`"),
+        (rule(r#", "match": {"host": "x"}"#), "rules[0].match.host: unknown field `host`, expected one of `path_exact`, `path_prefix`, `methods`, `header`, `sources`"),
+        (rule(r#", "key": {"from": ["metadata:envoy.filters.http.jwt_authn"]}"#), "rules[0].key.from[0]: metadata needs a namespace and at least one key: metadata:NAMESPACE:KEY[:KEY…], e.g. metadata:envoy.filters.http.jwt_authn:jwt_payload:sub"),
+        (rule(r#", "key": {"from": ["metadata:ns::sub"]}"#), "rules[0].key.from[0]: a metadata key must be printable ASCII without ':', '+', '=', '{', '}' or spaces (write another byte as %XX), got \"\""),
+        (rule(r#", "key": {"from": ["metadata:ns:a=b"]}"#), "rules[0].key.from[0]: a metadata key must be printable ASCII without ':', '+', '=', '{', '}' or spaces (write another byte as %XX), got \"a=b\""),
+        (rule(r#", "key": {"from": ["query:"]}"#), "rules[0].key.from[0]: a query parameter's name must be printable ASCII without ':', '+', '=', '{', '}' or spaces (write another byte as %XX), got \"\""),
+        (rule(r#", "match": {"sources": [{"source": "query:debug"}]}"#), "rules[0].match.sources[0]: needs exactly one of \"in\": [values], \"not_in\": [values] or \"present\": true|false"),
+        (rule(r#", "match": {"sources": [{"source": "query:debug", "in": ["1"], "present": true}]}"#), "rules[0].match.sources[0]: needs exactly one of \"in\": [values], \"not_in\": [values] or \"present\": true|false"),
+        (rule(r#", "match": {"sources": [{"source": "metadata:ns:plan", "in": []}]}"#), "rules[0].match.sources[0].in: must hold at least one value"),
+        (rule(r#", "match": {"sources": [{"source": "metadata:ns:plan", "not_in": ["a", ""]}]}"#), "rules[0].match.sources[0].not_in[1]: must not be empty: an empty value is an absent one (test it with \"present\": false)"),
+        (rule(r#", "match": {"sources": [{"source": "jwt:sub", "present": true}]}"#), "rules[0].match.sources[0].source: unknown source \"jwt:sub\": expected header:NAME, query:NAME, metadata:NAMESPACE:KEY[:KEY…], client_ip, route, method or path"),
+        (rule(r#", "match": {"sources": [{"source": "client_ip+route", "present": true}]}"#), "rules[0].match.sources[0].source: a condition tests one source: write one condition per source"),
+        (rule(r#", "match": {"sources": [{"source": "route", "equals": "x"}]}"#), "rules[0].match.sources[0].equals: unknown field `equals`, expected one of `source`, `in`, `not_in`, `present`"),
+        (rule(r#", "match": {"header": {"name": "x-t", "value": ""}}"#), "rules[0].match.header.value: must not be empty: an empty header is an absent one"),
+        (with_rule(r#"{"name": "r"}"#), "rules[0].limits: is required"),
+        (with_rule(&format!(r#"{{"name": "r", "limits": [{LIMIT}], "plan_from": "metadata:ns:plan", "plans": []}}"#)), "rules[0].limits: a rule with plans has no limits of its own: each plan holds its limits"),
+        (with_rule(&format!(r#"{{"name": "r", "plans": [{{"name": "p", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plan_from: is required with plans: the source naming a request's plan, e.g. metadata:envoy.filters.http.jwt_authn:jwt_payload:plan"),
+        (with_rule(r#"{"name": "r", "plan_from": "metadata:ns:plan"}"#), "rules[0].plans: is required with plan_from: the plans the source's values name, one of them the default"),
+        (with_rule(r#"{"name": "r", "plan_from": "metadata:ns:plan", "plans": []}"#), "rules[0].plans: must hold at least one plan"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "plan", "plans": [{{"name": "p", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plan_from: unknown source \"plan\": expected header:NAME, query:NAME, metadata:NAMESPACE:KEY[:KEY…], client_ip, route, method or path"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "pro", "values": ["pro"], "limits": [{LIMIT}]}}, {{"name": "free", "values": ["free"], "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans: no plan is the default: mark one \"default\": true; it takes every request whose plan_from is absent or names no plan (anonymous requests, unknown plans)"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "a", "default": true, "limits": [{LIMIT}]}}, {{"name": "b", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans[1].default: plans[0] is the default already: one plan takes every request the others do not"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "pro", "limits": [{LIMIT}]}}, {{"name": "d", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans[0].values: must name the values of plan_from this plan takes (only the default plan may name none)"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "pro", "values": ["pro"], "limits": [{LIMIT}]}}, {{"name": "pro", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans[1].name: duplicate plan name \"pro\" (plans[0])"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "pro", "values": ["pro", "gold"], "limits": [{LIMIT}]}}, {{"name": "gold", "values": ["gold"], "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans[1].values[0]: \"gold\" is a value of plans[0] already: a request is in one plan"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "pro", "values": ["pro"], "limits": [{LIMIT}]}}, {{"name": "d", "default": true, "limits": [{{"name": "l", "limit": 1, "window": "1m"}}]}}]}}"#)), "rules[0].plans[1].limits[0]: \"l\" is a token_bucket of window 1s and 1 shard(s) in an earlier plan: a limit keeps its state across plans, so one name keeps its algorithm, window and shards (give this one another name)"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "pro", "values": ["pro"], "limits": []}}, {{"name": "d", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans[0].limits: must hold at least one limit"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "p q", "default": true, "limits": [{LIMIT}]}}]}}"#)), "rules[0].plans[0].name: must be 1 to 64 letters, digits, '-' or '_'"),
+        (with_rule(&format!(r#"{{"name": "r", "plan_from": "metadata:ns:plan", "plans": [{{"name": "p", "default": true, "limit": [{LIMIT}]}}]}}"#)), "rules[0].plans[0].limit: unknown field `limit`, expected one of `name`, `values`, `default`, `limits`"),
         (rule(r#", "cost": 0"#), "rules[0].cost: must be between 1 and 1000000"),
         (rule(r#", "cost": "2""#), "rules[0].cost: must be a whole number or {\"header\": NAME, \"min\": N, \"max\": N}"),
         (rule(r#", "cost": {"header": "x-cost"}"#), "rules[0].cost: a cost taken from a header needs both min and max"),

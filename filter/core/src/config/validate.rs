@@ -93,11 +93,21 @@ impl RawConfig {
             max: MAX_RULES,
             duplicate_suffix: "",
         };
-        let rules = list.validate(
-            self.rules,
-            |r| &r.name,
-            |raw, field| raw.validate(field, &defaults),
-        )?;
+        let rules: Vec<Rule> = list
+            .validate(
+                self.rules,
+                |r| &r.name,
+                |raw, field| raw.validate(field, &defaults),
+            )?
+            .into_iter()
+            .flatten()
+            .collect();
+        if rules.len() > MAX_RULES {
+            return Err(invalid(
+                "rules",
+                format!("must hold at most {MAX_RULES} rules, each plan of a rule counted as one"),
+            ));
+        }
         let metered = rules
             .iter()
             .any(|r| r.limits.iter().any(|l| l.usage.is_some()));

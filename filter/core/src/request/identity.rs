@@ -3,8 +3,9 @@
 
 use std::net::IpAddr;
 
-use super::view::{decisive_header, path_only, BadRequest, RequestView};
-use crate::config::{ClientIpPolicy, KeySource, KeySpec, WhenMissing};
+use super::source::read_source;
+use super::view::{BadRequest, RequestView};
+use crate::config::{ClientIpPolicy, KeySpec, WhenMissing};
 
 /// `1.2.3.4:5678` → `1.2.3.4`, `[2001:db8::1]:5678` → `2001:db8::1`; a bare address is kept.
 /// Without this every connection would get a bucket of its own.
@@ -104,37 +105,6 @@ fn group(ip: IpAddr, policy: &ClientIpPolicy) -> String {
     }
 }
 
-/// Appends the source's value to `identity`; false (nothing appended) if it is absent or
-/// empty.
-fn push_source(
-    view: &dyn RequestView,
-    source: &KeySource,
-    policy: &ClientIpPolicy,
-    identity: &mut Vec<u8>,
-) -> Result<bool, BadRequest> {
-    let owned;
-    let value: Option<&[u8]> = match source {
-        KeySource::Header(name) => decisive_header(view, name)?,
-        KeySource::ClientIp => {
-            owned = client_ip(view, policy);
-            owned.as_deref().map(str::as_bytes)
-        }
-        KeySource::Route => {
-            owned = view.route_name();
-            owned.as_deref().map(str::as_bytes)
-        }
-        KeySource::Method => view.header(":method"),
-        KeySource::Path => view.header(":path").map(path_only),
-    };
-    match value {
-        Some(v) if !v.is_empty() => {
-            identity.extend_from_slice(v);
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
-}
-
 /// Joins the parts of a combined key; no header value can contain it, so parts cannot run
 /// into each other.
 const PART_SEPARATOR: u8 = 0x1f;
@@ -168,7 +138,7 @@ pub fn resolve_into(
             if i > 0 {
                 identity.push(PART_SEPARATOR);
             }
-            if !push_source(view, source, policy, identity)? {
+            if !read_source(view, source, policy, identity)? {
                 continue 'alternatives;
             }
         }

@@ -7,4 +7,5 @@ pub mod identity;
 pub mod keys;
 pub mod memo;
 pub mod plan;
+pub mod source;
 pub mod view;

@@ -6,10 +6,12 @@ use std::time::Duration;
 use super::identity::resolve_into;
 use super::keys::{budget_check, shard_key};
 use super::memo::PlanMemo;
+use super::source::read_source;
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::check::{LimitCheck, Mode};
 use crate::config::{
-    Admit, Algorithm, Config, Cost, Estimate, FailureMode, Match, PathMatch, MAX_USAGE,
+    Admit, Algorithm, ClientIpPolicy, Config, Cost, Estimate, FailureMode, Match, PathMatch,
+    MAX_USAGE,
 };
 
 /// Everything decided about a request before asking Redis.
@@ -74,7 +76,7 @@ fn plan_into(
         failure_mode: FailureMode::Open,
     };
     for (r, rule) in config.rules.iter().enumerate() {
-        if !matches(&rule.matcher, view, method, path)? {
+        if !matches(&rule.matcher, view, method, path, &config.client_ip)? {
             continue;
         }
         let Some(alternative) = resolve_into(view, &rule.key, &config.client_ip, identity)? else {
@@ -138,13 +140,14 @@ fn plan_into(
     Ok(plan)
 }
 
-/// Whether a rule's matcher fits the request. The header is read last, only when path and
-/// method fit, so that a repeated header counts only on requests the rule could apply to.
+/// Whether a rule's matcher fits the request. Its conditions are read last, only when path
+/// and method fit, so that a repeated header counts only on requests the rule could apply to.
 fn matches(
     m: &Match,
     view: &dyn RequestView,
     method: &[u8],
     path: &[u8],
+    policy: &ClientIpPolicy,
 ) -> Result<bool, BadRequest> {
     let path_ok = match &m.path {
         None => true,
@@ -155,14 +158,15 @@ fn matches(
     if !(path_ok && method_ok) {
         return Ok(false);
     }
-    Ok(match &m.header {
-        None => true,
-        Some(h) => match (decisive_header(view, &h.name)?, &h.value) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(got), Some(want)) => got == want.as_bytes(),
-        },
-    })
+    let mut value = Vec::new();
+    for condition in &m.conditions {
+        value.clear();
+        let present = read_source(view, &condition.source, policy, &mut value)?;
+        if !condition.test.passes(present.then_some(value.as_slice())) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether the decision for this request waits for its body: some rule it matches has a
@@ -203,7 +207,7 @@ pub fn request_body_plan(config: &Config, view: &dyn RequestView) -> Option<Body
         let Some(max_body) = max_body else {
             continue;
         };
-        if matches(&rule.matcher, view, method, path).ok()? {
+        if matches(&rule.matcher, view, method, path, &config.client_ip).ok()? {
             let include_usage = include_usage && method == b"POST" && streams_usage(path);
             plan = Some(match plan {
                 None => BodyPlan {
@@ -443,6 +447,154 @@ mod tests {
             .with("x-tier", b"gold")
             .also("x-tier", b"free");
         assert_eq!(plan(&c, &tier_twice), bad("x-tier"));
+    }
+
+    /// Plans from a verified claim, keys from a verified subject, then the client's IP.
+    fn plans_config() -> Config {
+        Config::parse(
+            br#"{"rules": [{"name": "api",
+              "key": {"from": ["metadata:envoy.filters.http.jwt_authn:jwt_payload:sub", "client_ip"]},
+              "plan_from": "metadata:envoy.filters.http.jwt_authn:jwt_payload:plan",
+              "plans": [
+                {"name": "pro", "values": ["pro", "enterprise"], "limits": [
+                  {"name": "per_minute", "limit": 20, "window": "1m", "overrides": true},
+                  {"name": "per_day", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]},
+                {"name": "free", "values": ["free"], "limits": [{"name": "per_minute", "limit": 5, "window": "1m"}]},
+                {"name": "other", "default": true, "limits": [{"name": "per_minute", "limit": 2, "window": "1m"}]}]}]}"#,
+        )
+        .unwrap()
+    }
+
+    const JWT: &str = "envoy.filters.http.jwt_authn:jwt_payload";
+
+    fn claims(sub: Option<&[u8]>, plan: Option<&[u8]>) -> FakeRequest {
+        let mut r = FakeRequest::new("GET", "/api/x");
+        if let Some(sub) = sub {
+            r = r.with_metadata(&format!("{JWT}:sub"), sub);
+        }
+        if let Some(plan) = plan {
+            r = r.with_metadata(&format!("{JWT}:plan"), plan);
+        }
+        r
+    }
+
+    #[test]
+    fn every_request_lands_in_exactly_one_plan() {
+        let c = plans_config();
+        assert_eq!(c.rules.len(), 3, "one rule per plan");
+        let landed = |r: &FakeRequest| {
+            let p = plan(&c, r).unwrap();
+            let plans: Vec<&str> = p
+                .checks
+                .iter()
+                .map(|k| c.rules[k.rule].plan.as_deref().unwrap_or("-"))
+                .collect();
+            let per_window: Vec<u64> = p.checks.iter().map(|k| k.per_window).collect();
+            (plans, per_window)
+        };
+        let pro = (vec!["pro", "pro"], vec![20, 1000]);
+        assert_eq!(landed(&claims(Some(b"alice"), Some(b"pro"))), pro);
+        assert_eq!(landed(&claims(Some(b"alice"), Some(b"enterprise"))), pro);
+        assert_eq!(
+            landed(&claims(Some(b"bob"), Some(b"free"))),
+            (vec!["free"], vec![5])
+        );
+        let other = (vec!["other"], vec![2]);
+        for (sub, plan) in [
+            (Some(&b"carol"[..]), Some(&b"FREE"[..])),
+            (Some(b"carol"), Some(b"gold")),
+            (Some(b"carol"), Some(b"")),
+            (Some(b"carol"), None),
+            (None, None),
+            // A structure is no plan: a list of plans lands in the default.
+            (Some(b"carol"), Some(b"\x01\0\0\0\x03\0\0\0\0\0\0\0pro\0\0")),
+        ] {
+            assert_eq!(landed(&claims(sub, plan)), other, "{sub:?} {plan:?}");
+        }
+    }
+
+    #[test]
+    fn a_limit_keeps_its_key_across_plans_and_its_override() {
+        let c = plans_config();
+        let key = |plan: &[u8]| {
+            let p = plan_of(&c, &claims(Some(b"alice"), Some(plan)));
+            (p.checks[0].key.to_string(), p.checks[0].overrides)
+        };
+        let (pro, pro_overrides) = key(b"pro");
+        assert_eq!(pro, key(b"free").0, "free -> pro keeps what was spent");
+        assert_eq!(pro, key(b"none").0);
+        assert!(pro_overrides);
+        assert!(pro.contains(":api:per_minute"), "{pro}");
+        assert!(
+            pro.starts_with("rl:{metadata:envoy.filters.http.jwt_authn:jwt_payload:sub:"),
+            "{pro}"
+        );
+    }
+
+    fn plan_of(c: &Config, r: &FakeRequest) -> Plan {
+        plan(c, r).unwrap()
+    }
+
+    #[test]
+    fn keys_from_metadata_fall_back_and_a_client_cannot_reach_them() {
+        let c = plans_config();
+        let key = |r: &FakeRequest| plan_of(&c, r).checks[0].key.to_string();
+        let alice = key(&claims(Some(b"alice"), None));
+        // No verified subject: the client's IP, whatever headers or parameters it sends.
+        let anonymous = FakeRequest::new("GET", "/api/x?sub=alice&jwt_payload=alice")
+            .with("sub", b"alice")
+            .with("x-jwt-payload-sub", b"alice");
+        let by_ip = key(&anonymous);
+        assert!(by_ip.starts_with("rl:{client_ip:"), "{by_ip}");
+        assert_ne!(by_ip, alice);
+        assert_eq!(
+            key(&claims(Some(b"\0\0\0\0"), None)),
+            by_ip,
+            "an empty list is absent"
+        );
+    }
+
+    #[test]
+    fn match_conditions_read_any_source() {
+        let c = Config::parse(
+            br#"{"rules": [
+              {"name": "webhooks", "match": {"path_prefix": "/hooks/", "sources": [{"source": "query:token", "present": true}]},
+               "key": {"from": ["query:token"]}, "limits": [{"name": "l", "limit": 5, "window": "1s"}]},
+              {"name": "verified", "match": {"sources": [
+                 {"source": "metadata:envoy.filters.http.ext_authz:x-caller-verdict", "in": ["ok", "trusted"]},
+                 {"source": "header:x-debug", "present": false}]},
+               "key": {"from": ["metadata:envoy.filters.http.ext_authz:x-caller-id"]},
+               "limits": [{"name": "l", "limit": 5, "window": "1s"}]},
+              {"name": "others", "match": {"sources": [
+                 {"source": "metadata:envoy.filters.http.ext_authz:x-caller-verdict", "not_in": ["ok", "trusted"]}]},
+               "key": {"from": ["client_ip"]}, "limits": [{"name": "l", "limit": 1, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let rules = |r: &FakeRequest| -> Result<Vec<usize>, BadRequest> {
+            Ok(plan(&c, r)?.checks.iter().map(|k| k.rule).collect())
+        };
+        let authz = "envoy.filters.http.ext_authz";
+        let hook = FakeRequest::new("POST", "/hooks/a?token=t%201");
+        assert_eq!(rules(&hook), Ok(vec![0, 2]));
+        assert!(plan_of(&c, &hook).checks[0]
+            .key
+            .starts_with("rl:{query:token:"));
+        assert_eq!(
+            rules(&FakeRequest::new("POST", "/hooks/a?token=")),
+            Ok(vec![2])
+        );
+        assert_eq!(
+            rules(&FakeRequest::new("POST", "/hooks/a?token=1&token=2")),
+            Err(BadRequest("query parameter token must be sent once".into()))
+        );
+        let caller = FakeRequest::new("GET", "/x")
+            .with_metadata(&format!("{authz}:x-caller-verdict"), b"trusted")
+            .with_metadata(&format!("{authz}:x-caller-id"), b"c-1");
+        assert_eq!(rules(&caller), Ok(vec![1]));
+        assert_eq!(rules(&caller.clone().with("x-debug", b"1")), Ok(vec![]));
+        assert_eq!(rules(&caller.clone().with("x-debug", b"")), Ok(vec![1]));
+        let refused = caller.with_metadata(&format!("{authz}:x-caller-verdict"), b"Trusted");
+        assert_eq!(rules(&refused), Ok(vec![2]));
     }
 
     #[test]

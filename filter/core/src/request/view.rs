@@ -1,6 +1,7 @@
 //! The request as the limiter reads it: the host's view of one request, the header lookups
 //! every part of a plan shares, and the answer to a request it refuses to read.
 
+use crate::config::MetadataPath;
 use crate::usage::OutputKeys;
 
 /// What the limiter may read of a request.
@@ -16,6 +17,12 @@ pub trait RequestView {
     fn source_address(&self) -> Option<String>;
     /// The name of the route Envoy picked, if it has one.
     fn route_name(&self) -> Option<String>;
+    /// The stream's dynamic metadata at `path` as the host hands it over (a string's bytes; a
+    /// number, a bool, a list or a struct serialized), None when absent or unreadable.
+    fn metadata(&self, path: &MetadataPath) -> Option<Vec<u8>> {
+        let _ = path;
+        None
+    }
     /// The estimate of a usage limit with `estimate.request` whose completion default is
     /// `completion_default` and whose output bound is read at `keys`, read from the request
     /// body (None: no body was read; the estimate is then the completion default alone).

@@ -1,6 +1,7 @@
 //! A request for tests and examples: its headers in order (a name may repeat), its peer and
 //! its route, read through the same header lookups the adapter uses on Envoy's header map.
 
+use crate::config::MetadataPath;
 use crate::request::view::{first_header, header_count, RequestView};
 
 #[derive(Debug, Default, Clone)]
@@ -9,6 +10,8 @@ pub struct FakeRequest {
     /// The downstream peer, `ip:port`.
     pub source: Option<String>,
     pub route: Option<String>,
+    /// Dynamic metadata, each value at its `NAMESPACE:KEY…` as a `metadata:` source names it.
+    pub metadata: Vec<(String, Vec<u8>)>,
 }
 
 impl FakeRequest {
@@ -26,6 +29,13 @@ impl FakeRequest {
     pub fn with(mut self, name: &str, value: &[u8]) -> Self {
         self.headers.retain(|(n, _)| n != name);
         self.also(name, value)
+    }
+
+    /// Sets the metadata value at `path` (`NAMESPACE:KEY…`).
+    pub fn with_metadata(mut self, path: &str, value: &[u8]) -> Self {
+        self.metadata.retain(|(p, _)| p != path);
+        self.metadata.push((path.into(), value.to_vec()));
+        self
     }
 
     /// Adds one more copy of the header.
@@ -47,5 +57,12 @@ impl RequestView for FakeRequest {
     }
     fn route_name(&self) -> Option<String> {
         self.route.clone()
+    }
+    fn metadata(&self, path: &MetadataPath) -> Option<Vec<u8>> {
+        let wanted = format!("{}:{}", path.namespace, path.keys.join(":"));
+        self.metadata
+            .iter()
+            .find(|(p, _)| *p == wanted)
+            .map(|(_, v)| v.clone())
     }
 }

@@ -178,6 +178,7 @@ impl Report {
         });
         // Set apart: one more key in the macro above passes its recursion limit.
         all["fleet_capacity"] = self.capacity_json();
+        all["claim_over_header"] = self.claim_over_header_json();
         all
     }
 }

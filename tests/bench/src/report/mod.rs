@@ -8,6 +8,7 @@
 mod accuracy;
 mod busy;
 mod capacity;
+mod claims;
 mod cluster;
 mod concurrency;
 mod flood;
@@ -21,6 +22,7 @@ mod table;
 mod throughput;
 mod usage;
 
+pub use claims::CLAIM_OVER_HEADER_TARGET_US;
 pub use format::thousands;
 pub use json::rounds_problems;
 pub use leases::LEASED_OVER_UNLEASED_TARGET;
@@ -160,6 +162,8 @@ impl Report {
         r += &self.lease_text();
         r += "\n## Overrides\n\n";
         r += &self.override_cost_text();
+        r += "\n## Keys from verified metadata\n\n";
+        r += &self.claim_cost_text();
         r += "\n## Global accuracy\n\n";
         r += &self.accuracy_text();
         r += "\n### With leases\n\n";

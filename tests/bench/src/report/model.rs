@@ -19,6 +19,7 @@ pub const SCENARIOS: &[&str] = &[
     "filter-allow-1key-leased",
     "filter-allow-10k-keys-leased",
     "filter-allow-1key-overrides",
+    "filter-allow-1key-claim",
     "filter-deny-hotkey",
     "filter-bridge-down",
     "filter-bridge-hung",
@@ -90,6 +91,9 @@ pub const LEASE_PAIRS: &[(&str, &str)] = &[
 /// The allow scenario with overrides off and its twin with overrides on (none set): what
 /// the lookup costs.
 pub const OVERRIDE_PAIR: (&str, &str) = ("filter-allow-1key", "filter-allow-1key-overrides");
+
+/// The allow scenario keyed on a header and its twin keyed on a JWT claim in metadata.
+pub const CLAIM_PAIR: (&str, &str) = ("filter-allow-1key", "filter-allow-1key-claim");
 
 /// The accuracy rows with an override (token bucket, overrides on): each row's name, and the
 /// override's limit and burst as a multiple of the policy's.

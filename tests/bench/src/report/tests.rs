@@ -90,6 +90,7 @@ fn report(mut scenarios: Vec<Scenario>) -> Report {
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(10),
             overrides: false,
+            claim: false,
         },
         outages: Vec::new(),
         floods: Vec::new(),

@@ -36,6 +36,7 @@ pub fn unleased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             lease: None,
             clock_skew_ms: None,
             overrides: false,
+            claim: false,
         })
         .collect();
     let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();
@@ -148,6 +149,7 @@ pub fn leased(b: &Bench) -> (Vec<Accuracy>, Timeline) {
             lease: Some(Lease::DEFAULT),
             clock_skew_ms: Some(LEASED_CLOCK_SKEW_MS),
             overrides: false,
+            claim: false,
         })
         .collect();
     let workers = 2;
@@ -197,6 +199,7 @@ pub fn overrides(b: &Bench) -> Vec<OverrideAccuracy> {
         lease: None,
         clock_skew_ms: None,
         overrides: true,
+        claim: false,
     };
     let workers = 2;
     let webdis: Vec<Webdis> = (0..4).map(|_| Webdis::start(&b.dir, redis.port)).collect();

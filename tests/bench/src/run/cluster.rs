@@ -148,6 +148,7 @@ pub fn run(b: &Bench, rounds: usize) -> ClusterSection {
         lease: None,
         clock_skew_ms: None,
         overrides: false,
+        claim: false,
     };
     let runs: [(&str, &str, u64); 3] = [
         ("token_bucket", "token_bucket", 1),

@@ -141,6 +141,7 @@ pub fn filter_policy(capacity: u64, rate: f64, timeout_ms: u64) -> Policy {
         lease: None,
         clock_skew_ms: None,
         overrides: false,
+        claim: false,
     }
 }
 

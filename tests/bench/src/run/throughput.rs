@@ -98,6 +98,7 @@ const RUN_ORDER: &[&str] = &[
     "filter-allow-1key",
     "filter-allow-1key-leased",
     "filter-allow-1key-overrides",
+    "filter-allow-1key-claim",
     "filter-allow-10k-keys",
     "filter-allow-10k-keys-leased",
     "filter-deny-hotkey",
@@ -192,6 +193,11 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         overrides: true,
         ..allow[0]
     }];
+    // The allow policy keyed on a JWT claim that a set_metadata filter puts in the metadata.
+    let claiming = [Policy {
+        claim: true,
+        ..allow[0]
+    }];
     let deny = [filter_policy(10, 1.0, s.timeout_ms)];
     let envoy = |front: Front, webdis_port: u16| b.start_envoy(front, webdis_port);
     let want = |names: &[&str]| names.iter().any(|n| s.wants(n));
@@ -213,6 +219,8 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         .then(|| envoy(Front::Filter(&leased), webdis.port));
     let overrides = want(&["filter-allow-1key-overrides"])
         .then(|| envoy(Front::Filter(&overriding), webdis.port));
+    let claims =
+        want(&["filter-allow-1key-claim"]).then(|| envoy(Front::Filter(&claiming), webdis.port));
     let denying = want(&["filter-deny-hotkey"]).then(|| envoy(Front::Filter(&deny), webdis.port));
     let hung =
         want(&["filter-bridge-hung"]).then(|| envoy(Front::Filter(&allow), hung_webdis.port));
@@ -260,6 +268,7 @@ pub fn run(b: &Bench) -> Vec<Scenario> {
         spec("filter-allow-1key-leased", "as filter-allow-1key with a lease on a limit spent faster than it refills (see Leases)", "baseline", &one_key, target(&redis, &leasing, &webdis, true)),
         spec("filter-allow-10k-keys-leased", "as filter-allow-10k-keys with a lease on the same limit", "baseline", &ten_k, target(&redis, &leasing, &webdis, true)),
         spec("filter-allow-1key-overrides", "as filter-allow-1key with `\"overrides\": true` on the limit and no override set: each decision also looks up the key's override and finds none", "baseline", &one_key, target(&redis, &overrides, &webdis, true)),
+        spec("filter-allow-1key-claim", "as filter-allow-1key keyed on a JWT claim in dynamic metadata (metadata:envoy.filters.http.jwt_authn:jwt_payload:sub) that a set_metadata filter puts there, instead of the x-api-key header", "baseline", &one_key, target(&redis, &claims, &webdis, true)),
         spec("filter-deny-hotkey", "the filter, one abusive key far over its limit (capacity 10, 1/s): nearly all 429", "baseline", &deny_load, target(&redis, &denying, &webdis, true)),
         spec("filter-bridge-hung", "the filter, its Webdis stopped (SIGSTOP): the breaker opens on the first call without an answer for its timeout while requests wait, then requests fail open without a call", "baseline", &one_key, target(&redis, &hung, &hung_webdis, true)),
         spec("filter-bridge-down", "the filter, nothing listening on its Webdis port: connection refused, the breaker opens, fail open without a call", "baseline", &one_key, target(&redis, &down, &webdis, true)),
