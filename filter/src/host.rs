@@ -172,7 +172,8 @@ impl Host for EnvoyHost<'_> {
             .iter()
             .map(|(n, v)| (*n, v.as_str()))
             .collect();
-        wasm_host::send_response(response.status, headers, response.body.as_bytes())
+        let body = response.body.as_bytes();
+        wasm_host::send_response(response.status, response.grpc_status, headers, body)
     }
 
     fn count_n(&mut self, counter: Counter, n: u64) {

@@ -461,6 +461,61 @@ fn a_request_served_from_a_lease() {
     assert_eq!(total(&end), 0);
 }
 
+/// A gRPC request is refused in gRPC (a status for Envoy's trailers-only answer, the wait as
+/// metadata) with the host calls of an HTTP refusal: its content type is read from the
+/// headers already fetched.
+#[test]
+fn a_grpc_request_is_refused_in_grpc_at_the_cost_of_an_http_one() {
+    let mut w = Worker::start(ALLOW);
+    let grpc = [
+        ("x-api-key", "bench-client"),
+        ("content-type", "application/grpc"),
+    ];
+    // Refused by a bridge reply (1 s to wait), then from the deny cache.
+    let (first, _, _) = w.request("/pkg.Service/Call", &grpc);
+    let token = w.last_token();
+    w.reply(token, &reply_of(1, false));
+    let (cached, verdict, request) = w.request("/pkg.Service/Call", &grpc);
+    assert_eq!(verdict, Action::Pause);
+    assert_eq!(
+        request,
+        tally(&[
+            "proxy_get_header_map_pairs",
+            "proxy_get_current_time_nanoseconds",
+            "proxy_send_local_response",
+        ])
+    );
+    let replies = ENVOY.with(|e| e.borrow().local_replies.clone());
+    assert_eq!(replies.len(), 2);
+    for (reply, ctx) in replies.iter().zip([first, cached]) {
+        assert_eq!(reply.ctx, ctx);
+        assert_eq!((reply.status, reply.grpc_status), (429, Some(8)));
+        assert_eq!(reply.body, "rate limit exceeded");
+        let header = |name: &str| {
+            reply
+                .headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("grpc-retry-pushback-ms"), Some("1000"), "{reply:?}");
+        assert!(header("grpc-status-details-bin").is_some_and(|v| !v.is_empty()));
+        assert_eq!(header("x-ratelimit-remaining"), Some("0"));
+        assert_eq!(header("retry-after"), None);
+    }
+    // An HTTP request of the same key is still answered in HTTP.
+    let (http, _, _) = w.request("/", &[("x-api-key", "bench-client")]);
+    let last = ENVOY.with(|e| e.borrow().local_replies.last().cloned());
+    let Some(last) = last else {
+        panic!("no reply");
+    };
+    assert_eq!((last.ctx, last.status, last.grpc_status), (http, 429, None));
+    assert!(last
+        .headers
+        .iter()
+        .any(|(n, v)| n == "retry-after" && v == "1"));
+}
+
 /// Plans from a verified claim, keyed on the verified subject, as the jwt_authn recipe.
 const JWT_PLANS: &str = r#"{
   "bridge": {"cluster": "webdis", "authority": "webdis", "username": "ratelimit",

@@ -10,10 +10,11 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use ratelimit_core::config::MetadataPath;
 use ratelimit_core::request::plan::request_body_plan;
 use ratelimit_core::request::view::{first_header, header_count};
-use ratelimit_core::response;
+use ratelimit_core::response::{self, Protocol};
 use ratelimit_core::usage::{OutputKeys, RequestEstimate};
 use usage::{HeldBody, Reading};
 
+mod abi;
 mod host;
 mod usage;
 // The adapter's tests run it over a fake Envoy that counts its host calls.
@@ -270,11 +271,11 @@ impl HttpContext for Request {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some((held, _)) = self.held.as_mut() else {
+        let Some((held, view)) = self.held.as_mut() else {
             return Action::Continue;
         };
         if !held.feed_buffered(body_size) {
-            let answer = response::body_too_large(held.max_body);
+            let answer = response::body_too_large(Protocol::of(view), held.max_body);
             self.held = None;
             self.worker.host.during(self.id).answer(self.id, answer);
             return Action::Pause;

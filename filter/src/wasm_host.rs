@@ -140,11 +140,54 @@ pub fn resume_request() -> bool {
     hostcalls::resume_http_request().is_ok()
 }
 
-/// Answers the effective context's request locally; false (logged) if Envoy refuses.
-pub fn send_response(status: u16, headers: Vec<(&str, &str)>, body: &[u8]) -> bool {
-    match hostcalls::send_http_response(u32::from(status), headers, Some(body)) {
-        Ok(()) => true,
-        Err(why) => {
+#[link(wasm_import_module = "env")]
+extern "C" {
+    // As the SDK declares it (proxy-wasm 0.2.5 `hostcalls.rs`).
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> Status;
+}
+
+/// Answers the effective context's request locally: `status`, or for a gRPC request
+/// `grpc_status` if given (Envoy then sends a trailers-only gRPC response and maps the HTTP
+/// status only without one); false (logged) if Envoy refuses. Made without the SDK's
+/// wrappers: `send_http_response` sends no gRPC status, `send_grpc_response` no HTTP status
+/// (a request Envoy does not take for gRPC would get a 200), and both panic on an error.
+pub fn send_response(
+    status: u16,
+    grpc_status: Option<u32>,
+    headers: Vec<(&str, &str)>,
+    body: &[u8],
+) -> bool {
+    let headers = crate::abi::header_map(&headers);
+    // -1: none (Envoy takes only 0 to 16 as a gRPC status).
+    let grpc = grpc_status
+        .and_then(|s| i32::try_from(s).ok())
+        .unwrap_or(-1);
+    // SAFETY: each pointer and length describes a slice that lives through the call (no
+    // details: a null pointer of length 0, as the SDK passes); Envoy copies what it keeps.
+    let result = unsafe {
+        proxy_send_local_response(
+            u32::from(status),
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            grpc,
+        )
+    };
+    match result {
+        Status::Ok => true,
+        why => {
             log::warn!("cannot send the local {status} reply: {why:?}");
             false
         }

@@ -4,7 +4,8 @@
 //! Also a minimal HTTP/1.1 client and a minimal Redis (RESP) client, so the tests need no crates,
 //! and `llm`, an OpenAI-compatible upstream whose answers carry the usage a test chose;
 //! `admin` runs the operator's command, ratelimit-admin, as a user would; `authz` is an HTTP
-//! authorization service for Envoy's ext_authz, `auth` the support of the auth recipes' tests.
+//! authorization service for Envoy's ext_authz, `auth` the support of the auth recipes' tests;
+//! `grpc`, a gRPC upstream on the official grpcio server.
 
 pub mod admin;
 pub mod auth;
@@ -12,6 +13,7 @@ pub mod authz;
 pub mod busy;
 pub mod cluster;
 pub mod flood;
+pub mod grpc;
 pub mod http;
 pub mod keys;
 pub mod llm;

@@ -106,20 +106,31 @@ impl Process {
     /// Whether this process itself holds the listening socket on 127.0.0.1:`port`. An answer
     /// on the port is not enough: every test process on the machine draws ports from one range,
     /// and a server that lost the port to another process's server answers for a moment before
-    /// it exits, while the other one answers for good (Linux: /proc/net/tcp and the fds).
+    /// it exits, while the other one answers for good (Linux: /proc/net/tcp and the fds). A
+    /// dual-stack socket bound to 127.0.0.1 (gRPC's servers bind so) is listed in
+    /// /proc/net/tcp6, at the IPv4-mapped address.
     pub fn listens_on(&self, port: u16) -> bool {
-        let local = format!("0100007F:{port:04X}");
-        let Ok(table) = fs::read_to_string("/proc/net/tcp") else {
-            return false;
-        };
-        // Fields: sl local_address rem_address st ... inode (the tenth).
-        let inodes: Vec<String> = table
-            .lines()
-            .skip(1)
-            .map(|line| line.split_whitespace().collect::<Vec<_>>())
-            .filter(|f| f.len() > 9 && f[1] == local && f[3] == "0A")
-            .map(|f| format!("socket:[{}]", f[9]))
-            .collect();
+        let mut inodes: Vec<String> = Vec::new();
+        for (file, local) in [
+            ("/proc/net/tcp", format!("0100007F:{port:04X}")),
+            (
+                "/proc/net/tcp6",
+                format!("0000000000000000FFFF00000100007F:{port:04X}"),
+            ),
+        ] {
+            let Ok(table) = fs::read_to_string(file) else {
+                continue;
+            };
+            // Fields: sl local_address rem_address st ... inode (the tenth).
+            inodes.extend(
+                table
+                    .lines()
+                    .skip(1)
+                    .map(|line| line.split_whitespace().collect::<Vec<_>>())
+                    .filter(|f| f.len() > 9 && f[1] == local && f[3] == "0A")
+                    .map(|f| format!("socket:[{}]", f[9])),
+            );
+        }
         let Ok(fds) = fs::read_dir(format!("/proc/{}/fd", self.child.id())) else {
             return false;
         };

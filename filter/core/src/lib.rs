@@ -13,6 +13,7 @@ pub mod decision;
 pub mod encode;
 pub mod engine;
 pub mod expiring;
+pub mod grpc;
 pub mod load;
 pub mod metering;
 pub mod metrics;

@@ -1,4 +1,5 @@
-//! What the client sees: rate-limit headers, the 429, the fail-closed 503 and the 400.
+//! What the client sees: rate-limit headers, the 429, the fail-closed 503, the 400 and the
+//! 413, each also as a gRPC client gets it.
 
 use serde_json::json;
 
@@ -6,6 +7,8 @@ use crate::check::LimitCheck;
 use crate::config::{Algorithm, Config, DenyBody, HeaderMode};
 use crate::decision::{Decision, LimitResult, Override};
 use crate::engine::local::unix_ms;
+use crate::grpc;
+use crate::request::view::RequestView;
 
 pub type Headers = Vec<(&'static str, String)>;
 
@@ -15,6 +18,42 @@ pub struct LocalResponse {
     pub status: u16,
     pub headers: Headers,
     pub body: String,
+    /// The gRPC status of an answer to a gRPC request; None: Envoy would map the HTTP status
+    /// itself for a gRPC client (429 and 503 both to UNAVAILABLE).
+    pub grpc_status: Option<u32>,
+}
+
+/// What a refused request is answered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Http,
+    /// Envoy answers a gRPC request's local reply with a trailers-only gRPC response: its
+    /// `grpc-status`, the body as `grpc-message`, the headers as metadata.
+    Grpc,
+}
+
+impl Protocol {
+    /// gRPC if Envoy answers this request in gRPC (its `content-type`, see
+    /// [`grpc::is_grpc_content_type`]).
+    pub fn of(view: &dyn RequestView) -> Protocol {
+        match view.header("content-type") {
+            Some(value) if grpc::is_grpc_content_type(value) => Protocol::Grpc,
+            _ => Protocol::Http,
+        }
+    }
+}
+
+/// Whether and when a refused gRPC call may be tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// After this many ms: `grpc-retry-pushback-ms` and a `RetryInfo`.
+    After(u64),
+    /// Never with the same request: a pushback of -1, which gRPC's retry policies read as
+    /// "do not retry" (a retry would be refused again, each attempt counted).
+    Never,
+    /// Unknown (the limiter is down): the client's own backoff.
+    Backoff,
 }
 
 pub const DENIED_BODY: &str = "rate limit exceeded\n";
@@ -277,8 +316,13 @@ fn openai_duration(ms: f64) -> String {
 /// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`; none when a
 /// refusing limit has no such time (an identity blocked without expiry, a request that costs
 /// more than a limit ever holds: the body then says so). Decided at `now_ns` (Unix ns).
+///
+/// A gRPC client gets `grpc_over_limit`'s status instead, `rate limit exceeded` (and why no
+/// wait helps, if so) as its message, the same rate-limit headers as metadata, and the wait in
+/// ms as `grpc-retry-pushback-ms` and a `RetryInfo`, or a pushback of -1 where no wait helps.
 pub fn denied(
     config: &Config,
+    protocol: Protocol,
     checks: &[LimitCheck],
     decision: &Decision,
     now_ns: u128,
@@ -287,23 +331,6 @@ pub fn denied(
     let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
     let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
     let never = violated.iter().any(|s| s.never);
-    let mut headers = Headers::new();
-    if !never {
-        headers.push(("retry-after", retry_after.to_string()));
-    }
-    if config.headers == HeaderMode::OpenAi {
-        if never {
-            // OpenAI's clients retry a 429 with backoff unless told not to.
-            headers.push(("x-should-retry", "false".to_string()));
-        } else {
-            let ms = violated
-                .iter()
-                .map(|s| s.retry_ms.ceil())
-                .fold(1.0, f64::max);
-            headers.push(("retry-after-ms", format!("{ms}")));
-        }
-    }
-    headers.extend(headers_for(config, &limits, true));
     // Why no wait helps: one sentence per limit the request can never fit.
     let never_fits: Vec<String> = violated
         .iter()
@@ -315,6 +342,38 @@ pub fn denied(
             )
         })
         .collect();
+    // Until every refusing limit would allow the request, in whole ms (at least 1).
+    let retry_ms = violated
+        .iter()
+        .map(|s| s.retry_ms.ceil())
+        .fold(1.0, f64::max);
+    if protocol == Protocol::Grpc {
+        let message = match never_fits.is_empty() {
+            true => DENIED_BODY.trim_end().to_string(),
+            false => format!("{}: {}", DENIED_BODY.trim_end(), never_fits.join("; ")),
+        };
+        let retry = match never {
+            true => Retry::Never,
+            // The same wait as Retry-After's when the ms cannot be told.
+            false if retry_ms.is_finite() => Retry::After(retry_ms as u64),
+            false => Retry::After(retry_after.saturating_mul(1000)),
+        };
+        let headers = headers_for(config, &limits, true);
+        return grpc_answer(429, config.grpc_over_limit.code(), message, retry, headers);
+    }
+    let mut headers = Headers::new();
+    if !never {
+        headers.push(("retry-after", retry_after.to_string()));
+    }
+    if config.headers == HeaderMode::OpenAi {
+        if never {
+            // OpenAI's clients retry a 429 with backoff unless told not to.
+            headers.push(("x-should-retry", "false".to_string()));
+        } else {
+            headers.push(("retry-after-ms", format!("{retry_ms}")));
+        }
+    }
+    headers.extend(headers_for(config, &limits, true));
     let body = match config.deny_body {
         // Envoy gives a local reply with a body `content-type: text/plain` itself: one header
         // less to send (each costs Envoy about as much as a tenth of a plain request).
@@ -339,34 +398,77 @@ pub fn denied(
         status: 429,
         headers,
         body,
+        grpc_status: None,
     }
 }
 
-/// The 503 of `failure_mode: closed`.
-pub fn unavailable() -> LocalResponse {
-    LocalResponse {
-        status: 503,
-        headers: vec![("content-type", "text/plain".to_string())],
-        body: UNAVAILABLE_BODY.to_string(),
+/// The 503 of `failure_mode: closed`; UNAVAILABLE for a gRPC client, without a pushback: the
+/// limiter's outage has no known end, so a client's retry policy backs off as it would for any
+/// unavailable server.
+pub fn unavailable(protocol: Protocol) -> LocalResponse {
+    if protocol == Protocol::Grpc {
+        let message = UNAVAILABLE_BODY.trim_end().to_string();
+        return grpc_answer(503, grpc::UNAVAILABLE, message, Retry::Backoff, vec![]);
     }
+    text(503, UNAVAILABLE_BODY.to_string())
 }
 
-/// The 400 for a request the limiter cannot cost (a bad cost header).
-pub fn bad_request(message: &str) -> LocalResponse {
-    LocalResponse {
-        status: 400,
-        headers: vec![("content-type", "text/plain".to_string())],
-        body: format!("{message}\n"),
+/// The 400 for a request the limiter cannot cost (a bad cost header); INVALID_ARGUMENT for a
+/// gRPC client, not to be retried as it is.
+pub fn bad_request(protocol: Protocol, message: &str) -> LocalResponse {
+    if protocol == Protocol::Grpc {
+        let message = message.to_string();
+        return grpc_answer(400, grpc::INVALID_ARGUMENT, message, Retry::Never, vec![]);
     }
+    text(400, format!("{message}\n"))
 }
 
 /// The 413 for a request whose body is larger than a usage limit's `max_body` (its estimate
-/// is read from the body).
-pub fn body_too_large(max_body: u64) -> LocalResponse {
+/// is read from the body). RESOURCE_EXHAUSTED for a gRPC client, as gRPC itself answers a
+/// message larger than the receiver takes, with a pushback of -1 and no `RetryInfo`: no wait
+/// makes the body fit.
+pub fn body_too_large(protocol: Protocol, max_body: u64) -> LocalResponse {
+    let message = format!("request body larger than {max_body} bytes");
+    if protocol == Protocol::Grpc {
+        return grpc_answer(413, grpc::RESOURCE_EXHAUSTED, message, Retry::Never, vec![]);
+    }
+    text(413, format!("{message}\n"))
+}
+
+fn text(status: u16, body: String) -> LocalResponse {
     LocalResponse {
-        status: 413,
+        status,
         headers: vec![("content-type", "text/plain".to_string())],
-        body: format!("request body larger than {max_body} bytes\n"),
+        body,
+        grpc_status: None,
+    }
+}
+
+/// A refusal as a gRPC client gets it. Envoy turns it into a trailers-only response:
+/// `grpc-status: code`, `message` as `grpc-message` (percent-encoded by Envoy, so without the
+/// text body's newline), `headers` as metadata. `status` is kept for Envoy's HTTP answer
+/// should it not take the request for gRPC after all.
+fn grpc_answer(
+    status: u16,
+    code: u32,
+    message: String,
+    retry: Retry,
+    mut headers: Headers,
+) -> LocalResponse {
+    match retry {
+        Retry::After(ms) => {
+            headers.push(("grpc-retry-pushback-ms", ms.to_string()));
+            let details = grpc::status_details(code, &message, ms);
+            headers.push(("grpc-status-details-bin", details));
+        }
+        Retry::Never => headers.push(("grpc-retry-pushback-ms", "-1".to_string())),
+        Retry::Backoff => {}
+    }
+    LocalResponse {
+        status,
+        headers,
+        body: message,
+        grpc_status: Some(code),
     }
 }
 
@@ -464,6 +566,10 @@ mod tests {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    fn denied_http(c: &Config, checks: &[LimitCheck], d: &Decision, now: u128) -> LocalResponse {
+        denied(c, Protocol::Http, checks, d, now)
     }
 
     #[test]
@@ -575,7 +681,7 @@ mod tests {
             limits: vec![result(false, 0.0, 1.0, 2500.0), result(true, 1.0, 1.0, 0.0)],
             leased: 0,
         };
-        let r = denied(&c, &checks(false), &refused, NOW);
+        let r = denied_http(&c, &checks(false), &refused, NOW);
         // (Envoy adds `content-type: text/plain` to a local reply's text body itself.)
         assert_eq!(r.headers, vec![("retry-after", "3".to_string())]);
     }
@@ -591,7 +697,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&c, &checks(false), &d, NOW);
+        let r = denied_http(&c, &checks(false), &d, NOW);
         assert_eq!(r.status, 429);
         assert_eq!(get(&r.headers, "retry-after"), Some("7200"));
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("1000"));
@@ -614,7 +720,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&c, &checks(true), &d, NOW);
+        let r = denied_http(&c, &checks(true), &d, NOW);
         assert_eq!(get(&r.headers, "retry-after"), Some("1"));
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("20"));
     }
@@ -699,7 +805,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&openai_config(), &openai_checks(500), &d, NOW);
+        let r = denied_http(&openai_config(), &openai_checks(500), &d, NOW);
         assert_eq!(get(&r.headers, "retry-after"), Some("3"));
         assert_eq!(get(&r.headers, "retry-after-ms"), Some("2501"));
         assert_eq!(get(&r.headers, "x-should-retry"), None);
@@ -714,7 +820,7 @@ mod tests {
             limits: vec![result(true, 59.0, 1000.0, 0.0), never],
             leased: 0,
         };
-        let r = denied(&openai_config(), &openai_checks(5000), &d, NOW);
+        let r = denied_http(&openai_config(), &openai_checks(5000), &d, NOW);
         assert_eq!(get(&r.headers, "retry-after"), None);
         assert_eq!(get(&r.headers, "retry-after-ms"), None);
         assert_eq!(get(&r.headers, "x-should-retry"), Some("false"));
@@ -736,7 +842,7 @@ mod tests {
             limits: vec![never, result(true, 999.0, 1000.0, 0.0)],
             leased: 0,
         };
-        let r = denied(&config("ietf", "text"), &c, &d, NOW);
+        let r = denied_http(&config("ietf", "text"), &c, &d, NOW);
         assert_eq!(r.status, 429);
         assert_eq!(get(&r.headers, "retry-after"), None);
         assert_eq!(
@@ -747,7 +853,7 @@ mod tests {
             r.body,
             "rate limit exceeded\napi.second: this request costs 25, more than the 20 the limit ever holds\n"
         );
-        let r = denied(&config("ietf", "problem+json"), &c, &d, NOW);
+        let r = denied_http(&config("ietf", "problem+json"), &c, &d, NOW);
         let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(
             body["detail"],
@@ -767,7 +873,7 @@ mod tests {
             ],
             leased: 0,
         };
-        let r = denied(&c, &checks(false), &d, NOW);
+        let r = denied_http(&c, &checks(false), &d, NOW);
         assert_eq!(
             get(&r.headers, "content-type"),
             Some("application/problem+json")
@@ -780,12 +886,141 @@ mod tests {
 
     #[test]
     fn unavailable_and_bad_request() {
-        assert_eq!(unavailable().status, 503);
-        assert_eq!(unavailable().body, UNAVAILABLE_BODY);
-        let r = bad_request("x-cost must be a whole number from 1 to 10");
+        assert_eq!(unavailable(Protocol::Http).status, 503);
+        assert_eq!(unavailable(Protocol::Http).body, UNAVAILABLE_BODY);
+        assert_eq!(unavailable(Protocol::Http).grpc_status, None);
+        let r = bad_request(Protocol::Http, "x-cost must be a whole number from 1 to 10");
         assert_eq!(
             (r.status, r.body.as_str()),
             (400, "x-cost must be a whole number from 1 to 10\n")
         );
+    }
+
+    #[test]
+    fn the_protocol_is_read_from_the_content_type() {
+        use crate::testing::request::FakeRequest;
+        let grpc = |ct: &str| {
+            FakeRequest::new("POST", "/pkg.Svc/Call").with("content-type", ct.as_bytes())
+        };
+        assert_eq!(Protocol::of(&grpc("application/grpc")), Protocol::Grpc);
+        assert_eq!(
+            Protocol::of(&grpc("application/grpc+proto")),
+            Protocol::Grpc
+        );
+        assert_eq!(Protocol::of(&grpc("application/grpc-web")), Protocol::Http);
+        assert_eq!(Protocol::of(&FakeRequest::new("GET", "/")), Protocol::Http);
+    }
+
+    #[test]
+    fn a_grpc_client_over_its_limit_gets_resource_exhausted_with_the_wait() {
+        let c = config("both", "problem+json");
+        let d = Decision {
+            allowed: false,
+            limits: vec![
+                result(false, 0.5, 1500.0, 1234.2),
+                result(true, 10.0, 1000.0, 0.0),
+            ],
+            leased: 0,
+        };
+        let http = denied_http(&c, &checks(false), &d, NOW);
+        let r = denied(&c, Protocol::Grpc, &checks(false), &d, NOW);
+        assert_eq!((r.status, r.grpc_status), (429, Some(8)));
+        assert_eq!(r.body, "rate limit exceeded", "grpc-message, no newline");
+        assert_eq!(get(&r.headers, "grpc-retry-pushback-ms"), Some("1235"));
+        assert_eq!(
+            get(&r.headers, "grpc-status-details-bin"),
+            Some(crate::grpc::status_details(8, "rate limit exceeded", 1235).as_str())
+        );
+        // The rate-limit headers as metadata, the same as the 429's; nothing only HTTP reads.
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "ratelimit",
+            "ratelimit-policy",
+        ] {
+            assert_eq!(get(&r.headers, name), get(&http.headers, name), "{name}");
+            assert!(get(&r.headers, name).is_some(), "{name}");
+        }
+        for name in ["retry-after", "content-type"] {
+            assert_eq!(get(&r.headers, name), None, "{name}");
+        }
+        // Envoy's own default mapping, asked for: UNAVAILABLE, still with the wait.
+        let mut unavailable = c.clone();
+        unavailable.grpc_over_limit = crate::grpc::GrpcOverLimit::Unavailable;
+        let r = denied(&unavailable, Protocol::Grpc, &checks(false), &d, NOW);
+        assert_eq!(r.grpc_status, Some(14));
+        assert_eq!(get(&r.headers, "grpc-retry-pushback-ms"), Some("1235"));
+        assert_eq!(
+            get(&r.headers, "grpc-status-details-bin"),
+            Some(crate::grpc::status_details(14, "rate limit exceeded", 1235).as_str())
+        );
+    }
+
+    #[test]
+    fn a_grpc_call_no_wait_helps_is_told_not_to_retry() {
+        let mut c = checks(false);
+        c[0].cost = 25;
+        let never = LimitResult {
+            never_fits: true,
+            ..result(false, 20.0, 0.0, 0.0)
+        };
+        let d = Decision {
+            allowed: false,
+            limits: vec![never, result(true, 999.0, 1000.0, 0.0)],
+            leased: 0,
+        };
+        let r = denied(&config("x-ratelimit", "text"), Protocol::Grpc, &c, &d, NOW);
+        assert_eq!(r.grpc_status, Some(8));
+        assert_eq!(
+            r.body,
+            "rate limit exceeded: api.second: this request costs 25, more than the 20 the limit ever holds"
+        );
+        assert_eq!(get(&r.headers, "grpc-retry-pushback-ms"), Some("-1"));
+        assert_eq!(get(&r.headers, "grpc-status-details-bin"), None);
+        // Blocked by an override without expiry: no time to wait for either.
+        let blocked = LimitResult {
+            overridden: Some(Override::Blocked),
+            ..result(false, 0.0, 0.0, 0.0)
+        };
+        let d = Decision {
+            allowed: false,
+            limits: vec![blocked, result(true, 999.0, 1000.0, 0.0)],
+            leased: 0,
+        };
+        let r = denied(
+            &config("x-ratelimit", "text"),
+            Protocol::Grpc,
+            &checks(false),
+            &d,
+            NOW,
+        );
+        assert_eq!(r.body, "rate limit exceeded");
+        assert_eq!(get(&r.headers, "grpc-retry-pushback-ms"), Some("-1"));
+        assert_eq!(get(&r.headers, "grpc-status-details-bin"), None);
+    }
+
+    #[test]
+    fn grpc_unavailable_invalid_argument_and_too_large() {
+        let r = unavailable(Protocol::Grpc);
+        assert_eq!((r.status, r.grpc_status), (503, Some(14)));
+        assert_eq!(r.body, "rate limiter unavailable");
+        assert!(r.headers.is_empty(), "no pushback: {:?}", r.headers);
+        let r = bad_request(Protocol::Grpc, "x-cost must be a whole number from 1 to 10");
+        assert_eq!((r.status, r.grpc_status), (400, Some(3)));
+        assert_eq!(r.body, "x-cost must be a whole number from 1 to 10");
+        assert_eq!(
+            r.headers,
+            vec![("grpc-retry-pushback-ms", "-1".to_string())]
+        );
+        let r = body_too_large(Protocol::Grpc, 65536);
+        assert_eq!((r.status, r.grpc_status), (413, Some(8)));
+        assert_eq!(r.body, "request body larger than 65536 bytes");
+        assert_eq!(
+            r.headers,
+            vec![("grpc-retry-pushback-ms", "-1".to_string())]
+        );
+        let r = body_too_large(Protocol::Http, 65536);
+        assert_eq!((r.status, r.grpc_status), (413, None));
+        assert_eq!(r.body, "request body larger than 65536 bytes\n");
     }
 }

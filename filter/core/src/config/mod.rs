@@ -171,6 +171,8 @@ pub struct Config {
     pub client_ip: ClientIpPolicy,
     pub headers: HeaderMode,
     pub deny_body: DenyBody,
+    /// The gRPC status of a gRPC request refused by a limit.
+    pub grpc_over_limit: crate::grpc::GrpcOverLimit,
     pub rules: Vec<Rule>,
     pub batch: Batch,
     /// The circuit breaker of each worker; None: never opens.

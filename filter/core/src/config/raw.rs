@@ -10,6 +10,7 @@ use super::{
     WhenMissing,
 };
 use crate::bounds::MAX_TIMEOUT;
+use crate::grpc::GrpcOverLimit;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +37,8 @@ pub(super) struct RawConfig {
     pub(super) headers: HeaderMode,
     #[serde(default)]
     pub(super) deny_body: DenyBody,
+    #[serde(default)]
+    pub(super) grpc_over_limit: GrpcOverLimit,
     #[serde(default)]
     pub(super) batch: RawBatch,
     /// `false`, `true`, or `{"max_entries": N}`.

@@ -2,6 +2,7 @@
 
 use super::*;
 
+use crate::grpc::GrpcOverLimit;
 use crate::usage::{BodyUsage, OutputKeys};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -27,6 +28,7 @@ fn minimal_config_takes_documented_defaults() {
     );
     assert_eq!(c.headers, HeaderMode::XRateLimit);
     assert_eq!(c.deny_body, DenyBody::Text);
+    assert_eq!(c.grpc_over_limit, GrpcOverLimit::ResourceExhausted);
     assert_eq!(
         c.batch,
         Batch {
@@ -91,7 +93,7 @@ fn full_config_is_read() {
           "breaker": {"failures": 2, "stall": "40ms", "probe_interval": "1s"},
           "failure_mode": "closed", "shadow": true, "clock": "redis", "key_prefix": "limits:",
           "hash_identities": false, "xff_trusted_hops": 1, "ipv4_prefix": 24, "ipv6_prefix": 48,
-          "headers": "both", "deny_body": "problem+json",
+          "headers": "both", "deny_body": "problem+json", "grpc_over_limit": "unavailable",
           "rules": [{
             "name": "login",
             "match": {"path_exact": "/login", "methods": ["post"], "header": {"name": "X-Tier", "value": "free"}},
@@ -122,6 +124,7 @@ fn full_config_is_read() {
     assert_eq!(c.client_ip.xff_trusted_hops, 1);
     assert_eq!(c.headers, HeaderMode::Both);
     assert_eq!(c.deny_body, DenyBody::ProblemJson);
+    assert_eq!(c.grpc_over_limit, GrpcOverLimit::Unavailable);
     let r = &c.rules[0];
     assert_eq!(r.matcher.path, Some(PathMatch::Exact("/login".into())));
     assert_eq!(r.matcher.methods, vec!["POST".to_string()]);
@@ -256,7 +259,7 @@ fn bad_configs_name_the_field() {
         ("[]".into(), "the configuration must be a JSON object"),
         ("{}".into(), "rules: is required"),
         (r#"{"rules": []}"#.into(), "rules: must hold at least one rule"),
-        (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `batch`, `deny_cache`, `breaker`, `local_share`, `lease`, `rules`"),
+        (top(r#", "colour": "red""#), "colour: unknown field `colour`, expected one of `bridge`, `failure_mode`, `shadow`, `clock`, `key_prefix`, `hash_identities`, `xff_trusted_hops`, `ipv4_prefix`, `ipv6_prefix`, `headers`, `deny_body`, `grpc_over_limit`, `batch`, `deny_cache`, `breaker`, `local_share`, `lease`, `rules`"),
         (top(r#", "local_share": 0"#), "local_share: must be a number above 0, at most 1"),
         (top(r#", "lease": 5"#), r#"lease: must be true, false or {"max_units": N, "fraction": F, "max_ms": N}"#),
         (top(r#", "lease": {"max_units": 0}"#), "lease.max_units: must be between 1 and 1000000000000"),
@@ -305,6 +308,7 @@ fn bad_configs_name_the_field() {
         (top(r#", "clock": "ntp""#), "clock: unknown variant `ntp`, expected `proxy` or `redis`"),
         (top(r#", "headers": "all""#), "headers: unknown variant `all`, expected one of `x-ratelimit`, `ietf`, `both`, `openai`, `none`"),
         (top(r#", "deny_body": "html""#), "deny_body: unknown variant `html`, expected `text` or `problem+json`"),
+        (top(r#", "grpc_over_limit": "RESOURCE_EXHAUSTED""#), "grpc_over_limit: unknown variant `RESOURCE_EXHAUSTED`, expected `resource_exhausted` or `unavailable`"),
         (top(r#", "hash_identities": "yes""#), "hash_identities: invalid type: string \"yes\", expected a boolean"),
         (top(r#", "key_prefix": """#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),
         (top(r#", "key_prefix": "rl{""#), "key_prefix: must be 1 to 64 printable ASCII characters without spaces or braces"),

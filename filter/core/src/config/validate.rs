@@ -124,6 +124,7 @@ impl RawConfig {
             },
             headers: self.headers,
             deny_body: self.deny_body,
+            grpc_over_limit: self.grpc_over_limit,
             rules,
             batch: self.batch.validate()?,
             breaker: validate_breaker(self.breaker)?,

@@ -143,7 +143,8 @@ impl Engine {
                 let parts = (&mut self.leases, &self.refusals, &mut self.tally);
                 match w.origin {
                     Origin::Stream(ctx) => {
-                        if let Some(conclusion) = serve_locally(config, parts, &w.plan, now) {
+                        let asked = (&w.plan, self.delivery.protocol(ctx));
+                        if let Some(conclusion) = serve_locally(config, parts, asked, now) {
                             let waited = Some((w.arrived_ns, now));
                             w.leave(&mut self.leases);
                             self.delivery.deliver(host, ctx, conclusion, waited);

@@ -1,13 +1,14 @@
 //! Carrying out a conclusion for a stream: returned as the verdict if the request's own
 //! callback is running, else resumed or answered through the host; the rate-limit headers of
-//! an allowed request are kept until its response headers pass.
+//! an allowed request are kept until its response headers pass, and which requests are
+//! answered in gRPC until their stream ends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::host::{Host, Verdict};
 use super::policy::Conclusion;
 use crate::metrics::Histogram;
-use crate::response::Headers;
+use crate::response::{Headers, Protocol};
 
 /// The request whose own callback is running: its verdict is returned, not resumed.
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +21,9 @@ struct Current {
 pub struct Delivery {
     /// Rate-limit headers for allowed requests, until their response headers pass.
     headers: HashMap<u32, Headers>,
+    /// The requests answered in gRPC should they be refused: the refusal may come from a
+    /// bridge reply, once their headers are gone.
+    grpc: HashSet<u32>,
     current: Option<Current>,
 }
 
@@ -74,6 +78,28 @@ impl Delivery {
         }
     }
 
+    /// Request `ctx` is answered in `protocol` until its stream ends (a stream whose end was
+    /// not seen, its engine busy then, does not pass its protocol on to its id's next use).
+    pub fn answer_in(&mut self, ctx: u32, protocol: Protocol) {
+        match protocol {
+            Protocol::Grpc => {
+                self.grpc.insert(ctx);
+            }
+            Protocol::Http if !self.grpc.is_empty() => {
+                self.grpc.remove(&ctx);
+            }
+            Protocol::Http => {}
+        }
+    }
+
+    /// What request `ctx` is answered in.
+    pub fn protocol(&self, ctx: u32) -> Protocol {
+        match !self.grpc.is_empty() && self.grpc.contains(&ctx) {
+            true => Protocol::Grpc,
+            false => Protocol::Http,
+        }
+    }
+
     /// The rate-limit headers `ctx` was allowed with, taken.
     pub fn take_headers(&mut self, ctx: u32) -> Option<Headers> {
         self.headers.remove(&ctx)
@@ -82,5 +108,6 @@ impl Delivery {
     /// The stream of `ctx` ended.
     pub fn forget(&mut self, ctx: u32) {
         self.headers.remove(&ctx);
+        self.grpc.remove(&ctx);
     }
 }

@@ -23,7 +23,7 @@ use crate::metrics::{Counter, Gauge};
 use crate::request::memo::PlanMemo;
 use crate::request::plan::{plan_memo, Plan};
 use crate::request::view::RequestView;
-use crate::response::{self, Headers};
+use crate::response::{self, Headers, Protocol};
 use breaker::Breaker;
 use delivery::Delivery;
 use holds::Holds;
@@ -236,7 +236,8 @@ impl Engine {
             Ok(plan) => plan,
             Err(bad) => {
                 host.count(Counter::BadRequests);
-                return Some(Conclusion::Answer(response::bad_request(&bad.0)));
+                let answer = response::bad_request(Protocol::of(view), &bad.0);
+                return Some(Conclusion::Answer(answer));
             }
         };
         // Measurement only (feature `phase-plan-only`, built by `make bench`, never shipped):
@@ -245,6 +246,9 @@ impl Engine {
             std::hint::black_box(&plan);
             return Some(Conclusion::Resume(Headers::new()));
         }
+        // Read now: a refusal may come later, from a bridge reply.
+        let protocol = Protocol::of(view);
+        self.delivery.answer_in(ctx, protocol);
         let Some(now) = self.clock(host) else {
             let outcome = Outcome::Failed(BridgeFailure::Clock);
             let conclusion = self.conclude(config, host, ctx, &plan, outcome, None);
@@ -256,7 +260,7 @@ impl Engine {
         }
         let at = self.lag.moment(now);
         let parts = (&mut self.leases, &self.refusals, &mut self.tally);
-        if let Some(conclusion) = serve_locally(config, parts, &plan, now) {
+        if let Some(conclusion) = serve_locally(config, parts, (&plan, protocol), now) {
             // Served from leases: the next lease is asked for before these run out, so the
             // requests after it do not wait at the boundary (sent like a request, from the
             // root; not while the breaker is open).
@@ -380,11 +384,12 @@ impl Engine {
             let releases = self.holds.decided(ctx, charged, maybe_held);
             self.release(host, releases);
         }
+        let protocol = self.delivery.protocol(ctx);
         let conclusion = self.policy.conclude(
             config,
             host,
             &mut self.tally,
-            (plan, self.last_now_ns),
+            (plan, self.last_now_ns, protocol),
             outcome,
         );
         if config.metered && matches!(conclusion, Conclusion::Resume(_)) {

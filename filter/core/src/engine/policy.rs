@@ -14,7 +14,7 @@ use crate::config::{Config, FailureMode};
 use crate::decision::{Decision, LimitResult, Override};
 use crate::metrics::{Counter, RuleCount, RuleEvent};
 use crate::request::plan::Plan;
-use crate::response::{self, Headers, LocalResponse};
+use crate::response::{self, Headers, LocalResponse, Protocol};
 
 /// What the policy decided for a request.
 pub enum Conclusion {
@@ -31,14 +31,14 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The one place an outcome becomes "let it through" or "answer it", counted; `now` (Unix
-    /// ns, the worker's latest clock) dates its headers.
+    /// The one place an outcome becomes "let it through" or "answer it" (in `protocol`),
+    /// counted; `now` (Unix ns, the worker's latest clock) dates its headers.
     pub fn conclude(
         &mut self,
         config: &Config,
         host: &mut impl Host,
         tally: &mut Tally,
-        (plan, now): (&Plan, u128),
+        (plan, now, protocol): (&Plan, u128, Protocol),
         outcome: Outcome,
     ) -> Conclusion {
         if let Outcome::Decided(decision) = &outcome {
@@ -65,7 +65,8 @@ impl Policy {
             Outcome::Decided(decision) => {
                 tally.count(Counter::Denied);
                 count_decision(tally, plan, &decision);
-                Conclusion::Answer(response::denied(config, &plan.checks, &decision, now))
+                let answer = response::denied(config, protocol, &plan.checks, &decision, now);
+                Conclusion::Answer(answer)
             }
             Outcome::Failed(failure) => {
                 // An open breaker was logged once when it opened; no call failed here.
@@ -96,14 +97,14 @@ impl Policy {
                     tally.rule(check, event);
                 }
                 match plan.failure_mode {
-                    FailureMode::Local => self.decide_locally(config, host, plan),
+                    FailureMode::Local => self.decide_locally(config, host, plan, protocol),
                     FailureMode::Open => {
                         host.count(Counter::FailureModeOpen);
                         Conclusion::Resume(Headers::new())
                     }
                     FailureMode::Closed => {
                         host.count(Counter::FailureModeClosed);
-                        Conclusion::Answer(response::unavailable())
+                        Conclusion::Answer(response::unavailable(protocol))
                     }
                 }
             }
@@ -112,7 +113,13 @@ impl Policy {
 
     /// The `local` failure mode: the limits of the request's rules that fail locally, decided
     /// by this worker alone at `local_share` of each (the others let it through).
-    fn decide_locally(&mut self, config: &Config, host: &mut impl Host, plan: &Plan) -> Conclusion {
+    fn decide_locally(
+        &mut self,
+        config: &Config,
+        host: &mut impl Host,
+        plan: &Plan,
+        protocol: Protocol,
+    ) -> Conclusion {
         host.count(Counter::FailureModeLocal);
         let Some(now) = host.now_unix_ns() else {
             return Conclusion::Resume(Headers::new());
@@ -153,7 +160,8 @@ impl Policy {
                 limits: vec![refused; blocked.len()],
                 leased: 0,
             };
-            return Conclusion::Answer(response::denied(config, &blocked, &decision, now));
+            let answer = response::denied(config, protocol, &blocked, &decision, now);
+            return Conclusion::Answer(answer);
         }
         let decision = self.local.decide(&checks, now);
         if decision.allowed {
@@ -163,18 +171,18 @@ impl Policy {
             ))
         } else {
             host.count(Counter::Denied);
-            Conclusion::Answer(response::denied(config, &checks, &decision, now))
+            Conclusion::Answer(response::denied(config, protocol, &checks, &decision, now))
         }
     }
 }
 
 /// A request of `plan` the worker answers without Redis at `now`, counted: allowed from
-/// leased units, or refused from the deny cache (counted in the stats at the next tick or
-/// reply: host calls fewer on the hot path).
+/// leased units, or refused from the deny cache (in `protocol`; counted in the stats at the
+/// next tick or reply: host calls fewer on the hot path).
 pub fn serve_locally(
     config: &Config,
     (leases, refusals, tally): (&mut Leases, &Refusals, &mut Tally),
-    plan: &Plan,
+    (plan, protocol): (&Plan, Protocol),
     now: u128,
 ) -> Option<Conclusion> {
     if plan.leasable() && !leases.is_empty() {
@@ -187,7 +195,7 @@ pub fn serve_locally(
     let (checks, decision) = refusals.refusal(plan, now)?;
     tally.deny_hit(&checks);
     Some(Conclusion::Answer(response::denied(
-        config, &checks, &decision, now,
+        config, protocol, &checks, &decision, now,
     )))
 }
 

@@ -15,6 +15,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 mod batches;
 mod breaker;
 mod cluster;
+mod grpc;
 mod holds;
 mod idle;
 mod leases;
