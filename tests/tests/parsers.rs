@@ -16,7 +16,7 @@ mod common;
 use ratelimit_core::bridge::{parse_eval_reply, BridgeReply, EvalOutcome};
 use ratelimit_core::config::{ClientIpPolicy, Config};
 use ratelimit_core::encode::path_segment;
-use ratelimit_core::request::identity::client_ip;
+use ratelimit_core::request::address::client_ip;
 use ratelimit_core::request::plan::plan;
 use ratelimit_core::request::view::BadRequest;
 use ratelimit_core::testing::request::FakeRequest;

@@ -3,7 +3,8 @@
 //! filter can never disagree on a key.
 
 use ratelimit_core::config::{Config, KeySource, Limit, Rule, WhenMissing};
-use ratelimit_core::request::identity::{client_ip, label};
+use ratelimit_core::request::address::client_ip;
+use ratelimit_core::request::identity::label;
 use ratelimit_core::request::keys::{override_key, redis_key, shard_key};
 use ratelimit_core::RequestView;
 

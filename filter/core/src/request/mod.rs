@@ -1,8 +1,10 @@
-//! About one request: what the limiter may read of it (`view`), who is calling (`identity`),
-//! the Redis keys of their state (`keys`), a worker's memo of recent identities' keys
-//! (`memo`), and the limit checks to ask Redis for (`plan`). Each file depends only on those
-//! listed before it.
+//! About one request: what the limiter may read of it (`view`), the client's address
+//! (`address`), the value of a key, match or plan source (`source`), who is calling
+//! (`identity`), the Redis keys of their state (`keys`), a worker's memo of recent identities'
+//! keys (`memo`), and the limit checks to ask Redis for (`plan`). Each file depends only on
+//! those listed before it.
 
+pub mod address;
 pub mod identity;
 pub mod keys;
 pub mod memo;

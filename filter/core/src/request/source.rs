@@ -2,7 +2,7 @@
 //! present when it is not empty; query parameters and headers a decision reads must be sent
 //! once; a metadata value must be a scalar.
 
-use super::identity::client_ip;
+use super::address::client_ip;
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::bounds::MAX_SOURCE_VALUE_BYTES;
 use crate::config::sources::percent_decode_into;
