@@ -16,10 +16,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Mutex;
+
+use crate::server::{lock, Server, Service};
 
 /// The header a check's API key is read from.
 pub const API_KEY: &str = "x-api-key";
@@ -71,103 +72,44 @@ struct Shared {
     callers: Vec<Caller>,
     stop: AtomicBool,
     checks: Mutex<Checks>,
-    /// A clone of each open connection, to shut it down when the service stops.
-    open: Mutex<HashMap<u64, TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Service for Shared {
+    fn stop_flag(&self) -> &AtomicBool {
+        &self.stop
+    }
+    fn serve(&self, stream: TcpStream) -> std::io::Result<()> {
+        serve(stream, self)
+    }
 }
 
 /// The service. Dropping it stops it.
 pub struct AuthzService {
     pub port: u16,
-    shared: Arc<Shared>,
-    accept: Option<JoinHandle<()>>,
+    server: Server<Shared>,
 }
 
 impl AuthzService {
     /// Starts it on a free loopback port, knowing `callers`; it accepts connections when this
     /// returns.
     pub fn start(callers: Vec<Caller>) -> AuthzService {
-        let (listener, port) = bind_free();
-        let shared = Arc::new(Shared {
-            callers,
-            stop: AtomicBool::new(false),
-            checks: Mutex::new(Checks::default()),
-            open: Mutex::new(HashMap::new()),
-            threads: Mutex::new(Vec::new()),
-        });
-        let s = shared.clone();
-        let accept = std::thread::spawn(move || accept_loop(listener, s));
+        let server = Server::start(
+            "the authorization service",
+            Shared {
+                callers,
+                stop: AtomicBool::new(false),
+                checks: Mutex::new(Checks::default()),
+            },
+        );
         AuthzService {
-            port,
-            shared,
-            accept: Some(accept),
+            port: server.port,
+            server,
         }
     }
 
     /// What it answered so far.
     pub fn checks(&self) -> Checks {
-        lock(&self.shared.checks).clone()
-    }
-}
-
-impl Drop for AuthzService {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wakes the accept loop, which then sees `stop`.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-        if let Some(accept) = self.accept.take() {
-            let _ = accept.join();
-        }
-        for conn in lock(&self.shared.open).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        let threads = std::mem::take(&mut *lock(&self.shared.threads));
-        for thread in threads {
-            let _ = thread.join();
-        }
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A listener on a free loopback port (another process may take the port `free_port` found
-/// before the bind: then another one).
-fn bind_free() -> (TcpListener, u16) {
-    for _ in 0..20 {
-        let port = crate::free_port();
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-            return (listener, port);
-        }
-    }
-    panic!("no free loopback port for the authorization service");
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut next_id = 0u64;
-    for stream in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = stream else { continue };
-        let Ok(clone) = stream.try_clone() else {
-            continue;
-        };
-        next_id += 1;
-        let id = next_id;
-        lock(&shared.open).insert(id, clone);
-        let s = shared.clone();
-        let thread = std::thread::spawn(move || {
-            // A connection that breaks ends its thread: nothing to report.
-            let _ = serve(stream, &s);
-            lock(&s.open).remove(&id);
-        });
-        let mut threads = lock(&shared.threads);
-        threads.retain(|t| !t.is_finished());
-        threads.push(thread);
+        lock(&self.server.service.checks).clone()
     }
 }
 

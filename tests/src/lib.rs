@@ -21,6 +21,7 @@ pub mod procs;
 pub mod prometheus;
 pub mod resp;
 pub mod script;
+pub mod server;
 pub mod sf;
 pub mod shipped;
 

@@ -26,11 +26,12 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Mutex;
 use std::time::Duration;
+
+use crate::server::{lock, Server, Service};
 
 /// Total tokens of an answer when the request names none.
 pub const DEFAULT_USAGE: u64 = 100;
@@ -249,53 +250,55 @@ struct Shared {
     log: Mutex<Log>,
     /// The body bytes of the last compressed answer to each API key, as sent.
     sent: Mutex<HashMap<String, Vec<u8>>>,
-    /// A clone of each open connection, to shut it down when the server stops.
-    open: Mutex<HashMap<u64, TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Service for Shared {
+    fn stop_flag(&self) -> &AtomicBool {
+        &self.stop
+    }
+    fn serve(&self, stream: TcpStream) -> std::io::Result<()> {
+        serve(stream, self)
+    }
 }
 
 /// The upstream. Dropping it stops it: the accept loop ends, every open connection is shut
 /// down and every thread joined.
 pub struct LlmUpstream {
     pub port: u16,
-    shared: Arc<Shared>,
-    accept: Option<JoinHandle<()>>,
+    server: Server<Shared>,
 }
 
 impl LlmUpstream {
     /// Starts it on a free loopback port; it accepts connections when this returns.
     pub fn start() -> LlmUpstream {
-        let (listener, port) = bind_free();
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            counter: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
-            chunked_requests: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
-            peak_in_flight: AtomicU64::new(0),
-            log: Mutex::new(Log::default()),
-            sent: Mutex::new(HashMap::new()),
-            open: Mutex::new(HashMap::new()),
-            threads: Mutex::new(Vec::new()),
-        });
-        let s = shared.clone();
-        let accept = std::thread::spawn(move || accept_loop(listener, s));
+        let server = Server::start(
+            "the LLM upstream",
+            Shared {
+                stop: AtomicBool::new(false),
+                counter: AtomicU64::new(0),
+                requests: AtomicU64::new(0),
+                chunked_requests: AtomicU64::new(0),
+                in_flight: AtomicU64::new(0),
+                peak_in_flight: AtomicU64::new(0),
+                log: Mutex::new(Log::default()),
+                sent: Mutex::new(HashMap::new()),
+            },
+        );
         LlmUpstream {
-            port,
-            shared,
-            accept: Some(accept),
+            port: server.port,
+            server,
         }
     }
 
     /// What it reported, all keys together.
     pub fn served(&self) -> Served {
-        lock(&self.shared.log).all
+        lock(&self.server.service.log).all
     }
 
     /// What it reported to requests with API key `key`: the `x-api-key` header, else the
     /// `Authorization` header without its `Bearer ` prefix.
     pub fn served_for(&self, key: &str) -> Served {
-        lock(&self.shared.log)
+        lock(&self.server.service.log)
             .by_key
             .get(key)
             .copied()
@@ -304,51 +307,33 @@ impl LlmUpstream {
 
     /// Requests read, whatever their answer.
     pub fn requests(&self) -> u64 {
-        self.shared.requests.load(Ordering::SeqCst)
+        self.server.service.requests.load(Ordering::SeqCst)
     }
 
     /// The body of the last compressed answer (`x-test-encoding`) to API key `key`, as it
     /// was sent (chunk framing removed), to compare with what the client received.
     pub fn sent_body_for(&self, key: &str) -> Option<Vec<u8>> {
-        lock(&self.shared.sent).get(key).cloned()
+        lock(&self.server.service.sent).get(key).cloned()
     }
 
     /// Requests whose body came chunked.
     pub fn chunked_requests(&self) -> u64 {
-        self.shared.chunked_requests.load(Ordering::SeqCst)
+        self.server.service.chunked_requests.load(Ordering::SeqCst)
     }
 
     /// Requests being answered now (read, their answer not yet all written).
     pub fn in_flight(&self) -> u64 {
-        self.shared.in_flight.load(Ordering::SeqCst)
+        self.server.service.in_flight.load(Ordering::SeqCst)
     }
 
     /// The most requests answered at once so far.
     pub fn peak_in_flight(&self) -> u64 {
-        self.shared.peak_in_flight.load(Ordering::SeqCst)
+        self.server.service.peak_in_flight.load(Ordering::SeqCst)
     }
 
     /// Connections open now.
     pub fn open_connections(&self) -> usize {
-        lock(&self.shared.open).len()
-    }
-}
-
-impl Drop for LlmUpstream {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wakes the accept loop, which then sees `stop`.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-        if let Some(accept) = self.accept.take() {
-            let _ = accept.join();
-        }
-        for conn in lock(&self.shared.open).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        let threads = std::mem::take(&mut *lock(&self.shared.threads));
-        for thread in threads {
-            let _ = thread.join();
-        }
+        self.server.open_connections()
     }
 }
 
@@ -365,49 +350,6 @@ pub fn upstream_edits(filter_json: &str, upstream_port: u16) -> Vec<(String, Str
         "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }}\n"
     );
     vec![(from, to), route, ("  clusters:\n".to_string(), cluster)]
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A listener on a free loopback port (another process may take the port `free_port` found
-/// before the bind: then another one).
-fn bind_free() -> (TcpListener, u16) {
-    for _ in 0..20 {
-        let port = crate::free_port();
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-            return (listener, port);
-        }
-    }
-    panic!("no free loopback port for the LLM upstream");
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut next_id = 0u64;
-    for stream in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = stream else { continue };
-        let Ok(clone) = stream.try_clone() else {
-            continue;
-        };
-        next_id += 1;
-        let id = next_id;
-        lock(&shared.open).insert(id, clone);
-        let s = shared.clone();
-        let thread = std::thread::spawn(move || {
-            // A connection that breaks ends its thread: nothing to report.
-            let _ = serve(stream, &s);
-            lock(&s.open).remove(&id);
-        });
-        let mut threads = lock(&shared.threads);
-        threads.retain(|t| !t.is_finished());
-        threads.push(thread);
-    }
 }
 
 /// One request as read off the connection.
