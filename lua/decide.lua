@@ -59,8 +59,8 @@
 --
 -- Overrides: a limit whose key index is "i:j" reads the identity's override at KEYS[j] before
 -- it is decided (and before a refund or settlement: they use the numbers it was decided
--- with). "unlimited" allows and charges nothing, "blocked" refuses with the override's TTL as
--- retry (0 when it has none), "limit" replaces the limit and burst.
+-- with). "unlimited" allows and charges nothing, "blocked" refuses until the override's expiry
+-- (retry 0 when it has none), "limit" replaces the limit and burst.
 --
 -- Leases: when every limit of a committed request is in mode "lease", the request also takes
 -- k - 1 further requests' worth of units at once (all or nothing over its limits), which the
@@ -324,21 +324,43 @@ local function read_request(a, definitions)
 end
 
 -- An override, as operators write it (ratelimit-admin): a hash with `mode` "limit" (then
--- `limit`, and `burst` for the algorithms that have one), "unlimited" or "blocked"; its TTL is
--- its expiry. Reads it into p and returns the outcome bits it adds: 4 when it applies, 8 when
--- it is malformed (then the config's numbers apply).
+-- `limit`, and `burst` for the algorithms that have one), "unlimited" or "blocked", and an
+-- optional expiry `until` (Unix ms, on the decision's clock). The expiry is a field, not a
+-- TTL, so that an eviction policy reaching only keys with a TTL (volatile-lru) never reaches an
+-- override; an override past its `until` is absent, and gets a short TTL so it goes. (One
+-- written with a TTL of its own instead still works: Redis removes it at its time.)
+-- Reads it into p and returns the outcome bits it adds: 4 when it applies, 8 when it is
+-- malformed (then the config's numbers apply).
 local MAX_LIMIT = 1000000000000
 local MAX_LOG_LIMIT = 10000
 local MAX_STATE_LIFETIME_MS = 2 * 366 * 86400000
+-- An expired override stays this long (ms) for operators to see it, then Redis removes it.
+local EXPIRED_KEPT_MS = 60000
 local HAS_BURST = {token_bucket = true, gcra = true}
 local function read_override(p)
-  local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst')
+  local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
   if type(o) ~= 'table' or o.err then
     return 8
   end
   local mode = o[1]
   if not mode then
-    return (o[2] or o[3]) and 8 or 0
+    return (o[2] or o[3] or o[4]) and 8 or 0
+  end
+  local function number(text)
+    return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
+  end
+  if o[4] then
+    local expiry = number(o[4])
+    if not expiry then
+      return 8
+    end
+    if expiry <= now.ms then
+      if redis.call('PTTL', p.override) == -1 then
+        redis.call('PEXPIRE', p.override, EXPIRED_KEPT_MS)
+      end
+      return 0
+    end
+    p.override_until = expiry
   end
   if mode == 'unlimited' or mode == 'blocked' then
     if o[2] or o[3] then
@@ -346,9 +368,6 @@ local function read_override(p)
     end
     p[mode] = true
     return 4
-  end
-  local function number(text)
-    return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
   end
   local limit, burst = number(o[2]), o[3] and number(o[3])
   if mode ~= 'limit' or not limit or limit > MAX_LIMIT
@@ -369,8 +388,13 @@ end
 -- A blocked identity is refused until its override expires; one without expiry has no time
 -- to wait for (retry 0: the caller sends no Retry-After).
 local function blocked_decision(p)
-  local ttl = redis.call('PTTL', p.override)
-  local wait = ttl > 0 and ttl or 0
+  local wait
+  if p.override_until then
+    wait = math.ceil(p.override_until - now.ms)
+  else
+    local ttl = redis.call('PTTL', p.override)
+    wait = ttl > 0 and ttl or 0
+  end
   return {allowed = false, kept_remaining = 0, kept_reset = wait, retry = wait,
     commit = function() end}
 end

@@ -257,10 +257,13 @@ impl Redis {
             }
             None => Command::new("redis-server"),
         };
+        // A snapshot of its own per port: several Redis of one test share its folder, and one
+        // restarted on its port loads what it saved (docs/operations.md#what-survives-a-restart).
         command
             .arg(conf)
             .args(["--port", &port.to_string(), "--dir"])
-            .arg(&dir);
+            .arg(&dir)
+            .args(["--dbfilename", &format!("redis-{port}.rdb")]);
         let mut process = Process::spawn(
             "redis-server",
             &mut command,

@@ -92,7 +92,8 @@ fn an_override_is_set_read_listed_and_removed_in_the_scripts_format() {
             .limit_key("api", "per_minute", "header:x-api-key", b"alice"),
     );
 
-    // With an expiry: the hash holds exactly the format, the key's TTL is the expiry.
+    // With an expiry: the hash holds exactly the format, the expiry in `until` and no TTL
+    // (eviction, volatile-lru, reaches only keys with one).
     let set = s.admin.json(&[
         "override",
         "set",
@@ -116,10 +117,14 @@ fn an_override_is_set_read_listed_and_removed_in_the_scripts_format() {
         at <= now_ms && now_ms - at < 60_000,
         "at {at}, now {now_ms}"
     );
+    let expires_at = set["override"]["expires_at_ms"].as_u64().unwrap();
+    assert_eq!(u128::from(expires_at), at + 3_600_000);
+    let until = expires_at.to_string();
     let want: BTreeMap<String, String> = [
         ("mode", "limit"),
         ("limit", "100"),
         ("burst", "200"),
+        ("until", until.as_str()),
         ("by", "test-operator"),
         ("at", fields["at"].as_str()),
         ("note", "incident 7"),
@@ -128,10 +133,7 @@ fn an_override_is_set_read_listed_and_removed_in_the_scripts_format() {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     assert_eq!(fields, want);
-    let ttl = pttl(&s.redis, &key);
-    assert!((3_500_000..=3_600_000).contains(&ttl), "PTTL {ttl}");
-    let expires_at = set["override"]["expires_at_ms"].as_u64().unwrap();
-    assert_eq!(u128::from(expires_at), at + 3_600_000);
+    assert_eq!(pttl(&s.redis, &key), -1, "the expiry is a field, not a TTL");
 
     let got = s
         .admin
@@ -177,7 +179,7 @@ fn an_override_is_set_read_listed_and_removed_in_the_scripts_format() {
         Value::Null
     );
 
-    // An expiry as a Unix time and as RFC 3339: PEXPIREAT at that instant.
+    // An expiry as a Unix time and as RFC 3339: `until` that instant.
     let in_two_hours = (s.redis.time_ns() / 1_000_000_000 + 7200).to_string();
     let bob_key = override_key(
         &s.keys
@@ -194,8 +196,9 @@ fn an_override_is_set_read_listed_and_removed_in_the_scripts_format() {
         &in_two_hours,
     ]);
     assert_eq!(hash(&s.redis, &bob_key)["mode"], "blocked");
-    let ttl = pttl(&s.redis, &bob_key);
-    assert!((7_190_000..=7_200_000).contains(&ttl), "PTTL {ttl}");
+    let until: u128 = hash(&s.redis, &bob_key)["until"].parse().unwrap();
+    let in_ms: u128 = in_two_hours.parse::<u128>().unwrap() * 1000;
+    assert_eq!(until, in_ms);
     let ip_key = override_key(
         &s.keys
             .limit_key("api", "per_day", "client_ip", b"203.0.113.0/24"),
@@ -801,12 +804,29 @@ fn on_a_redis_cluster_every_command_works_on_the_identitys_slot() {
             "{key}: on its tag's slot"
         );
         assert_eq!(exists(&key), 1, "{key} is on the master of its slot");
-        let ttl = cluster
-            .admin(cluster.master_of_key(&key))
-            .cmd(&["PTTL", &key])
+        let mut master = cluster.admin(cluster.master_of_key(&key));
+        assert_eq!(
+            master.cmd(&["PTTL", &key]).unwrap().int(),
+            -1,
+            "{key}: no TTL"
+        );
+        let until: u64 = master
+            .cmd(&["HGET", &key, "until"])
             .unwrap()
-            .int();
-        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl}");
+            .text()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            Some(until),
+            set["override"]["expires_at_ms"].as_u64(),
+            "{key}"
+        );
+        // Saved by the master of its slot before the tool returned.
+        let persistence = master.cmd(&["INFO", "persistence"]).unwrap().text();
+        assert!(
+            !persistence.contains("rdb_saves:0\r\n"),
+            "{key}: {persistence}"
+        );
         let got = admin.json(&["override", "get", "api", id, "per_minute"]);
         assert_eq!(got["override"]["limit"], 5 + n as u64, "{got}");
         assert_eq!(got["override"]["by"], "test-operator");

@@ -292,15 +292,19 @@ fn keyslot_follows_hash_tags() {
     );
 }
 
-/// A master dies: its replica takes over with the buckets it had copied, the filter loads the
-/// script on it (the replica never had it) and the limits hold again. Meanwhile requests on
-/// its slots are decided by the failure policy (open here).
+/// A master dies: its replica takes over with the buckets and the overrides it had copied,
+/// the filter loads the script on it (the replica never had it) and the limits and the
+/// overrides hold again. Meanwhile requests on its slots are decided by the failure policy
+/// (open here).
 #[test]
 fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
     // The requests before the kill must be decided, even on a loaded machine; those on the
     // dead master's slots fail open, at the proxy's 1 s timeout at most.
     let list = [
-        limit_edit(5),
+        (
+            r#""limit": 10, "window": "1m""#.to_string(),
+            r#""limit": 5, "window": "1m", "overrides": true"#.to_string(),
+        ),
         (
             r#""failure_mode": "open","#.to_string(),
             r#""failure_mode": "open", "deny_cache": false,"#.to_string(),
@@ -322,6 +326,22 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
         .map(|i| format!("probe-{i}"))
         .find(|p| stack.cluster.master_of_key(&named.shipped_bucket(p)) == old)
         .unwrap();
+    // An identity blocked by an operator, on the same master.
+    let blocked = (0..)
+        .map(|i| format!("blocked-{i}"))
+        .find(|b| stack.cluster.master_of_key(&named.shipped_bucket(b)) == old)
+        .unwrap();
+    let block_key = format!("{}:override", named.shipped_bucket(&blocked));
+    stack
+        .cluster
+        .admin(old)
+        .cmd(&["HSET", &block_key, "mode", "blocked"])
+        .unwrap();
+    assert_eq!(
+        stack.envoy.keyed(&blocked).status,
+        429,
+        "blocked before the kill"
+    );
     let replica = stack.cluster.replicas_of(old);
     assert_eq!(replica.len(), 1);
     let sha = script_sha();
@@ -415,6 +435,21 @@ fn after_a_failover_limits_hold_and_the_script_is_loaded_again() {
         r.header("x-ratelimit-limit").is_some().then_some(r)
     });
     assert_eq!(decided.status, 429, "{}", diagnose(&stack));
+    // The block came over with the rest, and decides on the new master.
+    let r = e2e::wait_for(
+        "a decision for the blocked identity",
+        Duration::from_secs(10),
+        || {
+            let r = stack.envoy.keyed(&blocked);
+            r.header("x-ratelimit-limit").is_some().then_some(r)
+        },
+    );
+    assert_eq!(
+        (r.status, r.header("retry-after")),
+        (429, None),
+        "{}",
+        diagnose(&stack)
+    );
 }
 
 /// Requests for `keys`, each sent `rounds` times, over `threads` concurrent connections (each

@@ -115,17 +115,42 @@ fn unlimited_allows_and_charges_nothing_and_blocked_refuses_until_its_expiry() {
         ("0", "0"),
         "no expiry: no time to wait for"
     );
+    // An expiry is a field (Unix ms on the decision's clock), not a TTL: eviction that
+    // reaches only keys with a TTL never reaches an override.
+    let t0_ms = T0 / MS;
+    let until = (t0_ms + 90_000).to_string();
+    set(&redis, &["mode", "blocked", "until", &until]);
+    let (outcome, _, reset, retry) = s.one(T0 + 3 * MS, &l);
+    assert_eq!(outcome, 4);
+    assert_eq!(
+        (reset.as_str(), retry.as_str()),
+        ("89997", "89997"),
+        "the wait is until its expiry"
+    );
+    assert_eq!(
+        redis.admin().cmd(&["PTTL", OVERRIDE]).unwrap().int(),
+        -1,
+        "no TTL while in force"
+    );
+    // Past its expiry: the config's numbers again, and the override goes a minute later.
+    assert_eq!(allowed_of(&mut s, T0 + 90_000 * MS, &l, 3), (2, 0));
+    let ttl = redis.admin().cmd(&["PTTL", OVERRIDE]).unwrap().int();
+    assert!(
+        (1..=60_000).contains(&ttl),
+        "an expired override is removed: {ttl}"
+    );
+    // One with a TTL of its own (as written before expiries were fields) still works.
+    set(&redis, &["mode", "blocked"]);
     redis.admin().cmd(&["PEXPIRE", OVERRIDE, "90000"]).unwrap();
-    let (outcome, _, _, retry) = s.one(T0 + 3 * MS, &l);
+    let (outcome, _, _, retry) = s.one(T0 + 200_000 * MS, &l);
     assert_eq!(outcome, 4);
     let retry: u64 = retry.parse().unwrap();
     assert!(
         (80_000..=90_000).contains(&retry),
         "retry is the block's TTL: {retry}"
     );
-    // Expired (here: removed at its time by Redis): the config's numbers again.
     redis.admin().cmd(&["PEXPIREAT", OVERRIDE, "1"]).unwrap();
-    assert_eq!(allowed_of(&mut s, T0 + 4 * MS, &l, 3), (2, 0));
+    assert_eq!(allowed_of(&mut s, T0 + 200_001 * MS, &l, 3), (2, 0));
 }
 
 #[test]
@@ -179,6 +204,9 @@ fn a_malformed_override_is_reported_and_the_config_decides() {
         &["mode", "limit", "limit", "1000000000001"],
         &["mode", "unlimited", "limit", "5"],
         &["limit", "5"],
+        &["mode", "blocked", "until", "soon"],
+        &["mode", "blocked", "until", "-1"],
+        &["until", "99999999999999"],
     ];
     for (i, fields) in bad.iter().enumerate() {
         set(&redis, fields);

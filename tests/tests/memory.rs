@@ -1,10 +1,11 @@
 //! Redis at its memory bound, end to end (real Envoy with 2 workers, Webdis, and Redis started
-//! with the shipped envoy/redis.conf: `maxmemory 256mb`, `maxmemory-policy allkeys-lru`).
+//! with the shipped envoy/redis.conf: `maxmemory 256mb`, `maxmemory-policy volatile-lru`).
 //!
 //! - At a bound that eviction can keep (the bound lowered at run time to a few MB above what
 //!   Redis needs, then filled with other identities' buckets until Redis evicts), idle buckets
 //!   are evicted and decisions go on: a known client gets exactly its limit, new identities are
-//!   decided.
+//!   decided, and no override and no audit entry an operator made is evicted (they have no
+//!   TTL, and only keys with one are evicted).
 //! - At a bound that eviction cannot reach (below what Redis needs with no keys at all), or with
 //!   `noeviction` once Redis is full, every decision that would write is refused by Redis (OOM)
 //!   and each rule's failure policy answers: fail open lets the request through, fail closed
@@ -182,10 +183,11 @@ fn stack(name: &str, rules: &str) -> Stack {
     Stack::start(name, &[(&from, &to)])
 }
 
-/// A rule per API key, else per client IP, 10 per minute: one bucket per made-up key, which is
-/// what fills Redis here (the shipped demo also limits each address, envoy/envoy.yaml).
+/// A rule per API key, else per client IP, 10 per minute, overrides on: one bucket per made-up
+/// key, which is what fills Redis here (the shipped demo also limits each address,
+/// envoy/envoy.yaml).
 const DEMO_RULES: &str = r#"[{"name": "per_client", "key": {"from": ["header:x-api-key", "client_ip"]},
-  "limits": [{"name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m"}]}]"#;
+  "limits": [{"name": "per_minute", "algorithm": "token_bucket", "limit": 10, "window": "1m", "overrides": true}]}]"#;
 
 fn decided(r: &Response) -> bool {
     r.header("x-ratelimit-limit").is_some()
@@ -195,8 +197,49 @@ fn decided(r: &Response) -> bool {
 fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_its_limit() {
     let s = stack("memory-lru-at-bound", DEMO_RULES);
     let mut admin = Admin::new(&s.redis);
-    assert_eq!(admin.config_get("maxmemory-policy"), "allkeys-lru");
+    assert_eq!(admin.config_get("maxmemory-policy"), "volatile-lru");
     assert_eq!(admin.config_get("maxmemory"), SHIPPED_MAXMEMORY.to_string());
+    // An operator's overrides, set before the flood: a raise, a block without expiry, a block
+    // with one; each an audit entry.
+    let config = s.dir.file("filter.json");
+    std::fs::write(&config, filter_json(DEMO_RULES)).unwrap();
+    let tool = e2e::admin::Admin::new(&s.redis, &config);
+    for args in [
+        &[
+            "override",
+            "set",
+            "per_client",
+            "rich",
+            "per_minute",
+            "--limit",
+            "40",
+        ][..],
+        &[
+            "override",
+            "set",
+            "per_client",
+            "abuser",
+            "per_minute",
+            "--blocked",
+        ],
+        &[
+            "override",
+            "set",
+            "per_client",
+            "temp",
+            "per_minute",
+            "--blocked",
+            "--expires",
+            "1h",
+        ],
+    ] {
+        tool.json(args);
+    }
+    let keys = demo_keys();
+    let overrides: Vec<String> = ["rich", "abuser", "temp"]
+        .iter()
+        .map(|id| format!("{}:override", keys.shipped_bucket(id)))
+        .collect();
     // The script loaded and Webdis connected: what Redis needs besides the buckets.
     assert!(decided(&s.envoy.keyed("warm-up")));
     let bound = admin.used_memory() + 4 * MB;
@@ -271,6 +314,39 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
         .cmd(&["PTTL", &s.envoy.keys().shipped_bucket("known")])
         .int();
     assert!(pttl > 0, "the known client's bucket is there: PTTL {pttl}");
+    // Half of what the buckets take is taken away: Redis evicts most of them, idle ones
+    // first, and the operator's keys, idle since before the flood, would be among the first
+    // if eviction could reach them.
+    let keys_before = admin.dbsize();
+    let halved = bound - (admin.used_memory().saturating_sub(bound / 2)) / 2;
+    admin.config_set("maxmemory", &halved.to_string());
+    wait_for("redis to evict down to the lower bound", PATIENCE, || {
+        // Each write makes Redis evict until it is under its bound.
+        let errors = fill(&mut admin, written + 10_000, 1);
+        assert!(errors.is_empty(), "writing at the lower bound: {errors:?}");
+        (admin.dbsize() < keys_before * 3 / 4).then_some(())
+    });
+    println!(
+        "at the lower bound: {} of {keys_before} keys left; {}",
+        admin.dbsize(),
+        admin.memory_line()
+    );
+    for key in &overrides {
+        assert_eq!(admin.cmd(&["EXISTS", key]).int(), 1, "{key} was evicted");
+    }
+    let audit = admin.cmd(&["XLEN", "rl:{admin}:audit"]).int();
+    assert_eq!(audit, 3, "every audit entry kept");
+    assert_eq!(
+        s.envoy.keyed("abuser").status,
+        429,
+        "the block still decides"
+    );
+    let rich = s.envoy.keyed("rich");
+    assert_eq!(
+        rich.header("x-ratelimit-limit"),
+        Some("40"),
+        "the raise still decides"
+    );
     assert_eq!(s.envoy.counter("ratelimit_bridge_errors"), 0);
     assert_eq!(s.envoy.counter("ratelimit_failure_mode_open"), 0);
 }
@@ -428,7 +504,7 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
     s.envoy.process.assert_running();
 
     // The shipped policy instead: Redis evicts, and decisions resume at once.
-    admin.config_set("maxmemory-policy", "allkeys-lru");
+    admin.config_set("maxmemory-policy", "volatile-lru");
     let r = wait_for("decisions to resume", PATIENCE, || {
         Some(s.envoy.keyed("newcomer")).filter(decided)
     });

@@ -135,6 +135,28 @@ impl<'a> Context<'a> {
         entries: Vec<Cmd>,
         what: &str,
     ) -> Result<Vec<u64>> {
+        // Every change is made durable (a snapshot on each master it touched) before the tool
+        // says it is done: Redis keeps no other persistence (docs/operations.md#what-survives).
+        let stream = self.audit_key();
+        let mut touched: Vec<String> = steps.iter().map(|(key, _)| key.clone()).collect();
+        touched.push(stream.clone());
+        let replies = self.commit_steps(steps, entries, what)?;
+        let keys: Vec<&str> = touched.iter().map(String::as_str).collect();
+        self.store()?.save(&keys).map_err(|e| {
+            Error::failure(format!(
+                "{}; {what} is done and recorded in {stream}, not saved to disk yet (docs/operations.md#what-survives-a-restart)",
+                e.message
+            ))
+        })?;
+        Ok(replies)
+    }
+
+    fn commit_steps(
+        &mut self,
+        steps: Vec<(String, Vec<(Cmd, bool)>)>,
+        entries: Vec<Cmd>,
+        what: &str,
+    ) -> Result<Vec<u64>> {
         let store = self.store()?;
         let transaction = |cmds: Vec<(Cmd, bool)>| {
             let mut pipe = redis::pipe();
@@ -367,7 +389,7 @@ impl<'a> Context<'a> {
             .map(|text| expiry(text, now))
             .transpose()
             .map_err(Error::usage)?;
-        let fields = overrides::fields(mode, &self.who, now, note);
+        let fields = overrides::fields(mode, expires_at, &self.who, now, note);
         let mut detail: Vec<String> = fields
             .iter()
             .filter(|(f, _)| matches!(*f, "mode" | "limit" | "burst"))
@@ -385,12 +407,7 @@ impl<'a> Context<'a> {
         // one slot, one MULTI on a cluster too.
         let mut hset = redis::cmd("HSET");
         hset.arg(&key).arg(&fields);
-        let mut step = vec![(del(std::slice::from_ref(&key)), false), (hset, false)];
-        if let Some(at) = expires_at {
-            let mut expire = redis::cmd("PEXPIREAT");
-            expire.arg(&key).arg(at);
-            step.push((expire, false));
-        }
+        let step = vec![(del(std::slice::from_ref(&key)), false), (hset, false)];
         let entry = audit::append(
             &self.audit_key(),
             &Entry {
@@ -612,9 +629,9 @@ fn read_override(store: &mut Store, key: &str, now: f64) -> Result<Option<Overri
         return Ok(None);
     }
     let pttl: i64 = store.run(redis::cmd("PTTL").arg(key), &format!("PTTL {key}"))?;
-    overrides::parse(key, &hash, pttl, now as u64)
-        .map(Some)
-        .map_err(Error::failure)
+    let found = overrides::parse(key, &hash, pttl, now as u64).map_err(Error::failure)?;
+    // Past its expiry the script ignores it: it is no override any more.
+    Ok(Some(found).filter(|o| !o.expired(now as u64)))
 }
 
 /// The limit and burst a decision uses: the override's with mode `limit` (its burst defaults

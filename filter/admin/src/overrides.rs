@@ -1,8 +1,11 @@
 //! The override of one limit for one identity, as the decision script reads it: a hash at
 //! `override_key(state_key)` with `mode` (`limit`, `unlimited`, `blocked`), with mode `limit`
 //! a whole `limit` and, for token_bucket and gcra, an optional `burst` (default: the
-//! override's limit). The key's TTL is the override's expiry. The script ignores the other
-//! fields; the tool writes `by`, `at` (Unix ms) and `note` there for people.
+//! override's limit), and an optional expiry `until` (Unix ms on Redis's clock). The expiry is
+//! a field, not a TTL: an override has none, so eviction (`volatile-lru`) never reaches it; the
+//! script ignores one past its `until` (and gives it a short TTL). One written with a TTL as
+//! its expiry (by an earlier version of the tool) is read with that TTL. The script ignores
+//! the other fields; the tool writes `by`, `at` (Unix ms) and `note` there for people.
 
 use ratelimit_core::bounds::{MAX_LIMIT, MAX_LOG_LIMIT, MAX_STATE_LIFETIME};
 use ratelimit_core::config::{state_lifetime_ms, Algorithm, Limit, Rule};
@@ -103,13 +106,22 @@ pub struct Override {
 }
 
 /// The hash's fields as the tool writes them (`mode` first, as the script reads them).
-pub fn fields(mode: Mode, by: &str, at_ms: u64, note: Option<&str>) -> Vec<(&'static str, String)> {
+pub fn fields(
+    mode: Mode,
+    until_ms: Option<u64>,
+    by: &str,
+    at_ms: u64,
+    note: Option<&str>,
+) -> Vec<(&'static str, String)> {
     let mut fields = vec![("mode", mode.name().to_string())];
     if let Mode::Limit { limit, burst } = mode {
         fields.push(("limit", limit.to_string()));
         if let Some(b) = burst {
             fields.push(("burst", b.to_string()));
         }
+    }
+    if let Some(until) = until_ms {
+        fields.push(("until", until.to_string()));
     }
     fields.push(("by", by.to_string()));
     fields.push(("at", at_ms.to_string()));
@@ -119,8 +131,9 @@ pub fn fields(mode: Mode, by: &str, at_ms: u64, note: Option<&str>) -> Vec<(&'st
     fields
 }
 
-/// An override from its hash (HGETALL) and its TTL (PTTL, ms: -1 none, -2 no key) at `now`.
-/// Err: what in the hash the script could not read.
+/// An override from its hash (HGETALL) and its TTL (PTTL, ms: -1 none, -2 no key) at `now`:
+/// its expiry is its `until` field, else (written with a TTL) its TTL. Err: what in the hash
+/// the script could not read.
 pub fn parse(
     key: &str,
     hash: &[(String, String)],
@@ -159,11 +172,20 @@ pub fn parse(
         by: get("by").map(str::to_string),
         at_ms: get("at").and_then(|v| v.parse().ok()),
         note: get("note").map(str::to_string),
-        expires_at_ms: u64::try_from(pttl).ok().map(|ttl| now_ms + ttl),
+        expires_at_ms: match whole("until")? {
+            Some(0) => return Err(format!("{key}: its until \"0\" is not a Unix time in ms")),
+            Some(until) => Some(until),
+            None => u64::try_from(pttl).ok().map(|ttl| now_ms + ttl),
+        },
     })
 }
 
 impl Override {
+    /// Past its expiry at `now_ms`: the script no longer applies it (it is removed soon).
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_some_and(|at| at <= now_ms)
+    }
+
     pub fn json(&self) -> Value {
         let (limit, burst) = match self.mode {
             Mode::Limit { limit, burst } => (Some(limit), burst),
@@ -282,6 +304,7 @@ mod tests {
                 limit: 5,
                 burst: None,
             },
+            Some(9000),
             "ana",
             42,
             Some("incident 7"),
@@ -291,6 +314,7 @@ mod tests {
             [
                 ("mode", "limit".into()),
                 ("limit", "5".into()),
+                ("until", "9000".into()),
                 ("by", "ana".into()),
                 ("at", "42".into()),
                 ("note", "incident 7".into())
@@ -305,8 +329,17 @@ mod tests {
                 burst: None
             }
         );
-        assert_eq!(o.expires_at_ms, Some(6000));
-        assert_eq!(parse("k", &hash, -1, 5000).unwrap().expires_at_ms, None);
+        // The expiry is its `until`, whatever the key's TTL.
+        assert_eq!(o.expires_at_ms, Some(9000));
+        assert!(!o.expired(8999) && o.expired(9000));
+        // Without one, a TTL (written so by an earlier version of the tool) is the expiry.
+        let untimed: Vec<(String, String)> =
+            hash.iter().filter(|(k, _)| k != "until").cloned().collect();
+        assert_eq!(
+            parse("k", &untimed, 1000, 5000).unwrap().expires_at_ms,
+            Some(6000)
+        );
+        assert_eq!(parse("k", &untimed, -1, 5000).unwrap().expires_at_ms, None);
         let bad = vec![
             ("mode".to_string(), "limit".to_string()),
             ("limit".to_string(), "1.5".to_string()),
@@ -316,7 +349,7 @@ mod tests {
             Err("k: its limit \"1.5\" is not a whole number".into())
         );
         assert_eq!(
-            fields(Mode::Blocked, "b", 1, None)[0],
+            fields(Mode::Blocked, None, "b", 1, None)[0],
             ("mode", "blocked".to_string())
         );
     }

@@ -18,13 +18,14 @@ use crate::error::{Error, Result};
 /// Every command the tool sends (lower case), for the ACL user of docs/admin.md; the ACL test
 /// holds every shipped Redis config's `ratelimit-admin` user to exactly this list.
 pub const COMMANDS: &[&str] = &[
+    "bgsave",
     "del",
     "exec",
     "hgetall",
     "hmget",
     "hset",
+    "info",
     "multi",
-    "pexpireat",
     "pttl",
     "scan",
     "time",
@@ -32,6 +33,10 @@ pub const COMMANDS: &[&str] = &[
     "xrevrange",
     "zrange",
 ];
+
+/// How long a snapshot may take before the tool gives up waiting for it: Redis writes its
+/// whole dataset (at most `maxmemory`) to disk.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the cluster client sends besides [`COMMANDS`]: `CLUSTER SLOTS` for the slot map (the
 /// tool's own list of masters too), `PING` to check each node's connection before using it.
@@ -214,6 +219,117 @@ impl Store {
                 self.shown
             ))
         })
+    }
+
+    /// Makes what is in Redis now durable: a snapshot (`BGSAVE`) on the master serving each of
+    /// `keys` (the one Redis, on a single one), waited for until Redis reports it written. Redis
+    /// loads its last snapshot when it starts, so a change saved here outlives a crash. A
+    /// snapshot running already may have started before the change: the tool waits for it,
+    /// then starts its own.
+    pub fn save(&mut self, keys: &[&str]) -> Result<()> {
+        let mut slots: Vec<Option<u16>> = Vec::new();
+        if self.is_cluster() {
+            let mut nodes: Vec<Node> = Vec::new();
+            for key in keys {
+                let node = self.master_of(key)?;
+                if !nodes.contains(&node) {
+                    nodes.push(node);
+                    slots.push(Some(ratelimit_core::slot::key_slot(key.as_bytes())));
+                }
+            }
+        } else {
+            slots.push(None);
+        }
+        for slot in slots {
+            self.save_on(slot)?;
+        }
+        Ok(())
+    }
+
+    /// A command on the master of `slot` (the one Redis for None).
+    fn on_node<T: FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+        slot: Option<u16>,
+        what: &str,
+    ) -> Result<T> {
+        match (&mut self.conn, slot) {
+            (Conn::Cluster(c), Some(slot)) => {
+                let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                )));
+                c.conn
+                    .route_command(cmd, at)
+                    .and_then(|v| redis::from_redis_value(&v))
+                    .map_err(|e| self.error(what, &e))
+            }
+            _ => self.run(cmd, what),
+        }
+    }
+
+    /// `INFO persistence` of the master of `slot`: (snapshots written since it started, one
+    /// running now, the last one's status).
+    fn persistence(&mut self, slot: Option<u16>) -> Result<(u64, bool, String)> {
+        let text: String = self.on_node(
+            redis::cmd("INFO").arg("persistence"),
+            slot,
+            "INFO persistence",
+        )?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
+        let saves = field("rdb_saves").and_then(|v| v.parse().ok());
+        let running = field("rdb_bgsave_in_progress").map(|v| v == "1");
+        let status = field("rdb_last_bgsave_status").unwrap_or_default();
+        match (saves, running) {
+            (Some(saves), Some(running)) => Ok((saves, running, status)),
+            _ => Err(Error::failure(format!(
+                "Redis at {}: INFO persistence has no rdb_saves / rdb_bgsave_in_progress (Redis 7 or later is needed)",
+                self.shown
+            ))),
+        }
+    }
+
+    fn save_on(&mut self, slot: Option<u16>) -> Result<()> {
+        let started = std::time::Instant::now();
+        let wait = |store: &mut Store,
+                    until: &dyn Fn(u64, bool) -> bool|
+         -> Result<(u64, bool, String)> {
+            loop {
+                let p = store.persistence(slot)?;
+                if until(p.0, p.1) {
+                    return Ok(p);
+                }
+                if started.elapsed() > SAVE_TIMEOUT {
+                    return Err(Error::failure(format!(
+                        "Redis at {}: its snapshot (BGSAVE) was not written within {} s: the change is in force but not durable yet",
+                        store.shown,
+                        SAVE_TIMEOUT.as_secs()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let (before, _, _) = wait(self, &|_, running| !running)?;
+        if let Err(e) = self.on_node::<Value>(&redis::cmd("BGSAVE"), slot, "BGSAVE") {
+            // Another snapshot began in between: it forked before this change, perhaps.
+            if !e.message.contains("in progress") {
+                return Err(e);
+            }
+            wait(self, &|_, running| !running)?;
+            self.on_node::<Value>(&redis::cmd("BGSAVE"), slot, "BGSAVE")?;
+        }
+        let (_, _, status) = wait(self, &|saves, running| saves > before && !running)?;
+        if status != "ok" {
+            return Err(Error::failure(format!(
+                "Redis at {}: its snapshot failed (rdb_last_bgsave_status: {status}): the change is in force but not durable; Redis's log says why (its `dir` must be writable)",
+                self.shown
+            )));
+        }
+        Ok(())
     }
 
     /// Redis's clock, Unix ms with its µs as a fraction: every instant the tool computes or
