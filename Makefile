@@ -127,8 +127,10 @@ run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) 
 test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick config-test admin-test deploy-test ## run every test (what CI runs)
 	@echo "all test layers passed"
 
-lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links; no pipe into grep -q or head in the scripts
+lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links, and their snippets' credentials, ports and paths against the shipped files; no pipe into grep -q or head in the scripts
 	python3 tests/check_docs.py
+	python3 tests/check_snippets.py
+	python3 -m unittest -q tests/test_check_snippets.py
 	python3 tests/check_pipes.py
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
