@@ -222,9 +222,9 @@ admin: setup-rust ## build ratelimit-admin, the operator's command: target/relea
 	cargo build --release -p ratelimit-admin
 	@echo "built target/release/ratelimit-admin"
 
-admin-test: setup-rust setup-packages ## ratelimit-admin: its unit tests, then the built binary against a real Redis and a real Redis Cluster as its ACL user
+# The e2e test runs the release binary, the one docs/admin.md installs.
+admin-test: setup-rust setup-packages admin ## ratelimit-admin: its unit tests, then the release binary (make admin) against a real Redis and a real Redis Cluster as its ACL user
 	cargo test -p ratelimit-admin
-	cargo build -p ratelimit-admin
 	cargo test -p e2e --test admin
 
 setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-test

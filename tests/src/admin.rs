@@ -7,12 +7,13 @@ use std::process::Command;
 use crate::procs::{Redis, REDIS_TOOL};
 use crate::root;
 
-/// The debug build of ratelimit-admin; `make admin-test` builds it first.
+/// The release build of ratelimit-admin, the one docs/admin.md installs; `make admin-test`
+/// builds it first (`make admin`).
 pub fn admin_bin() -> PathBuf {
-    let path = root().join("target/debug/ratelimit-admin");
+    let path = root().join("target/release/ratelimit-admin");
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p ratelimit-admin` (make admin-test does) first",
+        "{} is missing: run `make admin` (make admin-test does) first",
         path.display()
     );
     path
