@@ -574,7 +574,9 @@ fn a_change_without_by_names_the_os_user() {
     if id.status.success() && !uid_name.is_empty() {
         let run = s.admin.run_unnamed(&set, &others);
         assert_eq!(run.code, 0, "{run:?}");
-        let run = s.admin.run_unnamed(&["reset", "api", "alice"], &[]);
+        let run = s
+            .admin
+            .run_unnamed(&["reset", "api", "alice", "per_minute"], &[]);
         assert_eq!(run.code, 0, "{run:?}");
         let state = s
             .keys
