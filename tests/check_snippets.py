@@ -43,7 +43,7 @@ HOST = r"localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1?\]|[A-Za-z][\w-]*(?:\.[\w-]+)*\
 HOST_PORT = re.compile(rf"(?<![\w.@:/-])(?:https?://)?({HOST}):(\d{{2,5}})\b")
 BARE_PORT = re.compile(r"(?:^|(?<=[\s(]))(?<![\w:]):(\d{2,5})\b")
 PORT_VALUE = re.compile(r"\bport_value:\s*(\d+)")
-REDIS_URL = re.compile(r"redis://(?:([^:@/\s]*):)?([^@/\s]+)@(" + HOST + r")(?::(\d+))?")
+REDIS_URL = re.compile(r"redis://(?:([^:@/\s]*):)?([^@/\s]+)@([^\s:/`]+)(?::(\d+))?")
 PORT_FORWARD = re.compile(r"port-forward\s+\S+(?:\s+-\S+(?:\s+\S+)?)*\s+(\d+)(?::\d+)?")
 MODULE = "ratelimit_filter.wasm"
 # The Redis configs a doc's ACL line may show: the demo's, and a Redis Cluster node's.

@@ -79,6 +79,8 @@ class Credentials(unittest.TestCase):
         self.assertEqual(found(url), [])
         self.assertEqual(len(found(url.replace("demo-secret", "secret"))), 1)
         self.assertEqual(len(found(url.replace("ratelimit-admin:", "nobody:"))), 1)
+        self.assertEqual(len(found(url.replace("demo-secret@127.0.0.1", "x@redis"))), 1)
+        self.assertEqual(found("`redis://ratelimit-admin:PASSWORD@HOST:PORT`"), [])
         self.assertEqual(found("`redis-cli --user admin -a admin-demo-secret`"), [])
         self.assertEqual(len(found("`redis-cli --user admin -a hunter2`")), 1)
         self.assertEqual(len(found("`REDISCLI_AUTH=hunter2 redis-cli ping`")), 1)
