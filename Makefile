@@ -127,8 +127,10 @@ run-cluster: setup build ## the same on a Redis Cluster (3 masters, 3 replicas) 
 test: setup-test build lint unit-test wasm-test lua-test prom-test e2e-test bench-quick config-test admin-test deploy-test ## run every test (what CI runs)
 	@echo "all test layers passed"
 
-lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links; no pipe into grep -q or head in the scripts
+lint: setup-rust ## rustfmt check and clippy (native and wasm32-wasip1), warnings are errors; the docs' links, and their snippets' credentials, ports and paths against the shipped files; no pipe into grep -q or head in the scripts
 	python3 tests/check_docs.py
+	python3 tests/check_snippets.py
+	python3 -m unittest -q tests/test_check_snippets.py
 	python3 tests/check_pipes.py
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
@@ -158,7 +160,7 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 	PROPTEST_CASES=3000 cargo test --release -p e2e --test properties -- --nocapture
 	PROPTEST_CASES=1000000 cargo test --release -p e2e --test parsers -- --nocapture
 
-e2e-test: setup setup-prom setup-openai setup-auth setup-grpc build oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster, + jwt_authn and ext_authz, + gRPC clients) on free loopback ports
+e2e-test: setup setup-prom setup-openai setup-auth setup-grpc build admin oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster, + jwt_authn and ext_authz, + gRPC clients) on free loopback ports
 	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency --test openai --test grpc --test idle --test auth --test durable -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
@@ -220,9 +222,9 @@ admin: setup-rust ## build ratelimit-admin, the operator's command: target/relea
 	cargo build --release -p ratelimit-admin
 	@echo "built target/release/ratelimit-admin"
 
-admin-test: setup-rust setup-packages ## ratelimit-admin: its unit tests, then the built binary against a real Redis and a real Redis Cluster as its ACL user
+# The e2e test runs the release binary, the one docs/admin.md installs.
+admin-test: setup-rust setup-packages admin ## ratelimit-admin: its unit tests, then the release binary (make admin) against a real Redis and a real Redis Cluster as its ACL user
 	cargo test -p ratelimit-admin
-	cargo build -p ratelimit-admin
 	cargo test -p e2e --test admin
 
 setup-tools: ## kubernetes-validate (PyPI, pinned) into .venv-tools, for deploy-test

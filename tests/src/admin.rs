@@ -7,12 +7,13 @@ use std::process::Command;
 use crate::procs::{Redis, REDIS_TOOL};
 use crate::root;
 
-/// The debug build of ratelimit-admin; `make admin-test` builds it first.
+/// The release build of ratelimit-admin, the one docs/admin.md installs; `make admin-test`
+/// builds it first (`make admin`).
 pub fn admin_bin() -> PathBuf {
-    let path = root().join("target/debug/ratelimit-admin");
+    let path = root().join("target/release/ratelimit-admin");
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p ratelimit-admin` (make admin-test does) first",
+        "{} is missing: run `make admin` (make admin-test does) first",
         path.display()
     );
     path
@@ -56,12 +57,33 @@ impl Admin {
     /// Runs `args` with `--config`, `--redis` and `--by` from the environment (as an operator
     /// sets them), so a test's words are only the command's own.
     pub fn run(&self, args: &[&str]) -> Run {
-        let output = Command::new(admin_bin())
+        let mut command = self.command(args);
+        command.arg("--by").arg(&self.by);
+        self.finish(args, command)
+    }
+
+    /// Runs `args` without `--by`, with `$LOGNAME` and `$USER` unset but for `env`: the
+    /// tool names who makes a change itself.
+    pub fn run_unnamed(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let mut command = self.command(args);
+        command
+            .env_remove("LOGNAME")
+            .env_remove("USER")
+            .envs(env.iter().copied());
+        self.finish(args, command)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(admin_bin());
+        command
             .args(args)
-            .arg("--by")
-            .arg(&self.by)
             .env("RATELIMIT_ADMIN_CONFIG", &self.config)
-            .env("RATELIMIT_ADMIN_REDIS", &self.redis)
+            .env("RATELIMIT_ADMIN_REDIS", &self.redis);
+        command
+    }
+
+    fn finish(&self, args: &[&str], mut command: Command) -> Run {
+        let output = command
             .output()
             .unwrap_or_else(|e| panic!("run ratelimit-admin: {e}"));
         let run = Run {

@@ -553,6 +553,58 @@ fn every_change_appends_one_audit_entry_and_the_stream_stays_bounded() {
     assert!((10_000..=10_100).contains(&len), "XLEN {len}");
 }
 
+/// Without `--by`, a change names the OS user running the tool: its uid's name (as `id -un`
+/// gives it), whatever `$USER` and `$LOGNAME` say; with no name for the uid, `$LOGNAME` or
+/// `$USER`, and with none of them the change is refused. `--by` wins (every other test).
+#[test]
+fn a_change_without_by_names_the_os_user() {
+    let s = setup("admin-operator");
+    let id = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let uid_name = String::from_utf8(id.stdout).unwrap().trim().to_string();
+    let set = [
+        "override",
+        "set",
+        "api",
+        "alice",
+        "per_minute",
+        "--limit",
+        "5",
+    ];
+    let others = [("USER", "mallory"), ("LOGNAME", "mallory")];
+    if id.status.success() && !uid_name.is_empty() {
+        let run = s.admin.run_unnamed(&set, &others);
+        assert_eq!(run.code, 0, "{run:?}");
+        let run = s
+            .admin
+            .run_unnamed(&["reset", "api", "alice", "per_minute"], &[]);
+        assert_eq!(run.code, 0, "{run:?}");
+        let state = s
+            .keys
+            .limit_key("api", "per_minute", "header:x-api-key", b"alice");
+        assert_eq!(hash(&s.redis, &override_key(&state))["by"], uid_name);
+        let audit = s.admin.json(&["audit"]);
+        let who: Vec<&str> = audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["who"].as_str().unwrap())
+            .collect();
+        assert_eq!(who, [uid_name.as_str(), uid_name.as_str()]);
+    } else {
+        // This uid has no name (a container's): the environment names the author, or nobody
+        // does and the change is refused, with nothing written.
+        let run = s.admin.run_unnamed(&set, &[("LOGNAME", "ana")]);
+        assert_eq!(run.code, 0, "{run:?}");
+        let run = s.admin.run_unnamed(&set, &[]);
+        assert_eq!((run.code, run.stdout.as_str()), (2, ""), "{run:?}");
+        assert!(run.stderr.contains("give --by WHO"), "{}", run.stderr);
+        assert_eq!(audit_len(&s.redis), 1);
+    }
+}
+
 #[test]
 fn each_bad_input_is_a_clear_error_with_its_exit_status() {
     let s = setup("admin-errors");

@@ -153,11 +153,14 @@ fn unlimited_blocked_expiry_and_reset_take_effect_within_the_bound() {
         "an unlimited limit shows nothing"
     );
 
-    // Blocked without expiry: refused with no Retry-After (there is no time to wait for).
+    // Blocked without expiry: refused with a limit of 0, and no Retry-After or reset (there
+    // is no time to wait for, and the limit is never whole again).
     f.set("abuser", &["mode", "blocked"]);
     let r = f.replicas[0].keyed("abuser");
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), None);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("0"));
+    assert_eq!(r.header("x-ratelimit-reset"), None);
     // Blocked until a time: once the bound has passed, Retry-After is the block's TTL.
     let key = f.override_key("abuser");
     f.redis.admin().cmd(&["PEXPIRE", &key, "60000"]).unwrap();
@@ -172,6 +175,9 @@ fn unlimited_blocked_expiry_and_reset_take_effect_within_the_bound() {
     );
     let retry: u64 = retry.parse().unwrap();
     assert!((55..=60).contains(&retry), "Retry-After {retry}");
+    let r = f.replicas[1].keyed("abuser");
+    let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!((55..=60).contains(&reset), "X-RateLimit-Reset {reset}");
     // The block ends (here: expired now): allowed on both replicas within the bound.
     f.redis.admin().cmd(&["PEXPIREAT", &key, "1"]).unwrap();
     let (waited, _) = f.last_refusal("abuser");

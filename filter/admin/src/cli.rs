@@ -27,7 +27,9 @@ Options:
   --plan NAME      for a rule with plans, the plan whose numbers inspect uses (default: each
                    limit with the numbers of the first plan holding it; a limit's state and
                    override are the same in every plan)
-  --by WHO         who makes a change, for the audit stream (default: $USER)
+  --by WHO         who makes a change, for the audit stream (default: the OS user: the
+                   uid's name in /etc/passwd, else $LOGNAME, else $USER; a change with
+                   none of them is refused)
   --json           machine-readable output
   -h, --help       this text
 WHEN: a duration (90m, 2h, 7d), a Unix time in seconds, or RFC 3339 (2026-01-31T18:00:00Z).

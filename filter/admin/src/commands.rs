@@ -22,18 +22,30 @@ pub struct Report {
     pub human: String,
 }
 
-/// Runs `cli`'s command; `user` is who makes a change when `--by` is not given.
+/// Runs `cli`'s command; `user` is who makes a change when `--by` is not given (the OS user,
+/// [`crate::operator::os_user`]). A change nobody is named for is refused: its audit entry
+/// would name no one.
 pub fn run(cli: &Cli, user: Option<String>) -> Result<Report> {
+    let who = cli.by.clone().or(user).filter(|w| !w.trim().is_empty());
+    let changes = matches!(
+        cli.command,
+        Command::Reset { .. } | Command::OverrideSet { .. } | Command::OverrideRm(_)
+    );
+    let who = match who {
+        Some(who) => who,
+        None if changes => {
+            return Err(Error::usage(
+                "who makes this change? give --by WHO: this uid has no name in /etc/passwd, \
+                 and neither $LOGNAME nor $USER is set",
+            ))
+        }
+        // Reads record nobody.
+        None => String::new(),
+    };
     let path = cli.config.as_deref().ok_or_else(|| {
         Error::usage("no filter config: give --config FILE or set RATELIMIT_ADMIN_CONFIG")
     })?;
     let config = target::by_name(target::load(path, cli.select)?, cli.plan.as_deref())?;
-    let who = cli
-        .by
-        .clone()
-        .or(user)
-        .filter(|w| !w.is_empty())
-        .unwrap_or_else(|| "unknown".to_string());
     let mut ctx = Context {
         config: &config,
         cli,
@@ -787,6 +799,44 @@ mod tests {
         );
         assert_eq!(split_override_key("rl:", "rl:{h=a}:api:m"), None);
         assert_eq!(glob_escape("r*l[1]:"), "r\\*l\\[1\\]:");
+    }
+
+    /// A change needs someone to name in the audit stream, checked before anything is read;
+    /// a read does not.
+    #[test]
+    fn a_change_nobody_is_named_for_is_refused() {
+        let cli = |words: &str| {
+            let mut args: Vec<String> = words.split_whitespace().map(str::to_string).collect();
+            args.extend([
+                "--config".to_string(),
+                "/nonexistent/filter.json".to_string(),
+            ]);
+            crate::parse(&args, |_| None).unwrap()
+        };
+        let unreadable = |e: Error| e.message.contains("/nonexistent/filter.json");
+        for change in [
+            "reset api k",
+            "override set api k m --blocked",
+            "override rm api k m",
+        ] {
+            let err = run(&cli(change), None).unwrap_err();
+            assert_eq!(err.kind, crate::Kind::Usage, "{change}: {err}");
+            assert!(err.message.contains("give --by WHO"), "{change}: {err}");
+            // Named by the OS user or by --by: on to the config (which cannot be read).
+            assert!(unreadable(
+                run(&cli(change), Some("ana".into())).unwrap_err()
+            ));
+            let by = format!("{change} --by ana");
+            assert!(unreadable(run(&cli(&by), None).unwrap_err()), "{by}");
+        }
+        for read in [
+            "inspect api k",
+            "override get api k m",
+            "override list",
+            "audit",
+        ] {
+            assert!(unreadable(run(&cli(read), None).unwrap_err()), "{read}");
+        }
     }
 
     #[test]

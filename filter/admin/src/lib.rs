@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod cli;
 pub mod error;
+pub mod operator;
 pub mod overrides;
 pub mod state;
 pub mod store;

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use ratelimit_admin::{parse, run, Command, USAGE};
+use ratelimit_admin::{operator, parse, run, Command, USAGE};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
     }
-    match run(&cli, std::env::var("USER").ok()) {
+    match run(&cli, operator::os_user(|name| std::env::var(name).ok())) {
         Ok(report) => {
             if cli.json {
                 println!("{}", report.json);

@@ -78,8 +78,9 @@ struct Shown<'a> {
     quota: u64,
     window_s: u64,
     remaining: u64,
-    /// Seconds until the limit is whole again.
-    reset_s: u64,
+    /// Seconds until the limit is whole again; None when it never is (an identity blocked
+    /// without expiry), so no header claims a time.
+    reset_s: Option<u64>,
     /// Seconds until a request fits again if this one was refused, else `reset_s`.
     t: u64,
     refused: bool,
@@ -130,7 +131,10 @@ fn shown<'a>(
         (_, true) => Some(OpenAiSet::Tokens),
         (_, false) => Some(OpenAiSet::Requests),
     };
-    let reset_s = whole_seconds_up(result.reset_ms);
+    // The script replies retry 0 for a block without expiry (its PTTL is -1).
+    let blocked_for_good = result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0;
+    let reset_s = (!blocked_for_good).then(|| whole_seconds_up(result.reset_ms));
+    // A blocked identity may send nothing: its limit shows as 0, as `q=0` in RateLimit-Policy.
     let quota = match result.overridden {
         Some(Override::Limit(quota)) => quota,
         Some(Override::Blocked) => 0,
@@ -142,16 +146,14 @@ fn shown<'a>(
         window_s: whole_seconds_up(check.window.length_at(now_ms)).max(1),
         remaining: whole_units(result.remaining),
         reset_s,
-        t: if result.allowed {
-            reset_s
-        } else {
-            retry_after_secs(result.retry_ms)
+        t: match (result.allowed, reset_s) {
+            (true, Some(reset_s)) => reset_s,
+            _ => retry_after_secs(result.retry_ms),
         },
         refused: !result.allowed,
         shadow: check.mode.is_shadow(),
         retry_ms: result.retry_ms,
-        never: result.never_fits
-            || (result.overridden == Some(Override::Blocked) && result.retry_ms == 0.0),
+        never: result.never_fits || blocked_for_good,
         never_fits: result.never_fits,
         cost: check.cost,
         reset_ms: result.reset_ms,
@@ -177,7 +179,7 @@ fn shown_all<'a>(
 
 /// The limit the single-valued headers describe: when refused, the refusing limit with the
 /// longest wait (one with no time to wait for first); else the one with the fewest units left
-/// (the later reset on a tie).
+/// (the later reset on a tie, never whole again the latest).
 fn most_restrictive<'a, 'c>(limits: &[&'a Shown<'c>], denied: bool) -> Option<&'a Shown<'c>> {
     if denied {
         return limits
@@ -190,10 +192,11 @@ fn most_restrictive<'a, 'c>(limits: &[&'a Shown<'c>], denied: bool) -> Option<&'
                     .then(a.retry_ms.total_cmp(&b.retry_ms))
             });
     }
+    let whole_in = |s: &Shown| s.reset_s.unwrap_or(u64::MAX);
     limits.iter().copied().min_by(|a, b| {
         a.remaining
             .cmp(&b.remaining)
-            .then(b.reset_s.cmp(&a.reset_s))
+            .then(whole_in(b).cmp(&whole_in(a)))
     })
 }
 
@@ -225,7 +228,9 @@ fn headers_for(config: &Config, limits: &[Shown<'_>], denied: bool) -> Headers {
                 "x-ratelimit-remaining",
                 if denied { 0 } else { s.remaining }.to_string(),
             ));
-            headers.push(("x-ratelimit-reset", s.reset_s.to_string()));
+            if let Some(reset_s) = s.reset_s {
+                headers.push(("x-ratelimit-reset", reset_s.to_string()));
+            }
         }
     }
     if config.headers.ietf() && !limits.is_empty() {
@@ -276,7 +281,9 @@ fn headers_for(config: &Config, limits: &[Shown<'_>], denied: bool) -> Headers {
             if let Some(s) = shown {
                 headers.push((limit, s.quota.to_string()));
                 headers.push((remaining, s.remaining.to_string()));
-                headers.push((reset, openai_duration(s.reset_ms)));
+                if s.reset_s.is_some() {
+                    headers.push((reset, openai_duration(s.reset_ms)));
+                }
             }
         }
     }
@@ -725,6 +732,80 @@ mod tests {
         assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("20"));
     }
 
+    fn blocked(retry_ms: f64) -> LimitResult {
+        LimitResult {
+            overridden: Some(Override::Blocked),
+            ..result(false, 0.0, retry_ms, retry_ms)
+        }
+    }
+
+    /// A blocked identity may send nothing: its limit shows as 0. A block with expiry is over,
+    /// and the limit back, after its remaining time; a block without expiry never is, so no
+    /// header claims a time: no Retry-After, no X-RateLimit-Reset, no `t`.
+    #[test]
+    fn a_blocked_identity_shows_a_limit_of_0_and_a_reset_only_if_the_block_ends() {
+        let c = config("both", "text");
+        let for_an_hour = Decision {
+            allowed: false,
+            limits: vec![blocked(3_600_000.0), result(true, 999.0, 1000.0, 0.0)],
+            leased: 0,
+        };
+        let r = denied_http(&c, &checks(false), &for_an_hour, NOW);
+        assert_eq!(get(&r.headers, "retry-after"), Some("3600"));
+        assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-remaining"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-reset"), Some("3600"));
+        assert_eq!(
+            get(&r.headers, "ratelimit-policy"),
+            Some(r#""api.second";q=0;w=1, "api.day";q=1000;w=86400"#)
+        );
+        assert_eq!(
+            get(&r.headers, "ratelimit"),
+            Some(r#""api.second";r=0;t=3600, "api.day";r=999;t=1"#)
+        );
+
+        let for_good = Decision {
+            limits: vec![blocked(0.0), result(true, 999.0, 1000.0, 0.0)],
+            ..for_an_hour
+        };
+        let r = denied_http(&c, &checks(false), &for_good, NOW);
+        assert_eq!(get(&r.headers, "retry-after"), None);
+        assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-remaining"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-reset"), None);
+        assert_eq!(
+            get(&r.headers, "ratelimit-policy"),
+            Some(r#""api.second";q=0;w=1, "api.day";q=1000;w=86400"#)
+        );
+        assert_eq!(
+            get(&r.headers, "ratelimit"),
+            Some(r#""api.second";r=0, "api.day";r=999;t=1"#)
+        );
+        // The same headers as gRPC metadata.
+        let r = denied(&c, Protocol::Grpc, &checks(false), &for_good, NOW);
+        assert_eq!(get(&r.headers, "x-ratelimit-limit"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-reset"), None);
+    }
+
+    /// A shadow limit that would block for good is shown on an allowed response (it has the
+    /// fewest units left) without a reset.
+    #[test]
+    fn an_allowed_response_shows_no_reset_for_a_shadow_block_without_expiry() {
+        let d = Decision {
+            allowed: true,
+            limits: vec![result(true, 5.0, 1000.0, 0.0), blocked(0.0)],
+            leased: 0,
+        };
+        let h = rate_limit_headers(&config("both", "text"), &checks(true), &d, NOW);
+        assert_eq!(get(&h, "x-ratelimit-limit"), Some("0"));
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("0"));
+        assert_eq!(get(&h, "x-ratelimit-reset"), None);
+        assert_eq!(
+            get(&h, "ratelimit"),
+            Some(r#""api.second";r=5;t=1, "api.day";r=0"#)
+        );
+    }
+
     /// A rule of 60 requests a minute and a usage limit of 4000 tokens a minute.
     fn openai_config() -> Config {
         let json = r#"{"headers": "openai", "rules": [{"name": "llm", "limits": [
@@ -827,6 +908,20 @@ mod tests {
         assert!(r.body.contains(
             "llm.tokens: this request costs 5000, more than the 4000 the limit ever holds"
         ));
+        // A block without expiry on the requests limit: its set shows 0 and no reset, and the
+        // client is told not to retry.
+        let d = Decision {
+            allowed: false,
+            limits: vec![blocked(0.0), result(true, 3500.0, 7500.0, 0.0)],
+            leased: 0,
+        };
+        let r = denied_http(&openai_config(), &openai_checks(500), &d, NOW);
+        assert_eq!(get(&r.headers, "x-should-retry"), Some("false"));
+        assert_eq!(get(&r.headers, "retry-after"), None);
+        assert_eq!(get(&r.headers, "x-ratelimit-limit-requests"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-remaining-requests"), Some("0"));
+        assert_eq!(get(&r.headers, "x-ratelimit-reset-requests"), None);
+        assert_eq!(get(&r.headers, "x-ratelimit-reset-tokens"), Some("7.5s"));
     }
 
     #[test]
