@@ -9,7 +9,9 @@ mod request;
 mod size;
 
 pub use args::{lease_units, DecideCall, FRACTION_DECIMALS};
-pub use failure::{BridgeFailure, FailureCause};
+pub use failure::{
+    BridgeCall, BridgeFailure, FailureCause, MisconfigCause, Misconfiguration, Refused,
+};
 pub use reply::{
     is_answer, parse_batch_reply, parse_eval_reply, parse_node_reply, parse_script_load_reply,
     BridgeReply, EvalOutcome, RequestShape, SlotMap,
