@@ -238,7 +238,7 @@ impl fmt::Display for Misconfiguration {
             (Refused::Redis(message), _) => match self.command() {
                 Some(command) => write!(
                     f,
-                    "{cause}: Redis refused the '{command}' command the decision script runs ({message}): grant +{command} to {WEBDIS_REDIS_USER}"
+                    "{cause}: Redis refused '{command}', which the filter's calls need ({message}): grant +{command} to {WEBDIS_REDIS_USER}"
                 ),
                 None if self.keys() => write!(
                     f,
