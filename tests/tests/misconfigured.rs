@@ -2,15 +2,16 @@
 //! Redis): a wrong bridge password, a Webdis ACL without `EVALSHA`, and a Redis user (the one
 //! Webdis logs in as) without `HSET` are each logged by Envoy at error level naming the cause
 //! and the setting, counted under their cause, and decided by the failure policy as an outage
-//! would be (open: 200; a fail-closed rule: 503). Once the setting is fixed while Envoy runs,
-//! decisions come back by themselves. `ratelimit-check --probe` names each cause (exit 1)
-//! and passes the fixed bridge (exit 0).
+//! would be (open: 200; a fail-closed rule: 503); a real Prometheus with the shipped rules
+//! fires the alert. Once the setting is fixed while Envoy runs, decisions come back by
+//! themselves. `ratelimit-check --probe` names each cause (exit 1) and passes the fixed
+//! bridge (exit 0).
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::{free_port, root, wait_for, Envoy, Redis, Response, Webdis, WorkDir};
+use e2e::{free_port, root, wait_for, Envoy, Prometheus, Redis, Response, Webdis, WorkDir};
 
 /// The password of the shipped Webdis ACL (envoy/webdis.json).
 const SHIPPED_PASSWORD: &str = "ratelimit-demo-secret";
@@ -169,6 +170,14 @@ fn a_wrong_bridge_password_is_an_error_naming_the_setting_until_webdis_accepts_i
     let mut webdis = Webdis::start(&dir, redis.port);
     let password = "not-the-shipped-one";
     let envoy = Envoy::start_filter(&dir, webdis.port, &filter_json(password), 2);
+    // The shipped rules, as shipped: the alert has no `for:`. A scrape of the counter at 0
+    // first, as in production, where it is exported from the filter's start.
+    let prom = Prometheus::start(&dir, &[envoy.admin_port], &Prometheus::shipped_rules());
+    prom.wait_scraped(FIX_TIMEOUT);
+    wait_for("the refusals counter scraped at 0", FIX_TIMEOUT, || {
+        let seen = prom.query("ratelimit_misconfigured_bridge_auth");
+        (seen.len() == 1 && seen[0].1 == 0.0).then_some(())
+    });
     let started = Instant::now();
     policy_applies(&envoy, "k");
     envoy.wait_counter("ratelimit_misconfigured_bridge_auth", 2);
@@ -183,6 +192,17 @@ fn a_wrong_bridge_password_is_an_error_naming_the_setting_until_webdis_accepts_i
             "\"EVALSHA\"",
         ],
     );
+    // The alert fires within a minute of the refusal (here, scraped and evaluated every
+    // second: seconds), naming the cause and the instance.
+    let labels = prom.wait_alert(
+        "RateLimiterBridgeMisconfigured",
+        "firing",
+        Duration::from_secs(60),
+    );
+    assert_eq!(labels.get("cause").map(String::as_str), Some("bridge_auth"));
+    let instance = format!("127.0.0.1:{}", envoy.admin_port);
+    assert_eq!(labels.get("instance"), Some(&instance));
+    assert_eq!(labels.get("severity").map(String::as_str), Some("critical"));
     probe_refused(&envoy, webdis.port, "bridge_auth");
     // Refusals open the breakers like failures; their probes keep being refused and counted
     // with no request at all, so the alert stays on while nothing is fixed.
