@@ -7,9 +7,12 @@
 //! themselves. `ratelimit-check --probe` names each cause (exit 1) and passes the fixed
 //! bridge (exit 0).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use ratelimit_core::bridge::PROBE_TAG;
 
 use e2e::{free_port, root, wait_for, Envoy, Prometheus, Redis, Response, Webdis, WorkDir};
 
@@ -155,12 +158,51 @@ fn probe_refused(envoy: &Envoy, port: u16, cause: &str) {
     );
 }
 
-/// The probe finds every call answered and exits 0.
-fn probe_ready(envoy: &Envoy, port: u16) {
+/// Every key in Redis but the probe's, with its content: what the probe must not change.
+fn identities_state(redis: &Redis) -> BTreeMap<String, String> {
+    let mut admin = redis.admin();
+    let keys = admin.cmd(&["KEYS", "*"]).unwrap().items();
+    keys.iter()
+        .map(|k| k.text())
+        .filter(|k| !k.contains(PROBE_TAG))
+        .map(|k| {
+            let content = match admin.cmd(&["TYPE", &k]).unwrap().text().as_str() {
+                "hash" => admin.cmd(&["HGETALL", &k]).unwrap().text(),
+                "zset" => admin
+                    .cmd(&["ZRANGE", &k, "0", "-1", "WITHSCORES"])
+                    .unwrap()
+                    .text(),
+                other => other.to_string(),
+            };
+            (k, content)
+        })
+        .collect()
+}
+
+/// The probe finds every call answered and exits 0, and leaves every identity's state as it
+/// was: it wrote only keys of its own, which expire.
+fn probe_ready(envoy: &Envoy, port: u16, redis: &Redis) {
+    let before = identities_state(redis);
+    assert!(!before.is_empty(), "decisions made state to compare");
     let (code, out, err) = probe(&envoy.config_path, port);
     assert_eq!((code, err.as_str()), (0, ""), "{out}");
     assert!(out.contains("answers every call of this config"), "{out}");
     assert!(!out.contains("REFUSED"), "{out}");
+    assert_eq!(
+        identities_state(redis),
+        before,
+        "no identity's state changed"
+    );
+    let mut admin = redis.admin();
+    let own = admin
+        .cmd(&["KEYS", &format!("rl:{PROBE_TAG}:*")])
+        .unwrap()
+        .items();
+    assert!(!own.is_empty(), "the probe decided on keys of its own");
+    for key in own {
+        let ttl = admin.cmd(&["PTTL", &key.text()]).unwrap().int();
+        assert!(ttl > 0, "{}: expires ({ttl})", key.text());
+    }
 }
 
 #[test]
@@ -222,7 +264,7 @@ fn a_wrong_bridge_password_is_an_error_naming_the_setting_until_webdis_accepts_i
     });
     webdis.restart_with(&dir, &accepting, redis.port);
     decisions_come_back(&envoy);
-    probe_ready(&envoy, webdis.port);
+    probe_ready(&envoy, webdis.port, &redis);
 }
 
 #[test]
@@ -247,7 +289,7 @@ fn a_webdis_acl_without_evalsha_is_an_error_naming_the_setting_until_it_is_resto
     // The shipped ACL back: decisions come back without restarting Envoy.
     webdis.restart_with(&dir, &root().join("envoy/webdis.json"), redis.port);
     decisions_come_back(&envoy);
-    probe_ready(&envoy, webdis.port);
+    probe_ready(&envoy, webdis.port, &redis);
 }
 
 #[test]
@@ -289,5 +331,5 @@ fn a_redis_user_without_hset_is_an_error_naming_the_setting_until_acl_setuser_re
     throttled(&envoy, "redis_acl", started);
     setuser("+hset");
     decisions_come_back(&envoy);
-    probe_ready(&envoy, webdis.port);
+    probe_ready(&envoy, webdis.port, &redis);
 }
