@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use proxy_wasm::types::MetricType;
+use ratelimit_core::bridge::{MisconfigCause, Misconfiguration};
 use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
 use ratelimit_core::{
@@ -32,6 +33,9 @@ pub(crate) struct WorkerHost {
     failure_log: RefCell<LogThrottle>,
     /// Lines about a busy engine, throttled apart from failures.
     busy_log: RefCell<LogThrottle>,
+    /// Lines about a bridge that refuses the filter, one throttle per cause (by its place in
+    /// `MisconfigCause::ALL`): an outage's lines never hold back a misconfiguration's.
+    misconfigured_log: RefCell<[LogThrottle; MisconfigCause::ALL.len()]>,
     /// The queue whose `on_queue_ready` runs the engine from the root context.
     pub(crate) wake_queue: Option<u32>,
 }
@@ -64,6 +68,9 @@ impl WorkerHost {
             ),
             failure_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
             busy_log: RefCell::new(LogThrottle::new(FAILURE_LOG_INTERVAL)),
+            misconfigured_log: RefCell::new(
+                MisconfigCause::ALL.map(|_| LogThrottle::new(FAILURE_LOG_INTERVAL)),
+            ),
             wake_queue: register_wake_queue(),
         }
     }
@@ -217,6 +224,23 @@ impl Host for EnvoyHost<'_> {
         if let Some(suppressed) = admitted {
             log::warn!(
                 "bridge failure, failure policy applied: {failure} ({suppressed} similar lines suppressed)"
+            );
+        }
+    }
+
+    fn report_misconfigured(&mut self, refusal: &Misconfiguration) {
+        let now = self.now_unix_ns().unwrap_or(0);
+        let cause = MisconfigCause::ALL
+            .iter()
+            .position(|c| *c == refusal.cause)
+            .unwrap_or(0);
+        let admitted = match self.worker.misconfigured_log.try_borrow_mut() {
+            Ok(mut logs) => logs.get_mut(cause).and_then(|log| log.admit(now)),
+            Err(_) => None,
+        };
+        if let Some(suppressed) = admitted {
+            log::error!(
+                "bridge misconfigured, the rate limiter is not deciding: requests it refuses follow their failure policy until this is fixed: {refusal} ({suppressed} similar lines suppressed)"
             );
         }
     }

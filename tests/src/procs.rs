@@ -381,13 +381,35 @@ impl Webdis {
 
     /// Kills Webdis and starts a new one on the same port, from the same config.
     pub fn restart(&mut self, dir: &WorkDir, redis_port: u16) {
+        let file = self.config_file.clone();
+        self.restart_with(dir, &file, redis_port);
+    }
+
+    /// Kills Webdis and starts a new one on the same port, from config `file` (an operator
+    /// changing Webdis's settings while Envoy runs).
+    pub fn restart_with(&mut self, dir: &WorkDir, file: &Path, redis_port: u16) {
         self.process.stop();
         let port = self.port;
         wait_for("the old webdis port to be free", START_TIMEOUT, || {
             std::net::TcpListener::bind(("127.0.0.1", port)).ok()
         });
-        let file = self.config_file.clone();
-        *self = Webdis::start_on(dir, &file, redis_port, port);
+        *self = Webdis::start_on(dir, file, redis_port, port);
+    }
+
+    /// The shipped envoy/webdis.json changed by `edit`, written to `dir` as `name`: a Webdis
+    /// config for [`Webdis::start_with_config`] (which sets its ports and log).
+    pub fn edited_config(
+        dir: &WorkDir,
+        name: &str,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> PathBuf {
+        let shipped = fs::read_to_string(root().join("envoy/webdis.json")).expect("webdis.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&shipped).expect("webdis.json is JSON");
+        edit(&mut config);
+        let path = dir.file(name);
+        fs::write(&path, config.to_string()).expect("write webdis config");
+        path
     }
 
     fn start_on(dir: &WorkDir, file: &Path, redis_port: u16, port: u16) -> Webdis {

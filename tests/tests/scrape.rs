@@ -99,9 +99,12 @@ fn prometheus_sees_the_per_rule_counters_and_the_failure_alerts() {
     let labels = prom.wait_alert("RateLimiterFailingOpen", "firing", Duration::from_secs(60));
     assert_eq!(labels.get("job").map(String::as_str), Some(JOB));
     prom.wait_alert("RateLimiterBreakerOpen", "firing", Duration::from_secs(60));
-    // 3 refused of 10 decided is under the deny-rate threshold, and nothing failed closed.
+    // 3 refused of 10 decided is under the deny-rate threshold, nothing failed closed, and an
+    // outage is no misconfiguration.
+    wait_value(&prom, "ratelimit_misconfigured_bridge_auth", 0.0);
     let alerts = prom.alerts();
     for quiet in [
+        "RateLimiterBridgeMisconfigured",
         "RateLimiterFailingClosed",
         "RateLimiterDenyRateHigh",
         "RateLimiterKeyBudgetExceeded",

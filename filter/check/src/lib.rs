@@ -14,6 +14,7 @@
 
 mod coverage;
 mod find;
+pub mod probe;
 mod summary;
 mod tree;
 

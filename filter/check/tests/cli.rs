@@ -130,3 +130,49 @@ fn unreadable_or_unparsable_files_exit_2_naming_file_and_line() {
         "{err}"
     );
 }
+
+#[test]
+fn a_probe_needs_an_http_url() {
+    let path = file("good4.json", GOOD);
+    for args in [
+        &["--probe", "https://127.0.0.1:7379"][..],
+        &["--probe=127.0.0.1:7379"],
+        &["--probe"],
+    ] {
+        let (code, out, err) = check(args, &[&path]);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}");
+        assert!(err.starts_with("ratelimit-check: --probe: "), "{err}");
+    }
+}
+
+/// A bridge that cannot be reached is an outage, not a setting: exit 3, after the config's
+/// own check; an invalid config is not probed.
+#[test]
+fn a_probe_of_a_bridge_that_does_not_answer_exits_3() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let url = format!("http://127.0.0.1:{port}");
+    let path = file("good5.json", GOOD);
+    let (code, out, err) = check(&["--probe", &url], &[&path]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("document 1: OK\n"), "{out}");
+    assert!(
+        out.contains("(the filter's decision call): FAILED: cannot connect to 127.0.0.1:"),
+        "{out}"
+    );
+    assert_eq!(
+        err,
+        format!(
+            "{}: document 1: the bridge at {url} did not answer as the filter needs (see above)\n",
+            path.display()
+        )
+    );
+    let broken = file(
+        "broken2.json",
+        &GOOD.replace(r#""limit": 10"#, r#""limit": 0"#),
+    );
+    let (code, out, _) = check(&["--probe", &url], &[&broken]);
+    assert_eq!(code, 1);
+    assert!(!out.contains("probing"), "{out}");
+}

@@ -84,6 +84,26 @@ stats! {
         /// Requests whose call had no answer within their timeout (or waited past it): the
         /// bridge slow or hung. A subset of `ratelimit_bridge_errors`.
         BridgeTimeouts => "ratelimit_bridge_timeouts",
+        /// Calls the bridge refused because Webdis refused the filter's credentials or its
+        /// `EVALSHA` (401/403): decision calls, the breaker's probes, settlements.
+        MisconfiguredBridgeAuth => "ratelimit_misconfigured_bridge_auth",
+        /// Calls whose reply was Redis's ACL refusing a command or key the decision script
+        /// needs (`NOPERM`), once per call however many of its requests it refused.
+        MisconfiguredRedisAcl => "ratelimit_misconfigured_redis_acl",
+        /// Script loads refused, by Webdis's ACL (403) or Redis's (`NOPERM`).
+        MisconfiguredScriptLoadRefused => "ratelimit_misconfigured_script_load_refused",
+    }
+}
+
+impl Counter {
+    /// The counter of the calls the bridge refused for `cause`.
+    pub fn misconfigured(cause: crate::bridge::MisconfigCause) -> Counter {
+        use crate::bridge::MisconfigCause;
+        match cause {
+            MisconfigCause::BridgeAuth => Counter::MisconfiguredBridgeAuth,
+            MisconfigCause::RedisAcl => Counter::MisconfiguredRedisAcl,
+            MisconfigCause::ScriptLoadRefused => Counter::MisconfiguredScriptLoadRefused,
+        }
     }
 }
 
@@ -312,8 +332,20 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert_eq!(Counter::ALL.len(), 27);
+        assert_eq!(Counter::ALL.len(), 30);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
+    }
+
+    /// One counter per cause, named after it (what the alert and the runbook read).
+    #[test]
+    fn each_misconfiguration_cause_has_its_counter() {
+        use crate::bridge::MisconfigCause;
+        for cause in MisconfigCause::ALL {
+            assert_eq!(
+                Counter::misconfigured(cause).name(),
+                format!("ratelimit_misconfigured_{}", cause.name())
+            );
+        }
     }
 
     #[test]

@@ -1,15 +1,19 @@
 //! Talking to Webdis: the script's arguments (`args`), the size model of a call (`size`), the
-//! HTTP requests (`request`), what their replies say (`reply`), and why a call gave no
-//! decision (`failure`).
+//! HTTP requests (`request`), what their replies say (`reply`), why a call gave no decision
+//! (`failure`), and the probe of a live bridge with a configuration's credentials (`probe`).
 
 mod args;
 mod failure;
+mod probe;
 mod reply;
 mod request;
 mod size;
 
 pub use args::{lease_units, DecideCall, FRACTION_DECIMALS};
-pub use failure::{BridgeFailure, FailureCause};
+pub use failure::{
+    BridgeCall, BridgeFailure, FailureCause, MisconfigCause, Misconfiguration, Refused,
+};
+pub use probe::{Probe, PROBE_TAG};
 pub use reply::{
     is_answer, parse_batch_reply, parse_eval_reply, parse_node_reply, parse_script_load_reply,
     BridgeReply, EvalOutcome, RequestShape, SlotMap,

@@ -2,8 +2,8 @@
 
 use serde_json::Value;
 
-use super::failure::BridgeFailure;
-use crate::bounds::{MAX_ERROR_TEXT, MAX_LIMIT};
+use super::failure::{shown_error, BridgeCall, BridgeFailure};
+use crate::bounds::MAX_LIMIT;
 use crate::decision::{Decision, LimitResult, Override};
 
 /// A reply from Webdis as the host delivered it: no status means the call timed out or the
@@ -22,14 +22,6 @@ pub enum EvalOutcome {
     Decided(Vec<Result<Decision, BridgeFailure>>),
     /// Redis does not have the script (it restarted): load it and retry.
     NoScript,
-}
-
-fn shown_error(message: &str) -> String {
-    let mut shown: String = message.chars().take(MAX_ERROR_TEXT).collect();
-    if shown.len() < message.len() {
-        shown.push('…');
-    }
-    shown
 }
 
 /// Reads the reply to an `EVALSHA` of a batch whose requests carry `shape[i]` limits each:
@@ -98,7 +90,7 @@ pub fn parse_node_reply(
         {
             return Err(BridgeFailure::Moving(shown_error(message)));
         }
-        return Err(BridgeFailure::Redis(shown_error(message)));
+        return Err(BridgeFailure::of_redis_error(BridgeCall::Decision, message));
     }
     let Some((count, mut rest)) = items.split_first() else {
         return Err(BridgeFailure::BadReply("EVALSHA result is too short"));
@@ -163,7 +155,7 @@ fn parse_request(
             .any(|p| message.contains(p));
         let failure = match not_served {
             true => BridgeFailure::NotServed(shown_error(message)),
-            false => BridgeFailure::Redis(shown_error(message)),
+            false => BridgeFailure::of_redis_error(BridgeCall::Decision, message),
         };
         return Ok((Err(failure), rest));
     }
@@ -240,9 +232,10 @@ pub fn parse_script_load_reply(
             "SCRIPT LOAD returned another script's hash",
         )),
         Value::Array(items) => match items.as_slice() {
-            [Value::Bool(false), Value::String(message)] => {
-                Err(BridgeFailure::Redis(shown_error(message)))
-            }
+            [Value::Bool(false), Value::String(message)] => Err(BridgeFailure::of_redis_error(
+                BridgeCall::ScriptLoad,
+                message,
+            )),
             _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
         },
         _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
@@ -259,10 +252,14 @@ pub fn is_answer(reply: BridgeReply<'_>) -> bool {
 
 /// The value under `command` in a 200 JSON reply.
 fn command_result(reply: BridgeReply<'_>, command: &str) -> Result<Value, BridgeFailure> {
+    let call = match command {
+        "SCRIPT" => BridgeCall::ScriptLoad,
+        _ => BridgeCall::Decision,
+    };
     match reply.status {
         None => return Err(BridgeFailure::NoResponse),
         Some(200) => {}
-        Some(code) => return Err(BridgeFailure::Status(code)),
+        Some(code) => return Err(BridgeFailure::of_status(call, code)),
     }
     let value: Value = serde_json::from_slice(reply.body)
         .map_err(|_| BridgeFailure::BadReply("body is not JSON"))?;
@@ -305,8 +302,14 @@ fn non_negative_number(value: &Value) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bounds::MAX_ERROR_TEXT;
+    use crate::bridge::failure::{MisconfigCause, Misconfiguration, Refused};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn refused(cause: MisconfigCause, refused: Refused) -> BridgeFailure {
+        BridgeFailure::Misconfigured(Misconfiguration { cause, refused })
+    }
 
     fn ok(body: &str) -> BridgeReply<'_> {
         BridgeReply {
@@ -444,7 +447,7 @@ mod tests {
                     status: Some(403),
                     body: b"",
                 },
-                BridgeFailure::Status(403),
+                refused(MisconfigCause::BridgeAuth, Refused::Status(403)),
             ),
             (
                 BridgeReply {
@@ -615,7 +618,10 @@ mod tests {
         );
         assert_eq!(
             parse_script_load_reply(ok(r#"{"SCRIPT":[false,"NOPERM no"]}"#), sha),
-            Err(BridgeFailure::Redis("NOPERM no".into()))
+            Err(refused(
+                MisconfigCause::ScriptLoadRefused,
+                Refused::Redis("NOPERM no".into())
+            ))
         );
         assert_eq!(
             parse_script_load_reply(
@@ -625,7 +631,10 @@ mod tests {
                 },
                 sha
             ),
-            Err(BridgeFailure::Status(403))
+            Err(refused(
+                MisconfigCause::ScriptLoadRefused,
+                Refused::Status(403)
+            ))
         );
         assert_eq!(
             parse_script_load_reply(ok("{}"), sha),

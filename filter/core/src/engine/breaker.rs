@@ -12,7 +12,7 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use super::queue::Unanswered;
-use crate::bridge::{parse_eval_reply, BridgeReply, BridgeRequest, DecideCall};
+use crate::bridge::{BridgeRequest, DecideCall};
 use crate::config::{Breaker as Settings, Config};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,12 +134,6 @@ impl Breaker {
         let deadline_ms = (now + interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
         let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
         Some((BridgeRequest::evalsha(&config.script_sha, &call), interval))
-    }
-
-    /// The probe's reply came at `now`: answered (a missing script is the next call's to
-    /// load), the bridge is back and the breaker closes, and says why.
-    pub fn probe_reply(&mut self, reply: BridgeReply<'_>, now: u128) -> Option<String> {
-        self.probe_replied(parse_eval_reply(reply, &[]).is_ok(), now)
     }
 
     /// A probe was sent at `now` (`token`: its call, None if it could not be sent); the next

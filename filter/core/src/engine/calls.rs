@@ -367,11 +367,25 @@ impl Engine {
         match settled {
             Settled::Done | Settled::Reloading => self.breaker.answered(),
             Settled::Failed(failure) => {
-                host.report_failure(&failure);
+                if !self.refused(host, &failure) {
+                    host.report_failure(&failure);
+                }
                 let opens = self.breaker.failed(config.breaker, &failure, now);
                 self.opened(config, host, now, opens);
             }
         }
+    }
+
+    /// A call's reply was `failure`: if the bridge refused the filter (a setting is wrong),
+    /// counted under its cause and reported (an error naming the setting), once per call.
+    /// Returns whether it was a refusal.
+    pub(super) fn refused(&mut self, host: &mut impl Host, failure: &BridgeFailure) -> bool {
+        let Some(refusal) = failure.misconfiguration() else {
+            return false;
+        };
+        host.count(Counter::misconfigured(refusal.cause));
+        host.report_misconfigured(refusal);
+        true
     }
 
     /// Counts the settlements dropped since the last time.

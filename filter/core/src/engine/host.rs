@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::bridge::{BridgeFailure, BridgeRequest};
+use crate::bridge::{BridgeFailure, BridgeRequest, Misconfiguration};
 use crate::config::Bridge;
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::response::LocalResponse;
@@ -46,6 +46,9 @@ pub trait Host {
     fn redis_restarts(&mut self, bump: bool) -> Option<u64>;
     /// A bridge failure the failure policy handled; the host logs it (rate-limited).
     fn report_failure(&mut self, failure: &BridgeFailure);
+    /// A call the bridge refused (a setting is wrong, see [`Misconfiguration`]); the host logs
+    /// it as an error naming the cause and the setting (rate-limited per cause).
+    fn report_misconfigured(&mut self, refusal: &Misconfiguration);
 }
 
 /// What the host should do with the request headers it is processing.

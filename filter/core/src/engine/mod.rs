@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use crate::bridge::{is_answer, BridgeFailure, BridgeReply};
+use crate::bridge::{is_answer, parse_eval_reply, BridgeFailure, BridgeReply};
 use crate::config::Config;
 use crate::metrics::{Counter, Gauge};
 use crate::request::memo::PlanMemo;
@@ -450,7 +450,16 @@ impl Engine {
     ) {
         if self.breaker.is_probe(token) {
             let now = self.clock_or_last(host);
-            if let Some(why) = self.breaker.probe_reply(reply, now) {
+            // A missing script is the next call's to load; a refusal is counted and reported
+            // as each refused call is, so that it stays loud while the breaker is open.
+            let answered = match parse_eval_reply(reply, &[]) {
+                Ok(_) => true,
+                Err(failure) => {
+                    self.refused(host, &failure);
+                    false
+                }
+            };
+            if let Some(why) = self.breaker.probe_replied(answered, now) {
                 host.gauge_add(Gauge::BreakerOpen, -1);
                 host.report_breaker(false, &why);
             }
@@ -483,6 +492,14 @@ impl Engine {
         match reply {
             Reply::Decided(results, _) => {
                 self.breaker.answered();
+                // Redis's ACL refusing the script a command refuses it for each request it
+                // reaches: reported once for the call.
+                if let Some(Err(failure)) = results
+                    .iter()
+                    .find(|r| matches!(r, Err(f) if f.misconfiguration().is_some()))
+                {
+                    self.refused(host, failure);
+                }
                 self.replies = self.replies.wrapping_add(1);
                 let (sent, on_node) = (call.sent, call.on_node.is_some());
                 let (members, riding) = call.with_results(results);
@@ -556,6 +573,7 @@ impl Engine {
                     }
                     failure => failure,
                 };
+                self.refused(host, &failure);
                 let (members, riders) = call.into_parts();
                 self.settlements.ridden(riders, Err(&failure));
                 self.fail(config, host, members, failure, now, true)

@@ -69,11 +69,14 @@ impl Policy {
                 Conclusion::Answer(answer)
             }
             Outcome::Failed(failure) => {
-                // An open breaker was logged once when it opened; no call failed here.
+                // An open breaker was logged once when it opened; no call failed here. A
+                // refusal was reported (an error) once per call, by the engine.
                 let cause = failure.cause();
                 if failure != BridgeFailure::BreakerOpen {
                     host.count(Counter::BridgeErrors);
-                    host.report_failure(&failure);
+                    if failure.misconfiguration().is_none() {
+                        host.report_failure(&failure);
+                    }
                 }
                 if cause == FailureCause::TimedOut {
                     host.count(Counter::BridgeTimeouts);

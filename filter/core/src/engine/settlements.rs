@@ -25,7 +25,7 @@ pub use crate::bounds::MAX_SETTLEMENT_CALLS;
 pub use crate::bounds::{MAX_KEPT_SETTLEMENTS, MAX_METERED_STREAMS};
 use crate::bridge::{
     parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
-    DecideCall, EvalOutcome,
+    DecideCall, EvalOutcome, MisconfigCause, Misconfiguration,
 };
 use crate::check::LimitCheck;
 use crate::config::{Admit, Clock, Config};
@@ -197,7 +197,13 @@ impl Settlements {
         }
         match outcome {
             Ok(()) => {}
-            Err(BridgeFailure::Redis(_)) => self.lost += riders.len() as u64,
+            Err(
+                BridgeFailure::Redis(_)
+                | BridgeFailure::Misconfigured(Misconfiguration {
+                    cause: MisconfigCause::RedisAcl,
+                    ..
+                }),
+            ) => self.lost += riders.len() as u64,
             Err(
                 BridgeFailure::NoResponse
                 | BridgeFailure::Timeout

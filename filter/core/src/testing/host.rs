@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use crate::bridge::{BridgeFailure, BridgeRequest};
+use crate::bridge::{BridgeFailure, BridgeRequest, Misconfiguration};
 use crate::config::{Bridge, Config};
 use crate::engine::Host;
 use crate::metrics::{Counter, Gauge, Histogram, RuleStats};
@@ -32,6 +32,7 @@ pub struct FakeHost {
     pub rule_counts: HashMap<usize, u64>,
     pub histograms: Vec<(Histogram, u64)>,
     pub failures: Vec<BridgeFailure>,
+    pub misconfigured: Vec<Misconfiguration>,
     pub restarts: u64,
     pub breaker_open: i64,
     /// The `ratelimit_worker_timers` gauge.
@@ -93,6 +94,9 @@ impl Host for FakeHost {
     }
     fn report_failure(&mut self, failure: &BridgeFailure) {
         self.failures.push(failure.clone());
+    }
+    fn report_misconfigured(&mut self, refusal: &Misconfiguration) {
+        self.misconfigured.push(refusal.clone());
     }
     fn redis_restarts(&mut self, bump: bool) -> Option<u64> {
         self.restarts += u64::from(bump);
@@ -159,6 +163,7 @@ impl FakeHost {
         self.counters.clear();
         self.histograms.clear();
         self.failures.clear();
+        self.misconfigured.clear();
         self.breaker_log.clear();
         self.tick_changes.clear();
     }

@@ -19,6 +19,7 @@ mod grpc;
 mod holds;
 mod idle;
 mod leases;
+mod misconfigured;
 mod overrides;
 mod refusals;
 mod usage;
