@@ -5,12 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
+use crate::get;
 use crate::http::Response;
 use crate::keys::Keys;
 use crate::procs::{indent_of, Envoy, Redis, Webdis, WorkDir};
-use crate::{get, root};
 
 /// Redis, one Webdis per Envoy (as each replica would have its own) and two Envoys of two
 /// workers each from one shipped config. Dropped in field order: Envoys first, Redis last.
@@ -203,19 +202,10 @@ impl Minted {
 /// Runs tests/auth/mint_tokens.py once, with the .venv's Python (PyJWT and cryptography,
 /// installed by `make setup-auth`).
 pub fn mint_tokens(issuer: &str, audience: &str) -> Minted {
-    let python = root().join(".venv/bin/python");
-    let out = Command::new(&python)
-        .arg(root().join("tests/auth/mint_tokens.py"))
-        .args([issuer, audience])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    assert!(
-        out.status.success(),
-        "mint_tokens.py failed (PyJWT and cryptography come with `make setup-auth`):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("mint_tokens.py prints JSON");
+    let python = crate::python::venv_python("jwt, cryptography", "setup-auth");
+    let args = [issuer.to_string(), audience.to_string()];
+    let out = crate::python::run_script(&python, "tests/auth/mint_tokens.py", &args);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("mint_tokens.py prints JSON");
     let jwks = json["jwks"].as_str().expect("a jwks string").to_string();
     let tokens = json["tokens"]
         .as_object()

@@ -11,17 +11,7 @@ use crate::{free_port, root, wait_for};
 
 /// The Python of .venv, once it can import grpcio and grpcio-status.
 pub fn python() -> PathBuf {
-    let python = root().join(".venv/bin/python");
-    let imports = Command::new(&python)
-        // -I: not the tests/grpc folder of the working directory as a package named grpc.
-        .args(["-I", "-c", "import grpc, grpc_status"])
-        .status();
-    assert!(
-        imports.is_ok_and(|s| s.success()),
-        "{} cannot import grpc and grpc_status: run `make setup-grpc`",
-        python.display()
-    );
-    python
+    crate::python::venv_python("grpc, grpc_status", "setup-grpc")
 }
 
 /// tests/grpc/upstream.py on 127.0.0.1:`port`, stopped (by PID) when dropped.

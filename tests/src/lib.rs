@@ -19,6 +19,7 @@ pub mod keys;
 pub mod llm;
 pub mod procs;
 pub mod prometheus;
+pub mod python;
 pub mod resp;
 pub mod script;
 pub mod server;

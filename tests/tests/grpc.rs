@@ -2,10 +2,9 @@
 //! grpcio-status, installed into .venv by `make setup-grpc`): real Envoy, Webdis and Redis in
 //! front of a gRPC upstream (`e2e::grpc`). The client's side is tests/grpc/client_check.py.
 
-use std::process::Command;
-
 use e2e::grpc::{python, upstream_edits, GrpcUpstream};
-use e2e::{root, Envoy, Redis, Webdis, WorkDir};
+use e2e::python::run_script;
+use e2e::{Envoy, Redis, Webdis, WorkDir};
 
 /// 2 calls per 2 s per `x-api-key` on `/test.Echo/`, a call costing `x-cost` (1 to 10);
 /// `/test.Guarded/` fails closed.
@@ -24,18 +23,12 @@ const FILTER: &str = r#"{
 
 /// Runs client_check.py's `phase` against `envoy`; its output.
 fn client_check(envoy: &Envoy, phase: &str) -> String {
-    let out = Command::new(python())
-        .arg(root().join("tests/grpc/client_check.py"))
-        .args([envoy.port.to_string(), envoy.admin_port.to_string()])
-        .arg(phase)
-        .output()
-        .expect("python runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "client_check {phase} failed:\n{text}");
+    let args = [
+        envoy.port.to_string(),
+        envoy.admin_port.to_string(),
+        phase.to_string(),
+    ];
+    let text = run_script(&python(), "tests/grpc/client_check.py", &args);
     println!("{text}");
     text
 }

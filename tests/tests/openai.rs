@@ -2,10 +2,9 @@
 //! `make setup-openai`): real Envoy, Webdis and Redis in front of the tests' OpenAI-compatible
 //! upstream (`e2e::llm`). The client's side is tests/openai/client_check.py.
 
-use std::process::Command;
-
 use e2e::llm::upstream_edits;
-use e2e::{root, Envoy, LlmUpstream, Redis, Webdis, WorkDir};
+use e2e::python::{run_script, venv_python};
+use e2e::{Envoy, LlmUpstream, Redis, Webdis, WorkDir};
 
 /// 1 request a second and 4000 tokens a minute per `x-api-key`, the tokens estimated from the
 /// request body; OpenAI's headers, problem+json bodies.
@@ -22,16 +21,7 @@ const FILTER: &str = r#"{
 
 #[test]
 fn the_openai_client_reads_the_headers_and_honours_retry_after_ms() {
-    let python = root().join(".venv/bin/python");
-    assert!(
-        Command::new(&python)
-            // Isolated: tests/openai/ (a folder beside the cwd) would import as a package.
-            .args(["-I", "-c", "import openai"])
-            .status()
-            .is_ok_and(|s| s.success()),
-        "{} cannot import openai: run `make setup-openai`",
-        python.display()
-    );
+    let python = venv_python("openai", "setup-openai");
     let dir = WorkDir::new("openai");
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
@@ -42,17 +32,8 @@ fn the_openai_client_reads_the_headers_and_honours_retry_after_ms() {
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     let envoy = Envoy::start(&dir, webdis.port, &edits);
-    let out = Command::new(&python)
-        .arg(root().join("tests/openai/client_check.py"))
-        .arg(format!("http://127.0.0.1:{}/v1", envoy.port))
-        .output()
-        .expect("python runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "client_check failed:\n{text}");
+    let url = format!("http://127.0.0.1:{}/v1", envoy.port);
+    let text = run_script(&python, "tests/openai/client_check.py", &[url]);
     println!("{text}");
     // The request that never fits was counted, and reached no upstream.
     envoy.wait_counter("ratelimit_rule.llm.tokens.never_fits", 1);

@@ -924,8 +924,9 @@ mod tests {
         assert_eq!(get(&r.headers, "x-ratelimit-reset-tokens"), Some("7.5s"));
     }
 
-    #[test]
-    fn a_request_that_never_fits_gets_no_retry_time_and_is_told_why() {
+    /// A request of cost 25 on the `second` limit, which holds 20 at most: refused, no wait
+    /// helps; the `day` limit allows it.
+    fn never_fitting() -> (Vec<LimitCheck>, Decision) {
         let mut c = checks(false);
         c[0].cost = 25;
         let never = LimitResult {
@@ -937,6 +938,12 @@ mod tests {
             limits: vec![never, result(true, 999.0, 1000.0, 0.0)],
             leased: 0,
         };
+        (c, d)
+    }
+
+    #[test]
+    fn a_request_that_never_fits_gets_no_retry_time_and_is_told_why() {
+        let (c, d) = never_fitting();
         let r = denied_http(&config("ietf", "text"), &c, &d, NOW);
         assert_eq!(r.status, 429);
         assert_eq!(get(&r.headers, "retry-after"), None);
@@ -1053,17 +1060,7 @@ mod tests {
 
     #[test]
     fn a_grpc_call_no_wait_helps_is_told_not_to_retry() {
-        let mut c = checks(false);
-        c[0].cost = 25;
-        let never = LimitResult {
-            never_fits: true,
-            ..result(false, 20.0, 0.0, 0.0)
-        };
-        let d = Decision {
-            allowed: false,
-            limits: vec![never, result(true, 999.0, 1000.0, 0.0)],
-            leased: 0,
-        };
+        let (c, d) = never_fitting();
         let r = denied(&config("x-ratelimit", "text"), Protocol::Grpc, &c, &d, NOW);
         assert_eq!(r.grpc_status, Some(8));
         assert_eq!(
