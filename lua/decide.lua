@@ -84,50 +84,17 @@
 -- first slot, last slot and master (numbered in order of appearance).
 -- A call that declares no key and starts with its clock ("redis" or digits: a key never is
 -- either) is in the layout above: the breaker's probe, a batch of no request.
-local KEYS, ARGV, SLOT_MAP = KEYS, ARGV, false
-if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not string.match(ARGV[1], '^%d+$') then
-  local count = tonumber(ARGV[2])
-  if not count or count ~= math.floor(count) or count < 1 or count + 2 > #ARGV then
-    return redis.error_reply('ERR decide: bad key count')
-  end
-  local keys, args = {ARGV[1]}, {}
-  for i = 2, count do
-    keys[i] = ARGV[i + 2]
-  end
-  for i = count + 3, #ARGV do
-    args[#args + 1] = ARGV[i]
-  end
-  KEYS, ARGV, SLOT_MAP = keys, args, ARGV[3] == '1'
-end
 
-local redis_time = nil
+-- The call's own state, set by open_call at the start of every call. The same code runs as a
+-- Redis Function (the library's top level runs once, at FUNCTION LOAD, and stays loaded) and as
+-- a script (EVALSHA runs it all on every call): nothing below may carry from one call to the
+-- next except through these, which open_call resets.
+local KEYS, ARGV, SLOT_MAP, redis_time, now, requests, BUDGETS, budget_count, NUMBERS
+
 local function time_now()
   redis_time = redis_time or redis.call('TIME')
   return redis_time
 end
-
-local deadline = ARGV[2]
-if not deadline or not string.match(deadline, '^%d+$') then
-  return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
-end
-if deadline ~= '0' then
-  local t = time_now()
-  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
-    return redis.error_reply('EXPIRED decide: the call reached Redis after its deadline')
-  end
-end
-
-local now_str = ARGV[1]
-if now_str == 'redis' then
-  local t = time_now()
-  now_str = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
-end
-if not string.match(now_str, '^%d+$') then
-  return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
-end
-set_clock(now_str)
-local now = {str = now_str}
-now.ms = elapsed_ms('0', now_str)
 
 -- A reply number: a whole one as an integer (no text to format), else its text (Redis would
 -- truncate a Lua number with a fraction).
@@ -153,31 +120,6 @@ local function calendar_of(text)
   return {unit = unit, offset = (sign == '-' and -minutes or minutes) * 60000}
 end
 
-local requests = tonumber(ARGV[3])
-if not whole(requests) then
-  return redis.error_reply('ERR decide: bad request count')
-end
-
-local BUDGETS = {}
-local budget_count = tonumber(ARGV[4])
-if not whole(budget_count) or 4 + 4 * budget_count > #ARGV then
-  return redis.error_reply('ERR decide: bad key budget count')
-end
-for b = 1, budget_count do
-  local at = 4 + (b - 1) * 4
-  local budget = {
-    key = KEYS[tonumber(ARGV[at + 1]) or 0],
-    new_keys = tonumber(ARGV[at + 2]),
-    window = tonumber(ARGV[at + 3]),
-    deny = ARGV[at + 4] == 'deny',
-  }
-  if not budget.key or not whole(budget.new_keys) or budget.new_keys < 1
-      or not budget.window or budget.window <= 0
-      or (ARGV[at + 4] ~= 'deny' and ARGV[at + 4] ~= 'shared') then
-    return redis.error_reply('ERR decide: bad arguments for key budget ' .. b)
-  end
-  BUDGETS[b] = budget
-end
 
 -- A request of one limit in mode "enforce" or "shadow", with no key budget or override, on an
 -- algorithm whose window is its length in ms: the shape of nearly every decision. It is
@@ -187,7 +129,7 @@ local FAST = {token_bucket = true, gcra = true, fixed_window = true,
 
 -- tonumber of an argument, remembered for the call: a batch repeats the same limit, window
 -- and burst texts, and one table lookup costs far less than converting the text again.
-local NUMBERS = {}
+-- (NUMBERS is per call: emptied by open_call.)
 local function number_of(text)
   if text == nil then
     return nil
@@ -642,66 +584,144 @@ local function fast_request(p, shadow)
     wire_number(math.max(0, left)), math.ceil(reset), d.retry
 end
 
-local BROKEN = 'ERR decide: expected the limit definitions, then per request n and its limits'
-local definitions, a = read_definitions(5 + 4 * budget_count)
-if not definitions then
-  return redis.error_reply(BROKEN)
-end
-local out = {requests}
-for _ = 1, requests do
-  local p, shadow = read_fast(a, definitions)
-  if p then
-    local ok, committed, outcome, left, reset, retry = pcall(fast_request, p, shadow)
-    local o = #out
-    if ok then
-      out[o + 1], out[o + 2], out[o + 3] = committed, 1, outcome
-      out[o + 4], out[o + 5], out[o + 6] = left, reset, retry
-    else
-      out[o + 1], out[o + 2] = -1, error_text(committed)
+-- Reads the head of the call (keys, args): its clock, deadline, request count and key
+-- budgets, into the call's state. Returns an error reply when the call cannot run, else nil.
+local function open_call(keys, args)
+  KEYS, ARGV, SLOT_MAP = keys, args, false
+  redis_time, NUMBERS = nil, {}
+  if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not string.match(ARGV[1], '^%d+$') then
+    local count = tonumber(ARGV[2])
+    if not count or count ~= math.floor(count) or count < 1 or count + 2 > #ARGV then
+      return redis.error_reply('ERR decide: bad key count')
     end
-    a = a + 4
-  else
-    local limits, next_a = read_request(a, definitions)
-    if not limits then
-      return redis.error_reply(BROKEN)
+    local node_keys, node_args = {ARGV[1]}, {}
+    for i = 2, count do
+      node_keys[i] = ARGV[i + 2]
     end
-    a = next_a
-    local entry
-    if type(limits) == 'string' then
-      entry = {-1, limits}
-    else
-      local ok, result = pcall(decide_request, limits)
-      entry = ok and result or {-1, error_text(result)}
+    for i = count + 3, #ARGV do
+      node_args[#node_args + 1] = ARGV[i]
     end
-    for _, v in ipairs(entry) do
-      out[#out + 1] = v
+    KEYS, ARGV, SLOT_MAP = node_keys, node_args, ARGV[3] == '1'
+  end
+
+  local deadline = ARGV[2]
+  if not deadline or not string.match(deadline, '^%d+$') then
+    return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
+  end
+  if deadline ~= '0' then
+    local t = time_now()
+    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
+      return redis.error_reply('EXPIRED decide: the call reached Redis after its deadline')
     end
   end
+
+  local now_str = ARGV[1]
+  if now_str == 'redis' then
+    local t = time_now()
+    now_str = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
+  end
+  if not string.match(now_str, '^%d+$') then
+    return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
+  end
+  set_clock(now_str)
+  now = {str = now_str}
+  now.ms = elapsed_ms('0', now_str)
+
+  requests = tonumber(ARGV[3])
+  if not whole(requests) then
+    return redis.error_reply('ERR decide: bad request count')
+  end
+
+  BUDGETS = {}
+  budget_count = tonumber(ARGV[4])
+  if not whole(budget_count) or 4 + 4 * budget_count > #ARGV then
+    return redis.error_reply('ERR decide: bad key budget count')
+  end
+  for b = 1, budget_count do
+    local at = 4 + (b - 1) * 4
+    local budget = {
+      key = KEYS[tonumber(ARGV[at + 1]) or 0],
+      new_keys = tonumber(ARGV[at + 2]),
+      window = tonumber(ARGV[at + 3]),
+      deny = ARGV[at + 4] == 'deny',
+    }
+    if not budget.key or not whole(budget.new_keys) or budget.new_keys < 1
+        or not budget.window or budget.window <= 0
+        or (ARGV[at + 4] ~= 'deny' and ARGV[at + 4] ~= 'shared') then
+      return redis.error_reply('ERR decide: bad arguments for key budget ' .. b)
+    end
+    BUDGETS[b] = budget
+  end
 end
-if a ~= #ARGV + 1 then
-  return redis.error_reply(BROKEN)
-end
-if SLOT_MAP then
-  local map = redis.pcall('CLUSTER', 'SLOTS')
-  local ranges, nodes, count = {}, {}, 0
-  if type(map) == 'table' and not map.err then
-    for _, r in ipairs(map) do
-      local master = type(r[3]) == 'table' and r[3][3]
-      if master then
-        if not nodes[master] then
-          count = count + 1
-          nodes[master] = count
-        end
-        ranges[#ranges + 1] = {r[1], r[2], nodes[master]}
+
+local BROKEN = 'ERR decide: expected the limit definitions, then per request n and its limits'
+
+-- Decides the call (keys, args): the reply described at the top of this file.
+local function decide(keys, args)
+  local refused = open_call(keys, args)
+  if refused then
+    return refused
+  end
+  local definitions, a = read_definitions(5 + 4 * budget_count)
+  if not definitions then
+    return redis.error_reply(BROKEN)
+  end
+  local out = {requests}
+  for _ = 1, requests do
+    local p, shadow = read_fast(a, definitions)
+    if p then
+      local ok, committed, outcome, left, reset, retry = pcall(fast_request, p, shadow)
+      local o = #out
+      if ok then
+        out[o + 1], out[o + 2], out[o + 3] = committed, 1, outcome
+        out[o + 4], out[o + 5], out[o + 6] = left, reset, retry
+      else
+        out[o + 1], out[o + 2] = -1, error_text(committed)
+      end
+      a = a + 4
+    else
+      local limits, next_a = read_request(a, definitions)
+      if not limits then
+        return redis.error_reply(BROKEN)
+      end
+      a = next_a
+      local entry
+      if type(limits) == 'string' then
+        entry = {-1, limits}
+      else
+        local ok, result = pcall(decide_request, limits)
+        entry = ok and result or {-1, error_text(result)}
+      end
+      for _, v in ipairs(entry) do
+        out[#out + 1] = v
       end
     end
   end
-  out[#out + 1] = 'slots'
-  out[#out + 1] = #ranges
-  for _, r in ipairs(ranges) do
-    out[#out + 1] = r[1]
-    out[#out + 1] = r[2]
-    out[#out + 1] = r[3]
+  if a ~= #ARGV + 1 then
+    return redis.error_reply(BROKEN)
   end
+  if SLOT_MAP then
+    local map = redis.pcall('CLUSTER', 'SLOTS')
+    local ranges, nodes, count = {}, {}, 0
+    if type(map) == 'table' and not map.err then
+      for _, r in ipairs(map) do
+        local master = type(r[3]) == 'table' and r[3][3]
+        if master then
+          if not nodes[master] then
+            count = count + 1
+            nodes[master] = count
+          end
+          ranges[#ranges + 1] = {r[1], r[2], nodes[master]}
+        end
+      end
+    end
+    out[#out + 1] = 'slots'
+    out[#out + 1] = #ranges
+    for _, r in ipairs(ranges) do
+      out[#out + 1] = r[1]
+      out[#out + 1] = r[2]
+      out[#out + 1] = r[3]
+    end
+  end
+  return out
 end
-return out

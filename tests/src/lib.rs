@@ -155,3 +155,8 @@ pub fn free_port() -> u16 {
 pub fn script_sha() -> String {
     ratelimit_core::sha1::sha1_hex(ratelimit_core::DECISION_LUA.as_bytes())
 }
+
+/// The decision library's function as the filter calls it by default (`FCALL`).
+pub fn decision_function() -> ratelimit_core::program::Program {
+    ratelimit_core::program::Program::new(ratelimit_core::program::CallKind::Function)
+}

@@ -317,9 +317,10 @@ impl Redis {
         command_calls_in(&stats, command)
     }
 
-    /// `EVALSHA` calls Redis has run (decisions, refunds, settlements).
-    pub fn evalsha_calls(&self) -> u64 {
-        self.command_calls("evalsha")
+    /// Decision calls Redis has run (decisions, refunds, settlements): `FCALL` and `EVALSHA`.
+    pub fn decision_calls(&self) -> u64 {
+        let stats = self.admin().cmd(&["INFO", "commandstats"]).unwrap().text();
+        command_calls_in(&stats, "fcall") + command_calls_in(&stats, "evalsha")
     }
 
     /// A field of the hash at `key` (empty if there is none), read as the admin user.

@@ -8,6 +8,7 @@ pub use ratelimit_core::bridge::DecideCall;
 pub use ratelimit_core::check::{BudgetCheck, LimitCheck, Mode};
 pub use ratelimit_core::config::{Algorithm, Calendar, CalendarUnit, Lease, OverBudget, Window};
 pub use ratelimit_core::decision::{Refund, Settlement};
+pub use ratelimit_core::program::{CallKind, Program};
 pub use ratelimit_core::testing::cases::{self, CaseTable};
 
 pub use crate::procs::{Redis, WorkDir};
@@ -127,13 +128,23 @@ pub type Answer = (i64, String, String, String);
 /// One request's answer: (committed, its limits' answers), or the error Redis gave for it.
 pub type RequestAnswer = Result<(i64, Vec<Answer>), String>;
 
+/// The decision code loaded into a Redis as Webdis's user, both ways the filter calls it: as
+/// the library's function (`FCALL`, the default) and as the script (`EVALSHA`, a Redis
+/// Cluster's). Calls go through `program`.
 pub struct Script {
     pub conn: RedisConn,
     pub sha: String,
+    pub program: Program,
 }
 
 impl Script {
+    /// Calls through the function, as the filter does by default.
     pub fn new(redis: &Redis) -> Script {
+        Script::calling(redis, CallKind::Function)
+    }
+
+    /// Calls through `kind`, both forms loaded.
+    pub fn calling(redis: &Redis, kind: CallKind) -> Script {
         let mut conn = redis.webdis_user();
         let sha = conn
             .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
@@ -144,19 +155,28 @@ impl Script {
             crate::script_sha(),
             "Redis and the filter name the script alike"
         );
-        Script { conn, sha }
+        let function = Program::new(CallKind::Function);
+        let library = function.library();
+        let loaded = conn
+            .cmd(&["FUNCTION", "LOAD", "REPLACE", &library])
+            .unwrap()
+            .text();
+        assert_eq!(loaded, function.library_name(), "the library loads");
+        let program = Program::new(kind);
+        Script { conn, sha, program }
     }
 
     /// The command the filter would send for these requests, built by the filter's builder.
     pub fn command(&self, clock: &str, requests: &[&[L]]) -> Vec<String> {
-        self.decide_call(clock, requests).command(&self.sha)
+        self.decide_call(clock, requests)
+            .command(self.program.command(), &self.program.handle)
     }
 
     /// [`Script::command`] as a Redis Cluster call for several slots of one node sends it:
     /// no key declared, the keys at the head of `ARGV`; `ask_map` asks for the slot map.
     pub fn command_on_node(&self, clock: &str, requests: &[&[L]], ask_map: bool) -> Vec<String> {
         self.decide_call(clock, requests)
-            .command_on_node(&self.sha, ask_map)
+            .command_on_node("EVALSHA", &self.sha, ask_map)
     }
 
     fn decide_call(&self, clock: &str, requests: &[&[L]]) -> DecideCall {
@@ -184,7 +204,8 @@ impl Script {
     /// As the filter sends it, with a deadline (Unix ms) after which Redis must not charge.
     pub fn call_with_deadline(&mut self, clock: &str, deadline_ms: u128, limits: &[L]) -> Resp {
         let checks: Vec<LimitCheck> = limits.iter().map(L::check).collect();
-        let command = DecideCall::new(clock, deadline_ms, [&checks[..]]).command(&self.sha);
+        let command = DecideCall::new(clock, deadline_ms, [&checks[..]])
+            .command(self.program.command(), &self.program.handle);
         self.conn.cmd(&command).unwrap()
     }
 
@@ -322,7 +343,8 @@ impl Script {
             charged_at_ns: charged_at,
             left,
         };
-        let command = DecideCall::refund(clock, 0, &[refund]).command(&self.sha);
+        let command = DecideCall::refund(clock, 0, &[refund])
+            .command(self.program.command(), &self.program.handle);
         let items = self.conn.cmd(&command).unwrap().items();
         assert_eq!(
             (items[0].int(), items[1].int(), items[2].int()),
@@ -339,7 +361,8 @@ impl Script {
             check: l.check(),
             delta,
         };
-        let command = DecideCall::settle(clock, 0, &[settlement]).command(&self.sha);
+        let command = DecideCall::settle(clock, 0, &[settlement])
+            .command(self.program.command(), &self.program.handle);
         let items = self.conn.cmd(&command).unwrap().items();
         assert_eq!(
             (items[0].int(), items[1].int(), items[2].int()),

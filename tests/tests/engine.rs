@@ -47,7 +47,7 @@ fn concurrent_requests_share_calls() {
     );
     s.envoy.load_script("/");
     let (evalsha, calls, upstream) = (
-        s.redis.evalsha_calls(),
+        s.redis.decision_calls(),
         s.envoy.counter("ratelimit_bridge_calls"),
         s.envoy.stat("cluster.webdis.upstream_rq_total"),
     );
@@ -82,7 +82,7 @@ fn concurrent_requests_share_calls() {
     let requests = (THREADS * EACH) as u64;
     assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
     assert_eq!(s.envoy.counter("ratelimit_allowed"), requests + 1);
-    let evalsha = s.redis.evalsha_calls() - evalsha;
+    let evalsha = s.redis.decision_calls() - evalsha;
     let calls = s.envoy.counter("ratelimit_bridge_calls") - calls;
     let upstream = s.envoy.stat("cluster.webdis.upstream_rq_total") - upstream;
     // Every decision call is one EVALSHA, counted alike by the filter, Envoy and Redis.
@@ -128,7 +128,7 @@ fn the_deny_cache_answers_without_calls_and_expires_exactly() {
     assert_eq!(s.envoy.keyed("abuser").status, 200);
     let second_read = unix_ms();
     assert_eq!(s.envoy.keyed("abuser").status, 429, "refused by Redis");
-    let before = s.redis.evalsha_calls();
+    let before = s.redis.decision_calls();
     // Ask again and again until allowed. Every request read before a token can be back (1 s
     // after the first was decided, which was after it was sent) must be refused, and the first
     // request sent after one is surely back (1 s after the second was answered) allowed.
@@ -161,7 +161,7 @@ fn the_deny_cache_answers_without_calls_and_expires_exactly() {
     );
     assert!(refused >= 10, "refused {refused} times in between");
     // Only the request that was finally allowed went to Redis.
-    assert_eq!(s.redis.evalsha_calls() - before, 1);
+    assert_eq!(s.redis.decision_calls() - before, 1);
     // The deny cache's answers reach the stats within a tick: both counts are waited for.
     wait_for_value(
         "the cached refusals to be counted (hits, denied)",

@@ -264,8 +264,8 @@ fn the_script_and_the_twin_find_chronos_windows_at_random_instants() {
             key: key.as_str().into(),
             ..l.check()
         };
-        let command =
-            DecideCall::new(&ns(at).to_string(), 0, [std::slice::from_ref(&check)]).command(&s.sha);
+        let command = DecideCall::new(&ns(at).to_string(), 0, [std::slice::from_ref(&check)])
+            .command(s.program.command(), &s.program.handle);
         let items = s.conn.cmd(&command).unwrap().items();
         assert_eq!(
             (items[3].int(), items[5].text()),

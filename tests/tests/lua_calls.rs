@@ -348,7 +348,8 @@ fn a_call_of_no_request_and_no_key_is_answered_empty() {
         (T0.to_string(), u128::MAX / 2),
         ("redis".to_string(), 0),
     ] {
-        let command = DecideCall::new(&clock, deadline, std::iter::empty()).command(&s.sha);
+        let command = DecideCall::new(&clock, deadline, std::iter::empty())
+            .command(s.program.command(), &s.program.handle);
         assert_eq!(command[2], "0", "no key declared");
         let items = s.conn.cmd(&command).unwrap().items();
         assert_eq!(items.len(), 1, "{clock} {deadline}: {items:?}");

@@ -138,7 +138,8 @@ fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
         charged_at_ns: T0,
         left: 1.0,
     };
-    let mut command = DecideCall::refund(T0, 0, &[refund]).command(&s.sha);
+    let mut command =
+        DecideCall::refund(T0, 0, &[refund]).command(s.program.command(), &s.program.handle);
     // The call's last two arguments are the refund's clock and what the charge left.
     let at = command.len() - 2;
     assert_eq!(command[at], T0.to_string());

@@ -170,7 +170,7 @@ fn a_settlement_request_holds_only_settlements() {
             delta: 3,
         }],
     )
-    .command(&s.sha);
+    .command(s.program.command(), &s.program.handle);
     let items = s.conn.cmd(&command).unwrap().items();
     assert_eq!(items[1].int(), -1, "{items:?}: no settlement for a log");
 }

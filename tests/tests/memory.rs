@@ -11,7 +11,7 @@
 //!   and each rule's failure policy answers: fail open lets the request through, fail closed
 //!   answers 503. Nothing hangs, Envoy stays up, and decisions resume once memory allows.
 //!
-//! The filler is written with the decision script itself (EVALSHA, one script for all calls):
+//! The filler is written with the decision library itself (FCALL, one function for all calls):
 //! filling with EVAL of a different script text per key would grow Redis's script cache,
 //! which Redis 7.0 never evicts, until no eviction can get under the bound.
 
@@ -126,7 +126,7 @@ fn demo_check(key: String) -> LimitCheck {
 /// would write for that identity (with its TTL). Returns the error texts of requests Redis
 /// could not decide.
 fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
-    let sha = e2e::script_sha();
+    let function = e2e::decision_function();
     let keys = demo_keys();
     let mut errors = Vec::new();
     let ids: Vec<usize> = (from..from + count).collect();
@@ -140,7 +140,8 @@ fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
             .expect("clock after 1970")
             .as_nanos()
             .to_string();
-        let command = DecideCall::new(&now, 0, checks.iter().map(Vec::as_slice)).command(&sha);
+        let command = DecideCall::new(&now, 0, checks.iter().map(Vec::as_slice))
+            .command("FCALL", &function.handle);
         let args: Vec<&str> = command.iter().map(String::as_str).collect();
         let items = admin.cmd(&args).items();
         assert_eq!(items[0].int(), chunk.len() as i64, "{items:?}");
@@ -240,7 +241,7 @@ fn at_the_bound_idle_buckets_are_evicted_and_a_known_client_still_gets_exactly_i
         .iter()
         .map(|id| format!("{}:override", keys.shipped_bucket(id)))
         .collect();
-    // The script loaded and Webdis connected: what Redis needs besides the buckets.
+    // The library loaded and Webdis connected: what Redis needs besides the buckets.
     assert!(decided(&s.envoy.keyed("warm-up")));
     let bound = admin.used_memory() + 4 * MB;
     admin.config_set("maxmemory", &bound.to_string());

@@ -40,7 +40,7 @@ fn rules_on_different_paths_limit_independently_and_together() {
     );
     let e = &s.envoy;
     e.load_script("/other");
-    let before = s.redis.evalsha_calls();
+    let before = s.redis.decision_calls();
     assert_eq!(
         statuses(4, || e.keyed_at("/other", "k")),
         [200, 200, 200, 429]
@@ -61,7 +61,7 @@ fn rules_on_different_paths_limit_independently_and_together() {
     assert_eq!(statuses(5, || e.keyed_at("/elsewhere", "k")), [200; 5]);
     // One EVALSHA per limited request that its worker's deny cache did not answer (the
     // second refusal of k on /other may come from there), none for the unmatched ones.
-    let evalsha = s.redis.evalsha_calls() - before;
+    let evalsha = s.redis.decision_calls() - before;
     e2e::wait_for(
         "every decision counted",
         std::time::Duration::from_secs(2),
@@ -82,10 +82,10 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
     );
     let e = &s.envoy;
     e.load_script("/other");
-    let before = s.redis.evalsha_calls();
+    let before = s.redis.decision_calls();
     assert_eq!(statuses(3, || e.keyed("tiered-key")), [200, 200, 200]);
     assert_eq!(
-        s.redis.evalsha_calls() - before,
+        s.redis.decision_calls() - before,
         3,
         "exactly one EVALSHA per request"
     );
@@ -97,7 +97,7 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
     let after_three = state(&s);
     let r = e.keyed("tiered-key");
     assert_eq!(r.status, 429, "the daily quota is spent");
-    assert_eq!(s.redis.evalsha_calls() - before, 4);
+    assert_eq!(s.redis.decision_calls() - before, 4);
     assert_eq!(
         state(&s),
         after_three,
@@ -304,14 +304,14 @@ fn cost_is_weighted_by_a_header_and_bad_values_get_400() {
     let r = e.keyed("w");
     assert_eq!((r.status, remaining(&r)), (200, Some("0".into())));
 
-    let before = s.redis.evalsha_calls();
+    let before = s.redis.decision_calls();
     for bad in ["abc", "0", "6", "1.5", "-1", "", "99999999999999999999999"] {
         let r = with_cost(bad);
         assert_eq!(r.status, 400, "cost {bad:?}");
         assert_eq!(r.text(), "x-cost must be a whole number from 1 to 5\n");
     }
     assert_eq!(
-        s.redis.evalsha_calls(),
+        s.redis.decision_calls(),
         before,
         "a bad request asks Redis nothing"
     );
@@ -334,7 +334,7 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
         statuses(4, || e.keyed_at("/api/a", "real-key")),
         [200, 200, 200, 429]
     );
-    let before = s.redis.evalsha_calls();
+    let before = s.redis.decision_calls();
     // Keyed on the first copy, a backend reading the last would see another client: a
     // repeated header the filter reads is refused instead.
     for (path, headers, name) in [
@@ -359,7 +359,7 @@ fn a_decisive_header_sent_twice_gets_400_without_asking_redis() {
         assert_eq!(r.status, 400, "{headers:?}");
         assert_eq!(r.text(), format!("{name} must be sent once\n"));
     }
-    assert_eq!(s.redis.evalsha_calls(), before, "a 400 asks Redis nothing");
+    assert_eq!(s.redis.decision_calls(), before, "a 400 asks Redis nothing");
     assert_eq!(s.envoy.counter("ratelimit_bad_requests"), 4);
     // Where no rule reads it, a repeated header passes untouched.
     let r = e.send("/other", &[("x-api-key", b"a"), ("x-api-key", b"b")]);

@@ -151,7 +151,8 @@ fn lua(conn: &mut RedisConn, sha: &str, key: &str, s: &Scenario, cost: u64, now:
         mode: Mode::of(false, None, false, None),
         overrides: false,
     };
-    let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)]).command(sha);
+    let command = DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&check)])
+        .command("EVALSHA", sha);
     let items = conn.cmd(&command).expect("EVALSHA").items();
     let number = |i: usize| items[i].text().parse::<f64>().unwrap_or(f64::NAN);
     (items[3].int() == 1, number(4), number(5), number(6))
@@ -464,7 +465,8 @@ fn settlements_and_after_admissions_agree_with_their_twins_and_keep_their_promis
                             check: check(&s, &key, 0, false),
                             delta,
                         };
-                        let command = DecideCall::settle(now, 0, &[settlement]).command(&sha);
+                        let command =
+                            DecideCall::settle(now, 0, &[settlement]).command("EVALSHA", &sha);
                         let items = conn.cmd(&command).expect("EVALSHA").items();
                         prop_assert_eq!(items[3].int(), 1);
                         if let Some(next) =
@@ -485,7 +487,7 @@ fn settlements_and_after_admissions_agree_with_their_twins_and_keep_their_promis
                         let c = check(&s, &key, cost, after);
                         let command =
                             DecideCall::new(&now.to_string(), 0, [std::slice::from_ref(&c)])
-                                .command(&sha);
+                                .command("EVALSHA", &sha);
                         let items = conn.cmd(&command).expect("EVALSHA").items();
                         let number = |i: usize| items[i].text().parse::<f64>().unwrap_or(f64::NAN);
                         let from_redis = (items[3].int() == 1, number(4), number(5), number(6));

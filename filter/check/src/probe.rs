@@ -305,7 +305,7 @@ pub fn probe(config: &Config, target: &Target, out: &mut String) -> Found {
     };
     let load = "SCRIPT LOAD (the filter loads its script after a Redis restart)";
     let read_load = |r: BridgeReply<'_>| probe.read_script_load(r);
-    let loaded = match step(target, config, &BridgeRequest::script_load(), read_load) {
+    let loaded = match step(target, config, &config.program.load(), read_load) {
         Ok(()) => {
             report.line(format!("{load}: OK"), Verdict::Ready);
             true

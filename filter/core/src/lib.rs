@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod load;
 pub mod metering;
 pub mod metrics;
+pub mod program;
 pub mod request;
 pub mod response;
 pub mod sha1;
@@ -26,12 +27,11 @@ pub mod testing;
 pub mod throttle;
 pub mod usage;
 
-/// The decision script Redis runs: the shared part, one part per algorithm, then the driver
-/// that decides all of a request's limits at once. Sent by hash (`EVALSHA`), loaded on
-/// `NOSCRIPT`. It has no flags line: Redis 7 runs such a script in its compatible mode, which
-/// lets it touch undeclared keys of several slots of one Redis Cluster node (a call for several
-/// slots, see `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`.
-pub const DECISION_LUA: &str = concat!(
+/// The decision code, as both forms share it: the shared part, one part per algorithm, then the
+/// driver that decides all of a request's limits at once, ending in the function `decide(keys,
+/// args)`. Run as a Redis Function where it can ([`bridge::Program`]), else as the script
+/// [`DECISION_LUA`].
+pub const DECISION_CODE: &str = concat!(
     include_str!("../../../lua/lib.lua"),
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/gcra.lua"),
@@ -40,6 +40,24 @@ pub const DECISION_LUA: &str = concat!(
     include_str!("../../../lua/sliding_window_log.lua"),
     include_str!("../../../lua/concurrency.lua"),
     include_str!("../../../lua/decide.lua"),
+);
+
+/// The decision script: [`DECISION_CODE`] run on every call through `EVALSHA`, loaded on
+/// `NOSCRIPT`. `decide.lua` names its own `KEYS` and `ARGV`, so Redis's are taken first. It has
+/// no flags line: Redis 7 runs such a script in its compatible mode, which lets it touch
+/// undeclared keys of several slots of one Redis Cluster node (a call for several slots, see
+/// `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`.
+pub const DECISION_LUA: &str = concat!(
+    "local CALL_KEYS, CALL_ARGV = KEYS, ARGV\n",
+    include_str!("../../../lua/lib.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/gcra.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/concurrency.lua"),
+    include_str!("../../../lua/decide.lua"),
+    "return decide(CALL_KEYS, CALL_ARGV)\n",
 );
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};

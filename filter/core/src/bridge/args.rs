@@ -392,11 +392,12 @@ impl DecideCall {
         }
     }
 
-    /// The Redis command: `EVALSHA sha numkeys KEYS... ARGV...`.
-    pub fn command(&self, script_sha: &str) -> Vec<String> {
+    /// The Redis command: `FCALL name` or `EVALSHA sha` (`command`, `handle`), then
+    /// `numkeys KEYS... ARGV...`.
+    pub fn command(&self, command_name: &str, handle: &str) -> Vec<String> {
         let mut command = Vec::with_capacity(3 + self.keys.len() + self.args.len());
-        command.push("EVALSHA".to_string());
-        command.push(script_sha.to_string());
+        command.push(command_name.to_string());
+        command.push(handle.to_string());
         command.push(self.keys.len().to_string());
         command.extend(self.keys.iter().cloned());
         command.extend(self.args.iter().cloned());
@@ -404,19 +405,19 @@ impl DecideCall {
     }
 
     /// The Redis command for a Redis Cluster call for keys of several slots of one node:
-    /// `EVALSHA sha 0`, no key declared (Redis refuses declared keys of several slots), then
+    /// `EVALSHA sha 0` (`command`, `handle`), no key declared (Redis refuses declared keys of several slots), then
     /// the keys at the head of `ARGV`: the first (the proxy routes the call by it), their
     /// number, `1` to ask for the node's slot map (else `0`), the others; then `ARGV` as in
     /// [`DecideCall::command`]. `lua/decide.lua` reads them back into `KEYS` and `ARGV`.
-    pub fn command_on_node(&self, script_sha: &str, ask_map: bool) -> Vec<String> {
+    pub fn command_on_node(&self, command_name: &str, handle: &str, ask_map: bool) -> Vec<String> {
         let (first, others) = self
             .keys
             .split_first()
             .map_or((String::new(), &[][..]), |(f, o)| (f.clone(), o));
         let mut command = Vec::with_capacity(6 + self.keys.len() + self.args.len());
         command.extend([
-            "EVALSHA".to_string(),
-            script_sha.to_string(),
+            command_name.to_string(),
+            handle.to_string(),
             "0".to_string(),
             first,
             self.keys.len().to_string(),
@@ -431,7 +432,7 @@ impl DecideCall {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::{call_bytes, BridgeRequest};
+    use crate::bridge::call_bytes;
     use crate::check::BudgetCheck;
     use crate::config::{Algorithm, OverBudget};
     use crate::testing::plan::minute_check as check;
@@ -451,7 +452,7 @@ mod tests {
             1764489269273,
             [&first[..], &second[..]],
         );
-        let req = BridgeRequest::evalsha("abc123", &call);
+        let req = crate::program::Program::script_named("abc123").decide(&call);
         let segments: Vec<&str> = req.path.split('/').collect();
         #[rustfmt::skip]
         let want = [
@@ -472,7 +473,7 @@ mod tests {
         assert_eq!(req.method, "GET");
         assert!(req.body.is_none());
         assert_eq!(
-            call.command("abc123")[..4],
+            call.command("EVALSHA", "abc123")[..4],
             ["EVALSHA", "abc123", "2", "rl:{k:1}:api:second"]
         );
     }
@@ -529,7 +530,7 @@ mod tests {
             "7", "1", "1",
         ];
         assert_eq!(call.args, want);
-        let path = BridgeRequest::evalsha("", &call).path;
+        let path = crate::program::Program::script_named("").decide(&call).path;
         let fixed = "/EVALSHA//7/redis/0/2".len();
         let bytes = call_bytes(&first) + call_bytes(&second);
         assert!(
@@ -557,7 +558,9 @@ mod tests {
         assert_eq!(call.args[4], "3");
         let windows: Vec<&str> = call.args[5..26].chunks(7).map(|a| a[2].as_str()).collect();
         assert_eq!(windows, ["M+330", "D-300", "W+0"]);
-        let path = BridgeRequest::evalsha("sha", &call).path;
+        let path = crate::program::Program::script_named("sha")
+            .decide(&call)
+            .path;
         assert!(
             path.contains("/M%2B330/") && path.contains("/D-300/"),
             "{path}"
@@ -571,7 +574,11 @@ mod tests {
             Algorithm::Gcra,
             false,
         )];
-        let req = BridgeRequest::evalsha("sha", &DecideCall::new("redis", 0, [&checks[..]]));
+        let req = crate::program::Program::script_named("sha").decide(&DecideCall::new(
+            "redis",
+            0,
+            [&checks[..]],
+        ));
         // "", EVALSHA, sha, 1, the key, clock, deadline, 1, 0, 1, seven for the definition,
         // then 1 and the limit's key index, definition index and cost.
         assert_eq!(req.path.split('/').count(), 21);

@@ -283,9 +283,8 @@ impl fmt::Display for BridgeFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::reply::{
-        parse_eval_reply, parse_script_load_reply, BridgeReply, EvalOutcome,
-    };
+    use crate::bridge::reply::{parse_eval_reply, BridgeReply, EvalOutcome};
+    use crate::program::Program;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -311,7 +310,7 @@ mod tests {
     }
 
     fn script_load(status: u16, body: &str) -> BridgeFailure {
-        match parse_script_load_reply(reply(status, body), SHA) {
+        match Program::script_named(SHA).parse_load_reply(reply(status, body)) {
             Err(failure) => failure,
             Ok(()) => panic!("{body}: loaded"),
         }

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use super::args::DecideCall;
 use super::failure::{BridgeFailure, MisconfigCause, Misconfiguration, Refused};
-use super::reply::{parse_eval_reply, parse_script_load_reply, BridgeReply, EvalOutcome};
+use super::reply::{parse_eval_reply, BridgeReply, EvalOutcome};
 use super::request::BridgeRequest;
 use crate::check::{BudgetCheck, LimitCheck, Mode};
 use crate::config::{Admit, Algorithm, Config};
@@ -26,14 +26,14 @@ pub const PROBE_TAG: &str = "{ratelimit-check}";
 /// takes, so that only clocks over a minute apart make a call arrive too late.
 const DEADLINE_MS: u128 = 60_000;
 
-/// What a probe sends, in order: [`Probe::reach`], [`BridgeRequest::script_load`],
+/// What a probe sends, in order: [`Probe::reach`], [`Program::load`](crate::program::Program),
 /// [`Probe::decide`], [`Probe::give_back`].
 #[derive(Debug, Clone)]
 pub struct Probe {
     /// The decision asked for: one request holding every limit of every rule, each on a key
     /// of the probe's own, costing 1.
     pub checks: Vec<LimitCheck>,
-    script_sha: String,
+    program: crate::program::Program,
     clock_ns: u128,
 }
 
@@ -81,7 +81,7 @@ impl Probe {
         }
         Probe {
             checks,
-            script_sha: config.script_sha.clone(),
+            program: config.program.clone(),
             clock_ns: now_ns,
         }
     }
@@ -91,14 +91,14 @@ impl Probe {
     }
 
     /// First the breaker's probe, an empty decision call: the credentials, Webdis's ACL for
-    /// `EVALSHA`, Redis's for `EVALSHA` and `TIME` (read for the deadline).
+    /// the decision call (`FCALL` or `EVALSHA`), Redis's for it and `TIME` (read for the deadline).
     pub fn reach(&self) -> BridgeRequest {
         let call = DecideCall::new(
             &self.clock_ns.to_string(),
             self.deadline_ms(),
             std::iter::empty(),
         );
-        BridgeRequest::evalsha(&self.script_sha, &call)
+        self.program.decide(&call)
     }
 
     /// What the reply to [`Probe::reach`] says: whether Redis has the script (a Redis that
@@ -110,10 +110,10 @@ impl Probe {
         }
     }
 
-    /// What the reply to [`BridgeRequest::script_load`] says: the script loaded, under the
+    /// What the reply to [`Program::load`](crate::program::Program) says: the script loaded, under the
     /// hash the filter calls it by.
     pub fn read_script_load(&self, reply: BridgeReply<'_>) -> Result<(), BridgeFailure> {
-        parse_script_load_reply(reply, &self.script_sha)
+        self.program.parse_load_reply(reply)
     }
 
     /// The decision: every limit of the configuration on the probe's keys, with what each
@@ -125,7 +125,7 @@ impl Probe {
             self.deadline_ms(),
             [self.checks.as_slice()],
         );
-        BridgeRequest::evalsha(&self.script_sha, &call)
+        self.program.decide(&call)
     }
 
     /// What the reply to [`Probe::decide`] says: the decision, allowed (keys of its own, never
@@ -169,7 +169,7 @@ impl Probe {
             })
             .collect();
         let call = DecideCall::refund(self.clock_ns, self.deadline_ms(), &refunds);
-        BridgeRequest::evalsha(&self.script_sha, &call)
+        self.program.decide(&call)
     }
 
     /// What the reply to [`Probe::give_back`] says.

@@ -1,4 +1,4 @@
-//! Reading Webdis's replies: what an `EVALSHA` of a batch or a `SCRIPT LOAD` answered.
+//! Reading Webdis's replies: what a decision call (`FCALL` or `EVALSHA`) of a batch answered.
 
 use serde_json::Value;
 
@@ -72,12 +72,17 @@ pub fn parse_node_reply(
     shape: &[RequestShape],
     map: bool,
 ) -> Result<(EvalOutcome, Option<SlotMap>), BridgeFailure> {
-    let items = command_result(reply, "EVALSHA")?;
+    // The command is the one the call sent: `FCALL`, or `EVALSHA` (see `Program`).
+    let items = match command_result(reply, "FCALL", BridgeCall::Decision) {
+        Err(BridgeFailure::BadReply(_)) => command_result(reply, "EVALSHA", BridgeCall::Decision)?,
+        other => other?,
+    };
     let items = items
         .as_array()
-        .ok_or(BridgeFailure::BadReply("EVALSHA result is not an array"))?;
+        .ok_or(BridgeFailure::BadReply("decision result is not an array"))?;
     if let [Value::Bool(false), Value::String(message)] = items.as_slice() {
-        if message.starts_with("NOSCRIPT") {
+        // Redis lacks the code: the script's and the function's words for it.
+        if message.starts_with("NOSCRIPT") || message.starts_with("ERR Function not found") {
             return Ok((EvalOutcome::NoScript, None));
         }
         if message.starts_with("EXPIRED") {
@@ -93,11 +98,11 @@ pub fn parse_node_reply(
         return Err(BridgeFailure::of_redis_error(BridgeCall::Decision, message));
     }
     let Some((count, mut rest)) = items.split_first() else {
-        return Err(BridgeFailure::BadReply("EVALSHA result is too short"));
+        return Err(BridgeFailure::BadReply("decision result is too short"));
     };
     if count.as_u64() != Some(shape.len() as u64) {
         return Err(BridgeFailure::BadReply(
-            "EVALSHA result has the wrong number of requests",
+            "decision result has the wrong number of requests",
         ));
     }
     let mut decisions = Vec::with_capacity(shape.len());
@@ -109,7 +114,7 @@ pub fn parse_node_reply(
     let slots = match map {
         _ if rest.is_empty() => None,
         true => Some(slot_map(rest)?),
-        false => return Err(BridgeFailure::BadReply("EVALSHA result is too long")),
+        false => return Err(BridgeFailure::BadReply("decision result is too long")),
     };
     Ok((EvalOutcome::Decided(decisions), slots))
 }
@@ -141,7 +146,7 @@ fn parse_request(
     shape: RequestShape,
 ) -> Result<(Result<Decision, BridgeFailure>, &[Value]), BridgeFailure> {
     let expected = shape.limits;
-    let too_short = BridgeFailure::BadReply("EVALSHA result is too short");
+    let too_short = BridgeFailure::BadReply("decision result is too short");
     let [status, second, rest @ ..] = items else {
         return Err(too_short);
     };
@@ -168,7 +173,7 @@ fn parse_request(
         ))?;
     if second.as_u64() != Some(expected as u64) {
         return Err(BridgeFailure::BadReply(
-            "EVALSHA result has the wrong number of limits",
+            "decision result has the wrong number of limits",
         ));
     }
     if rest.len() < 4 * expected {
@@ -221,41 +226,25 @@ fn override_of(outcome: u64) -> Result<(Option<Override>, bool), BridgeFailure> 
     Ok((overridden, false))
 }
 
-/// Reads the reply to `SCRIPT LOAD`: `{"SCRIPT":"<sha>"}`, which must name our script.
-pub fn parse_script_load_reply(
-    reply: BridgeReply<'_>,
-    expected_sha: &str,
-) -> Result<(), BridgeFailure> {
-    match command_result(reply, "SCRIPT")? {
-        Value::String(sha) if sha == expected_sha => Ok(()),
-        Value::String(_) => Err(BridgeFailure::BadReply(
-            "SCRIPT LOAD returned another script's hash",
-        )),
-        Value::Array(items) => match items.as_slice() {
-            [Value::Bool(false), Value::String(message)] => Err(BridgeFailure::of_redis_error(
-                BridgeCall::ScriptLoad,
-                message,
-            )),
-            _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
-        },
-        _ => Err(BridgeFailure::BadReply("SCRIPT LOAD result is not a hash")),
-    }
-}
-
 /// Whether `reply` is an answer from Redis through Webdis (a 200 with a command's result, an
 /// error reply included), whatever its content: the bridge is alive.
 pub fn is_answer(reply: BridgeReply<'_>) -> bool {
-    ["EVALSHA", "SCRIPT"]
-        .iter()
-        .any(|command| command_result(reply, command).is_ok())
+    [
+        ("FCALL", BridgeCall::Decision),
+        ("EVALSHA", BridgeCall::Decision),
+        ("FUNCTION", BridgeCall::ScriptLoad),
+        ("SCRIPT", BridgeCall::ScriptLoad),
+    ]
+    .into_iter()
+    .any(|(command, call)| command_result(reply, command, call).is_ok())
 }
 
-/// The value under `command` in a 200 JSON reply.
-fn command_result(reply: BridgeReply<'_>, command: &str) -> Result<Value, BridgeFailure> {
-    let call = match command {
-        "SCRIPT" => BridgeCall::ScriptLoad,
-        _ => BridgeCall::Decision,
-    };
+/// The value under `command` in a 200 JSON reply to a `call`.
+pub(super) fn command_result(
+    reply: BridgeReply<'_>,
+    command: &str,
+    call: BridgeCall,
+) -> Result<Value, BridgeFailure> {
     match reply.status {
         None => return Err(BridgeFailure::NoResponse),
         Some(200) => {}
@@ -483,23 +472,23 @@ mod tests {
             ),
             (
                 ok(r#"{"EVALSHA":"OK"}"#),
-                BridgeFailure::BadReply("EVALSHA result is not an array"),
+                BridgeFailure::BadReply("decision result is not an array"),
             ),
             (
                 ok(r#"{"EVALSHA":[]}"#),
-                BridgeFailure::BadReply("EVALSHA result is too short"),
+                BridgeFailure::BadReply("decision result is too short"),
             ),
             (
                 ok(r#"{"EVALSHA":[1]}"#),
-                BridgeFailure::BadReply("EVALSHA result is too short"),
+                BridgeFailure::BadReply("decision result is too short"),
             ),
             (
                 ok(r#"{"EVALSHA":[2,1,1,1,"4","0","0"]}"#),
-                BridgeFailure::BadReply("EVALSHA result has the wrong number of requests"),
+                BridgeFailure::BadReply("decision result has the wrong number of requests"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,1,"4","0","0",1]}"#),
-                BridgeFailure::BadReply("EVALSHA result is too long"),
+                BridgeFailure::BadReply("decision result is too long"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,-1,7]}"#),
@@ -511,11 +500,11 @@ mod tests {
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,2,1,"4","0","0"]}"#),
-                BridgeFailure::BadReply("EVALSHA result has the wrong number of limits"),
+                BridgeFailure::BadReply("decision result has the wrong number of limits"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,1,"4","0"]}"#),
-                BridgeFailure::BadReply("EVALSHA result is too short"),
+                BridgeFailure::BadReply("decision result is too short"),
             ),
             (
                 ok(r#"{"EVALSHA":[1,1,1,true,"4","0","0"]}"#),
@@ -603,42 +592,5 @@ mod tests {
             parse_batch_reply(ok(other), &shape),
             Err(BridgeFailure::Redis(_))
         ));
-    }
-
-    #[test]
-    fn script_load_reply_must_name_our_script() {
-        let sha = "0123456789abcdef0123456789abcdef01234567";
-        let good = format!(r#"{{"SCRIPT":"{sha}"}}"#);
-        assert_eq!(parse_script_load_reply(ok(&good), sha), Ok(()));
-        assert_eq!(
-            parse_script_load_reply(ok(r#"{"SCRIPT":"ffff"}"#), sha),
-            Err(BridgeFailure::BadReply(
-                "SCRIPT LOAD returned another script's hash"
-            ))
-        );
-        assert_eq!(
-            parse_script_load_reply(ok(r#"{"SCRIPT":[false,"NOPERM no"]}"#), sha),
-            Err(refused(
-                MisconfigCause::ScriptLoadRefused,
-                Refused::Redis("NOPERM no".into())
-            ))
-        );
-        assert_eq!(
-            parse_script_load_reply(
-                BridgeReply {
-                    status: Some(403),
-                    body: b""
-                },
-                sha
-            ),
-            Err(refused(
-                MisconfigCause::ScriptLoadRefused,
-                Refused::Status(403)
-            ))
-        );
-        assert_eq!(
-            parse_script_load_reply(ok("{}"), sha),
-            Err(BridgeFailure::BadReply("reply is for another command"))
-        );
     }
 }

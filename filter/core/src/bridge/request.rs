@@ -1,12 +1,10 @@
-//! The HTTP calls the filter sends to Webdis: the `EVALSHA` of a decision call and the
-//! `SCRIPT LOAD` of the script, with their headers.
+//! The HTTP calls the filter sends to Webdis: a decision call (`FCALL` or `EVALSHA`, see
+//! `Program`) and the load of the code, with their headers.
 
-use super::args::DecideCall;
 use crate::config::Bridge;
 use crate::encode::{path_segment_len, push_path_segment};
 
-/// How many bytes longer [`BridgeRequest::evalsha_on_node`]'s path is than
-/// [`BridgeRequest::evalsha`]'s for the same call, at most: two segments (the number of keys,
+/// How many bytes longer [`Program::decide_on_node`]'s path is than [`Program::decide`]'s for the same call, at most: two segments (the number of keys,
 /// up to 5 digits, and the map flag), the declared count becoming `0`.
 pub const NODE_CALL_EXTRA_BYTES: usize = 9;
 
@@ -19,29 +17,8 @@ pub struct BridgeRequest {
 }
 
 impl BridgeRequest {
-    /// One `EVALSHA` of the decision script. Every segment is percent-encoded: no value can
-    /// add, move or change an argument.
-    pub fn evalsha(script_sha: &str, call: &DecideCall) -> BridgeRequest {
-        // [`DecideCall::command`], written in place into one string of the exact length: every
-        // batch builds one.
-        let count = call.keys.len().to_string();
-        BridgeRequest::get(|| {
-            ["EVALSHA", script_sha, count.as_str()]
-                .into_iter()
-                .chain(call.keys.iter().map(String::as_str))
-                .chain(call.args.iter().map(String::as_str))
-        })
-    }
-
-    /// The `EVALSHA` of `call` on a Redis Cluster for keys of several slots of one node
-    /// ([`DecideCall::command_on_node`]).
-    pub fn evalsha_on_node(script_sha: &str, call: &DecideCall, ask_map: bool) -> BridgeRequest {
-        let command = call.command_on_node(script_sha, ask_map);
-        BridgeRequest::get(|| command.iter().map(String::as_str))
-    }
-
     /// A `GET` of the command `args` yields, each argument one percent-encoded path segment.
-    fn get<'a, I: Iterator<Item = &'a str>>(args: impl Fn() -> I) -> BridgeRequest {
+    pub(super) fn get<'a, I: Iterator<Item = &'a str>>(args: impl Fn() -> I) -> BridgeRequest {
         let len = args().map(|a| 1 + path_segment_len(a.as_bytes())).sum();
         let mut path = String::with_capacity(len);
         for arg in args() {
@@ -52,15 +29,6 @@ impl BridgeRequest {
             method: "GET",
             path,
             body: None,
-        }
-    }
-
-    /// `SCRIPT LOAD` of the embedded script, sent as the body so it needs no encoding.
-    pub fn script_load() -> BridgeRequest {
-        BridgeRequest {
-            method: "PUT",
-            path: "/SCRIPT/LOAD".to_string(),
-            body: Some(crate::DECISION_LUA.as_bytes().to_vec()),
         }
     }
 
@@ -84,6 +52,7 @@ impl BridgeRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bridge::DecideCall;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -96,12 +65,12 @@ mod tests {
             keys: vec!["rl:{a}:x".into(), "rl:{b}:x".into()],
             args: vec!["1".into(), "0".into()],
         };
-        let node = BridgeRequest::evalsha_on_node("sha", &call, true);
+        let node = crate::program::Program::script_named("sha").decide_on_node(&call, true);
         assert_eq!(
             node.path,
             "/EVALSHA/sha/0/rl%3A%7Ba%7D%3Ax/2/1/rl%3A%7Bb%7D%3Ax/1/0"
         );
-        let declared = BridgeRequest::evalsha("sha", &call);
+        let declared = crate::program::Program::script_named("sha").decide(&call);
         assert_eq!(
             declared.path,
             "/EVALSHA/sha/2/rl%3A%7Ba%7D%3Ax/rl%3A%7Bb%7D%3Ax/1/0"
@@ -111,8 +80,8 @@ mod tests {
             args: vec![],
         };
         let (node, declared) = (
-            BridgeRequest::evalsha_on_node("sha", &many, false),
-            BridgeRequest::evalsha("sha", &many),
+            crate::program::Program::script_named("sha").decide_on_node(&many, false),
+            crate::program::Program::script_named("sha").decide(&many),
         );
         assert!(node.path.len() <= declared.path.len() + NODE_CALL_EXTRA_BYTES);
     }
@@ -130,8 +99,8 @@ mod tests {
         ];
         let b = [check("rl:{b}:r:s", Algorithm::TokenBucket, false)];
         let call = DecideCall::new("1", 0, [&a[..], &b[..]]);
-        let node = BridgeRequest::evalsha_on_node("sha", &call, false);
-        let declared = BridgeRequest::evalsha("sha", &call);
+        let node = crate::program::Program::script_named("sha").decide_on_node(&call, false);
+        let declared = crate::program::Program::script_named("sha").decide(&call);
         let sent = sent_limits(&node.path).expect("laid out as a decision call");
         assert_eq!(Some(sent.clone()), sent_limits(&declared.path));
         let keys: Vec<&str> = sent.iter().map(|l| l.key_index.as_str()).collect();
@@ -155,11 +124,13 @@ mod tests {
             [&first[..], &second[..]],
         );
         let want: String = call
-            .command("abc123")
+            .command("EVALSHA", "abc123")
             .iter()
             .map(|arg| format!("/{}", path_segment(arg.as_bytes())))
             .collect();
-        let path = BridgeRequest::evalsha("abc123", &call).path;
+        let path = crate::program::Program::script_named("abc123")
+            .decide(&call)
+            .path;
         assert_eq!(path, want);
         assert_eq!(
             path.len(),
@@ -175,7 +146,9 @@ mod tests {
             authority: "webdis.local".into(),
             authorization: Some("Basic dTpw".into()),
         };
-        let headers = BridgeRequest::script_load().headers(&bridge);
+        let headers = crate::bridge::Program::new(crate::bridge::CallKind::Script)
+            .load()
+            .headers(&bridge);
         let get = |name: &str| {
             headers
                 .iter()

@@ -1,5 +1,5 @@
 //! The size model of a call: how many bytes a call's path takes at most, as [`DecideCall`]
-//! writes it and [`BridgeRequest::evalsha`] encodes it. The batcher, the packer of give-backs
+//! writes it and [`crate::program::Program::decide`] encodes it. The batcher, the packer of give-backs
 //! and settlements, and the configuration's bound on one request all count with it.
 
 use super::args::{WireMode, FRACTION_DECIMALS};
@@ -198,8 +198,9 @@ impl LimitShape {
 
 /// The size model of a call's path, the one every size check uses: the batcher's stop, the
 /// give-backs' grouping and the configuration's bound on one request. It counts what
-/// [`DecideCall`] writes and [`BridgeRequest::evalsha`] encodes: the fixed prefix (`/EVALSHA/`,
-/// the script's hash, the number of keys, clock, deadline, the numbers of requests, of key
+/// [`DecideCall`] writes and [`crate::program::Program::decide`] encodes: the fixed prefix (the
+/// longer of the two heads, `/EVALSHA/` and the script's hash; `/FCALL/` and the function's
+/// name is shorter), the number of keys, clock, deadline, the numbers of requests, of key
 /// budgets and of limit definitions), then per request its number of limits and per limit its
 /// arguments and its definition's, in any mode (decision, lease ask, give-back). An upper
 /// bound: a key and a definition are counted with every limit that uses them, and the clock
@@ -383,7 +384,7 @@ pub fn call_bytes(checks: &[LimitCheck]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::{BridgeRequest, DecideCall};
+    use crate::bridge::DecideCall;
     use crate::check::{BudgetCheck, Mode};
     use crate::config::Lease;
     use crate::testing::plan::minute_check as check;
@@ -404,7 +405,7 @@ mod tests {
             })
             .collect();
         let call = DecideCall::new("redis", 0, [&checks[..]]);
-        let path = BridgeRequest::evalsha("", &call).path;
+        let path = crate::program::Program::script_named("").decide(&call).path;
         let fixed = "/EVALSHA//5/redis/0/1/0".len();
         assert!(
             path.len() <= fixed + call_bytes(&checks),
@@ -479,7 +480,9 @@ mod tests {
             .collect();
         for lease in [None, Some(u64::MAX)] {
             let call = DecideCall::leasing(&clock, deadline, [(&plain[..], lease)]);
-            let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
+            let path = crate::program::Program::script_named(&"f".repeat(40))
+                .decide(&call)
+                .path;
             assert_eq!(call.keys.len(), 9);
             assert_eq!(
                 path.len(),
@@ -487,9 +490,9 @@ mod tests {
                 "lease {lease:?}"
             );
         }
-        let leasing =
-            BridgeRequest::evalsha("", &DecideCall::leasing(&clock, 0, [(&plain[..], Some(1))]))
-                .path;
+        let leasing = crate::program::Program::script_named("")
+            .decide(&DecideCall::leasing(&clock, 0, [(&plain[..], Some(1))]))
+            .path;
         // The definition says `lease`; the limit adds its units and fraction after its cost.
         assert!(leasing.contains("/lease/0/0/"), "{leasing}");
         assert!(
@@ -506,7 +509,9 @@ mod tests {
             })
             .collect();
         let call = DecideCall::refund(u128::MAX, u128::MAX, &refunds);
-        let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
+        let path = crate::program::Program::script_named(&"f".repeat(40))
+            .decide(&call)
+            .path;
         // The refund's clock and deadline are written in full (39 digits, not 20).
         let longer = 2 * (u128::MAX.to_string().len() - MAX_CLOCK_DIGITS);
         assert_eq!(
@@ -528,7 +533,9 @@ mod tests {
                 u128::from(u64::MAX),
                 requests.iter().map(|r| (&r[..], lease)),
             );
-            let path = BridgeRequest::evalsha(&"f".repeat(40), &call).path;
+            let path = crate::program::Program::script_named(&"f".repeat(40))
+                .decide(&call)
+                .path;
             let model = batch_size(requests.iter().map(|r| (&r[..], lease)));
             assert!(
                 path.len() <= model.bytes(),

@@ -194,8 +194,9 @@ pub struct Config {
     /// Redis Cluster with key budgets: per slot, the number n of a hash tag `{b<n>}` on that
     /// slot ([`crate::slot::slot_tags`]), for the slot's budget counter and overflow state.
     pub budget_slot_tags: crate::slot::SlotTags,
-    /// SHA-1 of the embedded decision script, as `EVALSHA` wants it.
-    pub script_sha: String,
+    /// What Redis runs for a decision call: the decision library's function (`FCALL`) or the
+    /// decision script (`EVALSHA`), named by their hash (`bridge.redis_calls`).
+    pub program: crate::bridge::Program,
     /// Some limit is metered by usage: streams let through are followed to their response.
     pub metered: bool,
 }

@@ -86,6 +86,8 @@ pub(super) struct RawBridge {
     pub(super) lag_allowance: Option<String>,
     #[serde(default)]
     pub(super) redis_cluster: bool,
+    /// `"function"` or `"script"`; the default follows `redis_cluster`.
+    pub(super) redis_calls: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

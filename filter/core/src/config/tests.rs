@@ -81,7 +81,7 @@ fn minimal_config_takes_documented_defaults() {
             overrides: false,
         }]
     );
-    assert_eq!(c.script_sha.len(), 40);
+    assert_eq!(c.program.handle.len(), 33);
 }
 
 #[test]
@@ -316,7 +316,9 @@ fn bad_configs_name_the_field() {
         (top(r#", "xff_trusted_hops": -1"#), "xff_trusted_hops: invalid value: integer `-1`, expected u8"),
         (top(r#", "ipv6_prefix": 0"#), "ipv6_prefix: must be between 1 and 128"),
         (top(r#", "ipv4_prefix": 33"#), "ipv4_prefix: must be between 1 and 32"),
-        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`, `lag_allowance`, `redis_cluster`"),
+        (top(r#", "bridge": {"clustr": "x"}"#), "bridge.clustr: unknown field `clustr`, expected one of `cluster`, `authority`, `username`, `password`, `timeout`, `clock_skew`, `lag_allowance`, `redis_cluster`, `redis_calls`"),
+        (top(r#", "bridge": {"redis_calls": "eval"}"#), "bridge.redis_calls: must be \"function\" (FCALL, Redis 7 and later) or \"script\" (EVALSHA)"),
+        (top(r#", "bridge": {"redis_cluster": true, "redis_calls": "function"}"#), "bridge.redis_calls: must be \"script\" with bridge.redis_cluster: Envoy's redis_proxy routes EVALSHA by its key, and FCALL not at all"),
         (top(r#", "bridge": {"redis_cluster": true}, "clock": "redis""#), "clock: must be \"proxy\" with bridge.redis_cluster: each node of a Redis Cluster has its own clock"),
         (top(r#", "bridge": {"redis_cluster": "yes"}"#), "bridge.redis_cluster: invalid type: string \"yes\", expected a boolean"),
         (top(r#", "bridge": {"cluster": ""}"#), "bridge.cluster: must not be empty"),

@@ -15,7 +15,7 @@ use crate::bounds::{
     MAX_XFF_HOPS,
 };
 use crate::encode::base64;
-use crate::sha1::sha1_hex;
+use crate::program::{CallKind, Program};
 
 /// Parses the filter's JSON configuration and validates each field (`Config::parse` then checks
 /// what one request can carry).
@@ -45,6 +45,10 @@ pub(crate) fn parse_fields(json: &[u8]) -> Result<Config, ConfigError> {
 impl RawConfig {
     pub(super) fn validate(self) -> Result<Config, ConfigError> {
         let redis_cluster = self.bridge.redis_cluster;
+        let program = Program::new(redis_calls(
+            self.bridge.redis_calls.as_deref(),
+            redis_cluster,
+        )?);
         let in_flight_given = self.batch.max_in_flight.is_some();
         let (bridge, default_timeout, clock_skew, lag_allowance) = self.bridge.validate()?;
         if redis_cluster && self.clock == Clock::Redis {
@@ -141,7 +145,7 @@ impl RawConfig {
             deny_cache_entries: validate_deny_cache(self.deny_cache)?,
             redis_cluster: false,
             budget_slot_tags: crate::slot::SlotTags::default(),
-            script_sha: sha1_hex(crate::DECISION_LUA.as_bytes()),
+            program,
         };
         let mut budget_slot_tags = crate::slot::SlotTags::default();
         if redis_cluster {
@@ -339,6 +343,23 @@ pub(super) fn validate_deny_cache(value: Option<Value>) -> Result<usize, ConfigE
         Some(_) => Err(invalid(
             "deny_cache.max_entries",
             "must be between 0 and 1000000",
+        )),
+    }
+}
+
+/// `bridge.redis_calls`: how decision calls run in Redis. A Function by default; a script on a
+/// Redis Cluster, where Envoy's `redis_proxy` routes `EVALSHA` by its key and knows no `FCALL`.
+fn redis_calls(given: Option<&str>, redis_cluster: bool) -> Result<CallKind, ConfigError> {
+    match (given, redis_cluster) {
+        (None, false) | (Some("function"), false) => Ok(CallKind::Function),
+        (None, true) | (Some("script"), _) => Ok(CallKind::Script),
+        (Some("function"), true) => Err(invalid(
+            "bridge.redis_calls",
+            "must be \"script\" with bridge.redis_cluster: Envoy's redis_proxy routes EVALSHA by its key, and FCALL not at all",
+        )),
+        (Some(_), _) => Err(invalid(
+            "bridge.redis_calls",
+            "must be \"function\" (FCALL, Redis 7 and later) or \"script\" (EVALSHA)",
         )),
     }
 }

@@ -133,7 +133,7 @@ impl Breaker {
         let interval = settings.probe_interval;
         let deadline_ms = (now + interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
         let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
-        Some((BridgeRequest::evalsha(&config.script_sha, &call), interval))
+        Some((config.program.decide(&call), interval))
     }
 
     /// A probe was sent at `now` (`token`: its call, None if it could not be sent); the next

@@ -14,8 +14,7 @@ use super::settlements::{Settled, Settlements};
 use super::splits::Split;
 use super::{serve_locally, Engine, MAX_CALL_BYTES};
 use crate::bridge::{
-    BridgeFailure, BridgeReply, BridgeRequest, CallSize, DecideCall, LimitShape,
-    NODE_CALL_EXTRA_BYTES,
+    BridgeFailure, BridgeReply, CallSize, DecideCall, LimitShape, NODE_CALL_EXTRA_BYTES,
 };
 use crate::config::Config;
 use crate::decision::{Refund, Settlement};
@@ -217,7 +216,11 @@ impl Engine {
         if call.members().next().is_none() {
             return;
         }
-        match host.dispatch(&config.bridge, &call.request(), call.envoy_timeout(config)) {
+        match host.dispatch(
+            &config.bridge,
+            &call.request(config),
+            call.envoy_timeout(config),
+        ) {
             Ok(token) => {
                 // A reply to a call sent again after a restart decides on the new state.
                 call.sent.epoch = self.refusals.epoch();
@@ -444,7 +447,7 @@ impl Engine {
         }
         let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
         let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
-        let request = BridgeRequest::evalsha(&config.script_sha, &call);
+        let request = config.program.decide(&call);
         if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
             host.report_failure(&BridgeFailure::Dispatch(why));
         }

@@ -533,7 +533,7 @@ fn refund_of(check: &LimitCheck, grant: &Grant) -> Refund {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::{BridgeRequest, DecideCall};
+    use crate::bridge::DecideCall;
     use crate::config::Config;
     use crate::request::plan::plan;
     use crate::testing::request::FakeRequest;
@@ -606,7 +606,7 @@ mod tests {
         assert!(calls.len() > 1, "more than one call's worth");
         for (refunds, _) in calls {
             let call = DecideCall::refund(u128::from(u64::MAX), u128::from(u64::MAX), &refunds);
-            let path = BridgeRequest::evalsha(&config.script_sha, &call).path;
+            let path = config.program.decide(&call).path;
             assert!(
                 path.len() <= crate::bounds::MAX_CALL_PATH_BYTES,
                 "a give-back call of {} refunds is {} bytes",

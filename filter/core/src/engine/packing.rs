@@ -109,7 +109,7 @@ pub fn pack<T: Packable>(config: &Config, items: Vec<T>, max_calls: usize) -> Pa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::{BridgeRequest, DecideCall};
+    use crate::bridge::DecideCall;
     use crate::slot::key_slot;
     use crate::testing::plan::token_bucket_check;
     #[cfg(target_arch = "wasm32")]
@@ -146,7 +146,7 @@ mod tests {
             for (group, timeout) in &packed.calls {
                 assert_eq!(*timeout, Duration::from_millis(80));
                 let call = DecideCall::settle(1, 1, group);
-                let path = BridgeRequest::evalsha(&c.script_sha, &call).path;
+                let path = c.program.decide(&call).path;
                 assert!(path.len() <= MAX_CALL_PATH_BYTES, "{} bytes", path.len());
                 let slots: Vec<u16> = group
                     .iter()

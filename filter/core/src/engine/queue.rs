@@ -12,8 +12,8 @@ use super::nodes::{NodeTag, CALLS_PER_NODE};
 use super::slots;
 use crate::bounds::MAX_ABANDONED_CALLS;
 use crate::bridge::{
-    call_bytes, lease_units, parse_node_reply, parse_script_load_reply, BridgeFailure, BridgeReply,
-    BridgeRequest, DecideCall, EvalOutcome, RequestShape, SlotMap,
+    call_bytes, lease_units, parse_node_reply, BridgeFailure, BridgeReply, BridgeRequest,
+    DecideCall, EvalOutcome, RequestShape, SlotMap,
 };
 use crate::config::{Clock, Config};
 use crate::decision::{Decision, Settlement};
@@ -215,10 +215,8 @@ impl Call {
             .min()
             .unwrap_or_default();
         let eval = match on_node {
-            Some(node) => {
-                BridgeRequest::evalsha_on_node(&config.script_sha, &call, node.asks.is_some())
-            }
-            None => BridgeRequest::evalsha(&config.script_sha, &call),
+            Some(node) => config.program.decide_on_node(&call, node.asks.is_some()),
+            None => config.program.decide(&call),
         };
         Call {
             stage: Stage::Deciding { reloaded: false },
@@ -272,10 +270,10 @@ impl Call {
     }
 
     /// The request to send for its stage: the decision, or the script load before it.
-    pub fn request(&self) -> std::borrow::Cow<'_, BridgeRequest> {
+    pub fn request(&self, config: &Config) -> std::borrow::Cow<'_, BridgeRequest> {
         match self.stage {
             Stage::Deciding { .. } => std::borrow::Cow::Borrowed(&self.eval),
-            Stage::LoadingScript => std::borrow::Cow::Owned(BridgeRequest::script_load()),
+            Stage::LoadingScript => std::borrow::Cow::Owned(config.program.load()),
         }
     }
 
@@ -291,7 +289,7 @@ impl Call {
                     Err(failure) => Reply::Failed(failure),
                 }
             }
-            Stage::LoadingScript => match parse_script_load_reply(reply, &config.script_sha) {
+            Stage::LoadingScript => match config.program.parse_load_reply(reply) {
                 Ok(()) => Reply::Loaded,
                 Err(failure) => Reply::Failed(failure),
             },

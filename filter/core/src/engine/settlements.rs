@@ -24,8 +24,8 @@ use super::tally::Tally;
 pub use crate::bounds::MAX_SETTLEMENT_CALLS;
 pub use crate::bounds::{MAX_KEPT_SETTLEMENTS, MAX_METERED_STREAMS};
 use crate::bridge::{
-    parse_eval_reply, parse_script_load_reply, BridgeFailure, BridgeReply, BridgeRequest,
-    DecideCall, EvalOutcome, MisconfigCause, Misconfiguration,
+    parse_eval_reply, BridgeFailure, BridgeReply, BridgeRequest, DecideCall, EvalOutcome,
+    MisconfigCause, Misconfiguration,
 };
 use crate::check::LimitCheck;
 use crate::config::{Admit, Clock, Config};
@@ -253,7 +253,7 @@ impl Settlements {
             // Settled on the clock the decisions were made with.
             call.args[0] = "redis".to_string();
         }
-        BridgeRequest::evalsha(&config.script_sha, &call)
+        config.program.decide(&call)
     }
 
     /// A call of `settlements` was sent with `token`.
@@ -290,7 +290,7 @@ impl Settlements {
             return (Settled::Done, None);
         };
         if call.loading {
-            return match parse_script_load_reply(reply, &config.script_sha) {
+            return match config.program.parse_load_reply(reply) {
                 Ok(()) => {
                     let request = Self::request(config, &call.settlements, call.timeout, now);
                     let again = SettleCall {
@@ -325,10 +325,7 @@ impl Settlements {
                     loading: true,
                     ..call
                 };
-                (
-                    Settled::Reloading,
-                    Some((BridgeRequest::script_load(), again)),
-                )
+                (Settled::Reloading, Some((config.program.load(), again)))
             }
             // Sent, and may have been carried out: no answer, a 5xx (Envoy's own 504 once the
             // call's timeout passed, its 503 when the connection reset after the call went

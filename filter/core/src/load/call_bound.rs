@@ -167,11 +167,12 @@ mod tests {
     }
 
     /// The call `checks` make with the longest clock and deadline, asking for a lease of
-    /// `lease_asked` requests' worth (None: decided per request).
-    fn longest_call(c: &Config, checks: &[LimitCheck], lease_asked: Option<u64>) -> BridgeRequest {
+    /// `lease_asked` requests' worth (None: decided per request), through the script: its
+    /// head (`/EVALSHA/` and a 40-digit hash) is the longer of the two ways to call.
+    fn longest_call(_: &Config, checks: &[LimitCheck], lease_asked: Option<u64>) -> BridgeRequest {
         let clock = "9".repeat(MAX_CLOCK_DIGITS);
         let call = DecideCall::leasing(&clock, u128::from(u64::MAX), [(checks, lease_asked)]);
-        BridgeRequest::evalsha(&c.script_sha, &call)
+        crate::program::Program::new(crate::program::CallKind::Script).decide(&call)
     }
 
     #[test]
@@ -490,7 +491,7 @@ format!(r#""algorithm": "{algorithm}", "limit": {limit}, "window": "366d""#)
                 .collect();
             let clock = 10u128.pow(MAX_CLOCK_DIGITS as u32) - 1;
             let call = DecideCall::settle(clock, clock, &settlements);
-            let path = BridgeRequest::evalsha(&c.script_sha, &call).path;
+            let path = c.program.decide(&call).path;
             assert!(path.len() <= MAX_CALL_PATH_BYTES, "{} bytes", path.len());
             let size = CallSize::new(call.keys.len(), 1, 0).with_settlements(&settlements);
             assert!(

@@ -140,10 +140,10 @@ fn a_refused_script_load_is_its_own_cause() {
         (status(403), Refused::Status(403)),
         (
             ok(
-                r#"{"SCRIPT":[false,"NOPERM this user has no permissions to run the 'script|load' command"]}"#,
+                r#"{"FUNCTION":[false,"NOPERM this user has no permissions to run the 'function|load' command"]}"#,
             ),
             Refused::Redis(
-                "NOPERM this user has no permissions to run the 'script|load' command".into(),
+                "NOPERM this user has no permissions to run the 'function|load' command".into(),
             ),
         ),
     ];
@@ -151,7 +151,7 @@ fn a_refused_script_load_is_its_own_cause() {
         let (c, mut e, mut h) = setup("");
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         e.on_reply(&c, &mut h, None, 1, ok(noscript));
-        assert_eq!(h.dispatched[1].1, BridgeRequest::script_load());
+        assert_eq!(h.dispatched[1].1, c.program.load());
         e.on_reply(&c, &mut h, None, 2, answer);
         assert_eq!(
             h.misconfigured,

@@ -115,7 +115,9 @@ fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
     assert_eq!(h.wakes, 0, "no hop through the root");
     assert_eq!(h.dispatched.len(), 1);
     let (token, call, timeout) = h.dispatched[0].clone();
-    assert!(call.path.starts_with("/EVALSHA/"));
+    assert!(call
+        .path
+        .starts_with(&format!("/FCALL/{}/", c.program.handle)));
     assert!(
         call.path
             .contains("/1000000000000/1002150/1/0/1/token_bucket/"),
@@ -358,22 +360,41 @@ fn replies_for_streams_that_are_gone_still_decide_the_others() {
 }
 
 #[test]
-fn noscript_loads_the_script_and_sends_the_same_call_once_more() {
-    let (c, mut e, mut h) = setup("");
-    arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
-    e.on_request(&c, &mut h, 2, &req("/", "b"));
-    let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
-    e.on_reply(&c, &mut h, None, 1, ok(noscript));
-    assert_eq!(h.dispatched.len(), 2, "the load takes the only slot");
-    assert_eq!(h.dispatched[1].1, BridgeRequest::script_load());
-    let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
-    e.on_reply(&c, &mut h, None, 2, ok(&loaded));
-    assert_eq!(h.dispatched[2].1, h.dispatched[0].1, "the same call again");
-    e.on_reply(&c, &mut h, None, 3, ok(noscript));
-    assert_eq!(h.failures, vec![BridgeFailure::NoScript], "no loop");
-    assert_eq!(h.resumed, vec![1]);
-    assert_eq!(h.batch_size(3), 1, "then the next batch goes");
-    assert_eq!(h.count_of(Counter::ScriptLoads), 1);
+fn a_missing_program_is_loaded_and_the_same_call_sent_once_more() {
+    // What Redis answers when it lacks the code, and what names it once loaded, per way of
+    // calling it (`bridge.redis_calls`).
+    let kinds = [
+        (
+            r#""bridge": {"redis_calls": "function"},"#,
+            r#"{"FCALL":[false,"ERR Function not found"]}"#,
+            "FUNCTION",
+        ),
+        (
+            r#""bridge": {"redis_calls": "script"},"#,
+            r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#,
+            "SCRIPT",
+        ),
+    ];
+    for (bridge, missing, load_reply) in kinds {
+        let (c, mut e, mut h) = setup(bridge);
+        arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+        e.on_request(&c, &mut h, 2, &req("/", "b"));
+        e.on_reply(&c, &mut h, None, 1, ok(missing));
+        assert_eq!(h.dispatched.len(), 2, "the load takes the only slot");
+        assert_eq!(h.dispatched[1].1, c.program.load());
+        let name = match c.program.kind {
+            crate::program::CallKind::Function => c.program.library_name(),
+            crate::program::CallKind::Script => c.program.handle.clone(),
+        };
+        let loaded = format!(r#"{{"{load_reply}":"{name}"}}"#);
+        e.on_reply(&c, &mut h, None, 2, ok(&loaded));
+        assert_eq!(h.dispatched[2].1, h.dispatched[0].1, "the same call again");
+        e.on_reply(&c, &mut h, None, 3, ok(missing));
+        assert_eq!(h.failures, vec![BridgeFailure::NoScript], "no loop");
+        assert_eq!(h.resumed, vec![1]);
+        assert_eq!(h.batch_size(3), 1, "then the next batch goes");
+        assert_eq!(h.count_of(Counter::ScriptLoads), 1);
+    }
 }
 
 #[test]
@@ -514,7 +535,7 @@ fn a_reply_for_another_shape_fails_the_batch() {
     assert_eq!(
         h.failures,
         vec![BridgeFailure::BadReply(
-            "EVALSHA result has the wrong number of requests"
+            "decision result has the wrong number of requests"
         )]
     );
     assert_eq!(h.resumed, vec![1]);

@@ -343,12 +343,12 @@ fn redis_without_the_script_gets_it_loaded_and_the_settlement_again() {
         r#"{"usage": {"total_tokens": 120}}"#,
     );
     e.on_tick(&c, &mut h);
-    let noscript = r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
+    let missing = r#"{"FCALL":[false,"ERR Function not found"]}"#;
     let token = settle_calls(&h)[0].0;
-    e.on_reply(&c, &mut h, None, token, ok(noscript));
+    e.on_reply(&c, &mut h, None, token, ok(missing));
     let (token, load, _) = h.dispatched.last().unwrap().clone();
-    assert_eq!(load.path, "/SCRIPT/LOAD");
-    let loaded = format!(r#"{{"SCRIPT":"{}"}}"#, c.script_sha);
+    assert_eq!(load.path, "/FUNCTION/LOAD/REPLACE");
+    let loaded = format!(r#"{{"FUNCTION":"{}"}}"#, c.program.library_name());
     e.on_reply(&c, &mut h, None, token, ok(&loaded));
     assert_eq!(settle_calls(&h).len(), 2);
     assert_eq!(settle_calls(&h)[1].1, vec![20]);
