@@ -14,12 +14,16 @@
 //! outcome does, the `local` failure mode), the [`tally`] (stats), the [`delivery`] of
 //! verdicts to streams, and the [`settlements`] of usage limits once their response is read
 //! (with the stream-facing calls after the decision: headers, meter, end of stream).
+//!
+//! The engine's own work is split by what starts it: a request (here), the calls it sends
+//! ([`calls`]), their replies ([`replies`]), the worker's timer ([`timer`]), and a stream's
+//! life after its decision ([`streams`]).
 
 use std::time::Duration;
 
-use crate::bridge::{is_answer, parse_eval_reply, BridgeFailure, BridgeReply};
+use crate::bridge::BridgeFailure;
 use crate::config::Config;
-use crate::metrics::{Counter, Gauge};
+use crate::metrics::Counter;
 use crate::request::memo::PlanMemo;
 use crate::request::plan::{plan_memo, Plan};
 use crate::request::view::RequestView;
@@ -31,7 +35,7 @@ use lag::Lag;
 use leases::Leases;
 use nodes::Nodes;
 use policy::{serve_locally, Conclusion, Policy};
-use queue::{InFlight, Origin, Outcome, Queue, Reply, Sent, Stage, Waiting};
+use queue::{Origin, Outcome, Queue, Sent, Waiting};
 use refusals::Refusals;
 use settlements::Settlements;
 use splits::Splits;
@@ -52,12 +56,14 @@ mod packing;
 mod policy;
 mod queue;
 pub mod refusals;
+mod replies;
 pub mod settlements;
 mod sightings;
 pub mod slots;
 pub mod splits;
 mod streams;
 mod tally;
+mod timer;
 
 /// A call's path stays within this many bytes (Webdis's shipped `http_max_request_size` is
 /// 64 KiB); a batch stops growing before it would pass it. The configuration is refused if a
@@ -137,74 +143,6 @@ impl Engine {
     /// Requests waiting for a call, and calls in flight (for tests and logs).
     pub fn load(&self) -> (usize, usize) {
         self.queue.load()
-    }
-
-    /// Whether the worker needs its timer: requests wait or calls are out (their deadlines,
-    /// a hang to see), the breaker is open (its probes), leases hold units (given back when
-    /// they end) or give-backs wait, settlements or releases wait for a call, or stats wait
-    /// to be handed over. Nothing else the engine holds changes with time alone: the deny
-    /// cache and the local states expire as they are read.
-    pub fn needs_tick(&self) -> bool {
-        self.queue.load() != (0, 0)
-            || self.breaker.is_open()
-            || self.leases.pending()
-            || self.settlements.waiting() > 0
-            || !self.tally.is_empty()
-    }
-
-    /// Whether the host's timer runs (as the engine asked for it).
-    pub fn ticking(&self) -> bool {
-        self.ticking
-    }
-
-    /// At the end of each callback: the timer is asked for if work is left and it is off.
-    /// One host call when it starts, none while it runs.
-    fn keep_ticking(&mut self, host: &mut impl Host) {
-        if !self.needs_tick() {
-            return;
-        }
-        self.idle_ticks = 0;
-        if self.ticking {
-            return;
-        }
-        let now = self.clock_or_last(host);
-        if host.tick_every(TICK) {
-            self.ticking = true;
-            self.lag.start(now);
-            host.gauge_add(Gauge::WorkerTimers, 1);
-        }
-    }
-
-    /// At the end of each tick: the timer stops after [`IDLE_TICKS`] in a row found nothing
-    /// to do (the next work starts it again).
-    fn stop_ticking_if_idle(&mut self, host: &mut impl Host) {
-        if self.needs_tick() {
-            self.idle_ticks = 0;
-            return;
-        }
-        self.idle_ticks = self.idle_ticks.saturating_add(1);
-        if self.idle_ticks >= IDLE_TICKS && host.tick_every(Duration::ZERO) {
-            self.ticking = false;
-            self.idle_ticks = 0;
-            self.lag.stop();
-            host.gauge_add(Gauge::WorkerTimers, -1);
-        }
-    }
-
-    /// A request comes while the timer is off: what its ticks would have done meanwhile
-    /// that a decision can depend on, done first. The Redis restarts other workers saw
-    /// (the deny cache must not answer for a Redis that lost its state) and the leases that
-    /// ended (their units go back at the next tick; idle keys make room for new ones).
-    fn catch_up(&mut self, host: &mut impl Host, now: u128) {
-        if host
-            .redis_restarts(false)
-            .is_some_and(|n| self.refusals.sync(n))
-        {
-            host.count(Counter::DenyCacheResets);
-        }
-        if !self.leases.is_empty() {
-            self.leases.expire(now);
-        }
     }
 
     /// Request headers of `ctx` arrived (its own callback is running).
@@ -423,213 +361,6 @@ impl Engine {
         self.dispatch_ready(config, host, None);
         self.tally.flush(host);
         self.keep_ticking(host);
-    }
-
-    /// A call's reply (or its timeout) arrived, in the root context (`at` None) or in the
-    /// request context that made the call.
-    pub fn on_reply(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        at: Option<u32>,
-        token: u32,
-        reply: BridgeReply<'_>,
-    ) {
-        self.read_reply(config, host, at, token, reply);
-        // A failed settlement call keeps its settlements for the next tick.
-        self.keep_ticking(host);
-    }
-
-    fn read_reply(
-        &mut self,
-        config: &Config,
-        host: &mut impl Host,
-        at: Option<u32>,
-        token: u32,
-        reply: BridgeReply<'_>,
-    ) {
-        if self.breaker.is_probe(token) {
-            let now = self.clock_or_last(host);
-            // A missing script is the next call's to load; a refusal is counted and reported
-            // as each refused call is, so that it stays loud while the breaker is open.
-            let answered = match parse_eval_reply(reply, &[]) {
-                Ok(_) => true,
-                Err(failure) => {
-                    self.refused(host, &failure);
-                    false
-                }
-            };
-            if let Some(why) = self.breaker.probe_replied(answered, now) {
-                host.gauge_add(Gauge::BreakerOpen, -1);
-                host.report_breaker(false, &why);
-            }
-            return;
-        }
-        if self.settlements.owns(token) {
-            return self.settlement_reply(config, host, token, reply);
-        }
-        let Some(InFlight {
-            call, dispatched, ..
-        }) = self.queue.take_call(token)
-        else {
-            if self.queue.was_abandoned(token) && is_answer(reply) {
-                self.late_answer(host);
-            }
-            return;
-        };
-        let now = self.clock_or_last(host);
-        let reply = call.read(config, reply);
-        if let Some(epoch) = call.on_node.and_then(|n| n.asks) {
-            let map = match &reply {
-                Reply::Decided(_, map) => map.clone(),
-                _ => None,
-            };
-            if map.is_some() {
-                host.count(Counter::ClusterSlotMaps);
-            }
-            self.nodes.answered(epoch, map, now);
-        }
-        match reply {
-            Reply::Decided(results, _) => {
-                self.breaker.answered();
-                // Redis's ACL refusing the script a command refuses it for each request it
-                // reaches: reported once for the call.
-                if let Some(Err(failure)) = results
-                    .iter()
-                    .find(|r| matches!(r, Err(f) if f.misconfiguration().is_some()))
-                {
-                    self.refused(host, failure);
-                }
-                self.replies = self.replies.wrapping_add(1);
-                let (sent, on_node) = (call.sent, call.on_node.is_some());
-                let (members, riding) = call.with_results(results);
-                if let Some((riders, result)) = riding {
-                    self.settlements.ridden(riders, result.as_ref().map(|_| ()));
-                }
-                let mut again = Vec::new();
-                for (mut member, result) in members {
-                    // A node that ran a call for several slots refused this one's keys before
-                    // it wrote anything: sent again, in a call of its own slot.
-                    if let (true, Err(BridgeFailure::NotServed(_)), Some(slot)) =
-                        (on_node, &result, member.slot)
-                    {
-                        self.nodes.refused(slot, now);
-                        member.declared = true;
-                        again.push(member);
-                        continue;
-                    }
-                    let outcome = result.map_or_else(Outcome::Failed, Outcome::Decided);
-                    self.resolve(config, host, member, outcome, Some(sent), now);
-                }
-                if !again.is_empty() {
-                    host.count_n(Counter::ClusterResends, again.len() as u64);
-                    self.queue.requeue(again);
-                }
-            }
-            Reply::Failed(BridgeFailure::Moving(why)) => {
-                // Redis Cluster answered for the whole call before running it (a slot being
-                // migrated, or moved): nothing ran, its requests try again at the next tick,
-                // each in a call of its own slot.
-                self.breaker.answered();
-                let (members, riders) = call.into_parts();
-                self.settlements
-                    .ridden(riders, Err(&BridgeFailure::Moving(why)));
-                let parked: Vec<Waiting> = members
-                    .into_iter()
-                    .map(|mut m| {
-                        m.declared = true;
-                        m
-                    })
-                    .collect();
-                host.count_n(Counter::ClusterResends, parked.len() as u64);
-                self.queue.park(parked);
-            }
-            Reply::NoScript => {
-                self.breaker.answered();
-                // Redis restarted: what it refused may fit again, here and (at their next tick)
-                // in the other workers. Leases stay: they were charged (a fresh Redis too).
-                if self.refusals.restarted(host.redis_restarts(true)) {
-                    host.count(Counter::DenyCacheResets);
-                }
-                let mut call = call;
-                call.stage = Stage::LoadingScript;
-                self.send(config, host, call, now);
-            }
-            Reply::Loaded => {
-                self.breaker.answered();
-                host.count(Counter::ScriptLoads);
-                let mut call = call;
-                call.stage = Stage::Deciding { reloaded: true };
-                self.send(config, host, call, now);
-            }
-            Reply::Failed(failure) => {
-                // No answer at all once Envoy's own timeout passed: the call timed out (rather
-                // than its connection failing).
-                let envoy_timeout = call.envoy_timeout(config).as_nanos();
-                let waited = now.saturating_sub(dispatched.wall_ns);
-                let failure = match failure {
-                    BridgeFailure::NoResponse if waited + 1_000_000 >= envoy_timeout => {
-                        BridgeFailure::Timeout
-                    }
-                    failure => failure,
-                };
-                self.refused(host, &failure);
-                let (members, riders) = call.into_parts();
-                self.settlements.ridden(riders, Err(&failure));
-                self.fail(config, host, members, failure, now, true)
-            }
-        }
-        match at {
-            None => self.dispatch_ready(config, host, None),
-            Some(ctx) => self.wake(config, host, Some(ctx)),
-        }
-        // The per-rule counts of what this reply decided go with the global ones (counted at
-        // once): a scrape between callbacks sees both or neither.
-        self.tally.flush(host);
-    }
-
-    /// The worker's timer (every [`TICK`] while there is work, see [`Engine::needs_tick`]), in
-    /// the root context: measures how late the worker runs, sees calls past their timeout,
-    /// sends the breaker's probe, the give-backs and the settlements, learns of Redis
-    /// restarts other workers saw, hands the stats over; and stops itself once idle.
-    pub fn on_tick(&mut self, config: &Config, host: &mut impl Host) {
-        if !self.ticking {
-            // A tick means the timer runs, whatever the engine last asked.
-            self.ticking = true;
-            host.gauge_add(Gauge::WorkerTimers, 1);
-        }
-        if let Some(now) = self.clock(host) {
-            let late_ms = self.lag.tick(now) / 1_000_000;
-            if late_ms > 0 {
-                host.count_n(
-                    Counter::WorkerLagMs,
-                    u64::try_from(late_ms).unwrap_or(u64::MAX),
-                );
-            }
-            self.watch_calls(config, host, self.lag.moment(now));
-            // What a moving slot held back goes again; a call given up with the breaker off
-            // frees its slot for what waits.
-            self.queue.unpark();
-            self.dispatch_ready(config, host, None);
-            if let Some((request, timeout)) = self.breaker.probe(config, now) {
-                let probe = host.dispatch(&config.bridge, &request, timeout).ok();
-                self.breaker.probe_sent(config.breaker, probe, now);
-            }
-            self.leases.expire(now);
-            // Not while the breaker is open: the units wait for the first tick after it closes.
-            if !self.breaker.is_open() {
-                self.give_back(config, host, now);
-            }
-            self.send_settlements(config, host);
-        }
-        if host
-            .redis_restarts(false)
-            .is_some_and(|n| self.refusals.sync(n))
-        {
-            host.count(Counter::DenyCacheResets);
-        }
-        self.tally.flush(host);
-        self.stop_ticking_if_idle(host);
     }
 }
 

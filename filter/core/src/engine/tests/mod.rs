@@ -1,7 +1,7 @@
 //! The engine as a whole, through its public calls, with the fake host.
 
 use super::*;
-use crate::bridge::{call_bytes, BridgeRequest};
+use crate::bridge::{call_bytes, BridgeReply, BridgeRequest};
 use crate::metrics::Histogram;
 use crate::response::LocalResponse;
 use crate::slot::key_slot;

@@ -2,9 +2,16 @@
 //! escape, UTF-8, numbers, literals, nesting up to [`MAX_DEPTH`]) and extracts the value at a
 //! key path from the top-level object. It keeps only the chain of objects on the path (a bit
 //! per level), never a key or a value.
+//!
+//! This file is the state machine; its strings (where keys meet the path) and its numbers
+//! (where the value is read) are in `strings` and `numbers`.
+
+mod numbers;
+mod strings;
 
 use super::path::Path;
 use super::{Unreadable, UsageRead, MAX_DEPTH, MAX_USAGE};
+use numbers::Num;
 
 /// What a whole document gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,26 +69,6 @@ impl Word {
             Word::False => b"false",
             Word::Null => b"null",
         }
-    }
-}
-
-/// Where in a number: after `-`, after a leading `0`, in the integer digits, after `.`, in
-/// the fraction, after `e`, after the exponent's sign, in the exponent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Num {
-    Minus,
-    Zero,
-    Int,
-    Dot,
-    Frac,
-    Exp,
-    ExpSign,
-    ExpDigits,
-}
-
-impl Num {
-    fn can_end(self) -> bool {
-        matches!(self, Num::Zero | Num::Int | Num::Frac | Num::ExpDigits)
     }
 }
 
@@ -478,142 +465,6 @@ impl Scanner {
             State::End
         } else {
             State::After
-        };
-    }
-
-    fn add_digit(&mut self, b: u8) {
-        if self.target_number && !self.fractional && b.is_ascii_digit() {
-            // Capped just above the bound: only "over" matters past it.
-            self.number = self
-                .number
-                .saturating_mul(10)
-                .saturating_add(u64::from(b - b'0'))
-                .min(MAX_USAGE + 1);
-        }
-    }
-
-    fn number_byte(&mut self, num: Num, b: u8, path: &Path) {
-        let next = match (num, b) {
-            (Num::Minus, b'0') => Num::Zero,
-            (Num::Minus, b'1'..=b'9') => Num::Int,
-            (Num::Int, b'0'..=b'9') => Num::Int,
-            (Num::Zero | Num::Int, b'.') => Num::Dot,
-            (Num::Dot | Num::Frac, b'0'..=b'9') => Num::Frac,
-            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Num::Exp,
-            (Num::Exp, b'+' | b'-') => Num::ExpSign,
-            (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => Num::ExpDigits,
-            _ if num.can_end() => {
-                self.value_done();
-                return self.step(b, path);
-            }
-            _ => return self.fail(Unreadable::NotJson),
-        };
-        if matches!(next, Num::Dot | Num::Exp) {
-            self.fractional = true;
-        }
-        self.add_digit(b);
-        self.state = State::Number(next);
-    }
-
-    fn string_byte(&mut self, b: u8, path: &Path) {
-        if self.utf8_due > 0 {
-            if b < self.utf8_lo || b > self.utf8_hi {
-                return self.fail(Unreadable::NotJson);
-            }
-            self.utf8_due -= 1;
-            self.utf8_lo = 0x80;
-            self.utf8_hi = 0xbf;
-            return self.key_byte(b, path);
-        }
-        match b {
-            b'"' => self.string_end(path),
-            b'\\' => self.state = State::Escape,
-            0x00..=0x1f => self.fail(Unreadable::NotJson),
-            0x20..=0x7f => self.key_byte(b, path),
-            _ => {
-                let (due, lo, hi) = match b {
-                    0xc2..=0xdf => (1, 0x80, 0xbf),
-                    0xe0 => (2, 0xa0, 0xbf),
-                    0xed => (2, 0x80, 0x9f),
-                    0xe1..=0xef => (2, 0x80, 0xbf),
-                    0xf0 => (3, 0x90, 0xbf),
-                    0xf1..=0xf3 => (3, 0x80, 0xbf),
-                    0xf4 => (3, 0x80, 0x8f),
-                    _ => return self.fail(Unreadable::NotJson),
-                };
-                self.utf8_due = due;
-                self.utf8_lo = lo;
-                self.utf8_hi = hi;
-                self.key_byte(b, path);
-            }
-        }
-    }
-
-    /// A `\u` escape's 16 bits: a whole character, or half of a surrogate pair.
-    fn code_unit(&mut self, low: bool, path: &Path) {
-        let unit = self.hex;
-        let code = match (low, unit) {
-            (false, 0xd800..=0xdbff) => {
-                self.high = unit;
-                self.state = State::LowBackslash;
-                return;
-            }
-            (true, 0xdc00..=0xdfff) => {
-                0x10000 + ((u32::from(self.high) - 0xd800) << 10) + (u32::from(unit) - 0xdc00)
-            }
-            (true, _) | (false, 0xdc00..=0xdfff) => return self.fail(Unreadable::NotJson),
-            (false, _) => u32::from(unit),
-        };
-        self.state = State::Str;
-        if self.comparing {
-            let mut utf8 = [0u8; 4];
-            let encoded =
-                char::from_u32(code).map_or(&[][..], |c| c.encode_utf8(&mut utf8).as_bytes());
-            if encoded.is_empty() {
-                self.comparing = false;
-            }
-            for &byte in encoded {
-                self.key_byte(byte, path);
-            }
-        }
-    }
-
-    /// One decoded byte of a key compared with the path's segment at its depth.
-    fn key_byte(&mut self, b: u8, path: &Path) {
-        if !self.comparing {
-            return;
-        }
-        let segment = path.segment(usize::from(self.depth.saturating_sub(1)));
-        if segment.get(self.key_len as usize) == Some(&b) {
-            self.key_len += 1;
-        } else {
-            self.comparing = false;
-        }
-    }
-
-    fn string_end(&mut self, path: &Path) {
-        if !self.in_key {
-            return self.value_done();
-        }
-        self.in_key = false;
-        self.state = State::Colon;
-        if !self.comparing {
-            return;
-        }
-        self.comparing = false;
-        let index = usize::from(self.depth.saturating_sub(1));
-        if self.key_len as usize != path.segment(index).len() {
-            return;
-        }
-        let bit = 1u8 << index;
-        if self.seen & bit != 0 {
-            return self.fail(Unreadable::DuplicateKey);
-        }
-        self.seen |= bit;
-        self.pending = if index + 1 == path.len() {
-            Pending::Target
-        } else {
-            Pending::Inner
         };
     }
 }
