@@ -225,16 +225,19 @@ impl fmt::Display for Misconfiguration {
         match (&self.refused, self.cause) {
             (Refused::Status(code), MisconfigCause::ScriptLoadRefused) => write!(
                 f,
-                "{cause}: Webdis answered HTTP {code} to SCRIPT LOAD: the entry of the \"acl\" in webdis.json whose \"http_basic_auth\" is bridge.username:bridge.password must enable \"SCRIPT\""
+                "{cause}: Webdis answered HTTP {code} to the load of the decision code (FUNCTION LOAD, or SCRIPT LOAD with bridge.redis_calls \"script\"): the entry of the \"acl\" in webdis.json whose \"http_basic_auth\" is bridge.username:bridge.password must enable \"FUNCTION\" (\"SCRIPT\" for scripts)"
             ),
             (Refused::Status(code), _) => write!(
                 f,
-                "{cause}: Webdis answered HTTP {code} to the decision call (EVALSHA): either bridge.username / bridge.password in the filter configuration match no \"http_basic_auth\" entry of the \"acl\" in webdis.json, or that entry does not enable \"EVALSHA\""
+                "{cause}: Webdis answered HTTP {code} to the decision call (FCALL, or EVALSHA with bridge.redis_calls \"script\"): either bridge.username / bridge.password in the filter configuration match no \"http_basic_auth\" entry of the \"acl\" in webdis.json, or that entry does not enable \"FCALL\" (\"EVALSHA\" for scripts)"
             ),
-            (Refused::Redis(message), MisconfigCause::ScriptLoadRefused) => write!(
-                f,
-                "{cause}: Redis refused SCRIPT LOAD ({message}): grant +script|load to {WEBDIS_REDIS_USER}"
-            ),
+            (Refused::Redis(message), MisconfigCause::ScriptLoadRefused) => {
+                let grant = self.command().unwrap_or("function|load");
+                write!(
+                    f,
+                    "{cause}: Redis refused the load of the decision code ({message}): grant +{grant} to {WEBDIS_REDIS_USER}"
+                )
+            }
             (Refused::Redis(message), _) => match self.command() {
                 Some(command) => write!(
                     f,
@@ -246,7 +249,7 @@ impl fmt::Display for Misconfiguration {
                 ),
                 None => write!(
                     f,
-                    "{cause}: Redis refused a command the decision script runs ({message}): grant every command docs/security.md lists to {WEBDIS_REDIS_USER}; `ACL LOG` as an admin user names the command"
+                    "{cause}: Redis refused a command the decision code runs ({message}): grant every command docs/security.md lists to {WEBDIS_REDIS_USER}; `ACL LOG` as an admin user names the command"
                 ),
             },
         }
@@ -332,6 +335,7 @@ mod tests {
                     "bridge.username",
                     "bridge.password",
                     "http_basic_auth",
+                    "\"FCALL\"",
                     "\"EVALSHA\"",
                 ],
             ),
@@ -418,7 +422,7 @@ mod tests {
                 ),
                 MisconfigCause::ScriptLoadRefused,
                 Some("script|load"),
-                &["SCRIPT LOAD", "+script|load", "redis.conf"],
+                &["load of the decision code", "+script|load", "redis.conf"],
             ),
         ];
         for (failure, cause, command, says) in cases {
