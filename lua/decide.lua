@@ -10,9 +10,10 @@
 -- ARGV[3]    number of requests R
 -- ARGV[4]    number of key budgets B, then four per budget: counter key index, new keys per
 --            window, window (ms), "shared" | "deny"
--- then the number of limit definitions D, then seven per definition: algorithm, limit,
---            window, burst, mode, budget index (0: none), overflow key index (0: none).
---            A batch's requests on one rule's limit share one definition.
+-- then the number of limit definitions D, then one argument per definition of seven
+--            fields joined by "~": algorithm, limit, window, burst, mode, budget index
+--            (0: none), overflow key index (0: none). A batch's requests on one rule's limit
+--            share one definition.
 --            The window is its length in ms (digits), or for fixed_window a calendar window:
 --            "D", "W" or "M" (a day, an ISO week from Monday, a month from the 1st), then its
 --            UTC offset in minutes, signed: "M+330" is a month at UTC+05:30, "D-300" a day at
@@ -34,8 +35,11 @@
 --            adjusts holds only refunds and settles, or none.
 --            or, for a concurrency limit (always), "hold": the limit adds the request's id
 --            (unique per request, the member its slot is held by).
--- then, per request: its number of limits n, then per limit: key index (into KEYS),
---            definition index, cost, then what its definition's mode adds (above).
+-- then, per request: its number of limits n, then per limit one argument of three fields
+--            joined by "~": key index (into KEYS), definition index, cost; then what its
+--            definition's mode adds (above), one argument each.
+-- A definition's or a limit's argument is read once and then found by its text (see
+-- DEFINITIONS and LIMITS below): a worker's calls repeat the same few.
 --
 -- Within a request, tokens are taken only if every enforced limit allows; then every limit
 -- that allows is charged (a shadow limit that refuses is not). Returns
@@ -89,7 +93,11 @@
 -- Redis Function (the library's top level runs once, at FUNCTION LOAD, and stays loaded) and as
 -- a script (EVALSHA runs it all on every call): nothing below may carry from one call to the
 -- next except through these, which open_call resets.
-local KEYS, ARGV, SLOT_MAP, redis_time, now, requests, BUDGETS, budget_count, NUMBERS
+local KEYS, ARGV, SLOT_MAP, redis_time, requests, BUDGETS, budget_count
+-- The call's clock: {str = Unix ns as its digits, ms = Unix ms}, filled in by open_call.
+local now = {}
+-- The key budgets of a call that has none.
+local NO_BUDGETS = {}
 
 local function time_now()
   redis_time = redis_time or redis.call('TIME')
@@ -127,9 +135,16 @@ end
 local FAST = {token_bucket = true, gcra = true, fixed_window = true,
   sliding_window_counter = true, sliding_window_log = true}
 
--- tonumber of an argument, remembered for the call: a batch repeats the same limit, window
--- and burst texts, and one table lookup costs far less than converting the text again.
--- (NUMBERS is per call: emptied by open_call.)
+-- Texts read as numbers, and definitions read from their texts, kept from call to call: a
+-- function library's top level, and what it holds, lives as long as the library (a script's
+-- is made again on every call). A worker's calls repeat the same few limits, counts and
+-- indexes, and a table lookup costs far less than tonumber of the text, or building the
+-- definition again. Each cache is emptied when it holds CACHE_MOST entries.
+local CACHE_MOST = 4096
+local NUMBERS, numbers_held = {}, 0
+local DEFINITIONS, definitions_held = {}, 0
+
+-- tonumber of an argument, through NUMBERS.
 local function number_of(text)
   if text == nil then
     return nil
@@ -137,7 +152,10 @@ local function number_of(text)
   local n = NUMBERS[text]
   if n == nil then
     n = tonumber(text) or false
-    NUMBERS[text] = n
+    if numbers_held >= CACHE_MOST then
+      NUMBERS, numbers_held = {}, 0
+    end
+    NUMBERS[text], numbers_held = n, numbers_held + 1
   end
   return n or nil
 end
@@ -172,95 +190,151 @@ local function read_mode(p, mode, x, y)
   return true
 end
 
+-- A definition from its texts (algorithm, limit, window, burst, mode), its key budget's
+-- index (0: none, else a number or nil when malformed) and overflow key.
+local function build_definition(name, limit, window_text, burst, mode, budget, overflow)
+  local window = number_of(window_text)
+  local def = {
+    algorithm_name = name,
+    algorithm = ALGORITHMS[name],
+    limit = number_of(limit),
+    window = window,
+    burst = number_of(burst),
+    mode = mode,
+    extras = EXTRAS[mode],
+  }
+  -- A concurrency limit holds a slot or releases it, and only it holds one.
+  local ok = def.extras ~= nil
+  if name == 'concurrency' then
+    ok = ok and (mode == 'hold' or mode == 'settle')
+  else
+    ok = ok and mode ~= 'hold' and (mode ~= 'after' or SETTLES[name] ~= nil)
+  end
+  if budget ~= 0 then
+    def.budget, def.overflow = budget, overflow
+    ok = ok and (mode == 'enforce' or mode == 'shadow') and BUDGETS[budget] and def.overflow
+  end
+  local window_ok = window and window > 0
+  if not window and name == 'fixed_window' then
+    def.calendar = calendar_of(window_text)
+    window_ok = def.calendar ~= nil
+  end
+  def.shadow, def.after = mode == 'shadow', mode == 'after'
+  def.ok = ok and def.algorithm and def.limit and def.limit >= 1 and window_ok
+    and def.burst and def.burst >= 1 and true or false
+  def.meta = {__index = def}
+  -- The one-limit requests decide_fast takes: no key budget, a window in ms.
+  if def.ok and FAST[name] and (mode == 'enforce' or mode == 'shadow') and not def.budget
+      and window then
+    def.fast = {algorithm = def.algorithm, alone = DECIDE_ALONE[name], limit = def.limit,
+      window = window, burst = def.burst}
+  end
+  return def
+end
+
+-- The fields of a definition's argument (see the layout above), or nil.
+local DEFINITION_FIELDS = '^([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)$'
+
+-- The definition an argument holds, or nil when it is not seven fields. One with no key
+-- budget is built once and then found in DEFINITIONS by its text; one with a key budget
+-- names this call's budget and overflow key, and is built for the call.
+local function definition_of(text)
+  local def = DEFINITIONS[text]
+  if def then
+    return def
+  end
+  local name, limit, window, burst, mode, budget, overflow = string.match(text or '',
+    DEFINITION_FIELDS)
+  if not name then
+    return nil
+  end
+  budget = number_of(budget)
+  if budget ~= 0 then
+    return build_definition(name, limit, window, burst, mode, budget,
+      KEYS[number_of(overflow) or 0])
+  end
+  def = build_definition(name, limit, window, burst, mode, 0, nil)
+  if definitions_held >= CACHE_MOST then
+    DEFINITIONS, definitions_held = {}, 0
+  end
+  DEFINITIONS[text], definitions_held = def, definitions_held + 1
+  return def
+end
+
 -- Reads the D limit definitions at `a`: returns them and the position after them, or nil when
 -- the layout is broken. A definition's fields are its limits' fields (its `meta` makes them
 -- so); `ok` is false when they are malformed, and each limit using it is refused alone.
 local function read_definitions(a)
-  local count = tonumber(ARGV[a])
-  if not whole(count) or a + 7 * count > #ARGV then
+  local count = number_of(ARGV[a])
+  if not whole(count) or a + count > #ARGV then
     return nil
   end
   local definitions = {}
   for d = 1, count do
-    local at = a + (d - 1) * 7
-    local name, mode = ARGV[at + 1], ARGV[at + 5]
-    local window = tonumber(ARGV[at + 3])
-    local def = {
-      algorithm_name = name,
-      algorithm = ALGORITHMS[name],
-      limit = tonumber(ARGV[at + 2]),
-      window = window,
-      burst = tonumber(ARGV[at + 4]),
-      mode = mode,
-      extras = EXTRAS[mode],
-    }
-    -- A concurrency limit holds a slot or releases it, and only it holds one.
-    local ok = def.extras ~= nil
-    if name == 'concurrency' then
-      ok = ok and (mode == 'hold' or mode == 'settle')
-    else
-      ok = ok and mode ~= 'hold' and (mode ~= 'after' or SETTLES[name] ~= nil)
-    end
-    local budget = tonumber(ARGV[at + 6])
-    if budget ~= 0 then
-      def.budget, def.overflow = budget, KEYS[tonumber(ARGV[at + 7]) or 0]
-      ok = ok and (mode == 'enforce' or mode == 'shadow') and BUDGETS[budget] and def.overflow
-    end
-    local window_ok = window and window > 0
-    if not window and name == 'fixed_window' then
-      def.calendar = calendar_of(ARGV[at + 3])
-      window_ok = def.calendar ~= nil
-    end
-    def.shadow, def.after = mode == 'shadow', mode == 'after'
-    def.ok = ok and def.algorithm and def.limit and def.limit >= 1 and window_ok
-      and def.burst and def.burst >= 1 and true or false
-    def.meta = {__index = def}
-    -- The one-limit requests decide_fast takes: no key budget, a window in ms.
-    if def.ok and FAST[name] and (mode == 'enforce' or mode == 'shadow') and not def.budget
-        and window then
-      def.fast = {algorithm = def.algorithm, alone = DECIDE_ALONE[name], limit = def.limit,
-        window = window, burst = def.burst}
+    local def = definition_of(ARGV[a + d])
+    if not def then
+      return nil
     end
     definitions[d] = def
   end
-  return definitions, a + 1 + 7 * count
+  return definitions, a + 1 + count
+end
+
+-- A limit's argument, "i~d~c" (key index, or "i:j" for a limit that reads its identity's
+-- override at KEYS[j]; definition index; cost), read once and then found in LIMITS by its
+-- text: {i, j, d, c}, each false when malformed; or false when the argument is not three
+-- fields.
+local LIMITS, limits_held = {}, 0
+local function limit_of(text)
+  local l = LIMITS[text or false]
+  if l ~= nil then
+    return l
+  end
+  l = false
+  local key, def, cost = string.match(text or '', '^([^~]*)~([^~]*)~([^~]*)$')
+  if key then
+    local i, j = tonumber(key), nil
+    if not i then
+      i, j = string.match(key, '^(%d+):(%d+)$')
+      i, j = tonumber(i), tonumber(j)
+    end
+    l = {i or false, j or false, tonumber(def) or false, tonumber(cost) or false}
+  end
+  if text then
+    if limits_held >= CACHE_MOST then
+      LIMITS, limits_held = {}, 0
+    end
+    LIMITS[text], limits_held = l, limits_held + 1
+  end
+  return l
 end
 
 -- Reads one request's limits from ARGV at `a`; returns the limits (or an error text) and
 -- the position after them, or nil when the layout itself is broken.
 local function read_request(a, definitions)
-  local n = tonumber(ARGV[a])
-  if not n or n < 1 or n ~= math.floor(n) or a + 3 * n > #ARGV then
+  local n = number_of(ARGV[a])
+  if not n or n < 1 or n ~= math.floor(n) or a + n > #ARGV then
     return nil
   end
   local limits, problem = {}, nil
   local b = a + 1
   for i = 1, n do
-    local def = definitions[number_of(ARGV[b + 1]) or 0]
-    if not def then
+    local l = limit_of(ARGV[b])
+    local def = l and definitions[l[3]]
+    if not def or b + def.extras > #ARGV then
       return nil
     end
-    if b + 2 + def.extras > #ARGV then
-      return nil
-    end
-    -- "i", or "i:j" for a limit that reads its identity's override at KEYS[j].
-    local key_index, override_index = number_of(ARGV[b]), nil
-    if not key_index then
-      key_index, override_index = string.match(ARGV[b], '^(%d+):(%d+)$')
-      key_index = tonumber(key_index)
-    end
-    local p = setmetatable({key = KEYS[key_index or 0], cost = number_of(ARGV[b + 2])},
-      def.meta)
-    local ok = def.ok and read_mode(p, def.mode, ARGV[b + 3], ARGV[b + 4])
-    if override_index then
-      p.override = KEYS[tonumber(override_index)]
+    local p = setmetatable({key = KEYS[l[1]], cost = l[4]}, def.meta)
+    local ok = def.ok and read_mode(p, def.mode, ARGV[b + 1], ARGV[b + 2])
+    if l[2] then
+      p.override = KEYS[l[2]]
       ok = ok and p.override
     end
     if not (ok and p.key and p.cost and p.cost >= 0) then
       problem = problem or ('ERR decide: bad arguments for limit ' .. i)
     end
     limits[i] = p
-    b = b + 3 + def.extras
+    b = b + 1 + def.extras
   end
   return problem or limits, b
 end
@@ -552,13 +626,14 @@ local function read_fast(a, definitions)
   if ARGV[a] ~= '1' then
     return nil
   end
-  local def = definitions[number_of(ARGV[a + 2]) or 0]
-  local p = def and def.fast
-  if not p then
+  local l = limit_of(ARGV[a + 1])
+  if not l or l[2] then
     return nil
   end
-  local key, cost = KEYS[number_of(ARGV[a + 1]) or 0], number_of(ARGV[a + 3])
-  if not (key and cost and cost >= 0) then
+  local def = definitions[l[3]]
+  local p = def and def.fast
+  local key, cost = KEYS[l[1]], l[4]
+  if not (p and key and cost and cost >= 0) then
     return nil
   end
   p.key, p.cost = key, cost
@@ -588,7 +663,7 @@ end
 -- budgets, into the call's state. Returns an error reply when the call cannot run, else nil.
 local function open_call(keys, args)
   KEYS, ARGV, SLOT_MAP = keys, args, false
-  redis_time, NUMBERS = nil, {}
+  redis_time = nil
   if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not string.match(ARGV[1], '^%d+$') then
     local count = tonumber(ARGV[2])
     if not count or count ~= math.floor(count) or count < 1 or count + 2 > #ARGV then
@@ -605,10 +680,10 @@ local function open_call(keys, args)
   end
 
   local deadline = ARGV[2]
-  if not deadline or not string.match(deadline, '^%d+$') then
-    return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
-  end
   if deadline ~= '0' then
+    if not deadline or not string.match(deadline, '^%d+$') then
+      return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
+    end
     local t = time_now()
     if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
       return redis.error_reply('EXPIRED decide: the call reached Redis after its deadline')
@@ -624,19 +699,19 @@ local function open_call(keys, args)
     return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
   end
   set_clock(now_str)
-  now = {str = now_str}
-  now.ms = elapsed_ms('0', now_str)
+  -- elapsed_ms('0', now_str), from the parts set_clock split.
+  now.str, now.ms = now_str, clock_s * 1000 + clock_ns / 1e6
 
-  requests = tonumber(ARGV[3])
+  requests = number_of(ARGV[3])
   if not whole(requests) then
     return redis.error_reply('ERR decide: bad request count')
   end
 
-  BUDGETS = {}
-  budget_count = tonumber(ARGV[4])
+  budget_count = number_of(ARGV[4])
   if not whole(budget_count) or 4 + 4 * budget_count > #ARGV then
     return redis.error_reply('ERR decide: bad key budget count')
   end
+  BUDGETS = budget_count > 0 and {} or NO_BUDGETS
   for b = 1, budget_count do
     local at = 4 + (b - 1) * 4
     local budget = {
@@ -678,7 +753,7 @@ local function decide(keys, args)
       else
         out[o + 1], out[o + 2] = -1, error_text(committed)
       end
-      a = a + 4
+      a = a + 2
     else
       local limits, next_a = read_request(a, definitions)
       if not limits then

@@ -3,7 +3,7 @@
 -- T = window / limit; a request may come up to `burst` intervals early.
 --
 -- State (a hash at the limit's key):
---   tat  theoretical arrival time, Unix ms (%.17g)
+--   tat  theoretical arrival time, Unix ms (a number Redis writes exactly, as tokens)
 -- Memory: one number per key. Expires when TAT has passed (the key would be fresh), + 60 s.
 algorithm('gcra', function(key, p, now)
   local interval = p.window / p.limit
@@ -21,7 +21,7 @@ algorithm('gcra', function(key, p, now)
   end
   return false, kept, tat - now.ms, math.ceil(allow_at - now.ms)
 end, function(key, new_tat, ttl)
-  redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
+  redis.call('HSET', key, 'tat', new_tat)
   redis.call('PEXPIRE', key, ttl)
 end)
 
@@ -39,7 +39,7 @@ REFUNDS.gcra = function(key, p, now)
   local without = charged_ms + (p.burst - p.left) * interval - p.cost * interval
   local back = p.cost * interval - math.max(0, now.ms - without)
   if back > 0 then
-    redis.call('HSET', key, 'tat', string.format('%.17g', stored - back))
+    redis.call('HSET', key, 'tat', stored - back)
   end
 end
 
@@ -53,7 +53,7 @@ SETTLES.gcra = function(key, p, now)
   end
   local tat = math.max(stored or now.ms, now.ms)
   local new_tat = math.max(now.ms, tat + p.delta * interval)
-  redis.call('HSET', key, 'tat', string.format('%.17g', new_tat))
+  redis.call('HSET', key, 'tat', new_tat)
   redis.call('PEXPIRE', key, math.ceil(new_tat - now.ms) + 60000)
 end
 

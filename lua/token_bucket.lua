@@ -2,7 +2,8 @@
 -- Smooth: a client that waits gets tokens back gradually; a full bucket allows a burst.
 --
 -- State (a hash at the limit's key):
---   tokens  tokens left after the last decision (%.17g: the stored float is exact)
+--   tokens  tokens left after the last decision, passed to Redis as a number, which writes
+--           it exactly (%.17g in Redis 7.0, the shortest text that reads back the same after)
 --   ts      Unix ns of the last decision, stored exactly as given, never moved back
 -- Memory: one small hash per key. Expires once the bucket would be full again, + 60 s.
 algorithm('token_bucket', function(key, p, now)
@@ -33,7 +34,7 @@ algorithm('token_bucket', function(key, p, now)
   end
   return false, tokens, kept_reset, math.ceil(ahead + (p.cost - tokens) / rate)
 end, function(key, left, stamp, ttl)
-  redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
+  redis.call('HSET', key, 'tokens', left, 'ts', stamp)
   redis.call('PEXPIRE', key, ttl)
 end)
 
@@ -52,7 +53,7 @@ REFUNDS.token_bucket = function(key, p, now)
   local most = p.left + math.max(0, elapsed_ms(p.charged_at, latest)) * rate
   local back = math.min(p.cost, p.burst - most)
   if back > 0 then
-    redis.call('HSET', key, 'tokens', string.format('%.17g', math.min(p.burst, tokens + back)))
+    redis.call('HSET', key, 'tokens', math.min(p.burst, tokens + back))
   end
 end
 
@@ -75,7 +76,7 @@ SETTLES.token_bucket = function(key, p, now)
   end
   local left = math.min(p.burst, tokens - p.delta)
   local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
-  redis.call('HSET', key, 'tokens', string.format('%.17g', left), 'ts', stamp)
+  redis.call('HSET', key, 'tokens', left, 'ts', stamp)
   redis.call('PEXPIRE', key, math.ceil(ahead + (p.burst - left) / rate) + 60000)
 end
 

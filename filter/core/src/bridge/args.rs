@@ -18,14 +18,21 @@ pub struct DecideCall {
     pub keys: Vec<String>,
     /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
     /// budget (counter key index, new keys, window ms, `shared` | `deny`), number of limit
-    /// definitions and seven values per definition (algorithm, limit, window ([`window_arg`]),
-    /// burst, mode, budget index or 0, overflow key index or 0), then per request its number
-    /// of limits and per limit its key index, definition index and cost, then what its mode
-    /// adds (`lease`: units and fraction; `hold`: the request's id; `settle`: the delta and
+    /// definitions and one argument per definition of seven fields joined by
+    /// [`FIELD_SEPARATOR`] (algorithm, limit, window ([`window_arg`]), burst, mode, budget
+    /// index or 0, overflow key index or 0), then per request its number of limits and per
+    /// limit one argument of three fields (key index, definition index, cost), then what its
+    /// mode adds (`lease`: units and fraction; `hold`: the request's id; `settle`: the delta and
     /// the slot's id or `0`; `refund`: the charge's clock and what it left). A batch's
     /// requests on one rule's limit share its definition.
     pub args: Vec<String>,
 }
+
+/// Joins the fields of a definition, and of a limit, into one argument: the script finds a
+/// definition or a limit it has read before by that one text (a function library keeps what it
+/// read from call to call), and Redis and Webdis handle one argument instead of several. Not
+/// percent-encoded in a path (as `/` between arguments would be), and in no field.
+pub const FIELD_SEPARATOR: char = '~';
 
 /// What a limit's definition holds: everything but its key, cost and per-request mode values.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,22 +62,26 @@ impl Definitions {
         let next = self.index.len() + 1;
         let args = &mut self.args;
         *self.index.entry(definition).or_insert_with_key(|d| {
-            args.extend([
-                d.algorithm.to_string(),
-                d.per_window.to_string(),
-                d.window.clone(),
-                d.burst.to_string(),
-                d.mode.to_string(),
-                d.budget.to_string(),
-                d.overflow.to_string(),
-            ]);
+            let Definition {
+                algorithm,
+                per_window,
+                window,
+                burst,
+                mode,
+                budget,
+                overflow,
+            } = d;
+            args.push(format!(
+                "{algorithm}~{per_window}~{window}~{burst}~{mode}~{budget}~{overflow}"
+            ));
             next
         })
     }
 }
 
-/// Writes one limit of a request: its key index (with its override's, `i:j`, for a limit that
-/// reads one), its definition's index, its cost, then its mode's values.
+/// Writes one limit of a request: one argument of its key index (with its override's, `i:j`,
+/// for a limit that reads one), its definition's index and its cost, joined by
+/// [`FIELD_SEPARATOR`]; then its mode's values, one argument each.
 fn push_limit(
     body: &mut Vec<String>,
     definitions: &mut Definitions,
@@ -89,9 +100,8 @@ fn push_limit(
         budget,
         overflow,
     };
-    body.push(key_index);
-    body.push(definitions.index_of(definition).to_string());
-    body.push(c.cost.to_string());
+    let definition = definitions.index_of(definition);
+    body.push(format!("{key_index}~{definition}~{}", c.cost));
     body.extend(extras);
 }
 

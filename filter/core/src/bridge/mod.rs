@@ -11,7 +11,7 @@ mod reply;
 mod request;
 mod size;
 
-pub use args::{lease_units, DecideCall, FRACTION_DECIMALS};
+pub use args::{lease_units, DecideCall, FIELD_SEPARATOR, FRACTION_DECIMALS};
 pub use failure::{
     BridgeCall, BridgeFailure, FailureCause, MisconfigCause, Misconfiguration, Refused,
 };

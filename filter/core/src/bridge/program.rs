@@ -124,10 +124,9 @@ mod tests {
             function.parse_load_reply(ok(r#"{"FUNCTION":"other"}"#)),
             Err(BridgeFailure::BadReply(_))
         ));
-        assert!(matches!(
-            function.parse_load_reply(ok(r#"{"FUNCTION":[false,"ERR Error compiling function"]}"#)),
-            Err(_)
-        ));
+        assert!(function
+            .parse_load_reply(ok(r#"{"FUNCTION":[false,"ERR Error compiling function"]}"#))
+            .is_err());
         let script = Program::new(CallKind::Script);
         let mine = format!(r#"{{"SCRIPT":"{}"}}"#, script.handle);
         assert_eq!(script.parse_load_reply(ok(&mine)), Ok(()));
