@@ -20,8 +20,8 @@ OLD_README = """```yaml
 """
 
 # docs/security.md's table as it was: PTTL, which the `default` user has, missing.
-OLD_TABLE = """Webdis logs in as the `default` user, which may run only `EVALSHA`, `SCRIPT LOAD` and
-the commands the scripts call:
+OLD_TABLE = """Webdis logs in as the `default` user, which may run only `FCALL`, `FUNCTION LOAD`,
+`EVALSHA`, `SCRIPT LOAD` and the commands the decision code calls:
 
 <!-- commands of: envoy/redis.conf user default -->
 | command | used by |

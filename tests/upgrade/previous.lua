@@ -1,5 +1,5 @@
 -- The decision script of the previous call layout (nine arguments per limit, every request
--- through the general path), composed as the filter composed it: tests/tests/upgrade.rs runs
+-- through the general path), composed as the filter composed it: tests/tests/lua_upgrade.rs runs
 -- it beside the current one on the same keys, as a fleet upgraded one replica at a time does.
 -- Shared part of the decision script. The filter sends ONE script to Redis: this file, then
 -- one file per algorithm, then decide.lua, concatenated (see filter/core/src/lib.rs). Each
