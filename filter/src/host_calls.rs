@@ -423,7 +423,7 @@ fn a_request_served_from_a_lease() {
             e.borrow()
                 .dispatched
                 .last()
-                .is_some_and(|d| d.2.contains("/lease/"))
+                .is_some_and(|d| d.2.contains("~lease~"))
         });
         // Granted 4 requests' worth (this one and 3 held), whole again in 30 s.
         let body = if leasing {
@@ -551,7 +551,7 @@ fn a_request_keyed_and_planned_by_claims_reads_each_claim_once() {
         "keyed on the claim: {path}"
     );
     assert!(
-        path.contains("/token_bucket/5/60000/"),
+        path.contains("/token_bucket~5~60000~"),
         "the free plan's numbers: {path}"
     );
 }

@@ -135,6 +135,9 @@ pub struct Script {
     pub conn: RedisConn,
     pub sha: String,
     pub program: Program,
+    /// Sends each field of a definition's or a limit's argument as an argument of its own:
+    /// the layout of the releases before those fields were joined (`tests/upgrade/`).
+    pub fields_apart: bool,
 }
 
 impl Script {
@@ -163,13 +166,19 @@ impl Script {
             .text();
         assert_eq!(loaded, function.library_name(), "the library loads");
         let program = Program::new(kind);
-        Script { conn, sha, program }
+        Script {
+            conn,
+            sha,
+            program,
+            fields_apart: false,
+        }
     }
 
     /// The command the filter would send for these requests, built by the filter's builder.
     pub fn command(&self, clock: &str, requests: &[&[L]]) -> Vec<String> {
         self.decide_call(clock, requests)
             .command(self.program.command(), &self.program.handle)
+            .pipe_layout(self.fields_apart)
     }
 
     /// [`Script::command`] as a Redis Cluster call for several slots of one node sends it:
@@ -177,6 +186,7 @@ impl Script {
     pub fn command_on_node(&self, clock: &str, requests: &[&[L]], ask_map: bool) -> Vec<String> {
         self.decide_call(clock, requests)
             .command_on_node("EVALSHA", &self.sha, ask_map)
+            .pipe_layout(self.fields_apart)
     }
 
     fn decide_call(&self, clock: &str, requests: &[&[L]]) -> DecideCall {
@@ -205,7 +215,8 @@ impl Script {
     pub fn call_with_deadline(&mut self, clock: &str, deadline_ms: u128, limits: &[L]) -> Resp {
         let checks: Vec<LimitCheck> = limits.iter().map(L::check).collect();
         let command = DecideCall::new(clock, deadline_ms, [&checks[..]])
-            .command(self.program.command(), &self.program.handle);
+            .command(self.program.command(), &self.program.handle)
+            .pipe_layout(self.fields_apart);
         self.conn.cmd(&command).unwrap()
     }
 
@@ -344,7 +355,8 @@ impl Script {
             left,
         };
         let command = DecideCall::refund(clock, 0, &[refund])
-            .command(self.program.command(), &self.program.handle);
+            .command(self.program.command(), &self.program.handle)
+            .pipe_layout(self.fields_apart);
         let items = self.conn.cmd(&command).unwrap().items();
         assert_eq!(
             (items[0].int(), items[1].int(), items[2].int()),
@@ -362,12 +374,30 @@ impl Script {
             delta,
         };
         let command = DecideCall::settle(clock, 0, &[settlement])
-            .command(self.program.command(), &self.program.handle);
+            .command(self.program.command(), &self.program.handle)
+            .pipe_layout(self.fields_apart);
         let items = self.conn.cmd(&command).unwrap().items();
         assert_eq!(
             (items[0].int(), items[1].int(), items[2].int()),
             (1, 1, 1),
             "{items:?}"
         );
+    }
+}
+
+/// A command as [`Script::fields_apart`] asks for it.
+trait Layout {
+    fn pipe_layout(self, fields_apart: bool) -> Vec<String>;
+}
+
+impl Layout for Vec<String> {
+    fn pipe_layout(self, fields_apart: bool) -> Vec<String> {
+        if !fields_apart {
+            return self;
+        }
+        self.iter()
+            .flat_map(|arg| arg.split(ratelimit_core::bridge::FIELD_SEPARATOR))
+            .map(str::to_string)
+            .collect()
     }
 }

@@ -98,8 +98,11 @@ fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request()
     }
     // An algorithm the script does not know.
     let mut command = s.command("1", &[std::slice::from_ref(&good)]);
-    let at = command.iter().position(|a| a == "token_bucket").unwrap();
-    command[at] = "leaky_bucket".into();
+    let at = command
+        .iter()
+        .position(|a| a.starts_with("token_bucket~"))
+        .unwrap();
+    command[at] = command[at].replace("token_bucket", "leaky_bucket");
     let items = s.conn.cmd(&command).unwrap().items();
     assert_eq!((items[0].int(), items[1].int()), (1, -1));
     assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");
@@ -107,8 +110,13 @@ fn a_bad_clock_or_layout_fails_the_call_and_bad_limits_fail_only_their_request()
     let fixed = limit("rl:t:bad-fixed", Algorithm::FixedWindow, 1, 1000);
     for window in ["Y+0", "M330", "M+", "M+-5", "month", "D+1.5"] {
         let mut command = s.command("1", &[std::slice::from_ref(&fixed)]);
-        let at = command.iter().position(|a| a == "fixed_window").unwrap() + 2;
-        command[at] = window.into();
+        let at = command
+            .iter()
+            .position(|a| a.starts_with("fixed_window~"))
+            .unwrap();
+        let mut fields: Vec<&str> = command[at].split('~').collect();
+        fields[2] = window;
+        command[at] = fields.join("~");
         let items = s.conn.cmd(&command).unwrap().items();
         assert_eq!((items[0].int(), items[1].int()), (1, -1), "{window}");
         assert_eq!(items[2].text(), "ERR decide: bad arguments for limit 1");

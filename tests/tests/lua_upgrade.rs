@@ -121,7 +121,12 @@ fn release_before_functions(redis: &Redis) -> Script {
         kind: CallKind::Script,
         handle: sha.clone(),
     };
-    Script { conn, sha, program }
+    Script {
+        conn,
+        sha,
+        program,
+        fields_apart: true,
+    }
 }
 
 /// A replica of this release: its library loaded, its function called with `FCALL`, as the

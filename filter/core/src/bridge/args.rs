@@ -471,13 +471,13 @@ mod tests {
             "1764489269123456789", "1764489269273", "2", "0",
             // Two definitions; the second request's limit shares the first's.
             "2",
-            "token_bucket", "10", "60000", "20", "enforce", "0", "0",
-            "fixed_window", "10", "60000", "20", "shadow", "0", "0",
+            "token_bucket~10~60000~20~enforce~0~0",
+            "fixed_window~10~60000~20~shadow~0~0",
             "2",
-            "1", "1", "1",
-            "2", "2", "1",
+            "1~1~1",
+            "2~2~1",
             "1",
-            "1", "1", "1",
+            "1~1~1",
         ];
         assert_eq!(segments, want);
         assert_eq!(req.method, "GET");
@@ -529,15 +529,15 @@ mod tests {
             "1", "2", "1000", "60000", "deny",
             // One definition per overflow state (the budget is shared), one for gcra.
             "3",
-            "token_bucket", "10", "60000", "20", "enforce", "1", "3",
-            "token_bucket", "10", "60000", "20", "enforce", "1", "5",
-            "gcra", "10", "60000", "20", "shadow", "0", "0",
+            "token_bucket~10~60000~20~enforce~1~3",
+            "token_bucket~10~60000~20~enforce~1~5",
+            "gcra~10~60000~20~shadow~0~0",
             "2",
-            "1", "1", "1",
-            "4", "2", "1",
+            "1~1~1",
+            "4~2~1",
             "2",
-            "6", "3", "1",
-            "7", "1", "1",
+            "6~3~1",
+            "7~1~1",
         ];
         assert_eq!(call.args, want);
         let path = crate::program::Program::script_named("").decide(&call).path;
@@ -564,15 +564,18 @@ mod tests {
         };
         let checks = [calendar(Month, 330), calendar(Day, -300), calendar(Week, 0)];
         let call = DecideCall::new("1", 0, [&checks[..]]);
-        // clock, deadline, 1 request, 0 budgets, 3 definitions of seven values.
+        // clock, deadline, 1 request, 0 budgets, 3 definitions of seven fields.
         assert_eq!(call.args[4], "3");
-        let windows: Vec<&str> = call.args[5..26].chunks(7).map(|a| a[2].as_str()).collect();
+        let windows: Vec<&str> = call.args[5..8]
+            .iter()
+            .filter_map(|d| d.split(FIELD_SEPARATOR).nth(2))
+            .collect();
         assert_eq!(windows, ["M+330", "D-300", "W+0"]);
         let path = crate::program::Program::script_named("sha")
             .decide(&call)
             .path;
         assert!(
-            path.contains("/M%2B330/") && path.contains("/D-300/"),
+            path.contains("~M%2B330~") && path.contains("~D-300~"),
             "{path}"
         );
     }
@@ -589,9 +592,9 @@ mod tests {
             0,
             [&checks[..]],
         ));
-        // "", EVALSHA, sha, 1, the key, clock, deadline, 1, 0, 1, seven for the definition,
-        // then 1 and the limit's key index, definition index and cost.
-        assert_eq!(req.path.split('/').count(), 21);
+        // "", EVALSHA, sha, 1, the key, clock, deadline, 1, 0, 1, the definition, then 1 and
+        // the limit.
+        assert_eq!(req.path.split('/').count(), 13);
         assert!(!req.path.contains(".json"));
     }
 }

@@ -494,9 +494,9 @@ mod tests {
             .decide(&DecideCall::leasing(&clock, 0, [(&plain[..], Some(1))]))
             .path;
         // The definition says `lease`; the limit adds its units and fraction after its cost.
-        assert!(leasing.contains("/lease/0/0/"), "{leasing}");
+        assert!(leasing.contains("~lease~0~0/"), "{leasing}");
         assert!(
-            leasing.contains("/18446744073709551615/18446744073709551615/0%2E000001/"),
+            leasing.contains("~18446744073709551615/18446744073709551615/0%2E000001/"),
             "{leasing}"
         );
         let refunds: Vec<Refund> = plain

@@ -1,6 +1,8 @@
 //! A decision call's path read back into its limits, for tests that check what was sent:
 //! the layout `lua/decide.lua` reads (see `bridge::DecideCall`).
 
+use crate::bridge::FIELD_SEPARATOR;
+
 /// One limit of a call as sent: its definition's values, its own and its mode's, as the
 /// path's segments (percent-encoded: `0%2E5` is `0.5`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,12 +29,15 @@ fn extras(mode: &str) -> usize {
     }
 }
 
-/// The limits of the call at `path` (`/EVALSHA/sha/numkeys/keys.../args...`, or a Redis
-/// Cluster call for several slots of one node, `/EVALSHA/sha/0/first/K/map/others.../args...`),
+/// The limits of the call at `path` (`/FCALL/name/numkeys/keys.../args...` or the same with
+/// `EVALSHA/sha`, or a Redis Cluster call for several slots of one node,
+/// `/EVALSHA/sha/0/first/K/map/others.../args...`),
 /// in order; None when the path is not laid out as a decision call.
 pub fn sent_limits(path: &str) -> Option<Vec<SentLimit>> {
     let parts: Vec<&str> = path.split('/').collect();
     let number = |i: usize| parts.get(i)?.parse::<usize>().ok();
+    let fields =
+        |i: usize| -> Option<Vec<&str>> { Some(parts.get(i)?.split(FIELD_SEPARATOR).collect()) };
     // A decision declares at least one key: none declared is a call for one node.
     let args = match number(3)? {
         0 => 6 + number(5)?,
@@ -42,32 +47,35 @@ pub fn sent_limits(path: &str) -> Option<Vec<SentLimit>> {
     let budgets = number(args + 3)?;
     let definitions_at = args + 4 + 4 * budgets;
     let definitions = number(definitions_at)?;
-    let definition = |d: usize| -> Option<&[&str]> {
-        let at = definitions_at + 1 + (d.checked_sub(1)?) * 7;
-        parts.get(at..at + 7)
+    let definition = |d: usize| -> Option<Vec<&str>> {
+        let def = fields(definitions_at + d.checked_sub(1)? + 1)?;
+        (def.len() == 7).then_some(def)
     };
-    let mut at = definitions_at + 1 + 7 * definitions;
+    let mut at = definitions_at + 1 + definitions;
     let mut limits = Vec::new();
     for request in 0..requests {
         let n = number(at)?;
         at += 1;
         for _ in 0..n {
-            let own = parts.get(at..at + 3)?;
-            let def = definition(own[1].parse().ok()?)?;
+            let own = fields(at)?;
+            let [key_index, def_index, cost] = own.as_slice() else {
+                return None;
+            };
+            let def = definition(def_index.parse().ok()?)?;
             let count = extras(def[4]);
-            let values = parts.get(at + 3..at + 3 + count)?;
+            let values = parts.get(at + 1..at + 1 + count)?;
             limits.push(SentLimit {
                 request,
-                key_index: own[0].to_string(),
+                key_index: key_index.to_string(),
                 algorithm: def[0].to_string(),
                 limit: def[1].to_string(),
                 window: def[2].to_string(),
                 burst: def[3].to_string(),
                 mode: def[4].to_string(),
-                cost: own[2].to_string(),
+                cost: cost.to_string(),
                 values: values.iter().map(|v| v.to_string()).collect(),
             });
-            at += 3 + count;
+            at += 1 + count;
         }
     }
     (at == parts.len()).then_some(limits)

@@ -135,7 +135,7 @@ fn held_lease_units_keep_the_timer_until_they_are_given_back() {
     h.now = Some(T0 + 1000 * MS);
     e.on_tick(&c, &mut h);
     assert_eq!(h.count_of(Counter::LeaseUnitsReturned), 3);
-    assert!(h.dispatched.last().unwrap().1.path.contains("/refund/"));
+    assert!(h.dispatched.last().unwrap().1.path.contains("~refund~"));
     assert!(!e.needs_tick(), "the give-back's reply is not waited for");
     tick_until_stopped(&mut e, &c, &mut h, 1025, IDLE_TICKS);
 }

@@ -102,7 +102,7 @@ fn after_a_lease_that_served_nothing_a_key_asks_again_only_when_it_earns_one_aga
         h.now = Some(T0 + at * MS);
         ask_k(&mut e, &c, &mut h, ctx);
         let (token, call, _) = h.dispatched.last().cloned().unwrap();
-        assert!(!call.path.contains("/lease/"), "{ctx}: {}", call.path);
+        assert!(!call.path.contains("~lease~"), "{ctx}: {}", call.path);
         e.on_reply(&c, &mut h, Some(ctx), token, ok(&reply(&[R::Allow(5)])));
     }
     // The fourth request within a lease's time (1,500 to 2,400 ms): a lease of 2 again.
@@ -136,7 +136,7 @@ fn a_key_back_about_once_a_lease_time_sends_plain_decisions_and_a_busy_key_gets_
         );
         let (token, call, _) = h.dispatched.last().cloned().unwrap();
         assert!(
-            !call.path.contains("/lease/"),
+            !call.path.contains("~lease~"),
             "request {i} of the slow key asks for a lease: {}",
             call.path
         );
@@ -231,7 +231,7 @@ fn near_the_limit_a_decision_is_the_request_alone_and_a_refusal_leases_nothing()
     e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(1)])));
     // No lease: the next request is decided in Redis, and asks again.
     assert_eq!(ask_k(&mut e, &c, &mut h, 2), Verdict::Pause);
-    assert!(h.dispatched[1].1.path.contains("/lease/"));
+    assert!(h.dispatched[1].1.path.contains("~lease~"));
     e.on_reply(&c, &mut h, Some(2), 2, ok(&reply(&[R::Refuse(6000)])));
     assert_eq!(h.statuses(), vec![(2, 429)]);
     assert_eq!(h.count_of(Counter::LeaseGrants), 0);
@@ -239,7 +239,7 @@ fn near_the_limit_a_decision_is_the_request_alone_and_a_refusal_leases_nothing()
     assert_eq!(ask_k(&mut e, &c, &mut h, 3), Verdict::Pause);
     assert_eq!(h.dispatched.len(), 2);
     arrive(&mut e, &c, &mut h, 4, &req("/", "other"));
-    assert!(h.dispatched[2].1.path.contains("/lease/"));
+    assert!(h.dispatched[2].1.path.contains("~lease~"));
 }
 
 #[test]
@@ -321,7 +321,7 @@ fn give_backs_due_while_the_breaker_is_open_are_sent_once_it_closes() {
         3,
         "the units kept while the breaker was open are given back"
     );
-    assert!(h.dispatched[3].1.path.contains("/refund/"));
+    assert!(h.dispatched[3].1.path.contains("~refund~"));
 }
 
 #[test]
@@ -331,7 +331,7 @@ fn a_give_back_has_the_time_of_a_decision_to_reach_redis() {
     h.now = Some(T0 + 1000 * MS);
     e.on_tick(&c, &mut h);
     let (_, call, timeout) = h.dispatched.last().cloned().unwrap();
-    assert!(call.path.contains("/refund/"), "{}", call.path);
+    assert!(call.path.contains("~refund~"), "{}", call.path);
     assert_eq!(timeout, Duration::from_millis(150));
     let segments: Vec<&str> = call.path.split('/').collect();
     let keys: usize = segments[3].parse().unwrap();
@@ -360,11 +360,11 @@ fn a_call_lost_with_its_stream_leaves_its_keys_free_to_ask_for_a_lease() {
     let (c, mut e, mut h) = earned(LEASING);
     // Sent from its own context, asking for a lease; the stream ends before the reply.
     assert_eq!(ask_k(&mut e, &c, &mut h, 1), Verdict::Pause);
-    assert!(h.dispatched[0].1.path.contains("/lease/"));
+    assert!(h.dispatched[0].1.path.contains("~lease~"));
     e.forget(&c, &mut h, 1);
     assert_eq!(e.load(), (0, 0));
     // The next request of the key asks for a lease again.
     ask_k(&mut e, &c, &mut h, 2);
     let (_, call, _) = h.dispatched.last().cloned().unwrap();
-    assert!(call.path.contains("/lease/"), "{}", call.path);
+    assert!(call.path.contains("~lease~"), "{}", call.path);
 }

@@ -120,7 +120,7 @@ fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
         .starts_with(&format!("/FCALL/{}/", c.program.handle)));
     assert!(
         call.path
-            .contains("/1000000000000/1002150/1/0/1/token_bucket/"),
+            .contains("/1000000000000/1002150/1/0/1/token_bucket~"),
         "{}",
         call.path
     );
@@ -576,7 +576,7 @@ fn earn_with(e: &mut Engine, c: &Config, request: &FakeRequest) {
         h.now = Some(T0 - 10 * MS * (EARN - i) as u128);
         arrive(e, c, &mut h, 1000 + i as u32, request);
         let (token, call, _) = h.dispatched.last().cloned().unwrap();
-        assert!(!call.path.contains("/lease/"), "{}", call.path);
+        assert!(!call.path.contains("~lease~"), "{}", call.path);
         e.on_reply(c, &mut h, None, token, ok(&reply(&[R::Allow(9)])));
     }
     e.on_tick(c, &mut h);

@@ -562,7 +562,7 @@ fn ride(e: &mut Engine, c: &Config, h: &mut FakeHost, usage: u64) -> (u32, Strin
 fn a_settlement_rides_on_the_next_decision_call_from_the_root() {
     let (c, mut e, mut h) = metered("");
     let (token, path) = ride(&mut e, &c, &mut h, 30);
-    assert!(path.contains("/enforce/"), "a decision call: {path}");
+    assert!(path.contains("~enforce~"), "a decision call: {path}");
     assert_eq!(settled(&path), [-70], "with the give-back: {path}");
     let calls = h.dispatched.len();
     // Its reply: stream 3's decision, then the settlement's entry.
