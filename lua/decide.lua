@@ -100,34 +100,33 @@ local now = {}
 local NO_BUDGETS = {}
 
 local function time_now()
-  redis_time = redis_time or redis.call('TIME')
+  redis_time = redis_time or rcall('TIME')
   return redis_time
 end
 
 -- A reply number: a whole one as an integer (no text to format), else its text (Redis would
 -- truncate a Lua number with a fraction).
 local function wire_number(x)
-  if x == math.floor(x) then
+  if x == floor(x) then
     return x
   end
   return tostring(x)
 end
 
 local function whole(v)
-  return v and v >= 0 and v == math.floor(v)
+  return v and v >= 0 and v == floor(v)
 end
 
 -- A calendar window argument ("M+330"): {unit = "D" | "W" | "M", offset = ms east of UTC},
 -- or nil.
 local function calendar_of(text)
-  local unit, sign, minutes = string.match(text, '^([DWM])([+-])(%d+)$')
+  local unit, sign, minutes = match(text, '^([DWM])([+-])(%d+)$')
   minutes = tonumber(minutes)
   if not unit or minutes > 840 then
     return nil
   end
   return {unit = unit, offset = (sign == '-' and -minutes or minutes) * 60000}
 end
-
 
 -- A request of one limit in mode "enforce" or "shadow", with no key budget or override, on an
 -- algorithm whose window is its length in ms: the shape of nearly every decision. It is
@@ -139,8 +138,7 @@ local FAST = {token_bucket = true, gcra = true, fixed_window = true,
 -- function library's top level, and what it holds, lives as long as the library (a script's
 -- is made again on every call). A worker's calls repeat the same few limits, counts and
 -- indexes, and a table lookup costs far less than tonumber of the text, or building the
--- definition again. Each cache is emptied when it holds CACHE_MOST entries.
-local CACHE_MOST = 4096
+-- definition again. Each cache is emptied when it holds CACHE_MOST entries (lib.lua).
 local NUMBERS, numbers_held = {}, 0
 local DEFINITIONS, definitions_held = {}, 0
 
@@ -170,7 +168,7 @@ local function read_mode(p, mode, x, y)
   local concurrency = name == 'concurrency'
   if mode == 'refund' then
     p.refund, p.charged_at, p.left = REFUNDS[name], x, tonumber(y)
-    return p.refund and string.match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
+    return p.refund and match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
   elseif mode == 'lease' then
     local lease = {max_units = tonumber(x), fraction = tonumber(y)}
     p.lease = lease
@@ -181,7 +179,7 @@ local function read_mode(p, mode, x, y)
     if concurrency then
       p.member = y
     end
-    return p.settle and p.delta and p.delta == math.floor(p.delta)
+    return p.settle and p.delta and p.delta == floor(p.delta)
       and (not concurrency or y ~= '')
   elseif mode == 'hold' then
     p.member = x
@@ -243,7 +241,7 @@ local function definition_of(text)
   if def then
     return def
   end
-  local name, limit, window, burst, mode, budget, overflow = string.match(text or '',
+  local name, limit, window, burst, mode, budget, overflow = match(text or '',
     DEFINITION_FIELDS)
   if not name then
     return nil
@@ -264,12 +262,17 @@ end
 -- Reads the D limit definitions at `a`: returns them and the position after them, or nil when
 -- the layout is broken. A definition's fields are its limits' fields (its `meta` makes them
 -- so); `ok` is false when they are malformed, and each limit using it is refused alone.
+local DEFS = {}
 local function read_definitions(a)
   local count = number_of(ARGV[a])
   if not whole(count) or a + count > #ARGV then
     return nil
   end
-  local definitions = {}
+  -- Kept from call to call like REPLY, emptied past this call's count.
+  local definitions = DEFS
+  for d = #definitions, count + 1, -1 do
+    definitions[d] = nil
+  end
   for d = 1, count do
     local def = definition_of(ARGV[a + d])
     if not def then
@@ -291,11 +294,11 @@ local function limit_of(text)
     return l
   end
   l = false
-  local key, def, cost = string.match(text or '', '^([^~]*)~([^~]*)~([^~]*)$')
+  local key, def, cost = match(text or '', '^([^~]*)~([^~]*)~([^~]*)$')
   if key then
     local i, j = tonumber(key), nil
     if not i then
-      i, j = string.match(key, '^(%d+):(%d+)$')
+      i, j = match(key, '^(%d+):(%d+)$')
       i, j = tonumber(i), tonumber(j)
     end
     l = {i or false, j or false, tonumber(def) or false, tonumber(cost) or false}
@@ -313,7 +316,7 @@ end
 -- the position after them, or nil when the layout itself is broken.
 local function read_request(a, definitions)
   local n = number_of(ARGV[a])
-  if not n or n < 1 or n ~= math.floor(n) or a + n > #ARGV then
+  if not n or n < 1 or n ~= floor(n) or a + n > #ARGV then
     return nil
   end
   local limits, problem = {}, nil
@@ -354,7 +357,7 @@ local MAX_STATE_LIFETIME_MS = 2 * 366 * 86400000
 local EXPIRED_KEPT_MS = 60000
 local HAS_BURST = {token_bucket = true, gcra = true}
 local function read_override(p)
-  local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
+  local o = rpcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
   if type(o) ~= 'table' or o.err then
     return 8
   end
@@ -363,7 +366,7 @@ local function read_override(p)
     return (o[2] or o[3] or o[4]) and 8 or 0
   end
   local function number(text)
-    return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
+    return text and match(text, '^[1-9]%d*$') and tonumber(text)
   end
   if o[4] then
     local expiry = number(o[4])
@@ -371,8 +374,8 @@ local function read_override(p)
       return 8
     end
     if expiry <= now.ms then
-      if redis.call('PTTL', p.override) == -1 then
-        redis.call('PEXPIRE', p.override, EXPIRED_KEPT_MS)
+      if rcall('PTTL', p.override) == -1 then
+        rcall('PEXPIRE', p.override, EXPIRED_KEPT_MS)
       end
       return 0
     end
@@ -406,9 +409,9 @@ end
 local function blocked_decision(p)
   local wait
   if p.override_until then
-    wait = math.ceil(p.override_until - now.ms)
+    wait = ceil(p.override_until - now.ms)
   else
-    local ttl = redis.call('PTTL', p.override)
+    local ttl = rcall('PTTL', p.override)
     wait = ttl > 0 and ttl or 0
   end
   return {allowed = false, kept_remaining = 0, kept_reset = wait, retry = wait,
@@ -446,11 +449,11 @@ local function apply_budgets(limits)
     end
   end
   for _, u in ipairs(order) do
-    if redis.call('EXISTS', unpack(u.keys)) == 0 then
+    if rcall('EXISTS', unpack(u.keys)) == 0 then
       local b = u.budget
-      local state = redis.call('HMGET', b.key, 'w', 'n')
+      local state = rcall('HMGET', b.key, 'w', 'n')
       local counted = tonumber(state[1])
-      u.window = math.floor(now.ms / b.window)
+      u.window = floor(now.ms / b.window)
       -- A call stamped before the window the counter is in (calls reach Redis out of their
       -- clocks' order) counts in that newer window: restarting its own would let the newer
       -- window count from 0 again.
@@ -467,7 +470,7 @@ local function apply_budgets(limits)
     if u and u.over then
       p.over = true
       if u.budget.deny then
-        p.refuse_ms = math.max(1, math.ceil((u.window + 1) * u.budget.window - now.ms))
+        p.refuse_ms = max(1, ceil((u.window + 1) * u.budget.window - now.ms))
       else
         p.key = p.overflow
       end
@@ -487,9 +490,9 @@ local function charge_budgets(order, limits, charged)
         end
       end
       if used then
-        redis.call('HSET', u.budget.key, 'w', string.format('%d', u.window),
-          'n', string.format('%d', u.count + 1))
-        redis.call('PEXPIRE', u.budget.key, math.ceil(2 * u.budget.window))
+        rcall('HSET', u.budget.key, 'w', format('%d', u.window),
+          'n', format('%d', u.count + 1))
+        rcall('PEXPIRE', u.budget.key, ceil(2 * u.budget.window))
       end
     end
   end
@@ -521,17 +524,17 @@ end
 -- How many requests' worth of units a committed request takes (1: itself alone), and the
 -- decisions that charge them; see "Leases" above.
 local function lease_of(limits, decisions)
-  local k = math.huge
+  local k = huge
   for i, p in ipairs(limits) do
     if not p.lease or p.unlimited or p.blocked then
       return 1, decisions
     end
     if p.cost > 0 then
-      local room = math.min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
-      k = math.min(k, math.floor(room / p.cost))
+      local room = min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
+      k = min(k, floor(room / p.cost))
     end
   end
-  if k == math.huge or k < 2 then
+  if k == huge or k < 2 then
     return 1, decisions
   end
   local leased = {}
@@ -599,8 +602,8 @@ local function decide_request(limits)
     reply[#reply + 1] = outcome
     -- Debt is never shown as a negative remaining.
     local left = charged[i] and d.taken_remaining or d.kept_remaining
-    reply[#reply + 1] = wire_number(math.max(0, left))
-    reply[#reply + 1] = math.ceil(charged[i] and d.taken_reset or d.kept_reset)
+    reply[#reply + 1] = wire_number(max(0, left))
+    reply[#reply + 1] = ceil(charged[i] and d.taken_reset or d.kept_reset)
     reply[#reply + 1] = d.retry
   end
   if budgets then
@@ -617,7 +620,6 @@ local function error_text(e)
   end
   return tostring(e)
 end
-
 
 -- The fast request's limit (its definition's `fast`, with the request's key and cost) and
 -- whether it is a shadow one; nil when the request at `a` is not of that shape (then the
@@ -640,23 +642,64 @@ local function read_fast(a, definitions)
   return p, def.shadow
 end
 
--- Decides the fast request: charged when its limit allows, committed unless an enforced
--- limit refused; the reply's values after n as decide_request gives them.
-local function fast_request(p, shadow)
-  local alone = p.alone
-  if alone then
-    local allowed, left, reset, retry = alone(p.key, p, now)
-    return (allowed or shadow) and 1 or 0, allowed and 1 or 0,
-      wire_number(math.max(0, left)), math.ceil(reset), retry
+local BROKEN = 'ERR decide: expected the limit definitions, then per request n and its limits'
+
+-- The reply's table, kept from call to call: Redis reads the reply before the call returns,
+-- and building the table again costs more than emptying it.
+local REPLY = {}
+
+-- Where the run of a call's requests is: the next argument, the reply's last entry, the
+-- requests begun, and the argument after the one being decided (nil until it is known).
+local run_a, run_o, run_done, run_after
+
+-- Decides the call's requests after the first run_done, in order, into REPLY; returns BROKEN
+-- when the layout is broken. A request whose deciding raises an error (a Redis error such as
+-- WRONGTYPE) ends the run there: decide records the error for that request alone and runs on
+-- from the next, so that a call needs one pcall, not one per request.
+local function run(definitions)
+  local out = REPLY
+  while run_done < requests do
+    local a = run_a
+    run_done, run_after = run_done + 1, nil
+    local p, shadow = read_fast(a, definitions)
+    if p then
+      run_after = a + 2
+      local allowed, left, reset, retry
+      local alone = p.alone
+      if alone then
+        allowed, left, reset, retry = alone(p.key, p, now)
+      else
+        local d = p.algorithm(p.key, p, now)
+        if d.allowed then
+          d.commit()
+        end
+        allowed, retry = d.allowed, d.retry
+        left = allowed and d.taken_remaining or d.kept_remaining
+        reset = allowed and d.taken_reset or d.kept_reset
+      end
+      -- Charged when its limit allows, committed unless an enforced limit refused; the
+      -- values as decide_request gives them (wire_number, inline).
+      left = max(0, left)
+      local o = run_o
+      out[o + 1], out[o + 2] = (allowed or shadow) and 1 or 0, 1
+      out[o + 3], out[o + 4] = allowed and 1 or 0, left == floor(left) and left or tostring(left)
+      out[o + 5], out[o + 6] = ceil(reset), retry
+      run_o = o + 6
+    else
+      local limits, after = read_request(a, definitions)
+      if not limits then
+        return BROKEN
+      end
+      run_after = after
+      local entry = type(limits) == 'string' and {-1, limits} or decide_request(limits)
+      local o = run_o
+      for i = 1, #entry do
+        out[o + i] = entry[i]
+      end
+      run_o = o + #entry
+    end
+    run_a = run_after
   end
-  local d = p.algorithm(p.key, p, now)
-  if d.allowed then
-    d.commit()
-  end
-  local left = d.allowed and d.taken_remaining or d.kept_remaining
-  local reset = d.allowed and d.taken_reset or d.kept_reset
-  return (d.allowed or shadow) and 1 or 0, d.allowed and 1 or 0,
-    wire_number(math.max(0, left)), math.ceil(reset), d.retry
 end
 
 -- Reads the head of the call (keys, args): its clock, deadline, request count and key
@@ -664,9 +707,9 @@ end
 local function open_call(keys, args)
   KEYS, ARGV, SLOT_MAP = keys, args, false
   redis_time = nil
-  if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not string.match(ARGV[1], '^%d+$') then
+  if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not match(ARGV[1], '^%d+$') then
     local count = tonumber(ARGV[2])
-    if not count or count ~= math.floor(count) or count < 1 or count + 2 > #ARGV then
+    if not count or count ~= floor(count) or count < 1 or count + 2 > #ARGV then
       return redis.error_reply('ERR decide: bad key count')
     end
     local node_keys, node_args = {ARGV[1]}, {}
@@ -681,11 +724,11 @@ local function open_call(keys, args)
 
   local deadline = ARGV[2]
   if deadline ~= '0' then
-    if not deadline or not string.match(deadline, '^%d+$') then
+    if not deadline or not match(deadline, '^%d+$') then
       return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
     end
     local t = time_now()
-    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
+    if tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
       return redis.error_reply('EXPIRED decide: the call reached Redis after its deadline')
     end
   end
@@ -693,13 +736,15 @@ local function open_call(keys, args)
   local now_str = ARGV[1]
   if now_str == 'redis' then
     local t = time_now()
-    now_str = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
+    now_str = t[1] .. format('%06d', tonumber(t[2])) .. '000'
   end
-  if not string.match(now_str, '^%d+$') then
+  -- The clock is checked through the parts set_clock splits it into (seconds, and ns within
+  -- the second): both whole numbers; a text of another form is not read twice.
+  set_clock(now_str)
+  if not (whole(clock_s) and whole(clock_ns) and clock_ns < 1e9) then
     return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
   end
-  set_clock(now_str)
-  -- elapsed_ms('0', now_str), from the parts set_clock split.
+  -- elapsed_ms('0', now_str), from those parts.
   now.str, now.ms = now_str, clock_s * 1000 + clock_ns / 1e6
 
   requests = number_of(ARGV[3])
@@ -729,10 +774,11 @@ local function open_call(keys, args)
   end
 end
 
-local BROKEN = 'ERR decide: expected the limit definitions, then per request n and its limits'
-
 -- Decides the call (keys, args): the reply described at the top of this file.
 local function decide(keys, args)
+  if not floor then
+    localize()
+  end
   local refused = open_call(keys, args)
   if refused then
     return refused
@@ -741,42 +787,34 @@ local function decide(keys, args)
   if not definitions then
     return redis.error_reply(BROKEN)
   end
-  local out = {requests}
-  for _ = 1, requests do
-    local p, shadow = read_fast(a, definitions)
-    if p then
-      local ok, committed, outcome, left, reset, retry = pcall(fast_request, p, shadow)
-      local o = #out
-      if ok then
-        out[o + 1], out[o + 2], out[o + 3] = committed, 1, outcome
-        out[o + 4], out[o + 5], out[o + 6] = left, reset, retry
-      else
-        out[o + 1], out[o + 2] = -1, error_text(committed)
-      end
-      a = a + 2
-    else
-      local limits, next_a = read_request(a, definitions)
-      if not limits then
-        return redis.error_reply(BROKEN)
-      end
-      a = next_a
-      local entry
-      if type(limits) == 'string' then
-        entry = {-1, limits}
-      else
-        local ok, result = pcall(decide_request, limits)
-        entry = ok and result or {-1, error_text(result)}
-      end
-      for _, v in ipairs(entry) do
-        out[#out + 1] = v
-      end
-    end
+  -- The reply is written into the last call's table, emptied first (see REPLY).
+  local out = REPLY
+  for i = #out, 2, -1 do
+    out[i] = nil
   end
+  out[1] = requests
+  run_a, run_o, run_done = a, 1, 0
+  while true do
+    local ok, result = pcall(run, definitions)
+    if ok then
+      if result then
+        return redis.error_reply(result)
+      end
+      break
+    end
+    if not run_after then
+      return redis.error_reply(error_text(result))
+    end
+    -- That request alone could not be decided; the run goes on from the next.
+    out[run_o + 1], out[run_o + 2] = -1, error_text(result)
+    run_o, run_a = run_o + 2, run_after
+  end
+  a = run_a
   if a ~= #ARGV + 1 then
     return redis.error_reply(BROKEN)
   end
   if SLOT_MAP then
-    local map = redis.pcall('CLUSTER', 'SLOTS')
+    local map = rpcall('CLUSTER', 'SLOTS')
     local ranges, nodes, count = {}, {}, 0
     if type(map) == 'table' and not map.err then
       for _, r in ipairs(map) do

@@ -14,6 +14,27 @@
 --
 -- Reading and deciding are separate from writing (commit) so that a request is charged
 -- to every limit or to none.
+-- The globals the code calls, as locals: a function library's code reaches a global through
+-- its environment's metatable on every use, a local at once. A library's top level runs before
+-- Redis's globals are there (only `redis` is), so they are taken at the first call: decide
+-- calls localize when `floor` is still nil (a script's top level runs on every call, and so
+-- does localize).
+local function globals()
+  return tonumber, tostring, type, ipairs, setmetatable, pcall, unpack, error
+end
+local tonumber, tostring, type, ipairs, setmetatable, pcall, unpack, error
+local floor, ceil, max, min, huge, format, sub, match, rcall, rpcall
+local function localize()
+  tonumber, tostring, type, ipairs, setmetatable, pcall, unpack, error = globals()
+  floor, ceil, max, min, huge = math.floor, math.ceil, math.max, math.min, math.huge
+  format, sub, match = string.format, string.sub, string.match
+  rcall, rpcall = redis.call, redis.pcall
+end
+
+-- The most entries a cache the code keeps from call to call holds (see decide.lua's NUMBERS):
+-- it is emptied when full.
+local CACHE_MOST = 4096
+
 local ALGORITHMS = {}
 
 -- DECIDE_ALONE.name = function(key, p, now) -> allowed, remaining, reset_ms, retry_ms: the
@@ -94,7 +115,7 @@ local function split(ts)
   if #ts <= 9 then
     return 0, tonumber(ts)
   end
-  return tonumber(string.sub(ts, 1, -10)), tonumber(string.sub(ts, -9))
+  return tonumber(sub(ts, 1, -10)), tonumber(sub(ts, -9))
 end
 
 local function set_clock(ts)

@@ -6,21 +6,36 @@
 --           it exactly (%.17g in Redis 7.0, the shortest text that reads back the same after)
 --   ts      Unix ns of the last decision, stored exactly as given, never moved back
 -- Memory: one small hash per key. Expires once the bucket would be full again, + 60 s.
+-- The TTL of a bucket charged at its own time: ms to fill + 60 s, as text (Redis writes a number
+-- argument through a %.17g it would format on every call), kept by the ms to fill.
+local FULL_TTL, full_ttls_held = {}, 0
+local function full_ttl(fill_ms)
+  local text = FULL_TTL[fill_ms]
+  if not text then
+    text = tostring(ceil(fill_ms) + 60000)
+    if full_ttls_held >= CACHE_MOST then
+      FULL_TTL, full_ttls_held = {}, 0
+    end
+    FULL_TTL[fill_ms], full_ttls_held = text, full_ttls_held + 1
+  end
+  return text
+end
+
 algorithm('token_bucket', function(key, p, now)
   local rate = p.limit / p.window -- tokens per ms
   local capacity = p.burst
-  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local state = rcall('HMGET', key, 'tokens', 'ts')
   local tokens = tonumber(state[1])
   local stamp = now.str
   if tokens == nil or not state[2] then
     tokens = capacity
   elseif later(now.str, state[2]) then
-    tokens = math.min(capacity, tokens + elapsed_ms(state[2], now.str) * rate)
+    tokens = min(capacity, tokens + elapsed_ms(state[2], now.str) * rate)
   else
     -- A clock that went backwards refills nothing, and the stored time stays, or the same
     -- interval would be credited twice once the clock catches up.
     stamp = state[2]
-    tokens = math.min(capacity, tokens)
+    tokens = min(capacity, tokens)
   end
   -- Refill starts at the stored time: waits count from there when this clock is behind it.
   local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
@@ -28,14 +43,14 @@ algorithm('token_bucket', function(key, p, now)
   if tokens >= p.cost then
     local left = tokens - p.cost
     return true, tokens, kept_reset, 0, left, ahead + (capacity - left) / rate,
-      left, stamp, math.ceil(ahead + capacity / rate) + 60000
+      left, stamp, ahead == 0 and full_ttl(capacity / rate) or ceil(ahead + capacity / rate) + 60000
   elseif p.cost > capacity then
     return false, tokens, kept_reset, NEVER
   end
-  return false, tokens, kept_reset, math.ceil(ahead + (p.cost - tokens) / rate)
+  return false, tokens, kept_reset, ceil(ahead + (p.cost - tokens) / rate)
 end, function(key, left, stamp, ttl)
-  redis.call('HSET', key, 'tokens', left, 'ts', stamp)
-  redis.call('PEXPIRE', key, ttl)
+  rcall('HSET', key, 'tokens', left, 'ts', stamp)
+  rcall('PEXPIRE', key, ttl)
 end)
 
 -- Gives back at most the cost, less what the bucket may have refilled past its capacity since
@@ -43,24 +58,24 @@ end)
 -- `left`; by the latest decision t it holds at most left + rate × (t - charge), so the charge
 -- holds back at least min(cost, capacity - that).
 REFUNDS.token_bucket = function(key, p, now)
-  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local state = rcall('HMGET', key, 'tokens', 'ts')
   local tokens = tonumber(state[1])
   if tokens == nil or not state[2] then
     return -- expired: the bucket is full anyway
   end
   local rate = p.limit / p.window
   local latest = later(state[2], now.str) and state[2] or now.str
-  local most = p.left + math.max(0, elapsed_ms(p.charged_at, latest)) * rate
-  local back = math.min(p.cost, p.burst - most)
+  local most = p.left + max(0, elapsed_ms(p.charged_at, latest)) * rate
+  local back = min(p.cost, p.burst - most)
   if back > 0 then
-    redis.call('HSET', key, 'tokens', math.min(p.burst, tokens + back))
+    rcall('HSET', key, 'tokens', min(p.burst, tokens + back))
   end
 end
 
 -- Tokens may go below zero (debt): the refill repays it before the next request fits.
 SETTLES.token_bucket = function(key, p, now)
   local rate = p.limit / p.window
-  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local state = rcall('HMGET', key, 'tokens', 'ts')
   local tokens = tonumber(state[1])
   local stamp = now.str
   if tokens == nil or not state[2] then
@@ -69,15 +84,15 @@ SETTLES.token_bucket = function(key, p, now)
     end
     tokens = p.burst
   elseif later(now.str, state[2]) then
-    tokens = math.min(p.burst, tokens + elapsed_ms(state[2], now.str) * rate)
+    tokens = min(p.burst, tokens + elapsed_ms(state[2], now.str) * rate)
   else
     stamp = state[2]
-    tokens = math.min(p.burst, tokens)
+    tokens = min(p.burst, tokens)
   end
-  local left = math.min(p.burst, tokens - p.delta)
+  local left = min(p.burst, tokens - p.delta)
   local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
-  redis.call('HSET', key, 'tokens', left, 'ts', stamp)
-  redis.call('PEXPIRE', key, math.ceil(ahead + (p.burst - left) / rate) + 60000)
+  rcall('HSET', key, 'tokens', left, 'ts', stamp)
+  rcall('PEXPIRE', key, ceil(ahead + (p.burst - left) / rate) + 60000)
 end
 
 LEASABLE.token_bucket = true
