@@ -134,29 +134,9 @@ end
 local FAST = {token_bucket = true, gcra = true, fixed_window = true,
   sliding_window_counter = true, sliding_window_log = true}
 
--- Texts read as numbers, and definitions read from their texts, kept from call to call: a
--- function library's top level, and what it holds, lives as long as the library (a script's
--- is made again on every call). A worker's calls repeat the same few limits, counts and
--- indexes, and a table lookup costs far less than tonumber of the text, or building the
--- definition again. Each cache is emptied when it holds CACHE_MOST entries (lib.lua).
-local NUMBERS, numbers_held = {}, 0
+-- Definitions read from their texts, kept from call to call like NUMBERS (lib.lua): building
+-- one costs far more than finding it.
 local DEFINITIONS, definitions_held = {}, 0
-
--- tonumber of an argument, through NUMBERS.
-local function number_of(text)
-  if text == nil then
-    return nil
-  end
-  local n = NUMBERS[text]
-  if n == nil then
-    n = tonumber(text) or false
-    if numbers_held >= CACHE_MOST then
-      NUMBERS, numbers_held = {}, 0
-    end
-    NUMBERS[text], numbers_held = n, numbers_held + 1
-  end
-  return n or nil
-end
 
 -- The values a limit adds after its cost, by its definition's mode.
 local EXTRAS = {enforce = 0, shadow = 0, after = 0, hold = 1, lease = 2, settle = 2, refund = 2}
@@ -264,8 +244,8 @@ end
 -- so); `ok` is false when they are malformed, and each limit using it is refused alone.
 local DEFS = {}
 local function read_definitions(a)
-  local count = number_of(ARGV[a])
-  if not whole(count) or a + count > #ARGV then
+  local count = NUMBERS[ARGV[a]] or number_of(ARGV[a])
+  if not (count and count >= 0 and count == floor(count)) or a + count > #ARGV then
     return nil
   end
   -- Kept from call to call like REPLY, emptied past this call's count.
@@ -274,7 +254,8 @@ local function read_definitions(a)
     definitions[d] = nil
   end
   for d = 1, count do
-    local def = definition_of(ARGV[a + d])
+    local text = ARGV[a + d]
+    local def = DEFINITIONS[text or false] or definition_of(text)
     if not def then
       return nil
     end
@@ -628,7 +609,8 @@ local function read_fast(a, definitions)
   if ARGV[a] ~= '1' then
     return nil
   end
-  local l = limit_of(ARGV[a + 1])
+  local text = ARGV[a + 1]
+  local l = LIMITS[text or false] or limit_of(text)
   if not l or l[2] then
     return nil
   end
@@ -667,7 +649,15 @@ local function run(definitions)
       local allowed, left, reset, retry
       local alone = p.alone
       if alone then
-        allowed, left, reset, retry = alone(p.key, p, now)
+        local kept, kept_reset, taken, taken_reset, a1, a2, a3, a4
+        allowed, kept, kept_reset, retry, taken, taken_reset, a1, a2, a3, a4 =
+          alone[1](p.key, p, now)
+        if allowed then
+          alone[2](p.key, a1, a2, a3, a4)
+          left, reset, retry = taken, taken_reset, 0
+        else
+          left, reset = kept, kept_reset
+        end
       else
         local d = p.algorithm(p.key, p, now)
         if d.allowed then
@@ -724,11 +714,14 @@ local function open_call(keys, args)
 
   local deadline = ARGV[2]
   if deadline ~= '0' then
-    if not deadline or not match(deadline, '^%d+$') then
+    -- Checked as a whole number, as the clock is (a pattern costs more than the reading).
+    local until_ms = tonumber(deadline)
+    if not (until_ms and until_ms >= 0 and until_ms == floor(until_ms)) then
       return redis.error_reply('ERR decide: deadline must be Unix ms digits or "0"')
     end
     local t = time_now()
-    if tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) > tonumber(deadline) then
+    -- TIME's seconds repeat from call to call (NUMBERS).
+    if number_of(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) > until_ms then
       return redis.error_reply('EXPIRED decide: the call reached Redis after its deadline')
     end
   end
@@ -741,19 +734,21 @@ local function open_call(keys, args)
   -- The clock is checked through the parts set_clock splits it into (seconds, and ns within
   -- the second): both whole numbers; a text of another form is not read twice.
   set_clock(now_str)
-  if not (whole(clock_s) and whole(clock_ns) and clock_ns < 1e9) then
+  if not (clock_s and clock_ns and clock_s >= 0 and clock_s == floor(clock_s)
+      and clock_ns >= 0 and clock_ns == floor(clock_ns) and clock_ns < 1e9) then
     return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
   end
   -- elapsed_ms('0', now_str), from those parts.
   now.str, now.ms = now_str, clock_s * 1000 + clock_ns / 1e6
 
-  requests = number_of(ARGV[3])
-  if not whole(requests) then
+  requests = NUMBERS[ARGV[3]] or number_of(ARGV[3])
+  if not (requests and requests >= 0 and requests == floor(requests)) then
     return redis.error_reply('ERR decide: bad request count')
   end
 
-  budget_count = number_of(ARGV[4])
-  if not whole(budget_count) or 4 + 4 * budget_count > #ARGV then
+  budget_count = NUMBERS[ARGV[4]] or number_of(ARGV[4])
+  if not (budget_count and budget_count >= 0 and budget_count == floor(budget_count))
+      or 4 + 4 * budget_count > #ARGV then
     return redis.error_reply('ERR decide: bad key budget count')
   end
   BUDGETS = budget_count > 0 and {} or NO_BUDGETS

@@ -37,10 +37,10 @@ local CACHE_MOST = 4096
 
 local ALGORITHMS = {}
 
--- DECIDE_ALONE.name = function(key, p, now) -> allowed, remaining, reset_ms, retry_ms: the
--- same decision for a request of that one limit, its state charged at once when it allows,
--- with no table made (decide.lua's fast path uses it where it exists). An algorithm gets both
--- from one decision function through `algorithm` below.
+-- DECIDE_ALONE.name = {decide, charge}: the algorithm's two functions (below), which
+-- decide.lua's fast path calls itself: the decision of a request of that one limit, its state
+-- charged at once when it allows, with no table made. An algorithm gets both views from one
+-- decision function through `algorithm` below.
 local DECIDE_ALONE = {}
 
 -- Defines ALGORITHMS[name] and DECIDE_ALONE[name] from
@@ -59,14 +59,7 @@ local function algorithm(name, decide, charge)
     end
     return d
   end
-  DECIDE_ALONE[name] = function(key, p, now)
-    local allowed, kept, kept_reset, retry, taken, taken_reset, a1, a2, a3, a4 = decide(key, p, now)
-    if allowed then
-      charge(key, a1, a2, a3, a4)
-      return true, taken, taken_reset, 0
-    end
-    return false, kept, kept_reset, retry
-  end
+  DECIDE_ALONE[name] = {decide, charge}
 end
 
 -- Each algorithm file may also add REFUNDS.name = function(key, p, now): gives back what an
@@ -104,6 +97,28 @@ local function later(a, b)
   return a > b
 end
 
+-- Texts read as numbers, kept from call to call: a function library's top level, and what it
+-- holds, lives as long as the library (a script's is made again on every call). A worker's
+-- calls repeat the same few limits, counts, indexes and clock seconds, and a table lookup
+-- costs far less than tonumber of the text. Emptied when it holds CACHE_MOST entries.
+local NUMBERS, numbers_held = {}, 0
+
+-- tonumber of a text, through NUMBERS.
+local function number_of(text)
+  if text == nil then
+    return nil
+  end
+  local n = NUMBERS[text]
+  if n == nil then
+    n = tonumber(text) or false
+    if numbers_held >= CACHE_MOST then
+      NUMBERS, numbers_held = {}, 0
+    end
+    NUMBERS[text], numbers_held = n, numbers_held + 1
+  end
+  return n or nil
+end
+
 -- Exact milliseconds from ns string a to ns string b: ns timestamps (~1.8e18) do not fit a
 -- double, so seconds and nanoseconds are subtracted separately.
 -- The call's own clock is split once (set_clock): nearly every elapsed_ms has it on one side.
@@ -115,7 +130,8 @@ local function split(ts)
   if #ts <= 9 then
     return 0, tonumber(ts)
   end
-  return tonumber(sub(ts, 1, -10)), tonumber(sub(ts, -9))
+  -- Seconds repeat from call to call (NUMBERS); the ns within the second seldom do.
+  return number_of(sub(ts, 1, -10)), tonumber(sub(ts, -9))
 end
 
 local function set_clock(ts)
