@@ -67,7 +67,7 @@ pub fn check(rule: &Rule, limit: &Limit, setting: &Setting) -> Result<Mode> {
             limit.algorithm.name()
         )));
     }
-    let has_burst = matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+    let has_burst = limit.algorithm.has_burst();
     if let Some(b) = burst {
         if !has_burst {
             return Err(Error::usage(format!(

@@ -1,8 +1,8 @@
 //! What a valid config makes the filter do, in a few lines a reviewer can read.
 
 use ratelimit_core::config::{
-    show_duration, Admit, Algorithm, Clock, Config, Cost, Estimate, FailureMode, KeySource,
-    KeySpec, Limit, Match, PathMatch, Rule, Test, Usage, UsageSource, WhenMissing,
+    show_duration, Admit, Clock, Config, Cost, Estimate, FailureMode, KeySource, KeySpec, Limit,
+    Match, PathMatch, Rule, Test, Usage, UsageSource, WhenMissing,
 };
 
 /// The policy, one line for the bridge, then per rule a line and a line per limit; each line
@@ -83,7 +83,7 @@ fn limit_line(limit: &Limit, cost: &Cost) -> String {
         limit.limit,
         limit.window.show()
     );
-    if matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+    if limit.algorithm.has_burst() {
         line.push_str(&format!(", burst {}", limit.burst));
     }
     if limit.shards > 1 {

@@ -25,6 +25,7 @@ pub mod slot;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod throttle;
+pub mod time;
 pub mod usage;
 
 /// The decision code, as both forms share it: the shared part, one part per algorithm, then the

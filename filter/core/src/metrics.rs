@@ -95,18 +95,6 @@ stats! {
     }
 }
 
-impl Counter {
-    /// The counter of the calls the bridge refused for `cause`.
-    pub fn misconfigured(cause: crate::bridge::MisconfigCause) -> Counter {
-        use crate::bridge::MisconfigCause;
-        match cause {
-            MisconfigCause::BridgeAuth => Counter::MisconfiguredBridgeAuth,
-            MisconfigCause::RedisAcl => Counter::MisconfiguredRedisAcl,
-            MisconfigCause::ScriptLoadRefused => Counter::MisconfiguredScriptLoadRefused,
-        }
-    }
-}
-
 stats! {
     /// What happened to one limit of one rule on one request: a counter per rule, limit and
     /// event, `ratelimit_rule.<rule>.<limit>.<event>`.
@@ -157,18 +145,6 @@ stats! {
         BridgeError => "bridge_error",
         /// The breaker was open, no call was made: the rule's policy decided.
         BreakerOpen => "breaker_open",
-    }
-}
-
-impl RuleCount {
-    /// The count of a request a bridge failure of `cause` left to the policy.
-    pub fn of(cause: crate::bridge::FailureCause) -> RuleCount {
-        use crate::bridge::FailureCause;
-        match cause {
-            FailureCause::TimedOut => RuleCount::TimedOut,
-            FailureCause::BridgeError => RuleCount::BridgeError,
-            FailureCause::BreakerOpen => RuleCount::BreakerOpen,
-        }
     }
 }
 
@@ -334,18 +310,6 @@ mod tests {
         assert_eq!(names.len(), count);
         assert_eq!(Counter::ALL.len(), 30);
         assert!(names.iter().all(|n| n.starts_with("ratelimit_")));
-    }
-
-    /// One counter per cause, named after it (what the alert and the runbook read).
-    #[test]
-    fn each_misconfiguration_cause_has_its_counter() {
-        use crate::bridge::MisconfigCause;
-        for cause in MisconfigCause::ALL {
-            assert_eq!(
-                Counter::misconfigured(cause).name(),
-                format!("ratelimit_misconfigured_{}", cause.name())
-            );
-        }
     }
 
     #[test]

@@ -6,9 +6,9 @@ use serde_json::json;
 use crate::check::LimitCheck;
 use crate::config::{Algorithm, Config, DenyBody, HeaderMode};
 use crate::decision::{Decision, LimitResult, Override};
-use crate::engine::local::unix_ms;
 use crate::grpc;
 use crate::request::view::RequestView;
+use crate::time::unix_ms;
 
 pub type Headers = Vec<(&'static str, String)>;
 

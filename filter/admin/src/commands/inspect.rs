@@ -120,7 +120,7 @@ impl Context<'_> {
 fn in_effect(limit: &Limit, mode: Option<Mode>) -> (u64, u64) {
     match mode {
         Some(Mode::Limit { limit: n, burst }) => {
-            let has_burst = matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+            let has_burst = limit.algorithm.has_burst();
             (n, if has_burst { burst.unwrap_or(n) } else { n })
         }
         _ => (limit.shard_limit(), limit.shard_burst()),
@@ -151,7 +151,7 @@ fn limit_report(
             limit.window.show()
         ),
     };
-    if matches!(limit.algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+    if limit.algorithm.has_burst() {
         out.push_str(&format!(", burst {}", limit.burst));
     }
     if limit.shards > 1 {

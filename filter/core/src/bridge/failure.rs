@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::bounds::MAX_ERROR_TEXT;
+use crate::metrics::{Counter, RuleCount};
 
 /// Why the bridge gave no decision. Every one of these goes to the failure policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -283,6 +284,28 @@ impl fmt::Display for BridgeFailure {
     }
 }
 
+impl MisconfigCause {
+    /// The counter of the calls the bridge refused for this cause.
+    pub fn counter(self) -> Counter {
+        match self {
+            MisconfigCause::BridgeAuth => Counter::MisconfiguredBridgeAuth,
+            MisconfigCause::RedisAcl => Counter::MisconfiguredRedisAcl,
+            MisconfigCause::ScriptLoadRefused => Counter::MisconfiguredScriptLoadRefused,
+        }
+    }
+}
+
+impl FailureCause {
+    /// The per-rule count of a request a bridge failure of this cause left to the policy.
+    pub fn rule_count(self) -> RuleCount {
+        match self {
+            FailureCause::TimedOut => RuleCount::TimedOut,
+            FailureCause::BridgeError => RuleCount::BridgeError,
+            FailureCause::BreakerOpen => RuleCount::BreakerOpen,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,5 +518,16 @@ mod tests {
     fn each_cause_has_its_own_name() {
         let names: Vec<&str> = MisconfigCause::ALL.iter().map(|c| c.name()).collect();
         assert_eq!(names, ["bridge_auth", "redis_acl", "script_load_refused"]);
+    }
+
+    /// One counter per cause, named after it (what the alert and the runbook read).
+    #[test]
+    fn each_misconfiguration_cause_has_its_counter() {
+        for cause in MisconfigCause::ALL {
+            assert_eq!(
+                cause.counter().name(),
+                format!("ratelimit_misconfigured_{}", cause.name())
+            );
+        }
     }
 }

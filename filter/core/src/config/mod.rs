@@ -81,7 +81,9 @@ impl Algorithm {
         }
     }
 
-    fn has_burst(self) -> bool {
+    /// Whether a limit of it has a burst (a bucket's capacity) apart from its rate; the
+    /// others hold `limit` at most.
+    pub fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
 
@@ -196,7 +198,7 @@ pub struct Config {
     pub budget_slot_tags: crate::slot::SlotTags,
     /// What Redis runs for a decision call: the decision library's function (`FCALL`) or the
     /// decision script (`EVALSHA`), named by their hash (`bridge.redis_calls`).
-    pub program: crate::bridge::Program,
+    pub program: crate::program::Program,
     /// Some limit is metered by usage: streams let through are followed to their response.
     pub metered: bool,
 }

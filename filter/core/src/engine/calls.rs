@@ -386,7 +386,7 @@ impl Engine {
         let Some(refusal) = failure.misconfiguration() else {
             return false;
         };
-        host.count(Counter::misconfigured(refusal.cause));
+        host.count(refusal.cause.counter());
         host.report_misconfigured(refusal);
         true
     }

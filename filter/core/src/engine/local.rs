@@ -34,11 +34,8 @@ pub fn scaled(check: &LimitCheck, share: f64) -> LimitCheck {
     }
 }
 
-/// Unix ns as ms, computed as the scripts do (whole seconds and the rest apart), so that the
-/// twins see the same number: Unix ns do not fit a double exactly.
-pub fn unix_ms(ns: u128) -> f64 {
-    (ns / 1_000_000_000) as f64 * 1000.0 + (ns % 1_000_000_000) as f64 / 1e6
-}
+/// The scripts' ms of a Unix ns clock (kept here too: the property tests name it so).
+pub use crate::time::unix_ms;
 
 impl LocalLimits {
     pub fn len(&self) -> usize {

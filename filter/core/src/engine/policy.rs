@@ -85,7 +85,7 @@ impl Policy {
                 for check in &plan.checks {
                     if counted_rule != Some(check.rule) {
                         counted_rule = Some(check.rule);
-                        tally.rule_count(check.rule, RuleCount::of(cause));
+                        tally.rule_count(check.rule, cause.rule_count());
                     }
                     let local = plan.failure_mode == FailureMode::Local
                         && config

@@ -176,5 +176,5 @@ fn an_outage_is_not_a_refusal() {
     assert!(h.misconfigured.is_empty());
     assert!(MisconfigCause::ALL
         .iter()
-        .all(|cause| h.count_of(Counter::misconfigured(*cause)) == 0));
+        .all(|cause| h.count_of(cause.counter()) == 0));
 }
