@@ -9,7 +9,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ratelimit_core::bridge::{
-    BridgeFailure, BridgeReply, BridgeRequest, MisconfigCause, Probe, PROBE_TAG,
+    BridgeFailure, BridgeReply, BridgeRequest, CallKind, MisconfigCause, Probe, PROBE_TAG,
 };
 use ratelimit_core::config::Config;
 
@@ -287,12 +287,18 @@ pub fn probe(config: &Config, target: &Target, out: &mut String) -> Found {
             causes: Vec::new(),
         },
     };
-    let reach = "EVALSHA with bridge.username / bridge.password (the filter's decision call)";
+    let (call, load, code) = match config.program.kind {
+        CallKind::Function => ("FCALL", "FUNCTION LOAD", "library"),
+        CallKind::Script => ("EVALSHA", "SCRIPT LOAD", "script"),
+    };
+    let reach =
+        format!("{call} with bridge.username / bridge.password (the filter's decision call)");
+    let reach = reach.as_str();
     let loaded = match step(target, config, &probe.reach(), Probe::read_reach) {
         Ok(loaded) => {
             let script = match loaded {
-                true => "the script is loaded",
-                false => "the script is not loaded yet (NOSCRIPT): the filter loads it",
+                true => format!("the {code} is loaded"),
+                false => format!("the {code} is not loaded yet: the filter loads it"),
             };
             report.line(format!("{reach}: OK, {script}"), Verdict::Ready);
             loaded
@@ -303,7 +309,8 @@ pub fn probe(config: &Config, target: &Target, out: &mut String) -> Found {
             return report.found;
         }
     };
-    let load = "SCRIPT LOAD (the filter loads its script after a Redis restart)";
+    let load = format!("{load} (the filter loads its {code} after a Redis restart)");
+    let load = load.as_str();
     let read_load = |r: BridgeReply<'_>| probe.read_script_load(r);
     let loaded = match step(target, config, &config.program.load(), read_load) {
         Ok(()) => {
@@ -316,7 +323,7 @@ pub fn probe(config: &Config, target: &Target, out: &mut String) -> Found {
         }
     };
     if !loaded {
-        let text = "a decision: not tried, the script could not be loaded".to_string();
+        let text = format!("a decision: not tried, the {code} could not be loaded");
         report.line(text, Verdict::Ready);
         return report.found;
     }
