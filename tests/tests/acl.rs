@@ -1,5 +1,5 @@
-//! The Redis users that run the decision script may call every command the scripts call: Redis
-//! checks ACLs inside scripts, so a command missing from a shipped ACL fails every decision (or
+//! The Redis users that run the decision code (a function, or the script) may call every
+//! command it calls, and load it: Redis checks ACLs inside functions and scripts, so a command missing from a shipped ACL fails every decision (or
 //! refund) that reaches it, and only on the setup that ships that ACL. This reads the scripts
 //! and the shipped Redis configs, the deployment recipes' included.
 //!
@@ -117,10 +117,24 @@ fn every_shipped_redis_acl_allows_every_command_the_scripts_call() {
             missing.is_empty(),
             "{config}: the default user (which runs the decision script) may not run {missing:?}, which lua/*.lua calls"
         );
-        for needed in ["evalsha", "script|load"] {
+        // The script on every setup (a Redis Cluster, `bridge.redis_calls: "script"`), the
+        // function where the filter calls it by default (not behind Envoy's redis_proxy).
+        let mut needed = vec!["evalsha", "script|load"];
+        if config != CLUSTER_NODE_CONFIG {
+            needed.extend(["fcall", "function|load"]);
+        }
+        for needed in needed {
             assert!(
                 allowed.contains(needed),
                 "{config}: the default user may not run {needed}"
+            );
+        }
+        // Loading is all it may do to the libraries and the script cache: no FLUSH, DELETE or
+        // RESTORE through a whole-command or category rule.
+        for whole in ["function", "script", "@all", "@scripting"] {
+            assert!(
+                !allowed.contains(whole),
+                "{config}: the default user may run all of {whole}"
             );
         }
     }
