@@ -231,12 +231,10 @@ fn a_redis_restart_under_load_needs_no_manual_step() {
         (load.tally.decided() >= 50).then_some(())
     });
 
-    // Killed (no shutdown) and started again on its port: no key, no library.
+    // Killed (no shutdown) and started again on its port: no key, no library (no snapshot:
+    // the shipped config saves none). The clients may have the filter load it again before
+    // this test can look: the loads counted below say it was missing.
     s.redis.restart();
-    assert!(
-        !library_loaded(&s),
-        "a new Redis starts without the library"
-    );
     // Decisions come back for the loaded clients: Webdis reconnects, a probe closes each
     // worker's breaker, the first call finds no function and the filter loads it again.
     let resumed_from = load.tally.decided();
@@ -244,7 +242,8 @@ fn a_redis_restart_under_load_needs_no_manual_step() {
         (load.tally.decided() >= resumed_from + 50).then_some(())
     });
     let tally = load.finish();
-    assert!(library_loaded(&s), "the filter loaded the library");
+    // The filter loaded the library into the new Redis (whose command counts start at 0).
+    assert!(library_loaded(&s), "the library is loaded");
     assert!(s.envoy.counter("ratelimit_script_loads") > loads);
     assert!(s.redis.command_calls("function|load") >= 1);
     assert!(s.redis.command_calls("fcall") >= 1);
@@ -265,7 +264,7 @@ fn a_redis_restart_under_load_needs_no_manual_step() {
     );
     assert_eq!(counted, failed_open);
     println!(
-        "{} requests: {} decided ({resumed_from} before the restart was over), {failed_open} failed open",
+        "{} requests: {} decided ({resumed_from} when Redis was back), {failed_open} failed open",
         tally.answered(),
         tally.decided()
     );
