@@ -12,13 +12,16 @@ use crate::resp::RedisConn;
 use crate::{envoy_bin, free_port, root, wait_for, wait_for_value, wasm_path};
 
 /// Commands the Redis user Webdis logs in as must not run (every shipped ACL refuses them):
-/// the keyspace at large, the server's configuration, arbitrary Lua, the script cache.
-pub const REFUSED_TO_WEBDIS: [&[&str]; 5] = [
+/// the keyspace at large, the server's configuration, arbitrary Lua, the script cache, the
+/// function libraries (it may load one, never flush or delete).
+pub const REFUSED_TO_WEBDIS: [&[&str]; 7] = [
     &["FLUSHALL"],
     &["KEYS", "*"],
     &["CONFIG", "GET", "*"],
     &["EVAL", "return 1", "0"],
     &["SCRIPT", "FLUSH"],
+    &["FUNCTION", "FLUSH"],
+    &["FUNCTION", "DELETE", "ratelimit_lib"],
 ];
 
 /// Redis admin user from envoy/redis.conf (the default user is Webdis's restricted one).
@@ -633,9 +636,10 @@ impl Envoy {
         })
     }
 
-    /// The script loaded before a test counts: the first request after Redis starts gets
-    /// `NOSCRIPT` and the filter loads the script (`SCRIPT LOAD`, then the `EVALSHA` again).
-    /// One request to `path` with an API key of its own does that.
+    /// The decision code loaded before a test counts: the first request after Redis starts
+    /// gets `ERR Function not found` and the filter loads the library (`FUNCTION LOAD
+    /// REPLACE`, then the `FCALL` again; `NOSCRIPT`, `SCRIPT LOAD` and `EVALSHA` with
+    /// scripts). One request to `path` with an API key of its own does that.
     pub fn load_script(&self, path: &str) {
         assert_eq!(self.keyed_at(path, "warm-up").status, 200);
         assert_eq!(self.counter("ratelimit_script_loads"), 1);

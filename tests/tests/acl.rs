@@ -1,5 +1,5 @@
-//! The Redis users that run the decision script may call every command the scripts call: Redis
-//! checks ACLs inside scripts, so a command missing from a shipped ACL fails every decision (or
+//! The Redis users that run the decision code (a function, or the script) may call every
+//! command it calls, and load it: Redis checks ACLs inside functions and scripts, so a command missing from a shipped ACL fails every decision (or
 //! refund) that reaches it, and only on the setup that ships that ACL. This reads the scripts
 //! and the shipped Redis configs, the deployment recipes' included.
 //!
@@ -18,35 +18,73 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Every `redis.call('NAME'` in lua/*.lua, lower case.
+/// Every `redis.call('NAME'` in lua/*.lua, lower case, also through the local names the code
+/// gives `redis.call` (`rcall, rpcall = redis.call, redis.pcall`). What `redis.pcall` runs is
+/// left out: the code handles its refusal (`CLUSTER SLOTS` on a single Redis).
 fn commands_the_scripts_call() -> BTreeSet<String> {
-    let mut commands = BTreeSet::new();
     let dir = repo().join("lua");
     let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut texts = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_none_or(|e| e != "lua") {
             continue;
         }
         let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        for quote in ["'", "\""] {
-            let marker = format!("redis.call({quote}");
-            for (at, _) in text.match_indices(&marker) {
-                let rest = &text[at + marker.len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphabetic())
-                    .collect();
-                assert!(
-                    !name.is_empty(),
-                    "{}: a redis.call without a literal command",
-                    path.display()
-                );
-                commands.insert(name.to_ascii_lowercase());
+        texts.push((path, text));
+    }
+    let mut callers = vec!["redis.call".to_string()];
+    for (_, text) in &texts {
+        callers.extend(aliases_of_redis_calls(text));
+    }
+    let mut commands = BTreeSet::new();
+    for (path, text) in &texts {
+        for caller in &callers {
+            for quote in ["'", "\""] {
+                let marker = format!("{caller}({quote}");
+                for (at, _) in text.match_indices(&marker) {
+                    // A whole name: `rcall(` is not the end of `ourcall(`.
+                    let before = text[..at].chars().next_back();
+                    if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                        continue;
+                    }
+                    let rest = &text[at + marker.len()..];
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphabetic())
+                        .collect();
+                    assert!(
+                        !name.is_empty(),
+                        "{}: a {caller} without a literal command",
+                        path.display()
+                    );
+                    commands.insert(name.to_ascii_lowercase());
+                }
             }
         }
     }
     commands
+}
+
+/// The names `text` gives `redis.call` in assignments such as `local call = redis.call` or
+/// `rcall, rpcall = redis.call, redis.pcall`.
+fn aliases_of_redis_calls(text: &str) -> Vec<String> {
+    let mut aliases = Vec::new();
+    for line in text.lines() {
+        let line = line.trim().trim_start_matches("local ");
+        let Some((names, values)) = line.split_once('=') else {
+            continue;
+        };
+        for (name, value) in names.split(',').zip(values.split(',')) {
+            let (name, value) = (name.trim(), value.trim());
+            let plain =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if plain && value == "redis.call" {
+                aliases.push(name.to_string());
+            }
+        }
+    }
+    aliases
 }
 
 /// The rules of user `user` in a Redis config (its `user NAME …` line, after the name). The
@@ -117,10 +155,24 @@ fn every_shipped_redis_acl_allows_every_command_the_scripts_call() {
             missing.is_empty(),
             "{config}: the default user (which runs the decision script) may not run {missing:?}, which lua/*.lua calls"
         );
-        for needed in ["evalsha", "script|load"] {
+        // The script on every setup (a Redis Cluster, `bridge.redis_calls: "script"`), the
+        // function where the filter calls it by default (not behind Envoy's redis_proxy).
+        let mut needed = vec!["evalsha", "script|load"];
+        if config != CLUSTER_NODE_CONFIG {
+            needed.extend(["fcall", "function|load"]);
+        }
+        for needed in needed {
             assert!(
                 allowed.contains(needed),
                 "{config}: the default user may not run {needed}"
+            );
+        }
+        // Loading is all it may do to the libraries and the script cache: no FLUSH, DELETE or
+        // RESTORE through a whole-command or category rule.
+        for whole in ["function", "script", "@all", "@scripting"] {
+            assert!(
+                !allowed.contains(whole),
+                "{config}: the default user may run all of {whole}"
             );
         }
     }

@@ -104,9 +104,22 @@ fn overrides_and_the_audit_are_in_force_again_after_redis_is_killed() {
 
     // A change just before a crash is there too: it was saved before the tool returned.
     admin.json(&["override", "rm", "api", "temp", "quota"]);
+    let loads = s.envoy.counter("ratelimit_script_loads");
     s.redis.restart();
     wait_deciding(&s, "after-second-restart");
-    assert_eq!(s.envoy.keyed("temp").status, 200, "the block was removed");
+    // The snapshot holds the decision library too (loaded long before it was written): Redis
+    // starts with it, no call finds it missing and the filter loads nothing, so no worker
+    // forgets its cached refusals as after a reload. A worker that refused "temp" above
+    // answers from its deny cache for at most 1 s on a limit with overrides
+    // (OVERRIDE_STALE_MS), then asks Redis, which decides without the removed block.
+    assert_eq!(s.envoy.counter("ratelimit_script_loads"), loads);
+    let temp = wait_for("the removed block to be decided away", PATIENCE, || {
+        Some(s.envoy.keyed("temp")).filter(|r| r.status == 200)
+    });
+    assert!(
+        temp.header("x-ratelimit-limit").is_some(),
+        "the block was removed: decided, not failed open"
+    );
     assert_eq!(s.envoy.keyed("abuser").status, 429, "the other block stays");
     let audit = admin.json(&["audit", "--count", "10"]);
     assert_eq!(audit["entries"].as_array().unwrap().len(), 6, "{audit}");

@@ -46,7 +46,7 @@ fn concurrent_requests_share_calls() {
         r#"[{"name": "api", "limits": [{"name": "second", "limit": 1000000, "window": "1s"}]}]"#,
     );
     s.envoy.load_script("/");
-    let (evalsha, calls, upstream) = (
+    let (in_redis, calls, upstream) = (
         s.redis.decision_calls(),
         s.envoy.counter("ratelimit_bridge_calls"),
         s.envoy.stat("cluster.webdis.upstream_rq_total"),
@@ -82,14 +82,14 @@ fn concurrent_requests_share_calls() {
     let requests = (THREADS * EACH) as u64;
     assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
     assert_eq!(s.envoy.counter("ratelimit_allowed"), requests + 1);
-    let evalsha = s.redis.decision_calls() - evalsha;
+    let in_redis = s.redis.decision_calls() - in_redis;
     let calls = s.envoy.counter("ratelimit_bridge_calls") - calls;
     let upstream = s.envoy.stat("cluster.webdis.upstream_rq_total") - upstream;
-    // Every decision call is one EVALSHA, counted alike by the filter, Envoy and Redis.
-    assert_eq!((calls, upstream), (evalsha, evalsha));
+    // Every decision call is one FCALL, counted alike by the filter, Envoy and Redis.
+    assert_eq!((calls, upstream), (in_redis, in_redis));
     assert!(
-        evalsha * 2 <= requests,
-        "{requests} requests took {evalsha} calls: concurrent ones should share"
+        in_redis * 2 <= requests,
+        "{requests} requests took {in_redis} calls: concurrent ones should share"
     );
     // No callback found the worker's engine busy (Envoy defers a callback that would
     // re-enter the filter): the counter is exported, and 0.

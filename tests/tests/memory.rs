@@ -7,7 +7,8 @@
 //!   decided, and no override and no audit entry an operator made is evicted (they have no
 //!   TTL, and only keys with one are evicted).
 //! - At a bound that eviction cannot reach (below what Redis needs with no keys at all), or with
-//!   `noeviction` once Redis is full, every decision that would write is refused by Redis (OOM)
+//!   `noeviction` once Redis is full, every decision call is refused by Redis (OOM: a function
+//!   without the `allow-oom` flag is refused whole, before it runs, so nothing is half-written)
 //!   and each rule's failure policy answers: fail open lets the request through, fail closed
 //!   answers 503. Nothing hangs, Envoy stays up, and decisions resume once memory allows.
 //!
@@ -122,9 +123,9 @@ fn demo_check(key: String) -> LimitCheck {
 }
 
 /// Decides one request for each of the filler identities `from..from + count`, 64 per call,
-/// through the admin connection and the decision script: each leaves the bucket the filter
+/// through the admin connection and the decision function: each leaves the bucket the filter
 /// would write for that identity (with its TTL). Returns the error texts of requests Redis
-/// could not decide.
+/// could not decide (a call Redis refused whole: its error once per request of the call).
 fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
     let function = e2e::decision_function();
     let keys = demo_keys();
@@ -143,7 +144,15 @@ fn fill(admin: &mut Admin, from: usize, count: usize) -> Vec<String> {
         let command = DecideCall::new(&now, 0, checks.iter().map(Vec::as_slice))
             .command("FCALL", &function.handle);
         let args: Vec<&str> = command.iter().map(String::as_str).collect();
-        let items = admin.cmd(&args).items();
+        // Over `maxmemory` Redis refuses the function whole (it has no `allow-oom` flag), one
+        // error for the call: every request of the chunk undecided, nothing written.
+        let items = match admin.cmd(&args) {
+            Resp::Error(error) => {
+                errors.extend(chunk.iter().map(|_| error.clone()));
+                continue;
+            }
+            reply => reply.items(),
+        };
         assert_eq!(items[0].int(), chunk.len() as i64, "{items:?}");
         let mut rest = &items[1..];
         for _ in chunk {
@@ -470,7 +479,7 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
     let bound = admin.used_memory() - MB / 2;
     admin.config_set("maxmemory", &bound.to_string());
     let errors = fill(&mut admin, 4_000, 64);
-    assert_eq!(errors.len(), 64, "every write refused: {errors:?}");
+    assert_eq!(errors.len(), 64, "every decision refused: {errors:?}");
     assert!(
         errors
             .iter()
@@ -480,7 +489,7 @@ fn with_noeviction_a_full_redis_refuses_every_write_and_the_limit_holds_for_no_o
     println!("full with noeviction: {}", admin.memory_line());
     assert_eq!(admin.evicted_keys(), 0);
 
-    // Every decision that would take a token is refused: the known client and a new one pass
+    // Every decision call is refused whole (OOM): the known client and a new one pass
     // by the failure policy (open), far beyond the limit, and nothing is charged.
     let open_before = s.envoy.counter("ratelimit_failure_mode_open");
     assert_failed_by_policy(&s.envoy, "/", "known", 15, 200);

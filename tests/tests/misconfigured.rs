@@ -1,6 +1,8 @@
 //! A bridge that refuses the filter is loud, end to end (real Envoy with 2 workers, Webdis and
-//! Redis): a wrong bridge password, a Webdis ACL without `EVALSHA`, and a Redis user (the one
-//! Webdis logs in as) without `HSET` are each logged by Envoy at error level naming the cause
+//! Redis): a wrong bridge password, a Webdis ACL without `FCALL` (one written for an older
+//! release, which called only `EVALSHA`), or without `EVALSHA` for a filter calling the
+//! script (`bridge.redis_calls: "script"`), and a Redis user (the one Webdis logs in as)
+//! without `HSET` are each logged by Envoy at error level naming the cause
 //! and the setting, counted under their cause, and decided by the failure policy as an outage
 //! would be (open: 200; a fail-closed rule: 503); a real Prometheus with the shipped rules
 //! fires the alert. Once the setting is fixed while Envoy runs, decisions come back by
@@ -27,10 +29,15 @@ const WORKERS: u64 = 2;
 
 /// Every request is under rule `api` (failure mode open); `/login` also under `login`, which
 /// fails closed. A timeout far above a refusal's few ms, so that on a loaded machine a refusal
-/// is never seen as a timeout instead.
+/// is never seen as a timeout instead. Decisions call the Redis Function (the default).
 fn filter_json(password: &str) -> String {
+    filter_json_calling(password, "function")
+}
+
+/// [`filter_json`] with `bridge.redis_calls` set to `calls` ("function" or "script").
+fn filter_json_calling(password: &str, calls: &str) -> String {
     format!(
-        r#"{{"bridge": {{"username": "ratelimit", "password": "{password}", "timeout": "2s"}},
+        r#"{{"bridge": {{"username": "ratelimit", "password": "{password}", "timeout": "2s", "redis_calls": "{calls}"}},
 "rules": [{{"name": "api", "limits": [{{"name": "minute", "limit": 1000, "window": "1m"}}]}},
           {{"name": "login", "match": {{"path_prefix": "/login"}}, "failure_mode": "closed",
             "limits": [{{"name": "minute", "limit": 1000, "window": "1m"}}]}}]}}"#
@@ -267,22 +274,29 @@ fn a_wrong_bridge_password_is_an_error_naming_the_setting_until_webdis_accepts_i
     probe_ready(&envoy, webdis.port, &redis);
 }
 
-#[test]
-fn a_webdis_acl_without_evalsha_is_an_error_naming_the_setting_until_it_is_restored() {
-    let dir = WorkDir::new("misconfigured-webdis-acl");
+/// A Webdis ACL whose entry for the filter enables `enabled` only refuses the decision call
+/// of a filter with `bridge.redis_calls: calls`: an error line naming the setting, counted,
+/// decided by policy, the probe naming it, until the shipped ACL is back.
+fn webdis_acl_refuses_the_decision_call(name: &str, enabled: &[&str], calls: &str) {
+    let dir = WorkDir::new(name);
     let redis = Redis::start(&dir);
-    let without = Webdis::edited_config(&dir, "webdis-no-evalsha.json", |c| {
-        c["acl"][1]["enabled"] = serde_json::json!(["SCRIPT"]);
+    let without = Webdis::edited_config(&dir, "webdis-refusing.json", |c| {
+        c["acl"][1]["enabled"] = serde_json::json!(enabled);
     });
     let mut webdis = Webdis::start_with_config(&dir, &without, redis.port, free_port());
-    let envoy = Envoy::start_filter(&dir, webdis.port, &filter_json(SHIPPED_PASSWORD), 2);
+    let json = filter_json_calling(SHIPPED_PASSWORD, calls);
+    let envoy = Envoy::start_filter(&dir, webdis.port, &json, 2);
     let started = Instant::now();
     policy_applies(&envoy, "k");
     envoy.wait_counter("ratelimit_misconfigured_bridge_auth", 2);
     refusal_logged(
         &envoy,
         "bridge_auth",
-        &["HTTP 403", "webdis.json", "does not enable \"EVALSHA\""],
+        &[
+            "HTTP 403",
+            "webdis.json",
+            "does not enable \"FCALL\" (\"EVALSHA\" for scripts)",
+        ],
     );
     probe_refused(&envoy, webdis.port, "bridge_auth");
     throttled(&envoy, "bridge_auth", started);
@@ -290,6 +304,33 @@ fn a_webdis_acl_without_evalsha_is_an_error_naming_the_setting_until_it_is_resto
     webdis.restart_with(&dir, &root().join("envoy/webdis.json"), redis.port);
     decisions_come_back(&envoy);
     probe_ready(&envoy, webdis.port, &redis);
+    // Nothing was called but what `calls` says.
+    let (function, script) = (redis.command_calls("fcall"), redis.command_calls("evalsha"));
+    match calls {
+        "script" => assert!(function == 0 && script > 0, "{function} / {script}"),
+        _ => assert!(function > 0 && script == 0, "{function} / {script}"),
+    }
+}
+
+/// The ACL of a webdis.json written for a release that called only the script: the function's
+/// call is refused.
+#[test]
+fn a_webdis_acl_without_fcall_is_an_error_naming_the_setting_until_it_is_restored() {
+    webdis_acl_refuses_the_decision_call(
+        "misconfigured-webdis-acl",
+        &["EVALSHA", "SCRIPT"],
+        "function",
+    );
+}
+
+/// The same refusal on the script's path (`bridge.redis_calls: "script"`).
+#[test]
+fn with_scripts_a_webdis_acl_without_evalsha_is_an_error_naming_the_setting_until_it_is_restored() {
+    webdis_acl_refuses_the_decision_call(
+        "misconfigured-webdis-acl-script",
+        &["FCALL", "FUNCTION", "SCRIPT"],
+        "script",
+    );
 }
 
 #[test]
@@ -298,7 +339,7 @@ fn a_redis_user_without_hset_is_an_error_naming_the_setting_until_acl_setuser_re
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
     let envoy = Envoy::start_filter(&dir, webdis.port, &filter_json(SHIPPED_PASSWORD), 2);
-    // Deciding first (the script loaded), then the Redis user Webdis logs in as loses HSET,
+    // Deciding first (the library loaded), then the Redis user Webdis logs in as loses HSET,
     // which every allowed decision writes with.
     envoy.wait_deciding("before");
     let mut admin = redis.admin();
@@ -316,7 +357,7 @@ fn a_redis_user_without_hset_is_an_error_naming_the_setting_until_acl_setuser_re
         &envoy,
         "redis_acl",
         &[
-            "Redis refused a command the decision script runs",
+            "Redis refused a command the decision code runs",
             "the Redis user Webdis logs in as",
             "redis.conf",
             "ACL LOG",

@@ -176,8 +176,7 @@ fn calls_that_reach_redis_after_their_deadline_charge_nothing() {
         &[],
     );
     assert!(decided(&s.envoy.wait_deciding("warm-up")));
-    let evalsha = |s: &Stack| s.redis.command_calls("evalsha");
-    let before = evalsha(&s);
+    let before = s.redis.decision_calls();
     s.webdis.process.pause();
     // Five calls queue in the hung Webdis; each request fails open after its 150 ms.
     for _ in 0..5 {
@@ -199,7 +198,7 @@ fn calls_that_reach_redis_after_their_deadline_charge_nothing() {
     wait_for(
         "Webdis to run the queued calls",
         Duration::from_secs(5),
-        || (evalsha(&s) >= before + 5).then_some(()),
+        || (s.redis.decision_calls() >= before + 5).then_some(()),
     );
     let key = s
         .envoy
@@ -425,7 +424,7 @@ fn redis_restart_needs_no_manual_step() {
                 .map(|_| ())
         },
     );
-    // Redis lost the script: the filter loaded it again by itself, and forgot the refusals
+    // Redis lost the decision code: the filter loaded it again by itself, and forgot the refusals
     // Redis made before (the buckets are gone: "before" starts full again).
     assert!(envoy.counter("ratelimit_script_loads") >= 2);
     assert!(envoy.counter("ratelimit_deny_cache_resets") > resets);

@@ -59,15 +59,15 @@ fn rules_on_different_paths_limit_independently_and_together() {
     // Another key has buckets of its own; an unmatched path is never limited.
     assert_eq!(e.keyed_at("/other", "k2").status, 200);
     assert_eq!(statuses(5, || e.keyed_at("/elsewhere", "k")), [200; 5]);
-    // One EVALSHA per limited request that its worker's deny cache did not answer (the
+    // One decision call per limited request that its worker's deny cache did not answer (the
     // second refusal of k on /other may come from there), none for the unmatched ones.
-    let evalsha = s.redis.decision_calls() - before;
+    let in_redis = s.redis.decision_calls() - before;
     e2e::wait_for(
         "every decision counted",
         std::time::Duration::from_secs(2),
         || {
             let hits = e.counter("ratelimit_deny_cache_hits");
-            (evalsha + hits == 4 + 3 + 4 + 1 + 1).then_some(())
+            (in_redis + hits == 4 + 3 + 4 + 1 + 1).then_some(())
         },
     );
 }
@@ -87,7 +87,7 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
     assert_eq!(
         s.redis.decision_calls() - before,
         3,
-        "exactly one EVALSHA per request"
+        "exactly one decision call per request"
     );
 
     let key = e

@@ -175,17 +175,45 @@ fn webdis_with_the_shipped_config_refuses_everything_but_the_limiter() {
             r.text()
         );
     }
-    // Without the credentials even the limiter's own command is refused.
+    // Without the credentials even the limiter's own commands are refused: the function's
+    // call (the default) and the script's (`bridge.redis_calls: "script"`).
+    let function = e2e::decision_function();
     let sha = e2e::script_sha();
-    let r = get(port, &format!("/EVALSHA/{sha}/1/rl:x/1/1/1/1"), &[]).unwrap();
-    assert_eq!(r.status, 403);
-    // SCRIPT passes Webdis (its ACL cannot tell LOAD from FLUSH), Redis's ACL stops FLUSH.
-    let r = get(port, "/SCRIPT/FLUSH", &with_auth).unwrap();
-    assert!(r.text().contains("NOPERM"), "{}", r.text());
-    // Nothing was flushed: the buckets (the key's and the address's) are still there, and
-    // the script too.
+    for call in [
+        format!("/FCALL/{}/1/rl:x/1/1/1/1", function.handle),
+        format!("/EVALSHA/{sha}/1/rl:x/1/1/1/1"),
+    ] {
+        let r = get(port, &call, &[]).unwrap();
+        assert_eq!(r.status, 403, "{call}: {}", r.text());
+    }
+    // The script loaded too (the filter here runs the function), to show SCRIPT FLUSH keeps it.
     let mut admin = stack.redis.admin();
+    assert_eq!(
+        admin
+            .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+            .unwrap()
+            .text(),
+        sha
+    );
+    // FUNCTION and SCRIPT pass Webdis (its ACL cannot tell LOAD from FLUSH or DELETE), Redis's
+    // ACL stops all but LOAD.
+    let library = function.library_name();
+    for path in [
+        "/SCRIPT/FLUSH".to_string(),
+        "/FUNCTION/FLUSH".to_string(),
+        format!("/FUNCTION/DELETE/{library}"),
+    ] {
+        let r = get(port, &path, &with_auth).unwrap();
+        assert!(r.text().contains("NOPERM"), "{path}: {}", r.text());
+    }
+    // Nothing was flushed: the buckets (the key's and the address's) are still there, the
+    // library the filter loaded, and the script.
     assert_eq!(admin.cmd(&["DBSIZE"]).unwrap().int(), 2);
+    let libraries = admin
+        .cmd(&["FUNCTION", "LIST", "LIBRARYNAME", &library])
+        .unwrap()
+        .items();
+    assert_eq!(libraries.len(), 1, "{libraries:?}");
     let exists = admin.cmd(&["SCRIPT", "EXISTS", &sha]).unwrap().items();
     assert_eq!(exists[0].int(), 1);
 }

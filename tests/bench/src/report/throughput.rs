@@ -236,7 +236,7 @@ impl Report {
                 })
                 .collect();
             out += &format!(
-                "- Concurrent decisions share calls: {:.3} Webdis calls per request in `filter-allow-1key`, a mean batch of {:.1} requests per `EVALSHA`. Per batch, Redis ran {:.2} commands counted by `INFO commandstats`, i.e. per request {} (the commands inside the script are counted too).\n",
+                "- Concurrent decisions share calls: {:.3} Webdis calls per request in `filter-allow-1key`, a mean batch of {:.1} requests per decision call (`FCALL`). Per batch, Redis ran {:.2} commands counted by `INFO commandstats`, i.e. per request {} (the commands inside the script are counted too).\n",
                 allow.cost.webdis_calls as f64 / allow.run.requests.max(1) as f64,
                 allow.cost.mean_batch().unwrap_or(0.0),
                 allow.cost.redis_total() as f64 / allow.cost.bridge_calls.max(1) as f64,
