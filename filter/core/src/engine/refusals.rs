@@ -11,9 +11,11 @@
 //! entry never outlives the refusal it copies.
 //!
 //! The one way tokens come back early is Redis losing its state (a restart without
-//! persistence, a flush, an eviction). A restart also empties Redis's script cache, and the
-//! engine clears this cache on the `NOSCRIPT` that follows; the other cases can refuse a key
-//! until its retry instant at most — a false refusal, never an overshoot. Units given back to
+//! persistence, a flush, an eviction). A restart also empties Redis's script cache, and its
+//! functions unless its snapshot held the library; the engine clears this cache on the
+//! `NOSCRIPT` or `ERR Function not found` that follows. The other cases (a restart that loaded
+//! the library from its snapshot among them) can refuse a key until its retry instant at most —
+//! a false refusal, never an overshoot. Units given back to
 //! a key (a lease's give-back, a split's refund) make its refusal forgotten, and a reply to a
 //! call sent before the latest restart puts no refusal back.
 
