@@ -23,7 +23,7 @@ ALGORITHMS.concurrency = function(key, p, now)
     d.taken_reset = 0
     d.commit = function()
       rcall('ZADD', key, format('%.17g', now.ms + p.window), p.member)
-      rcall('PEXPIRE', key, ceil(p.window) + 60000)
+      rcall('PEXPIRE', key, text_of(ceil(p.window) + 60000))
     end
   else
     -- A slot frees whenever a request in flight ends, and at the latest at the oldest

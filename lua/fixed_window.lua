@@ -115,7 +115,7 @@ algorithm('fixed_window', function(key, p, now)
   local windows = max(1, ceil((n + p.cost - p.limit) / p.limit))
   return false, kept, kept_reset, ceil(ends_in + beyond(windows - 1))
 end, function(key, index, n, ttl)
-  rcall('HSET', key, 'w', index, 'n', n)
+  rcall('HSET', key, 'w', text_of(index), 'n', text_of(n))
   rcall('PEXPIRE', key, ttl)
 end)
 

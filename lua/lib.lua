@@ -119,6 +119,27 @@ local function number_of(text)
   return n or nil
 end
 
+-- A number as a command's argument: a whole one below 1e14 as its text, kept in WHOLE_TEXTS
+-- (the same counts, window indexes and bucket levels come back from call to call, and Redis
+-- would format a number argument with %.17g on every use); any other as the number, which
+-- Redis writes exactly.
+local WHOLE_TEXTS, whole_texts_held = {}, 0
+local function text_of(x)
+  local text = WHOLE_TEXTS[x]
+  if text then
+    return text
+  end
+  if x < 0 or x >= 1e14 or x ~= floor(x) then
+    return x
+  end
+  text = tostring(x)
+  if whole_texts_held >= CACHE_MOST then
+    WHOLE_TEXTS, whole_texts_held = {}, 0
+  end
+  WHOLE_TEXTS[x], whole_texts_held = text, whole_texts_held + 1
+  return text
+end
+
 -- Exact milliseconds from ns string a to ns string b: ns timestamps (~1.8e18) do not fit a
 -- double, so seconds and nanoseconds are subtracted separately.
 -- The call's own clock is split once (set_clock): nearly every elapsed_ms has it on one side.

@@ -44,7 +44,7 @@ algorithm('sliding_window_counter', function(key, p, now)
   end
   return false, kept, wait_for(0), ceil(wait_for(p.limit - p.cost) or (2 * W - into))
 end, function(key, index, cur, prev, ttl)
-  rcall('HSET', key, 'w', index, 'cur', cur, 'prev', prev)
+  rcall('HSET', key, 'w', text_of(index), 'cur', text_of(cur), 'prev', text_of(prev))
   rcall('PEXPIRE', key, ttl)
 end)
 

@@ -6,21 +6,6 @@
 --           it exactly (%.17g in Redis 7.0, the shortest text that reads back the same after)
 --   ts      Unix ns of the last decision, stored exactly as given, never moved back
 -- Memory: one small hash per key. Expires once the bucket would be full again, + 60 s.
--- The TTL of a bucket charged at its own time: ms to fill + 60 s, as text (Redis writes a number
--- argument through a %.17g it would format on every call), kept by the ms to fill.
-local FULL_TTL, full_ttls_held = {}, 0
-local function full_ttl(fill_ms)
-  local text = FULL_TTL[fill_ms]
-  if not text then
-    text = tostring(ceil(fill_ms) + 60000)
-    if full_ttls_held >= CACHE_MOST then
-      FULL_TTL, full_ttls_held = {}, 0
-    end
-    FULL_TTL[fill_ms], full_ttls_held = text, full_ttls_held + 1
-  end
-  return text
-end
-
 algorithm('token_bucket', function(key, p, now)
   local rate = p.limit / p.window -- tokens per ms
   local capacity = p.burst
@@ -43,13 +28,13 @@ algorithm('token_bucket', function(key, p, now)
   if tokens >= p.cost then
     local left = tokens - p.cost
     return true, tokens, kept_reset, 0, left, ahead + (capacity - left) / rate,
-      left, stamp, ahead == 0 and full_ttl(capacity / rate) or ceil(ahead + capacity / rate) + 60000
+      left, stamp, text_of(ceil(ahead + capacity / rate) + 60000)
   elseif p.cost > capacity then
     return false, tokens, kept_reset, NEVER
   end
   return false, tokens, kept_reset, ceil(ahead + (p.cost - tokens) / rate)
 end, function(key, left, stamp, ttl)
-  rcall('HSET', key, 'tokens', left, 'ts', stamp)
+  rcall('HSET', key, 'tokens', text_of(left), 'ts', stamp)
   rcall('PEXPIRE', key, ttl)
 end)
 
