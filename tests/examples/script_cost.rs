@@ -1,10 +1,11 @@
-//! What one decision costs Redis inside the decision script, per algorithm and batch size:
-//! batches of 1, 16 and 64 decisions (each on a key of its own) sent through EVALSHA to a real
-//! Redis, as the filter's own argument builder writes them, and Redis's CPU read from
-//! `INFO cpu` (user + system) before and after. Run it on a quiet machine:
+//! What one decision costs Redis inside the decision code, per algorithm and batch size:
+//! batches of 1, 16 and 64 decisions (each on a key of its own) sent to a real Redis as the
+//! filter calls it by default (`FCALL` of the library's function; `--script`: `EVALSHA` of the
+//! script, as on a Redis Cluster), written by the filter's own argument builder, and Redis's CPU
+//! read from `INFO cpu` (user + system) before and after. Run it on a quiet machine:
 //!
 //! ```text
-//! cargo run --release -p e2e --example script_cost [-- [--callgrind] [ALGORITHM ...] DECISIONS]
+//! cargo run --release -p e2e --example script_cost [-- [--callgrind] [--script] [ALGORITHM ...] DECISIONS]
 //! ```
 //!
 //! ALGORITHMs (names as in the config) restrict the rows to theirs.
@@ -96,6 +97,10 @@ impl Callgrind {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let callgrind = args.iter().any(|a| a == "--callgrind");
+    let kind = match args.iter().any(|a| a == "--script") {
+        true => CallKind::Script,
+        false => CallKind::Function,
+    };
     let decisions: usize = args
         .iter()
         .find_map(|n| n.parse().ok())
@@ -113,7 +118,7 @@ fn main() {
         pid: redis.process.pid().to_string(),
         dir: dir.path.clone(),
     });
-    let mut script = Script::new(&redis);
+    let mut script = Script::calling(&redis, kind);
     let keys: Vec<&'static str> = (0..KEYS)
         .map(|i| &*Box::leak(format!("rl:{{k:{i:040}}}:bench:l").into_boxed_str()))
         .collect();
@@ -173,7 +178,7 @@ fn main() {
                 bytes as f64 / n
             );
             redis.admin().cmd(&["FLUSHALL"]).unwrap();
-            script = Script::new(&redis);
+            script = Script::calling(&redis, kind);
         }
     }
 }
