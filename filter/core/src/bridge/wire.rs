@@ -8,7 +8,7 @@
 //! (`lua/wire.lua`).
 
 pub mod decode;
-
+pub mod prelude;
 
 use crate::bounds::FRACTION_DECIMALS;
 #[cfg(doc)]
