@@ -70,16 +70,6 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in the order the config documents them.
-    pub const ALL: [Algorithm; 6] = [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::SlidingWindowLog,
-        Algorithm::FixedWindow,
-        Algorithm::Concurrency,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
@@ -91,7 +81,6 @@ impl Algorithm {
         }
     }
 
-    /// Whether it has a burst apart from its limit (an override's quota is then its burst).
     pub fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }

@@ -12,6 +12,16 @@ use super::{
 use crate::bounds::{EXPIRED_OVERRIDE_KEPT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_STATE_LIFETIME};
 use crate::config::Algorithm;
 
+/// Every algorithm (`every_algorithm_is_listed` stops compiling when one is added).
+const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+    Algorithm::FixedWindow,
+    Algorithm::Concurrency,
+];
+
 /// How to write `lua/wire.lua` again from the Rust definitions.
 pub const REGENERATE: &str = "cargo run -p ratelimit-core --example wire_prelude > lua/wire.lua";
 
@@ -61,7 +71,7 @@ pub fn lua_prelude() -> String {
         "-- The delta of a settle that releases a concurrency slot (the request's id after it).\n\
          local RELEASE_DELTA = {RELEASE_DELTA}\n"
     );
-    let bursts: Vec<String> = Algorithm::ALL
+    let bursts: Vec<String> = ALGORITHMS
         .iter()
         .filter(|a| a.has_burst())
         .map(|a| format!("{} = true", a.name()))
@@ -163,6 +173,20 @@ mod tests {
         assert!(prelude_difference(&added).is_some());
         let removed = rendered.replace("local OUTCOME_OVERRIDE = 4\n", "");
         assert!(prelude_difference(&removed).is_some());
+    }
+
+    #[test]
+    fn every_algorithm_is_listed() {
+        let listed = |a: Algorithm| match a {
+            Algorithm::TokenBucket
+            | Algorithm::Gcra
+            | Algorithm::SlidingWindowCounter
+            | Algorithm::SlidingWindowLog
+            | Algorithm::FixedWindow
+            | Algorithm::Concurrency => ALGORITHMS.contains(&a),
+        };
+        assert!(ALGORITHMS.into_iter().all(listed));
+        assert!(listed(Algorithm::Concurrency) && listed(Algorithm::FixedWindow));
     }
 
     /// The prelude only defines locals: no statement at its top level but `local` ones.
