@@ -81,6 +81,8 @@ impl Algorithm {
         }
     }
 
+    /// Whether a limit of it has a burst (a bucket's capacity) apart from its rate; the
+    /// others hold `limit` at most.
     pub fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
