@@ -1,6 +1,8 @@
 -- Decides a batch of requests in one call: in arrival order, each all or nothing over its own
 -- limits, exactly as if each had been sent alone (a request sees what the ones before it in the
--- batch charged). The argument layout is built in one place, ratelimit_core::bridge::DecideCall.
+-- batch charged). The argument layout is defined in one place, ratelimit_core::bridge::wire,
+-- which also renders wire.lua (the mode names, the values each adds, the field patterns, the
+-- outcome bits and the bounds, as locals) ahead of this code.
 --
 -- KEYS[k]    the distinct keys of the batch (state, key-budget counters, overflow state)
 -- ARGV[1]    clock: Unix time in ns (decimal string) from the caller, or "redis" to use TIME
@@ -59,7 +61,7 @@
 -- ("shared") or refused until the budget's window ends ("deny"); plus 4 when an override
 -- applied, 8 when the override found was malformed and ignored; plus 16 x the override's
 -- quota (its burst for token_bucket and gcra, else its limit; 0 for "unlimited" and
--- "blocked"; see read_override below).
+-- "blocked"; see read_override below). wire.lua names these bits (OUTCOME_*).
 --
 -- Overrides: a limit whose key index is "i:j" reads the identity's override at KEYS[j] before
 -- it is decided (and before a refund or settlement: they use the numbers it was decided
@@ -138,30 +140,27 @@ local FAST = {token_bucket = true, gcra = true, fixed_window = true,
 -- one costs far more than finding it.
 local DEFINITIONS, definitions_held = {}, 0
 
--- The values a limit adds after its cost, by its definition's mode.
-local EXTRAS = {enforce = 0, shadow = 0, after = 0, hold = 1, lease = 2, settle = 2, refund = 2}
-
 -- The mode-specific fields of a limit in mode `mode`, from the values it adds (x, y); false
 -- when they are malformed.
 local function read_mode(p, mode, x, y)
   local name = p.algorithm_name
   local concurrency = name == 'concurrency'
-  if mode == 'refund' then
+  if mode == MODE_REFUND then
     p.refund, p.charged_at, p.left = REFUNDS[name], x, tonumber(y)
     return p.refund and match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
-  elseif mode == 'lease' then
+  elseif mode == MODE_LEASE then
     local lease = {max_units = tonumber(x), fraction = tonumber(y)}
     p.lease = lease
     return LEASABLE[name] and whole(lease.max_units) and lease.max_units >= 1
       and lease.fraction and lease.fraction > 0 and lease.fraction <= 1
-  elseif mode == 'settle' then
+  elseif mode == MODE_SETTLE then
     p.settle, p.delta = SETTLES[name], tonumber(x)
     if concurrency then
       p.member = y
     end
     return p.settle and p.delta and p.delta == floor(p.delta)
       and (not concurrency or y ~= '')
-  elseif mode == 'hold' then
+  elseif mode == MODE_HOLD then
     p.member = x
     return x ~= ''
   end
@@ -179,39 +178,36 @@ local function build_definition(name, limit, window_text, burst, mode, budget, o
     window = window,
     burst = number_of(burst),
     mode = mode,
-    extras = EXTRAS[mode],
+    extras = MODE_VALUES[mode],
   }
   -- A concurrency limit holds a slot or releases it, and only it holds one.
   local ok = def.extras ~= nil
   if name == 'concurrency' then
-    ok = ok and (mode == 'hold' or mode == 'settle')
+    ok = ok and (mode == MODE_HOLD or mode == MODE_SETTLE)
   else
-    ok = ok and mode ~= 'hold' and (mode ~= 'after' or SETTLES[name] ~= nil)
+    ok = ok and mode ~= MODE_HOLD and (mode ~= MODE_AFTER or SETTLES[name] ~= nil)
   end
   if budget ~= 0 then
     def.budget, def.overflow = budget, overflow
-    ok = ok and (mode == 'enforce' or mode == 'shadow') and BUDGETS[budget] and def.overflow
+    ok = ok and (mode == MODE_ENFORCE or mode == MODE_SHADOW) and BUDGETS[budget] and def.overflow
   end
   local window_ok = window and window > 0
   if not window and name == 'fixed_window' then
     def.calendar = calendar_of(window_text)
     window_ok = def.calendar ~= nil
   end
-  def.shadow, def.after = mode == 'shadow', mode == 'after'
+  def.shadow, def.after = mode == MODE_SHADOW, mode == MODE_AFTER
   def.ok = ok and def.algorithm and def.limit and def.limit >= 1 and window_ok
     and def.burst and def.burst >= 1 and true or false
   def.meta = {__index = def}
   -- The one-limit requests decide_fast takes: no key budget, a window in ms.
-  if def.ok and FAST[name] and (mode == 'enforce' or mode == 'shadow') and not def.budget
+  if def.ok and FAST[name] and (mode == MODE_ENFORCE or mode == MODE_SHADOW) and not def.budget
       and window then
     def.fast = {algorithm = def.algorithm, alone = DECIDE_ALONE[name], limit = def.limit,
       window = window, burst = def.burst}
   end
   return def
 end
-
--- The fields of a definition's argument (see the layout above), or nil.
-local DEFINITION_FIELDS = '^([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)$'
 
 -- The definition an argument holds, or nil when it is not seven fields. One with no key
 -- budget is built once and then found in DEFINITIONS by its text; one with a key budget
@@ -275,11 +271,11 @@ local function limit_of(text)
     return l
   end
   l = false
-  local key, def, cost = match(text or '', '^([^~]*)~([^~]*)~([^~]*)$')
+  local key, def, cost = match(text or '', LIMIT_FIELDS)
   if key then
     local i, j = tonumber(key), nil
     if not i then
-      i, j = match(key, '^(%d+):(%d+)$')
+      i, j = match(key, KEY_AND_OVERRIDE)
       i, j = tonumber(i), tonumber(j)
     end
     l = {i or false, j or false, tonumber(def) or false, tonumber(cost) or false}
@@ -329,22 +325,17 @@ end
 -- TTL, so that an eviction policy reaching only keys with a TTL (volatile-lru) never reaches an
 -- override; an override past its `until` is absent, and gets a short TTL so it goes. (One
 -- written with a TTL of its own instead still works: Redis removes it at its time.)
--- Reads it into p and returns the outcome bits it adds: 4 when it applies, 8 when it is
--- malformed (then the config's numbers apply).
-local MAX_LIMIT = 1000000000000
-local MAX_LOG_LIMIT = 10000
-local MAX_STATE_LIFETIME_MS = 2 * 366 * 86400000
--- An expired override stays this long (ms) for operators to see it, then Redis removes it.
-local EXPIRED_KEPT_MS = 60000
-local HAS_BURST = {token_bucket = true, gcra = true}
+-- Reads it into p and returns the outcome bits it adds: OUTCOME_OVERRIDE when it applies,
+-- OUTCOME_BAD_OVERRIDE when it is malformed (then the config's numbers apply). The bounds
+-- are the config's (wire.lua).
 local function read_override(p)
   local o = rpcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
   if type(o) ~= 'table' or o.err then
-    return 8
+    return OUTCOME_BAD_OVERRIDE
   end
   local mode = o[1]
   if not mode then
-    return (o[2] or o[3] or o[4]) and 8 or 0
+    return (o[2] or o[3] or o[4]) and OUTCOME_BAD_OVERRIDE or 0
   end
   local function number(text)
     return text and match(text, '^[1-9]%d*$') and tonumber(text)
@@ -352,7 +343,7 @@ local function read_override(p)
   if o[4] then
     local expiry = number(o[4])
     if not expiry then
-      return 8
+      return OUTCOME_BAD_OVERRIDE
     end
     if expiry <= now.ms then
       if rcall('PTTL', p.override) == -1 then
@@ -364,25 +355,25 @@ local function read_override(p)
   end
   if mode == 'unlimited' or mode == 'blocked' then
     if o[2] or o[3] then
-      return 8
+      return OUTCOME_BAD_OVERRIDE
     end
     p[mode] = true
-    return 4
+    return OUTCOME_OVERRIDE
   end
   local limit, burst = number(o[2]), o[3] and number(o[3])
   if mode ~= 'limit' or not limit or limit > MAX_LIMIT
       or (p.algorithm_name == 'sliding_window_log' and limit > MAX_LOG_LIMIT)
       or (o[3] and (not burst or burst > MAX_LIMIT or not HAS_BURST[p.algorithm_name])) then
-    return 8
+    return OUTCOME_BAD_OVERRIDE
   end
   burst = burst or limit
   -- A calendar window is a month at most.
   if burst / limit * (p.window or 31 * 86400000) > MAX_STATE_LIFETIME_MS then
-    return 8
+    return OUTCOME_BAD_OVERRIDE
   end
   p.limit, p.burst = limit, burst
   p.override_quota = HAS_BURST[p.algorithm_name] and burst or limit
-  return 4
+  return OUTCOME_OVERRIDE
 end
 
 -- A blocked identity is refused until its override expires; one without expiry has no time
@@ -578,8 +569,8 @@ local function decide_request(limits)
       d.commit()
     end
     local p = limits[i]
-    local outcome = (d.allowed and 1 or 0) + (p.over and 2 or 0) + (p.override_bits or 0)
-      + 16 * (p.override_quota or 0)
+    local outcome = (d.allowed and OUTCOME_ALLOWED or 0) + (p.over and OUTCOME_OVER_BUDGET or 0)
+      + (p.override_bits or 0) + OUTCOME_QUOTA_UNIT * (p.override_quota or 0)
     reply[#reply + 1] = outcome
     -- Debt is never shown as a negative remaining.
     local left = charged[i] and d.taken_remaining or d.kept_remaining
@@ -672,7 +663,7 @@ local function run(definitions)
       left = max(0, left)
       local o = run_o
       out[o + 1], out[o + 2] = (allowed or shadow) and 1 or 0, 1
-      out[o + 3], out[o + 4] = allowed and 1 or 0, left == floor(left) and left or tostring(left)
+      out[o + 3], out[o + 4] = allowed and OUTCOME_ALLOWED or 0, left == floor(left) and left or tostring(left)
       out[o + 5], out[o + 6] = ceil(reset), retry
       run_o = o + 6
     else

@@ -1,5 +1,6 @@
--- Shared part of the decision script. The filter sends ONE script to Redis: this file, then
--- one file per algorithm, then decide.lua, concatenated (see filter/core/src/lib.rs). Each
+-- Shared part of the decision script. The filter sends ONE script to Redis: wire.lua (the call
+-- protocol's constants, generated from the Rust side), this file, then one file per
+-- algorithm, then decide.lua, concatenated (see filter/core/src/lib.rs). Each
 -- algorithm file adds a function to ALGORITHMS:
 --
 --   ALGORITHMS.name = function(key, p, now) -> d

@@ -56,6 +56,9 @@ pub const MAX_LIMIT: u64 = 1_000_000_000_000;
 /// cost in the window. Measured on Redis 7.0: a full key of 10,000 entries takes about 1.5 MB,
 /// and a request of cost 10,000 runs 10,000 `ZADD`s in one script, about 25 ms of Redis.
 pub const MAX_LOG_LIMIT: u64 = 10_000;
+/// How long an override past its `until` stays for operators to see it (`ratelimit-admin
+/// inspect`) before Redis removes it: the decision code gives it this TTL when it meets it.
+pub const EXPIRED_OVERRIDE_KEPT: Duration = Duration::from_secs(60);
 
 /// Limits one request can carry (all its matching rules together): one script call decides
 /// them, and the response headers list them.

@@ -28,11 +28,13 @@ pub mod throttle;
 pub mod time;
 pub mod usage;
 
-/// The decision code, as both forms share it: the shared part, one part per algorithm, then the
+/// The decision code, as both forms share it: the call protocol's constants (`lua/wire.lua`,
+/// rendered from [`bridge::wire`]), the shared part, one part per algorithm, then the
 /// driver that decides all of a request's limits at once, ending in the function `decide(keys,
 /// args)`. Run as a Redis Function where it can ([`bridge::Program`]), else as the script
 /// [`DECISION_LUA`].
 pub const DECISION_CODE: &str = concat!(
+    include_str!("../../../lua/wire.lua"),
     include_str!("../../../lua/lib.lua"),
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/gcra.lua"),
@@ -49,6 +51,7 @@ pub const DECISION_CODE: &str = concat!(
 /// undeclared keys of several slots of one Redis Cluster node (a call for several slots, see
 /// `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`.
 pub const DECISION_LUA: &str = concat!(
+    include_str!("../../../lua/wire.lua"),
     "local CALL_KEYS, CALL_ARGV = KEYS, ARGV\n",
     include_str!("../../../lua/lib.lua"),
     include_str!("../../../lua/token_bucket.lua"),

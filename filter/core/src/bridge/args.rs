@@ -1,12 +1,15 @@
-//! The decision script's arguments: the layout `lua/decide.lua` reads, built here and nowhere
-//! else (the filter and the Lua tests use it), for a batch of decisions and lease asks, a
-//! refund, or a settlement.
+//! The decision script's arguments: the layout `lua/decide.lua` reads, written by the
+//! protocol's encoder ([`super::wire`]) for a batch of decisions and lease asks, a refund, or
+//! a settlement (the filter and the Lua tests use it).
 
 use std::collections::HashMap;
 
+use super::wire::{
+    encode_count, encode_head, encode_limit, Args, Budget, Definition, KeyIndex, WireMode,
+};
 pub use crate::bounds::FRACTION_DECIMALS;
 use crate::check::{BudgetCheck, LimitCheck, Mode};
-use crate::config::{Lease, Window};
+use crate::config::Lease;
 use crate::decision::{Refund, Settlement};
 use crate::request::keys::override_key;
 
@@ -19,38 +22,18 @@ pub struct DecideCall {
     /// `ARGV`: clock, deadline, number of requests, number of key budgets and four values per
     /// budget (counter key index, new keys, window ms, `shared` | `deny`), number of limit
     /// definitions and one argument per definition of seven fields joined by
-    /// [`FIELD_SEPARATOR`] (algorithm, limit, window ([`window_arg`]), burst, mode, budget
+    /// [`super::wire::FIELD_SEPARATOR`] (algorithm, limit, window ([`super::wire::window_arg`]), burst, mode, budget
     /// index or 0, overflow key index or 0), then per request its number of limits and per
     /// limit one argument of three fields (key index, definition index, cost), then what its
-    /// mode adds (`lease`: units and fraction; `hold`: the request's id; `settle`: the delta and
-    /// the slot's id or `0`; `refund`: the charge's clock and what it left). A batch's
-    /// requests on one rule's limit share its definition.
+    /// mode adds ([`WireMode`]). A batch's requests on one rule's limit share its definition.
     pub args: Vec<String>,
 }
 
-/// Joins the fields of a definition, and of a limit, into one argument: the script finds a
-/// definition or a limit it has read before by that one text (a function library keeps what it
-/// read from call to call), and Redis and Webdis handle one argument instead of several. Not
-/// percent-encoded in a path (as `/` between arguments would be), and in no field.
-pub const FIELD_SEPARATOR: char = '~';
-
-/// What a limit's definition holds: everything but its key, cost and per-request mode values.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Definition {
-    algorithm: &'static str,
-    per_window: u64,
-    window: String,
-    burst: u64,
-    mode: &'static str,
-    budget: usize,
-    overflow: usize,
-}
-
-/// Numbers a call's limit definitions from 1 in order of first use, and writes their values.
+/// Numbers a call's limit definitions from 1 in order of first use, and writes them.
 #[derive(Default)]
 struct Definitions {
     args: Vec<String>,
-    index: HashMap<Definition, usize>,
+    index: HashMap<String, usize>,
 }
 
 impl Definitions {
@@ -58,51 +41,18 @@ impl Definitions {
         self.index.len()
     }
 
-    fn index_of(&mut self, definition: Definition) -> usize {
+    fn index_of(&mut self, definition: &Definition) -> usize {
+        let mut text = Args::default();
+        definition.encode(&mut text);
+        let text = text.one();
         let next = self.index.len() + 1;
-        let args = &mut self.args;
-        *self.index.entry(definition).or_insert_with_key(|d| {
-            let Definition {
-                algorithm,
-                per_window,
-                window,
-                burst,
-                mode,
-                budget,
-                overflow,
-            } = d;
-            args.push(format!(
-                "{algorithm}~{per_window}~{window}~{burst}~{mode}~{budget}~{overflow}"
-            ));
-            next
-        })
+        if let Some(&i) = self.index.get(&text) {
+            return i;
+        }
+        self.args.push(text.clone());
+        self.index.insert(text, next);
+        next
     }
-}
-
-/// Writes one limit of a request: one argument of its key index (with its override's, `i:j`,
-/// for a limit that reads one), its definition's index and its cost, joined by
-/// [`FIELD_SEPARATOR`]; then its mode's values, one argument each.
-fn push_limit(
-    body: &mut Vec<String>,
-    definitions: &mut Definitions,
-    key_index: String,
-    c: &LimitCheck,
-    mode: &'static str,
-    (budget, overflow): (usize, usize),
-    extras: impl IntoIterator<Item = String>,
-) {
-    let definition = Definition {
-        algorithm: c.algorithm.name(),
-        per_window: c.per_window,
-        window: window_arg(c.window),
-        burst: c.burst,
-        mode,
-        budget,
-        overflow,
-    };
-    let definition = definitions.index_of(definition);
-    body.push(format!("{key_index}~{definition}~{}", c.cost));
-    body.extend(extras);
 }
 
 /// The units of `check` a request asking for a lease of `requests` requests' worth asks for:
@@ -114,83 +64,62 @@ pub fn lease_units(lease: Lease, check: &LimitCheck, requests: u64) -> u64 {
     }
 }
 
-/// The window argument: its length in ms, digits only; or a calendar window (fixed_window
-/// only) as its unit's letter and its UTC offset in signed minutes: `D+330` (a day at
-/// +05:30), `W+0` (an ISO week in UTC), `M-300` (a month at -05:00). The script reads it as a
-/// calendar only when it is not plain digits.
-pub fn window_arg(window: Window) -> String {
-    match window {
-        Window::Fixed(d) => d.as_millis().to_string(),
-        Window::Calendar(c) => c.wire(),
-    }
-}
-
-fn fraction_text(fraction: f64) -> String {
-    format!("{fraction:.FRACTION_DECIMALS$}")
-}
-
-/// The mode a limit goes with in a decision call: its [`Mode`], in a request that asks for a
-/// lease of `requests` requests' worth (`Some`) or not.
-pub(super) enum WireMode<'a> {
-    After,
-    /// A concurrency limit: `hold`, the request's id, `0`.
-    Hold(&'a str),
-    Lease {
-        units: u64,
-        fraction: f64,
-    },
-    Decide {
-        shadow: bool,
-        budget: Option<&'a BudgetCheck>,
-    },
-}
-
-impl<'a> WireMode<'a> {
-    pub(super) fn of(check: &'a LimitCheck, requests: Option<u64>) -> Self {
-        match (&check.mode, requests) {
-            (Mode::After, _) => WireMode::After,
-            (Mode::Hold(member), _) => WireMode::Hold(member),
-            (Mode::Lease(lease), Some(requests)) => WireMode::Lease {
+/// The mode `check` goes with in a decision call, in a request that asks for a lease of
+/// `requests` requests' worth (`Some`) or not, and its key budget (only when decided).
+pub(super) fn decision_mode(
+    check: &LimitCheck,
+    requests: Option<u64>,
+) -> (WireMode<'_>, Option<&BudgetCheck>) {
+    match (&check.mode, requests) {
+        (Mode::After, _) => (WireMode::After, None),
+        (Mode::Hold(member), _) => (WireMode::Hold { member }, None),
+        (Mode::Lease(lease), Some(requests)) => (
+            WireMode::Lease {
                 units: lease_units(*lease, check, requests),
                 fraction: lease.fraction,
             },
-            (Mode::Lease(_), None) => WireMode::Decide {
-                shadow: false,
-                budget: None,
-            },
-            (Mode::Shadow { budget }, _) => WireMode::Decide {
-                shadow: true,
-                budget: budget.as_deref(),
-            },
-            (Mode::Enforce { budget }, _) => WireMode::Decide {
-                shadow: false,
-                budget: budget.as_deref(),
-            },
-        }
+            None,
+        ),
+        (Mode::Lease(_), None) => (WireMode::Enforce, None),
+        (Mode::Shadow { budget }, _) => (WireMode::Shadow, budget.as_deref()),
+        (Mode::Enforce { budget }, _) => (WireMode::Enforce, budget.as_deref()),
     }
 }
 
-/// A limit as it goes in a call that adjusts what earlier calls charged: its key, the check
-/// sent, its mode and the mode's two values.
-type Adjustment<'a> = (&'a str, LimitCheck, &'static str, [String; 2]);
-
-/// A settlement as its limit goes in a call: its check sent with cost 0, mode `settle`, the
-/// delta and `0`, or for a concurrency slot its release.
-fn settle_limit(s: &Settlement) -> Adjustment<'_> {
-    let check = LimitCheck {
-        cost: 0,
-        ..s.check.clone()
-    };
-    let values = release_of(&s.check).unwrap_or_else(|| [s.delta.to_string(), "0".to_string()]);
-    (&s.check.key, check, "settle", values)
+/// The mode a settlement's limit goes with (its cost sent as 0): its delta, or for a
+/// concurrency slot its release.
+pub(super) fn settle_mode(s: &Settlement) -> WireMode<'_> {
+    match &s.check.mode {
+        Mode::Hold(member) => WireMode::Release { member },
+        _ => WireMode::Settle { delta: s.delta },
+    }
 }
 
-/// The values after `settle` releasing the slot a concurrency limit's request holds: `-1`
-/// and its id (None: `check` holds no slot).
-fn release_of(check: &LimitCheck) -> Option<[String; 2]> {
-    match &check.mode {
-        Mode::Hold(member) => Some(["-1".to_string(), member.to_string()]),
-        _ => None,
+/// The mode a give-back's limit goes with: the charge's clock and what it left, or for a
+/// concurrency slot its release.
+pub(super) fn refund_mode(r: &Refund) -> WireMode<'_> {
+    match &r.check.mode {
+        Mode::Hold(member) => WireMode::Release { member },
+        _ => WireMode::Refund {
+            charged_at: r.charged_at_ns,
+            left: r.left,
+        },
+    }
+}
+
+/// A limit's definition in `mode`, with its key budget's and overflow key's indexes.
+pub(super) fn definition_of(
+    check: &LimitCheck,
+    mode: &WireMode,
+    budget: Option<(usize, usize)>,
+) -> Definition {
+    Definition {
+        algorithm: check.algorithm,
+        per_window: check.per_window,
+        window: check.window,
+        burst: check.burst,
+        mode: mode.name(),
+        budget,
     }
 }
 
@@ -212,19 +141,94 @@ impl<'a> KeyTable<'a> {
         })
     }
 
-    /// The key index argument of a limit whose state is at `key`: `i`, or `i:j` when it reads
-    /// its override (at [`override_key`]).
-    fn limit_index(&mut self, key: &'a str, overrides: bool) -> String {
-        let i = self.index_of(key);
+    /// The key index of a limit whose state is at `key`, with its override's (at
+    /// [`override_key`]) when it reads one.
+    fn limit_index(&mut self, key: &'a str, overrides: bool) -> KeyIndex {
+        let state = self.index_of(key);
         if !overrides {
-            return i.to_string();
+            return KeyIndex {
+                state,
+                overrides: None,
+            };
         }
         let keys = &mut self.keys;
         let j = *self.overrides.entry(key).or_insert_with(|| {
             keys.push(override_key(key));
             keys.len()
         });
-        format!("{i}:{j}")
+        KeyIndex {
+            state,
+            overrides: Some(j),
+        }
+    }
+}
+
+/// A call being written: its keys, key budgets, definitions and requests.
+#[derive(Default)]
+struct CallWriter<'a> {
+    keys: KeyTable<'a>,
+    definitions: Definitions,
+    budgets: Args,
+    budget_index: HashMap<&'a str, usize>,
+    body: Args,
+    requests: usize,
+}
+
+impl<'a> CallWriter<'a> {
+    fn request(&mut self, limits: usize) {
+        self.requests += 1;
+        encode_count(&mut self.body, limits, true);
+    }
+
+    /// Writes one limit of the current request: `check` (its key and numbers) in `mode`.
+    fn limit(
+        &mut self,
+        check: &'a LimitCheck,
+        cost: u64,
+        mode: WireMode,
+        budget: Option<&'a BudgetCheck>,
+    ) {
+        let key = self.keys.limit_index(&check.key, check.overrides);
+        let budget = budget.map(|b| {
+            let next = self.budget_index.len() + 1;
+            let i = *self.budget_index.entry(&b.counter_key).or_insert(next);
+            if i == next {
+                Budget {
+                    counter: self.keys.index_of(&b.counter_key),
+                    new_keys: b.new_keys,
+                    window_ms: b.window_ms,
+                    over_budget: b.over_budget,
+                }
+                .encode(&mut self.budgets);
+            }
+            (i, self.keys.index_of(&b.overflow_key))
+        });
+        let definition = self
+            .definitions
+            .index_of(&definition_of(check, &mode, budget));
+        encode_limit(&mut self.body, key, definition, cost, &mode);
+    }
+
+    fn finish(self, clock: &str, deadline_ms: u128) -> DecideCall {
+        let mut head = Args::default();
+        encode_head(
+            &mut head,
+            clock,
+            &deadline_ms.to_string(),
+            self.requests,
+            self.budget_index.len(),
+        );
+        let mut args = head.finish();
+        args.extend(self.budgets.finish());
+        let mut count = Args::default();
+        encode_count(&mut count, self.definitions.count(), false);
+        args.extend(count.finish());
+        args.extend(self.definitions.args);
+        args.extend(self.body.finish());
+        DecideCall {
+            keys: self.keys.keys,
+            args,
+        }
     }
 }
 
@@ -260,82 +264,18 @@ impl DecideCall {
         requests: impl IntoIterator<Item = (&'a [LimitCheck], Option<u64>)>,
         settlements: &'a [Settlement],
     ) -> Self {
-        let mut keys = KeyTable::default();
-        let mut definitions = Definitions::default();
-        let mut budgets: Vec<String> = Vec::new();
-        let mut budget_index: HashMap<&str, usize> = HashMap::new();
-        let mut body: Vec<String> = Vec::new();
-        let mut count = 0usize;
+        let mut call = CallWriter::default();
         for (checks, ask_lease) in requests {
-            count += 1;
-            body.push(checks.len().to_string());
+            call.request(checks.len());
             for c in checks {
-                let key_index = keys.limit_index(&c.key, c.overrides);
-                let (mode, budget, extras) = match WireMode::of(c, ask_lease) {
-                    WireMode::After => ("after", (0, 0), vec![]),
-                    WireMode::Hold(member) => ("hold", (0, 0), vec![member.to_string()]),
-                    WireMode::Lease { units, fraction } => (
-                        "lease",
-                        (0, 0),
-                        vec![units.to_string(), fraction_text(fraction)],
-                    ),
-                    WireMode::Decide { shadow, budget } => {
-                        let budget = budget.map_or((0, 0), |b| {
-                            let next = budget_index.len() + 1;
-                            let i = *budget_index.entry(&b.counter_key).or_insert(next);
-                            if i == next {
-                                budgets.push(keys.index_of(&b.counter_key).to_string());
-                                budgets.push(b.new_keys.to_string());
-                                budgets.push(b.window_ms.to_string());
-                                budgets.push(b.over_budget.name().to_string());
-                            }
-                            (i, keys.index_of(&b.overflow_key))
-                        });
-                        let mode = if shadow { "shadow" } else { "enforce" };
-                        (mode, budget, vec![])
-                    }
-                };
-                push_limit(
-                    &mut body,
-                    &mut definitions,
-                    key_index,
-                    c,
-                    mode,
-                    budget,
-                    extras,
-                );
+                let (mode, budget) = decision_mode(c, ask_lease);
+                call.limit(c, c.cost, mode, budget);
             }
         }
         if !settlements.is_empty() {
-            count += 1;
-            body.push(settlements.len().to_string());
-            for s in settlements {
-                let (key, check, mode, values) = settle_limit(s);
-                let key_index = keys.limit_index(key, check.overrides);
-                push_limit(
-                    &mut body,
-                    &mut definitions,
-                    key_index,
-                    &check,
-                    mode,
-                    (0, 0),
-                    values,
-                );
-            }
+            call.settlements(settlements);
         }
-        let mut args = Vec::with_capacity(5 + budgets.len() + definitions.args.len() + body.len());
-        args.push(clock.to_string());
-        args.push(deadline_ms.to_string());
-        args.push(count.to_string());
-        args.push(budget_index.len().to_string());
-        args.extend(budgets);
-        args.push(definitions.count().to_string());
-        args.extend(definitions.args);
-        args.extend(body);
-        DecideCall {
-            keys: keys.keys,
-            args,
-        }
+        call.finish(clock, deadline_ms)
     }
 
     /// One request giving back what earlier calls charged (see `lua/decide.lua`). `clock`
@@ -343,63 +283,20 @@ impl DecideCall {
     /// plus the clock skew allowed between replicas; `deadline_ms` (Unix ms, 0: none) should be `clock` itself: a refund that reaches Redis
     /// later could meet decisions made after its clock, and then gives back nothing.
     pub fn refund(clock: u128, deadline_ms: u128, refunds: &[Refund]) -> Self {
-        Self::adjustment(clock, deadline_ms, refunds, |r| {
-            // A concurrency slot is given back by its id: a release.
-            let (mode, values) = match release_of(&r.check) {
-                Some(release) => ("settle", release),
-                None => (
-                    "refund",
-                    [r.charged_at_ns.to_string(), format!("{}", r.left)],
-                ),
-            };
-            (&*r.check.key, r.check.clone(), mode, values)
-        })
+        let mut call = CallWriter::default();
+        call.request(refunds.len());
+        for r in refunds {
+            call.limit(&r.check, r.check.cost, refund_mode(r), None);
+        }
+        call.finish(&clock.to_string(), deadline_ms)
     }
 
     /// One request settling usage limits (see `lua/decide.lua`, mode `settle`): each limit is
     /// charged its signed delta at `clock` (Unix ns), without refusing.
     pub fn settle(clock: u128, deadline_ms: u128, settlements: &[Settlement]) -> Self {
-        Self::adjustment(clock, deadline_ms, settlements, settle_limit)
-    }
-
-    /// One request of `items`, each a limit (its key, as the check to send) with its mode and
-    /// the mode's two values: a request that only adjusts what earlier calls charged
-    /// (refunds, settlements).
-    fn adjustment<'a, T>(
-        clock: u128,
-        deadline_ms: u128,
-        items: &'a [T],
-        limit: impl Fn(&'a T) -> Adjustment<'a>,
-    ) -> Self {
-        let mut keys = KeyTable::default();
-        let mut definitions = Definitions::default();
-        let mut body = vec![items.len().to_string()];
-        for item in items {
-            let (key, check, mode, values) = limit(item);
-            let key_index = keys.limit_index(key, check.overrides);
-            push_limit(
-                &mut body,
-                &mut definitions,
-                key_index,
-                &check,
-                mode,
-                (0, 0),
-                values,
-            );
-        }
-        let mut args = vec![
-            clock.to_string(),
-            deadline_ms.to_string(),
-            "1".to_string(),
-            "0".to_string(),
-            definitions.count().to_string(),
-        ];
-        args.extend(definitions.args);
-        args.extend(body);
-        DecideCall {
-            keys: keys.keys,
-            args,
-        }
+        let mut call = CallWriter::default();
+        call.settlements(settlements);
+        call.finish(&clock.to_string(), deadline_ms)
     }
 
     /// The Redis command: `FCALL name` or `EVALSHA sha` (`command`, `handle`), then
@@ -439,11 +336,23 @@ impl DecideCall {
     }
 }
 
+impl<'a> CallWriter<'a> {
+    /// One request settling `settlements`, each limit's cost sent as 0.
+    fn settlements(&mut self, settlements: &'a [Settlement]) {
+        self.request(settlements.len());
+        for s in settlements {
+            self.limit(&s.check, 0, settle_mode(s), None);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bridge::call_bytes;
+    use crate::bridge::wire::FIELD_SEPARATOR;
     use crate::check::BudgetCheck;
+    use crate::config::Window;
     use crate::config::{Algorithm, OverBudget};
     use crate::testing::plan::minute_check as check;
     #[cfg(target_arch = "wasm32")]

@@ -1,5 +1,6 @@
 //! Talking to Webdis: what Redis runs and how it is loaded (`program`), the decision call's
-//! arguments (`args`), the size model of a call (`size`), the
+//! arguments (`args`), the size model of a call (`size`), the call's protocol and its one
+//! encoder, decoder and Lua prelude (`wire`), the
 //! HTTP requests (`request`), what their replies say (`reply`), why a call gave no decision
 //! (`failure`), and the probe of a live bridge with a configuration's credentials (`probe`).
 
@@ -10,8 +11,9 @@ mod program;
 mod reply;
 mod request;
 mod size;
+pub mod wire;
 
-pub use args::{lease_units, DecideCall, FIELD_SEPARATOR, FRACTION_DECIMALS};
+pub use args::{lease_units, DecideCall, FRACTION_DECIMALS};
 pub use failure::{
     BridgeCall, BridgeFailure, FailureCause, MisconfigCause, Misconfiguration, Refused,
 };
@@ -22,6 +24,5 @@ pub use reply::{
     RequestShape, SlotMap,
 };
 pub use request::{BridgeRequest, NODE_CALL_EXTRA_BYTES};
-pub use size::{
-    batch_size, call_bytes, BudgetShape, CallSize, LimitShape, ModeShape, MAX_CLOCK_DIGITS,
-};
+pub use size::{batch_size, call_bytes, BudgetShape, CallSize, LimitShape};
+pub use wire::{WireMode, FIELD_SEPARATOR, MAX_CLOCK_DIGITS};

@@ -1,5 +1,9 @@
 //! Reading Webdis's replies: what a decision call (`FCALL` or `EVALSHA`) of a batch answered.
 
+use super::wire::{
+    OUTCOME_ALLOWED, OUTCOME_BAD_OVERRIDE, OUTCOME_OVERRIDE, OUTCOME_OVER_BUDGET,
+    OUTCOME_QUOTA_UNIT,
+};
 use serde_json::Value;
 
 use super::failure::{shown_error, BridgeCall, BridgeFailure};
@@ -186,7 +190,7 @@ fn parse_request(
             "limit outcome is not a whole number",
         ))?;
         let (overridden, bad_override) = override_of(outcome)?;
-        let allowed = outcome & 1 == 1;
+        let allowed = outcome & OUTCOME_ALLOWED != 0;
         let (retry_ms, never_fits) = retry_of(&chunk[3], allowed)?;
         limits.push(LimitResult {
             allowed,
@@ -195,7 +199,7 @@ fn parse_request(
             reset_ms: non_negative_number(&chunk[2])
                 .ok_or(BridgeFailure::BadReply("reset is not a number >= 0"))?,
             retry_ms,
-            over_budget: outcome & 2 == 2,
+            over_budget: outcome & OUTCOME_OVER_BUDGET != 0,
             overridden,
             bad_override,
             never_fits,
@@ -214,13 +218,13 @@ fn parse_request(
 /// override's quota (0: `unlimited` when allowed, `blocked` when refused).
 fn override_of(outcome: u64) -> Result<(Option<Override>, bool), BridgeFailure> {
     let bad = BridgeFailure::BadReply("limit outcome is not one the script sends");
-    let (flags, limit) = (outcome & 15, outcome >> 4);
-    let overridden = match (flags & 12, limit) {
+    let (flags, limit) = (outcome % OUTCOME_QUOTA_UNIT, outcome / OUTCOME_QUOTA_UNIT);
+    let overridden = match (flags & (OUTCOME_OVERRIDE | OUTCOME_BAD_OVERRIDE), limit) {
         (0, 0) => None,
-        (8, 0) => return Ok((None, true)),
-        (4, 0) if flags & 1 == 1 => Some(Override::Unlimited),
-        (4, 0) => Some(Override::Blocked),
-        (4, limit) if limit <= MAX_LIMIT => Some(Override::Limit(limit)),
+        (OUTCOME_BAD_OVERRIDE, 0) => return Ok((None, true)),
+        (OUTCOME_OVERRIDE, 0) if flags & OUTCOME_ALLOWED != 0 => Some(Override::Unlimited),
+        (OUTCOME_OVERRIDE, 0) => Some(Override::Blocked),
+        (OUTCOME_OVERRIDE, limit) if limit <= MAX_LIMIT => Some(Override::Limit(limit)),
         _ => return Err(bad),
     };
     Ok((overridden, false))

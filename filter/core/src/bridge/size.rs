@@ -1,196 +1,155 @@
 //! The size model of a call: how many bytes a call's path takes at most, as [`DecideCall`]
-//! writes it and [`crate::program::Program::decide`] encodes it. The batcher, the packer of give-backs
-//! and settlements, and the configuration's bound on one request all count with it.
+//! writes it and [`crate::program::Program::decide`] encodes it, counted by the protocol's own
+//! encoder ([`super::wire`] over [`Count`]). The batcher, the packer of give-backs and
+//! settlements, and the configuration's bound on one request all count with it.
 
-use super::args::{WireMode, FRACTION_DECIMALS};
+use super::args::{decision_mode, refund_mode, settle_mode};
+use super::wire::{
+    digits, encode_command, encode_count, encode_head, encode_key, encode_limit, Budget, Count,
+    Definition, KeyIndex, Sink, WireMode, LONGEST_COMMAND, LONGEST_HANDLE,
+};
 #[cfg(doc)]
 use super::{BridgeRequest, DecideCall};
 use crate::bounds::MAX_CALL_PATH_BYTES;
-use crate::bounds::MAX_MEMBER_BYTES;
 use crate::check::{LimitCheck, Mode};
 use crate::config::{Algorithm, OverBudget, Window};
 use crate::decision::{Refund, Settlement};
-use crate::encode::path_segment_len;
 use crate::request::keys::OVERRIDE_SUFFIX;
 
-/// Digits of the clock and deadline arguments at most: Unix time in ns has 19 digits until the
-/// year 2286 (the deadline, in ms, has fewer).
-pub const MAX_CLOCK_DIGITS: usize = 20;
-
-/// Bytes of `/` and a fraction written by [`fraction_text`], percent-encoded (`.` is `%2E`):
-/// one digit, the point and the decimals, for any fraction from 0 to 10.
-const FRACTION_SEGMENT: usize = 1 + 1 + 3 + FRACTION_DECIMALS;
-
-fn digits(n: u128) -> usize {
-    n.checked_ilog10().map_or(1, |d| d as usize + 1)
-}
-
-/// Bytes of `/` and a number.
-fn number(n: impl Into<u128>) -> usize {
-    1 + digits(n.into())
-}
-
-/// Bytes of `/` and a window argument ([`super::args::window_arg`]).
-fn window_bytes(window: Window) -> usize {
-    match window {
-        Window::Fixed(d) => number(d.as_millis()),
-        Window::Calendar(c) => 1 + c.wire_len(),
-    }
-}
-
-/// Bytes of `/` and a text, percent-encoded.
-fn text(value: &str) -> usize {
-    1 + path_segment_len(value.as_bytes())
-}
-
-/// One limit as the size model counts it: what varies in the arguments [`DecideCall`] writes
-/// for it. Made from a plan's check ([`LimitShape::of`]), or from a configuration at its worst
-/// (the bound on one request's call).
+/// One limit as the size model counts it: what [`DecideCall`] writes for it. Made from a
+/// plan's check ([`LimitShape::of`]), or from a configuration at its worst (the bound on one
+/// request's call).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimitShape {
-    /// Its key's bytes once percent-encoded.
-    pub key: usize,
+pub struct LimitShape<'a> {
+    /// Its state key.
+    pub key: &'a str,
     pub algorithm: Algorithm,
     pub per_window: u64,
     pub window: Window,
     pub burst: u64,
     pub cost: u64,
-    pub mode: ModeShape,
+    pub mode: WireMode<'a>,
+    /// Its key budget: only a limit in mode `enforce` or `shadow` sends one (else ignored).
+    pub budget: Option<BudgetShape<'a>>,
     /// It reads its identity's override: one more key, and `:j` after its key's index.
     pub overrides: bool,
 }
 
-/// How a limit goes into a call: its definition's mode and key budget, and the values the mode
-/// adds after the limit's cost.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ModeShape {
-    /// Decided per request: `enforce` or `shadow`, then its key budget's indexes (`0 0`
-    /// without one).
-    Decide {
-        shadow: bool,
-        budget: Option<BudgetShape>,
-    },
-    /// Asking for a lease: `lease`, the units asked for and the fraction.
-    Lease { units: u64 },
-    /// Giving back a charge: `refund`, the clock it was charged with and what it left.
-    Refund { charged_at_ns: u128, left: f64 },
-    /// A usage limit in mode `after`: `after 0 0`.
-    After,
-    /// Settling a usage limit: `settle`, the signed delta, `0` (its cost is sent as 0).
-    Settle { delta: i64 },
-    /// A concurrency limit: `hold`, the request's id, `0`.
-    Hold,
-    /// Releasing a concurrency slot: `settle`, `-1`, the request's id.
-    Release,
-}
-
 /// A limit's key budget as the size model counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BudgetShape {
-    /// The counter's and the overflow state's keys, percent-encoded.
-    pub counter_key: usize,
-    pub overflow_key: usize,
+pub struct BudgetShape<'a> {
+    /// The counter's and the overflow state's keys.
+    pub counter_key: &'a str,
+    pub overflow_key: &'a str,
     pub new_keys: u64,
     pub window_ms: u64,
     pub over_budget: OverBudget,
 }
 
-impl LimitShape {
+impl<'a> LimitShape<'a> {
     /// `check` as a request asking for a lease of `lease_asked` requests' worth (None: no
     /// lease asked) sends it.
-    pub fn of(check: &LimitCheck, lease_asked: Option<u64>) -> Self {
-        let mode = match WireMode::of(check, lease_asked) {
-            WireMode::After => ModeShape::After,
-            WireMode::Hold(_) => ModeShape::Hold,
-            WireMode::Lease { units, .. } => ModeShape::Lease { units },
-            WireMode::Decide { shadow, budget } => ModeShape::Decide {
-                shadow,
-                budget: budget.map(|b| BudgetShape {
-                    counter_key: path_segment_len(b.counter_key.as_bytes()),
-                    overflow_key: path_segment_len(b.overflow_key.as_bytes()),
-                    new_keys: b.new_keys,
-                    window_ms: b.window_ms,
-                    over_budget: b.over_budget,
-                }),
-            },
-        };
-        Self::with_mode(check, mode)
+    pub fn of(check: &'a LimitCheck, lease_asked: Option<u64>) -> Self {
+        let (mode, budget) = decision_mode(check, lease_asked);
+        LimitShape {
+            budget: budget.map(|b| BudgetShape {
+                counter_key: &b.counter_key,
+                overflow_key: &b.overflow_key,
+                new_keys: b.new_keys,
+                window_ms: b.window_ms,
+                over_budget: b.over_budget,
+            }),
+            ..Self::with_mode(check, mode)
+        }
     }
 
     /// `refund` as [`DecideCall::refund`] sends it.
-    pub fn refund(refund: &Refund) -> Self {
-        if matches!(refund.check.mode, Mode::Hold(_)) {
-            return Self::with_mode(&refund.check, ModeShape::Release);
-        }
-        Self::with_mode(
-            &refund.check,
-            ModeShape::Refund {
-                charged_at_ns: refund.charged_at_ns,
-                left: refund.left,
-            },
-        )
+    pub fn refund(refund: &'a Refund) -> Self {
+        Self::with_mode(&refund.check, refund_mode(refund))
     }
 
     /// `settlement` as [`DecideCall::settle`] sends it.
-    pub fn settle(settlement: &Settlement) -> Self {
-        let mode = match settlement.check.mode {
-            Mode::Hold(_) => ModeShape::Release,
-            _ => ModeShape::Settle {
-                delta: settlement.delta,
-            },
-        };
+    pub fn settle(settlement: &'a Settlement) -> Self {
         LimitShape {
             cost: 0,
-            ..Self::with_mode(&settlement.check, mode)
+            ..Self::with_mode(&settlement.check, settle_mode(settlement))
         }
     }
 
-    /// What its definition holds (two limits of a call with the same share one definition):
-    /// its algorithm, limit, window, burst and mode; for a decision with a key budget, None
-    /// (such definitions are never counted as shared).
-    pub fn definition(&self) -> Option<(Algorithm, u64, Window, u64, &'static str)> {
-        let mode = match self.mode {
-            ModeShape::Decide {
-                budget: Some(_), ..
-            } => return None,
-            ModeShape::Decide { shadow: true, .. } => "shadow",
-            ModeShape::Decide { shadow: false, .. } => "enforce",
-            ModeShape::Lease { .. } => "lease",
-            ModeShape::Refund { .. } => "refund",
-            ModeShape::After => "after",
-            ModeShape::Settle { .. } | ModeShape::Release => "settle",
-            ModeShape::Hold => "hold",
-        };
-        Some((
-            self.algorithm,
-            self.per_window,
-            self.window,
-            self.burst,
-            mode,
-        ))
+    /// Its key budget, when its mode sends one.
+    fn sent_budget(&self) -> Option<BudgetShape<'a>> {
+        self.budget
+            .filter(|_| matches!(self.mode, WireMode::Enforce | WireMode::Shadow))
     }
 
-    /// The bytes of its definition's seven values in a call, for a definition without a key
-    /// budget (what [`CallSize::limit_bytes`] counts again for each limit that shares it).
+    /// Its definition (two limits of a call with the same share one); for a decision with a
+    /// key budget, None (such definitions are never counted as shared).
+    pub fn definition(&self) -> Option<Definition> {
+        match self.sent_budget() {
+            Some(_) => None,
+            None => Some(self.definition_with(None)),
+        }
+    }
+
+    fn definition_with(&self, budget: Option<(usize, usize)>) -> Definition {
+        Definition {
+            algorithm: self.algorithm,
+            per_window: self.per_window,
+            window: self.window,
+            burst: self.burst,
+            mode: self.mode.name(),
+            budget,
+        }
+    }
+
+    /// The bytes of its definition in a call, for a definition without a key budget (what
+    /// [`CallSize::limit_bytes`] counts again for each limit that shares it).
     pub fn definition_bytes(&self) -> usize {
-        let mode = self.definition().map_or("enforce", |d| d.4);
-        text(self.algorithm.name())
-            + number(self.per_window)
-            + window_bytes(self.window)
-            + number(self.burst)
-            + text(mode)
-            + 2 * number(0u8)
+        let mut count = Count::new(0);
+        self.definition_with(None).encode(&mut count);
+        count.bytes
     }
 
-    fn with_mode(check: &LimitCheck, mode: ModeShape) -> Self {
+    /// Writes what the call holds for it alone, as if no key, definition or budget were
+    /// shared: its key (and override key), its key budget's keys and values, its definition,
+    /// the limit and its mode's values. The indexes are the first ones: the size model counts
+    /// every index at the call's widest.
+    pub fn encode<S: Sink>(&self, out: &mut S) {
+        encode_key(out, self.key);
+        if self.overrides {
+            encode_key(out, self.key);
+            out.text(OVERRIDE_SUFFIX);
+        }
+        let budget = self.sent_budget().map(|b| {
+            encode_key(out, b.counter_key);
+            encode_key(out, b.overflow_key);
+            Budget {
+                counter: 1,
+                new_keys: b.new_keys,
+                window_ms: b.window_ms,
+                over_budget: b.over_budget,
+            }
+            .encode(out);
+            (1, 1)
+        });
+        self.definition_with(budget).encode(out);
+        let key = KeyIndex {
+            state: 1,
+            overrides: self.overrides.then_some(1),
+        };
+        encode_limit(out, key, 1, self.cost, &self.mode);
+    }
+
+    fn with_mode(check: &'a LimitCheck, mode: WireMode<'a>) -> Self {
         LimitShape {
-            key: path_segment_len(check.key.as_bytes()),
+            key: &check.key,
             algorithm: check.algorithm,
             per_window: check.per_window,
             window: check.window,
             burst: check.burst,
             cost: check.cost,
             mode,
+            budget: None,
             overrides: check.overrides,
         }
     }
@@ -198,13 +157,14 @@ impl LimitShape {
 
 /// The size model of a call's path, the one every size check uses: the batcher's stop, the
 /// give-backs' grouping and the configuration's bound on one request. It counts what
-/// [`DecideCall`] writes and [`crate::program::Program::decide`] encodes: the fixed prefix (the
-/// longer of the two heads, `/EVALSHA/` and the script's hash; `/FCALL/` and the function's
-/// name is shorter), the number of keys, clock, deadline, the numbers of requests, of key
-/// budgets and of limit definitions), then per request its number of limits and per limit its
-/// arguments and its definition's, in any mode (decision, lease ask, give-back). An upper
-/// bound: a key and a definition are counted with every limit that uses them, and the clock
-/// and deadline at [`MAX_CLOCK_DIGITS`].
+/// [`DecideCall`] writes and [`crate::program::Program::decide`] encodes, with the same
+/// encoder: the head of the longer of the two ways to call (`EVALSHA` and the script's hash),
+/// the number of keys, clock, deadline, the numbers of requests, of key budgets and of limit
+/// definitions, then per request its number of limits and per limit what it writes
+/// ([`LimitShape::encode`]), in any mode (decision, lease ask, give-back). An upper bound: a
+/// key and a definition are counted with every limit that uses them, every index at the
+/// widest the call can hold, and the clock and deadline at
+/// [`super::wire::MAX_CLOCK_DIGITS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallSize {
     /// Digits of the largest key index (or count) the call can hold.
@@ -216,18 +176,13 @@ impl CallSize {
     /// An empty call that holds at most `keys` keys (and as many limit definitions),
     /// `requests` requests and `budgets` key budgets: its fixed prefix.
     pub fn new(keys: usize, requests: usize, budgets: usize) -> Self {
-        let index_digits = digits(keys as u128);
+        let mut count = Count::new(digits(keys as u128));
+        encode_command(&mut count, LONGEST_COMMAND, LONGEST_HANDLE, keys);
+        encode_head(&mut count, "", "", requests, budgets);
+        encode_count(&mut count, keys, false);
         CallSize {
-            index_digits,
-            bytes: "/EVALSHA/".len()
-                + 40
-                + 1
-                + index_digits
-                + 2 * (1 + MAX_CLOCK_DIGITS)
-                + number(requests as u64)
-                + number(budgets as u64)
-                + 1
-                + index_digits,
+            index_digits: count.index_digits,
+            bytes: count.bytes,
         }
     }
 
@@ -249,72 +204,20 @@ impl CallSize {
         self.bytes <= MAX_CALL_PATH_BYTES
     }
 
-    /// The bytes one limit adds: `/` and its key, its key index, definition index and cost,
-    /// the values its mode adds, its definition's seven values, and with a key budget `/` and
-    /// the budget's two keys and its four values (a definition and a budget counted with every
-    /// limit that uses them).
+    /// The bytes one limit adds ([`LimitShape::encode`]): a definition and a budget counted
+    /// with every limit that uses them.
     pub fn limit_bytes(self, limit: &LimitShape) -> usize {
-        let index = 1 + self.index_digits;
-        let no_budget = 2 * number(0u8);
-        // The definition's mode and budget values, and what the mode adds after the cost.
-        let mode = match limit.mode {
-            ModeShape::Decide { shadow, budget } => {
-                let name = text(if shadow { "shadow" } else { "enforce" });
-                match budget {
-                    None => name + no_budget,
-                    Some(b) => {
-                        name + 2 * index
-                            + 1
-                            + b.overflow_key
-                            + 1
-                            + b.counter_key
-                            + index
-                            + number(b.new_keys)
-                            + number(b.window_ms)
-                            + text(b.over_budget.name())
-                    }
-                }
-            }
-            ModeShape::Lease { units } => {
-                text("lease") + no_budget + number(units) + FRACTION_SEGMENT
-            }
-            ModeShape::Refund {
-                charged_at_ns,
-                left,
-            } => text("refund") + no_budget + number(charged_at_ns) + text(&format!("{left}")),
-            ModeShape::After => text("after") + no_budget,
-            ModeShape::Settle { delta } => {
-                text("settle")
-                    + no_budget
-                    + usize::from(delta < 0)
-                    + number(delta.unsigned_abs())
-                    + number(0u8)
-            }
-            // The id is hex digits, `-` and decimal digits: nothing to percent-encode.
-            ModeShape::Hold => text("hold") + no_budget + 1 + MAX_MEMBER_BYTES,
-            ModeShape::Release => text("settle") + no_budget + text("-1") + 1 + MAX_MEMBER_BYTES,
-        };
-        // `/` and the override key, and `:j` (`%3A` and the index).
-        let overrides = if limit.overrides {
-            1 + limit.key + path_segment_len(OVERRIDE_SUFFIX.as_bytes()) + 3 + self.index_digits
-        } else {
-            0
-        };
-        1 + limit.key
-            + 2 * index
-            + overrides
-            + text(limit.algorithm.name())
-            + number(limit.per_window)
-            + window_bytes(limit.window)
-            + number(limit.burst)
-            + number(limit.cost)
-            + mode
+        let mut count = Count::new(self.index_digits);
+        limit.encode(&mut count);
+        count.bytes
     }
 
     /// Adds one request of `limits` limits whose [`CallSize::limit_bytes`] add up to `bytes`.
     pub fn with_request(self, limits: usize, bytes: usize) -> Self {
+        let mut count = Count::new(self.index_digits);
+        encode_count(&mut count, limits, true);
         CallSize {
-            bytes: self.bytes + number(limits as u64) + bytes,
+            bytes: self.bytes + count.bytes + bytes,
             ..self
         }
     }
@@ -384,6 +287,7 @@ pub fn call_bytes(checks: &[LimitCheck]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bridge::wire::MAX_CLOCK_DIGITS;
     use crate::bridge::DecideCall;
     use crate::check::{BudgetCheck, Mode};
     use crate::config::Lease;

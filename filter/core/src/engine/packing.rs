@@ -18,14 +18,14 @@ use crate::decision::{Refund, Settlement};
 pub trait Packable {
     fn check(&self) -> &LimitCheck;
     /// Its arguments in the call, for the size model.
-    fn shape(&self) -> LimitShape;
+    fn shape(&self) -> LimitShape<'_>;
 }
 
 impl Packable for Refund {
     fn check(&self) -> &LimitCheck {
         &self.check
     }
-    fn shape(&self) -> LimitShape {
+    fn shape(&self) -> LimitShape<'_> {
         LimitShape::refund(self)
     }
 }
@@ -34,7 +34,7 @@ impl Packable for Settlement {
     fn check(&self) -> &LimitCheck {
         &self.check
     }
-    fn shape(&self) -> LimitShape {
+    fn shape(&self) -> LimitShape<'_> {
         LimitShape::settle(self)
     }
 }
@@ -67,8 +67,8 @@ pub fn pack<T: Packable>(config: &Config, items: Vec<T>, max_calls: usize) -> Pa
     for (slot, item) in items {
         let shape = item.shape();
         let size = call.limit_bytes(&shape);
-        let shared = shape
-            .definition()
+        let definition = shape.definition();
+        let shared = definition
             .filter(|d| defined.contains(d))
             .map_or(0, |_| shape.definition_bytes());
         let room = calls.len() < max_calls;
@@ -89,7 +89,7 @@ pub fn pack<T: Packable>(config: &Config, items: Vec<T>, max_calls: usize) -> Pa
                 continue;
             }
         }
-        defined.extend(shape.definition());
+        defined.extend(definition);
     }
     let calls = calls
         .into_iter()

@@ -2,7 +2,8 @@
 //! can be at its worst, counted with the bridge's own size model ([`CallSize`]).
 
 use crate::bounds::{MAX_CALL_PATH_BYTES, MAX_LIMITS_PER_REQUEST};
-use crate::bridge::{BudgetShape, CallSize, LimitShape, ModeShape};
+use crate::bridge::wire::LONGEST_MEMBER;
+use crate::bridge::{BudgetShape, CallSize, LimitShape, WireMode};
 use crate::config::{
     cluster_budget, may_overlap, Admit, Algorithm, Config, ConfigError, Cost, Limit, Rule,
     WhenMissing, MAX_USAGE,
@@ -43,22 +44,30 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
     if limit.shards > 1 {
         key = shard_key(&key, limit.shards - 1);
     }
-    let budget = rule.key_budget.as_ref().map(|b| {
-        let slot_tag = config.budget_slot_tags.0.iter().copied().max();
-        let (new_keys, window) = match slot_tag {
-            Some(_) => cluster_budget(b),
-            None => (b.new_keys, b.window),
-        };
-        BudgetShape {
-            counter_key: path_segment_len(budget_counter_key(config, rule, slot_tag).as_bytes()),
-            overflow_key: path_segment_len(overflow_key(config, rule, limit, slot_tag).as_bytes()),
-            new_keys,
-            window_ms: millis(window),
-            over_budget: b.over_budget,
-        }
+    let slot_tag = config.budget_slot_tags.0.iter().copied().max();
+    let budget_keys = rule.key_budget.as_ref().map(|_| {
+        (
+            budget_counter_key(config, rule, slot_tag),
+            overflow_key(config, rule, limit, slot_tag),
+        )
     });
+    let budget = rule.key_budget.as_ref().zip(budget_keys.as_ref()).map(
+        |(b, (counter_key, overflow_key))| {
+            let (new_keys, window) = match slot_tag {
+                Some(_) => cluster_budget(b),
+                None => (b.new_keys, b.window),
+            };
+            BudgetShape {
+                counter_key,
+                overflow_key,
+                new_keys,
+                window_ms: millis(window),
+                over_budget: b.over_budget,
+            }
+        },
+    );
     let decided = LimitShape {
-        key: path_segment_len(key.as_bytes()),
+        key: &key,
         algorithm: limit.algorithm,
         per_window: limit.limit,
         window: limit.window,
@@ -69,20 +78,21 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
             (None, Cost::Header { max, .. }) => *max,
         },
         mode: match &limit.usage {
-            _ if limit.algorithm == Algorithm::Concurrency => ModeShape::Hold,
-            Some(u) if u.admit == Admit::After => ModeShape::After,
-            _ => ModeShape::Decide {
-                shadow: rule.shadow,
-                budget,
+            _ if limit.algorithm == Algorithm::Concurrency => WireMode::Hold {
+                member: LONGEST_MEMBER,
             },
+            Some(u) if u.admit == Admit::After => WireMode::After,
+            _ if rule.shadow => WireMode::Shadow,
+            _ => WireMode::Enforce,
         },
+        budget,
         overrides: limit.overrides,
     };
     // A settlement of the limit: its delta at its largest, either sign, its cost sent as 0.
     let settled = limit.usage.as_ref().map_or(0, |_| {
         call.limit_bytes(&LimitShape {
             cost: 0,
-            mode: ModeShape::Settle {
+            mode: WireMode::Settle {
                 delta: -i64::try_from(MAX_USAGE.saturating_add(decided.cost)).unwrap_or(i64::MAX),
             },
             ..decided
@@ -90,8 +100,9 @@ fn limit_bytes(call: CallSize, config: &Config, rule: &Rule, limit: &Limit) -> u
     });
     let leased = limit.lease.map_or(0, |lease| {
         call.limit_bytes(&LimitShape {
-            mode: ModeShape::Lease {
+            mode: WireMode::Lease {
                 units: lease.max_units,
+                fraction: lease.fraction,
             },
             ..decided
         })
