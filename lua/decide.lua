@@ -9,11 +9,11 @@
 -- ARGV[2]    deadline: Unix ms after which the caller has given up (plus the clock skew it
 --            allows), or "0" for none. A call that reaches Redis later is refused whole
 --            ("EXPIRED ...") and charges nothing: its requests were already decided by policy.
--- ARGV[3]    number of requests R
--- ARGV[4]    number of key budgets B, then four per budget: counter key index, new keys per
---            window, window (ms), "shared" | "deny"
--- then the number of limit definitions D, then one argument per definition of seven
---            fields joined by "~": algorithm, limit, window, burst, mode, budget index
+-- ARGV[3]    the head: the number of requests R, of key budgets B and of limit definitions D,
+--            joined by "~"
+-- then four arguments per key budget: counter key index, new keys per window, window (ms),
+--            "shared" | "deny"
+-- then one argument per limit definition of seven fields joined by "~": algorithm, limit, window, burst, mode, budget index
 --            (0: none), overflow key index (0: none). A batch's requests on one rule's limit
 --            share one definition.
 --            The window is its length in ms (digits), or for fixed_window a calendar window:
@@ -95,7 +95,7 @@
 -- Redis Function (the library's top level runs once, at FUNCTION LOAD, and stays loaded) and as
 -- a script (EVALSHA runs it all on every call): nothing below may carry from one call to the
 -- next except through these, which open_call resets.
-local KEYS, ARGV, SLOT_MAP, redis_time, requests, BUDGETS, budget_count
+local KEYS, ARGV, SLOT_MAP, redis_time, requests, BUDGETS, budget_count, definition_count
 -- The call's clock: {str = Unix ns as its digits, ms = Unix ms}, filled in by open_call.
 local now = {}
 -- The key budgets of a call that has none.
@@ -239,25 +239,22 @@ end
 -- the layout is broken. A definition's fields are its limits' fields (its `meta` makes them
 -- so); `ok` is false when they are malformed, and each limit using it is refused alone.
 local DEFS = {}
-local function read_definitions(a)
-  local count = NUMBERS[ARGV[a]] or number_of(ARGV[a])
-  if not (count and count >= 0 and count == floor(count)) or a + count > #ARGV then
+local function read_definitions(a, count)
+  if a + count - 1 > #ARGV then
     return nil
   end
-  -- Kept from call to call like REPLY, emptied past this call's count.
+  -- Kept from call to call like REPLY and written over: a limit's definition index is
+  -- checked against this call's count before it is read.
   local definitions = DEFS
-  for d = #definitions, count + 1, -1 do
-    definitions[d] = nil
-  end
   for d = 1, count do
-    local text = ARGV[a + d]
+    local text = ARGV[a + d - 1]
     local def = DEFINITIONS[text or false] or definition_of(text)
     if not def then
       return nil
     end
     definitions[d] = def
   end
-  return definitions, a + 1 + count
+  return definitions, a + count
 end
 
 -- A limit's argument, "i~d~c" (key index, or "i:j" for a limit that reads its identity's
@@ -300,7 +297,8 @@ local function read_request(a, definitions)
   local b = a + 1
   for i = 1, n do
     local l = limit_of(ARGV[b])
-    local def = l and definitions[l[3]]
+    local d = l and l[3]
+    local def = d and d <= definition_count and definitions[d]
     if not def or b + def.extras > #ARGV then
       return nil
     end
@@ -593,33 +591,32 @@ local function error_text(e)
   return tostring(e)
 end
 
--- The fast request's limit (its definition's `fast`, with the request's key and cost) and
--- whether it is a shadow one; nil when the request at `a` is not of that shape (then the
--- general path reads it, and reports what is wrong with it).
-local function read_fast(a, definitions)
-  if ARGV[a] ~= '1' then
-    return nil
-  end
-  local text = ARGV[a + 1]
-  local l = LIMITS[text or false] or limit_of(text)
-  if not l or l[2] then
-    return nil
-  end
-  local def = definitions[l[3]]
-  local p = def and def.fast
-  local key, cost = KEYS[l[1]], l[4]
-  if not (p and key and cost and cost >= 0) then
-    return nil
-  end
-  p.key, p.cost = key, cost
-  return p, def.shadow
-end
-
 local BROKEN = 'ERR decide: expected the limit definitions, then per request n and its limits'
 
--- The reply's table, kept from call to call: Redis reads the reply before the call returns,
--- and building the table again costs more than emptying it.
+-- The reply's table, kept from call to call and written over: Redis reads the reply before the
+-- call returns, up to its first nil, and building the table again costs more. (Never `#` on
+-- it: past that nil it may hold what a longer reply left.)
 local REPLY = {}
+
+-- A call's head, "r~b~d" (its numbers of requests, key budgets and definitions), read once and
+-- then found in HEADS by its text: {r, b, d}, or false when it is not three whole numbers.
+local HEADS, heads_held = {}, 0
+local function head_of(text)
+  local head = false
+  local r, b, d = match(text or '', HEAD_FIELDS)
+  r, b, d = tonumber(r), tonumber(b), tonumber(d)
+  if r and b and d and r >= 0 and b >= 0 and d >= 0 and r == floor(r) and b == floor(b)
+      and d == floor(d) then
+    head = {r, b, d}
+  end
+  if text then
+    if heads_held >= CACHE_MOST then
+      HEADS, heads_held = {}, 0
+    end
+    HEADS[text], heads_held = head, heads_held + 1
+  end
+  return head
+end
 
 -- Where the run of a call's requests is: the next argument, the reply's last entry, the
 -- requests begun, and the argument after the one being decided (nil until it is known).
@@ -634,7 +631,24 @@ local function run(definitions)
   while run_done < requests do
     local a = run_a
     run_done, run_after = run_done + 1, nil
-    local p, shadow = read_fast(a, definitions)
+    -- The fast request: one limit in mode enforce or shadow, no key budget or override, a
+    -- window in ms (its definition's `fast`); else the general path reads it, and reports
+    -- what is wrong with it.
+    local p, shadow
+    if ARGV[a] == '1' then
+      local text = ARGV[a + 1]
+      local l = LIMITS[text or false] or limit_of(text)
+      if l and not l[2] then
+        local d = l[3]
+        local def = d and d <= definition_count and definitions[d]
+        local fast = def and def.fast
+        local key, cost = KEYS[l[1]], l[4]
+        if fast and key and cost and cost >= 0 then
+          fast.key, fast.cost = key, cost
+          p, shadow = fast, def.shadow
+        end
+      end
+    end
     if p then
       run_after = a + 2
       local allowed, left, reset, retry
@@ -660,7 +674,9 @@ local function run(definitions)
       end
       -- Charged when its limit allows, committed unless an enforced limit refused; the
       -- values as decide_request gives them (wire_number, inline).
-      left = max(0, left)
+      if left < 0 then
+        left = 0
+      end
       local o = run_o
       out[o + 1], out[o + 2] = (allowed or shadow) and 1 or 0, 1
       out[o + 3], out[o + 4] = allowed and OUTCOME_ALLOWED or 0, left == floor(left) and left or tostring(left)
@@ -683,9 +699,14 @@ local function run(definitions)
   end
 end
 
--- Reads the head of the call (keys, args): its clock, deadline, request count and key
--- budgets, into the call's state. Returns an error reply when the call cannot run, else nil.
-local function open_call(keys, args)
+
+-- Decides the call (keys, args): the reply described at the top of this file.
+local function decide(keys, args)
+  if not floor then
+    localize()
+  end
+  -- The head of the call: its clock, deadline, request count and key budgets, into the
+  -- call's state.
   KEYS, ARGV, SLOT_MAP = keys, args, false
   redis_time = nil
   if #KEYS == 0 and #ARGV >= 3 and ARGV[1] ~= 'redis' and not match(ARGV[1], '^%d+$') then
@@ -722,9 +743,11 @@ local function open_call(keys, args)
     local t = time_now()
     now_str = t[1] .. format('%06d', tonumber(t[2])) .. '000'
   end
-  -- The clock is checked through the parts set_clock splits it into (seconds, and ns within
-  -- the second): both whole numbers; a text of another form is not read twice.
-  set_clock(now_str)
+  -- The call's clock, split once (see split): its seconds and its ns within the second, both
+  -- checked as whole numbers (a pattern on the text would cost more than the reading).
+  clock_ts = nil
+  clock_s, clock_ns = split(now_str)
+  clock_ts = now_str
   if not (clock_s and clock_ns and clock_s >= 0 and clock_s == floor(clock_s)
       and clock_ns >= 0 and clock_ns == floor(clock_ns) and clock_ns < 1e9) then
     return redis.error_reply('ERR decide: clock must be Unix ns digits or "redis"')
@@ -732,19 +755,17 @@ local function open_call(keys, args)
   -- elapsed_ms('0', now_str), from those parts.
   now.str, now.ms = now_str, clock_s * 1000 + clock_ns / 1e6
 
-  requests = NUMBERS[ARGV[3]] or number_of(ARGV[3])
-  if not (requests and requests >= 0 and requests == floor(requests)) then
-    return redis.error_reply('ERR decide: bad request count')
+  local head = HEADS[ARGV[3] or false] or head_of(ARGV[3])
+  if not head then
+    return redis.error_reply('ERR decide: bad head (requests~budgets~definitions)')
   end
-
-  budget_count = NUMBERS[ARGV[4]] or number_of(ARGV[4])
-  if not (budget_count and budget_count >= 0 and budget_count == floor(budget_count))
-      or 4 + 4 * budget_count > #ARGV then
+  requests, budget_count, definition_count = head[1], head[2], head[3]
+  if 3 + 4 * budget_count > #ARGV then
     return redis.error_reply('ERR decide: bad key budget count')
   end
   BUDGETS = budget_count > 0 and {} or NO_BUDGETS
   for b = 1, budget_count do
-    local at = 4 + (b - 1) * 4
+    local at = 3 + (b - 1) * 4
     local budget = {
       key = KEYS[tonumber(ARGV[at + 1]) or 0],
       new_keys = tonumber(ARGV[at + 2]),
@@ -758,26 +779,13 @@ local function open_call(keys, args)
     end
     BUDGETS[b] = budget
   end
-end
 
--- Decides the call (keys, args): the reply described at the top of this file.
-local function decide(keys, args)
-  if not floor then
-    localize()
-  end
-  local refused = open_call(keys, args)
-  if refused then
-    return refused
-  end
-  local definitions, a = read_definitions(5 + 4 * budget_count)
+  local definitions, a = read_definitions(4 + 4 * budget_count, definition_count)
   if not definitions then
     return redis.error_reply(BROKEN)
   end
-  -- The reply is written into the last call's table, emptied first (see REPLY).
+  -- The reply is written over the last call's (see REPLY).
   local out = REPLY
-  for i = #out, 2, -1 do
-    out[i] = nil
-  end
   out[1] = requests
   run_a, run_o, run_done = a, 1, 0
   while true do
@@ -814,13 +822,17 @@ local function decide(keys, args)
         end
       end
     end
-    out[#out + 1] = 'slots'
-    out[#out + 1] = #ranges
+    local o = run_o
+    out[o + 1], out[o + 2] = 'slots', #ranges
+    o = o + 2
     for _, r in ipairs(ranges) do
-      out[#out + 1] = r[1]
-      out[#out + 1] = r[2]
-      out[#out + 1] = r[3]
+      out[o + 1], out[o + 2], out[o + 3] = r[1], r[2], r[3]
+      o = o + 3
     end
+    run_o = o
   end
+  -- The reply ends at the first nil: Redis reads a table up to there, and what a longer
+  -- reply left after it is never read.
+  out[run_o + 1] = nil
   return out
 end

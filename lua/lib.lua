@@ -143,7 +143,8 @@ end
 
 -- Exact milliseconds from ns string a to ns string b: ns timestamps (~1.8e18) do not fit a
 -- double, so seconds and nanoseconds are subtracted separately.
--- The call's own clock is split once (set_clock): nearly every elapsed_ms has it on one side.
+-- The call's own clock is split once (decide sets clock_ts, clock_s, clock_ns): nearly every
+-- elapsed_ms has it on one side.
 local clock_ts, clock_s, clock_ns
 local function split(ts)
   if ts == clock_ts then
@@ -156,11 +157,6 @@ local function split(ts)
   return number_of(sub(ts, 1, -10)), tonumber(sub(ts, -9))
 end
 
-local function set_clock(ts)
-  clock_ts = nil
-  clock_s, clock_ns = split(ts)
-  clock_ts = ts
-end
 
 local function elapsed_ms(a, b)
   local as, ans = split(a)

@@ -29,8 +29,9 @@ local OUTCOME_OVER_BUDGET = 2
 local OUTCOME_OVERRIDE = 4
 local OUTCOME_BAD_OVERRIDE = 8
 local OUTCOME_QUOTA_UNIT = 16
--- The fields of a definition's argument and of a limit's, and a key index with its
--- override's ("i:j").
+-- The fields of a call's head, of a definition's argument and of a limit's, and a key
+-- index with its override's ("i:j").
+local HEAD_FIELDS = '^([^~]*)~([^~]*)~([^~]*)$'
 local DEFINITION_FIELDS = '^([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)~([^~]*)$'
 local LIMIT_FIELDS = '^([^~]*)~([^~]*)~([^~]*)$'
 local KEY_AND_OVERRIDE = '^(%d+):(%d+)$'

@@ -217,12 +217,10 @@ impl<'a> CallWriter<'a> {
             &deadline_ms.to_string(),
             self.requests,
             self.budget_index.len(),
+            self.definitions.count(),
         );
         let mut args = head.finish();
         args.extend(self.budgets.finish());
-        let mut count = Args::default();
-        encode_count(&mut count, self.definitions.count(), false);
-        args.extend(count.finish());
         args.extend(self.definitions.args);
         args.extend(self.body.finish());
         DecideCall {
@@ -377,9 +375,9 @@ mod tests {
         let want = [
             "", "EVALSHA", "abc123", "2",
             "rl%3A%7Bk%3A1%7D%3Aapi%3Asecond", "rl%3A%7Bk%3A1%7D%3Aapi%3Aday",
-            "1764489269123456789", "1764489269273", "2", "0",
-            // Two definitions; the second request's limit shares the first's.
-            "2",
+            // 2 requests, 0 budgets, two definitions; the second request's limit shares the
+            // first's.
+            "1764489269123456789", "1764489269273", "2~0~2",
             "token_bucket~10~60000~20~enforce~0~0",
             "fixed_window~10~60000~20~shadow~0~0",
             "2",
@@ -434,10 +432,9 @@ mod tests {
         );
         #[rustfmt::skip]
         let want = [
-            "redis", "0", "2",
-            "1", "2", "1000", "60000", "deny",
             // One definition per overflow state (the budget is shared), one for gcra.
-            "3",
+            "redis", "0", "2~1~3",
+            "2", "1000", "60000", "deny",
             "token_bucket~10~60000~20~enforce~1~3",
             "token_bucket~10~60000~20~enforce~1~5",
             "gcra~10~60000~20~shadow~0~0",
@@ -473,9 +470,9 @@ mod tests {
         };
         let checks = [calendar(Month, 330), calendar(Day, -300), calendar(Week, 0)];
         let call = DecideCall::new("1", 0, [&checks[..]]);
-        // clock, deadline, 1 request, 0 budgets, 3 definitions of seven fields.
-        assert_eq!(call.args[4], "3");
-        let windows: Vec<&str> = call.args[5..8]
+        // clock, deadline, the head (1 request, 0 budgets, 3 definitions of seven fields).
+        assert_eq!(call.args[2], "1~0~3");
+        let windows: Vec<&str> = call.args[3..6]
             .iter()
             .filter_map(|d| d.split(FIELD_SEPARATOR).nth(2))
             .collect();
@@ -501,9 +498,9 @@ mod tests {
             0,
             [&checks[..]],
         ));
-        // "", EVALSHA, sha, 1, the key, clock, deadline, 1, 0, 1, the definition, then 1 and
+        // "", EVALSHA, sha, 1, the key, clock, deadline, the head, the definition, then 1 and
         // the limit.
-        assert_eq!(req.path.split('/').count(), 13);
+        assert_eq!(req.path.split('/').count(), 11);
         assert!(!req.path.contains(".json"));
     }
 }

@@ -242,7 +242,7 @@ mod tests {
         let sent = sent_limits(&decide.path).expect("a decision call");
         assert_eq!(sent.len(), 3);
         assert!(
-            probe.reach().path.ends_with("/0/0/0"),
+            probe.reach().path.ends_with("/0~0~0"),
             "{}",
             probe.reach().path
         );

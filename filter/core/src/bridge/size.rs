@@ -178,8 +178,8 @@ impl CallSize {
     pub fn new(keys: usize, requests: usize, budgets: usize) -> Self {
         let mut count = Count::new(digits(keys as u128));
         encode_command(&mut count, LONGEST_COMMAND, LONGEST_HANDLE, keys);
-        encode_head(&mut count, "", "", requests, budgets);
-        encode_count(&mut count, keys, false);
+        // Definitions: as many as keys at most.
+        encode_head(&mut count, "", "", requests, budgets, keys);
         CallSize {
             index_digits: count.index_digits,
             bytes: count.bytes,

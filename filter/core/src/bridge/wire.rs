@@ -28,6 +28,8 @@ pub const DEFINITION_FIELDS: usize = 7;
 
 /// Fields of a limit's argument: key index, definition index, cost.
 pub const LIMIT_FIELDS: usize = 3;
+/// Fields of a call's head: its numbers of requests, of key budgets and of definitions.
+pub const HEAD_FIELDS: usize = 3;
 
 /// Between a limit's key index and its override key's index (`i:j`).
 pub const OVERRIDE_INDEX_SEPARATOR: &str = ":";
@@ -447,14 +449,16 @@ pub fn encode_key<S: Sink>(out: &mut S, key: &str) {
     out.text(key);
 }
 
-/// Writes the head of a call's `ARGV` before its budgets: clock, deadline, number of requests,
-/// number of key budgets.
+/// Writes the head of a call's `ARGV` before its budgets: clock, deadline, then one argument of
+/// the numbers of requests, of key budgets and of limit definitions (three fields: the code
+/// finds a head it has read before by its text).
 pub fn encode_head<S: Sink>(
     out: &mut S,
     clock: &str,
     deadline_ms: &str,
     requests: usize,
     budgets: usize,
+    definitions: usize,
 ) {
     out.arg();
     out.instant(clock);
@@ -462,8 +466,10 @@ pub fn encode_head<S: Sink>(
     out.instant(deadline_ms);
     out.arg();
     out.number(requests as u128);
-    out.arg();
+    out.separator();
     out.number(budgets as u128);
+    out.separator();
+    out.index(definitions);
 }
 
 /// Writes a count of keys or definitions (an index's width in the size model), or of a

@@ -144,11 +144,19 @@ impl FakeHost {
         };
         let segments: Vec<&str> = call.path.split('/').collect();
         let number = |at: usize| segments.get(at).and_then(|s| s.parse().ok()).unwrap_or(0);
+        // The head's first field: the number of requests.
+        let requests = |at: usize| {
+            segments
+                .get(at)
+                .and_then(|s| s.split(crate::bridge::FIELD_SEPARATOR).next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        };
         match number(3) {
             // A call for the slots of one node: the first key, their number K, the map flag,
-            // the other K - 1 keys, the clock, the deadline, the number of requests.
-            0 => number(8 + number(5)),
-            declared => number(4 + declared + 2),
+            // the other K - 1 keys, the clock, the deadline, the head.
+            0 => requests(8 + number(5)),
+            declared => requests(4 + declared + 2),
         }
     }
     pub fn statuses(&self) -> Vec<(u32, u16)> {

@@ -35,15 +35,21 @@ pub fn sent_limits(path: &str) -> Option<Vec<SentLimit>> {
         0 => 6 + number(5)?,
         keys => 4 + keys,
     };
-    let requests = number(args + 2)?;
-    let budgets = number(args + 3)?;
-    let definitions_at = args + 4 + 4 * budgets;
-    let definitions = number(definitions_at)?;
+    // The head's counts: requests, key budgets, definitions.
+    let head: Vec<usize> = fields(args + 2)?
+        .iter()
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let [requests, budgets, definitions] = head[..] else {
+        return None;
+    };
+    // The definitions follow the four arguments of each budget.
+    let definitions_at = args + 3 + 4 * budgets;
     let definition = |d: usize| -> Option<Vec<&str>> {
-        let def = fields(definitions_at + d.checked_sub(1)? + 1)?;
+        let def = fields(definitions_at + d.checked_sub(1)?)?;
         (def.len() == DEFINITION_FIELDS).then_some(def)
     };
-    let mut at = definitions_at + 1 + definitions;
+    let mut at = definitions_at + definitions;
     let mut limits = Vec::new();
     for request in 0..requests {
         let n = number(at)?;

@@ -5,7 +5,7 @@
 //! to the code after it, as cheap to read as a literal.
 
 use super::{
-    WireMode, DEFINITION_FIELDS, FIELD_SEPARATOR, LIMIT_FIELDS, OUTCOME_ALLOWED,
+    WireMode, DEFINITION_FIELDS, FIELD_SEPARATOR, HEAD_FIELDS, LIMIT_FIELDS, OUTCOME_ALLOWED,
     OUTCOME_BAD_OVERRIDE, OUTCOME_OVERRIDE, OUTCOME_OVER_BUDGET, OUTCOME_QUOTA_UNIT,
     OVERRIDE_INDEX_SEPARATOR, RELEASE_DELTA,
 };
@@ -100,11 +100,13 @@ pub fn lua_prelude() -> String {
          local OUTCOME_QUOTA_UNIT = {OUTCOME_QUOTA_UNIT}\n"
     );
     lua += &format!(
-        "-- The fields of a definition's argument and of a limit's, and a key index with its\n\
-         -- override's (\"i{OVERRIDE_INDEX_SEPARATOR}j\").\n\
+        "-- The fields of a call's head, of a definition's argument and of a limit's, and a key\n\
+         -- index with its override's (\"i{OVERRIDE_INDEX_SEPARATOR}j\").\n\
+         local HEAD_FIELDS = '{}'\n\
          local DEFINITION_FIELDS = '{}'\n\
          local LIMIT_FIELDS = '{}'\n\
          local KEY_AND_OVERRIDE = '^(%d+){}(%d+)$'\n",
+        fields_pattern(HEAD_FIELDS),
         fields_pattern(DEFINITION_FIELDS),
         fields_pattern(LIMIT_FIELDS),
         OVERRIDE_INDEX_SEPARATOR

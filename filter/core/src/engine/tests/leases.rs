@@ -194,7 +194,7 @@ fn a_lease_ends_before_its_bucket_could_be_full_again_and_what_is_left_goes_back
     let clock = T0 + 195 * MS;
     assert!(
         call.path
-            .contains(&format!("/{clock}/{}/1/0/1/", clock / MS)),
+            .contains(&format!("/{clock}/{}/1~0~1/", clock / MS)),
         "{}",
         call.path
     );

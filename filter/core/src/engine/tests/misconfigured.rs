@@ -86,7 +86,7 @@ fn the_breaker_opens_on_refusals_probes_and_closes_once_the_setting_is_fixed() {
     h.now = Some(T0 + 500 * MS);
     e.on_tick(&c, &mut h);
     let probe = h.last_token();
-    assert!(h.dispatched[3].1.path.ends_with("/0"), "the probe");
+    assert!(h.dispatched[3].1.path.ends_with("/0~0~0"), "the probe");
     e.on_reply(&c, &mut h, None, probe, status(403));
     assert_eq!(h.count_of(Counter::MisconfiguredBridgeAuth), 4);
     assert_eq!(refusals(&h), vec![MisconfigCause::BridgeAuth; 4]);

@@ -120,7 +120,7 @@ fn a_lone_request_on_an_idle_worker_is_sent_at_once_from_its_own_context() {
         .starts_with(&format!("/FCALL/{}/", c.program.handle)));
     assert!(
         call.path
-            .contains("/1000000000000/1002150/1/0/1/token_bucket~"),
+            .contains("/1000000000000/1002150/1~0~1/token_bucket~"),
         "{}",
         call.path
     );
@@ -286,7 +286,7 @@ fn a_new_identity_over_its_key_budget_is_counted_once_per_rule() {
     let mut h = FakeHost::new();
     arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
     assert!(
-        h.dispatched[0].1.path.contains("/1/1/"),
+        h.dispatched[0].1.path.contains("/1~1~"),
         "one budget in the call"
     );
     let over = r#"{"EVALSHA":[1,0,2,2,"0","30000","30000",2,"0","30000","30000"]}"#;
