@@ -153,7 +153,7 @@ pub fn free_port() -> u16 {
 
 /// Embedded script hash, as the filter computes it.
 pub fn script_sha() -> String {
-    ratelimit_core::sha1::sha1_hex(ratelimit_core::DECISION_LUA.as_bytes())
+    ratelimit_core::sha1::sha1_hex(ratelimit_core::decision_script().as_bytes())
 }
 
 /// The decision library's function as the filter calls it by default (`FCALL`).

@@ -150,7 +150,7 @@ impl Script {
     pub fn calling(redis: &Redis, kind: CallKind) -> Script {
         let mut conn = redis.webdis_user();
         let sha = conn
-            .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+            .cmd(&["SCRIPT", "LOAD", &ratelimit_core::decision_script()])
             .unwrap()
             .text();
         assert_eq!(

@@ -77,7 +77,7 @@ fn decisions_for_many_identities_go_to_the_master_of_their_slot() {
     // not get it (Redis 7 does not replicate the script cache): a promoted replica answers
     // NOSCRIPT, and the filter loads the script again.
     let sha = script_sha();
-    let reply = stack.load_script(ratelimit_core::DECISION_LUA);
+    let reply = stack.load_script(&ratelimit_core::decision_script());
     assert_eq!(reply.text(), format!(r#"{{"SCRIPT":"{sha}"}}"#));
     for &m in &masters {
         assert!(cluster.script_exists(m, &sha), "script on master {m}");

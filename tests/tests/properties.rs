@@ -185,7 +185,7 @@ fn the_lua_scripts_and_their_rust_twins_agree_decision_by_decision() {
     let conn = std::cell::RefCell::new(redis.webdis_user());
     let sha = conn
         .borrow_mut()
-        .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+        .cmd(&["SCRIPT", "LOAD", &ratelimit_core::decision_script()])
         .unwrap()
         .text();
     let mut total = 0u64;
@@ -443,7 +443,7 @@ fn settlements_and_after_admissions_agree_with_their_twins_and_keep_their_promis
     let conn = std::cell::RefCell::new(redis.webdis_user());
     let sha = conn
         .borrow_mut()
-        .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+        .cmd(&["SCRIPT", "LOAD", &ratelimit_core::decision_script()])
         .unwrap()
         .text();
     for (name, scenarios) in usage_scenarios() {

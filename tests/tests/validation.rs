@@ -190,7 +190,7 @@ fn webdis_with_the_shipped_config_refuses_everything_but_the_limiter() {
     let mut admin = stack.redis.admin();
     assert_eq!(
         admin
-            .cmd(&["SCRIPT", "LOAD", ratelimit_core::DECISION_LUA])
+            .cmd(&["SCRIPT", "LOAD", &ratelimit_core::decision_script()])
             .unwrap()
             .text(),
         sha

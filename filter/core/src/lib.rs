@@ -32,7 +32,7 @@ pub mod usage;
 /// rendered from [`bridge::wire`]), the shared part, one part per algorithm, then the
 /// driver that decides all of a request's limits at once, ending in the function `decide(keys,
 /// args)`. Run as a Redis Function where it can ([`bridge::Program`]), else as the script
-/// [`DECISION_LUA`].
+/// [`decision_script`].
 pub const DECISION_CODE: &str = concat!(
     include_str!("../../../lua/wire.lua"),
     include_str!("../../../lua/lib.lua"),
@@ -49,20 +49,12 @@ pub const DECISION_CODE: &str = concat!(
 /// `NOSCRIPT`. `decide.lua` names its own `KEYS` and `ARGV`, so Redis's are taken first. It has
 /// no flags line: Redis 7 runs such a script in its compatible mode, which lets it touch
 /// undeclared keys of several slots of one Redis Cluster node (a call for several slots, see
-/// `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`.
-pub const DECISION_LUA: &str = concat!(
-    include_str!("../../../lua/wire.lua"),
-    "local CALL_KEYS, CALL_ARGV = KEYS, ARGV\n",
-    include_str!("../../../lua/lib.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
-    include_str!("../../../lua/gcra.lua"),
-    include_str!("../../../lua/fixed_window.lua"),
-    include_str!("../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../lua/sliding_window_log.lua"),
-    include_str!("../../../lua/concurrency.lua"),
-    include_str!("../../../lua/decide.lua"),
-    "return decide(CALL_KEYS, CALL_ARGV)\n",
-);
+/// `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`. Made when
+/// needed (its hash at configuration, its text at a load) rather than kept beside
+/// [`DECISION_CODE`]: the module would hold the code twice.
+pub fn decision_script() -> String {
+    format!("local CALL_KEYS, CALL_ARGV = KEYS, ARGV\n{DECISION_CODE}return decide(CALL_KEYS, CALL_ARGV)\n")
+}
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};
 pub use config::{Config, ConfigError, FailureMode};

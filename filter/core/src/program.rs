@@ -12,7 +12,7 @@
 //! upgrade) each load and call their own, on the same state.
 
 use crate::sha1::sha1_hex;
-use crate::{DECISION_CODE, DECISION_LUA};
+use crate::{decision_script, DECISION_CODE};
 
 /// How the filter calls Redis (`bridge.redis_calls`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ const NAME_HASH_DIGITS: usize = 16;
 impl Program {
     pub fn new(kind: CallKind) -> Program {
         let handle = match kind {
-            CallKind::Script => sha1_hex(DECISION_LUA.as_bytes()),
+            CallKind::Script => sha1_hex(decision_script().as_bytes()),
             CallKind::Function => {
                 let hash = sha1_hex(DECISION_CODE.as_bytes());
                 format!("ratelimit_decide_{}", &hash[..NAME_HASH_DIGITS])

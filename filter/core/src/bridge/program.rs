@@ -4,8 +4,8 @@ use super::args::DecideCall;
 use super::failure::{BridgeCall, BridgeFailure};
 use super::reply::{command_result, BridgeReply};
 use super::request::BridgeRequest;
+use crate::decision_script;
 pub use crate::program::{CallKind, Program};
-use crate::DECISION_LUA;
 
 /// The bridge's half of [`Program`]: the calls that run and load it.
 impl Program {
@@ -36,7 +36,7 @@ impl Program {
     pub fn load(&self) -> BridgeRequest {
         let (path, body) = match self.kind {
             CallKind::Function => ("/FUNCTION/LOAD/REPLACE", self.library().into_bytes()),
-            CallKind::Script => ("/SCRIPT/LOAD", DECISION_LUA.as_bytes().to_vec()),
+            CallKind::Script => ("/SCRIPT/LOAD", decision_script().into_bytes()),
         };
         BridgeRequest {
             method: "PUT",

@@ -161,7 +161,7 @@ mod tests {
         assert_eq!(get("authorization").as_deref(), Some("Basic dTpw"));
         assert_eq!(
             get("content-length"),
-            Some(crate::DECISION_LUA.len().to_string())
+            Some(crate::decision_script().len().to_string())
         );
     }
 }
