@@ -21,7 +21,7 @@
 
 use super::queue::{Outcome, Sent};
 use crate::bounds::OVERRIDE_STALE_MS;
-use crate::check::{LimitCheck, Mode};
+use crate::check::LimitCheck;
 use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
 use crate::request::plan::Plan;
@@ -199,7 +199,7 @@ impl Refusals {
             // A concurrency slot may free at any moment: its refusal is never held. A request
             // that never fits has no instant to hold its refusal until (and an override or a
             // new config may raise the limit): each is asked again, and answered so again.
-            let holds = matches!(check.mode, Mode::Hold(_));
+            let holds = check.mode.holds_slot();
             if !result.allowed && !check.mode.is_shadow() && !holds && !result.never_fits {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
                 let mut until_ns = at(result.retry_ms);

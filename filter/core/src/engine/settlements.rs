@@ -378,7 +378,7 @@ impl Settlements {
 
 /// A concurrency slot's release, not a usage settlement.
 fn is_release(settlement: &Settlement) -> bool {
-    matches!(settlement.check.mode, crate::check::Mode::Hold(_))
+    settlement.check.mode.holds_slot()
 }
 
 /// The `usage` of the limit `check` is on, if it is a usage limit.
