@@ -308,17 +308,7 @@ impl Engine {
         self.refusals.remember(plan, &outcome, sent);
         let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
         if !self.holds.is_empty() {
-            // A call that went out and was not answered may have been carried out unseen.
-            let maybe_held = matches!(
-                &outcome,
-                Outcome::Failed(
-                    BridgeFailure::NoResponse
-                        | BridgeFailure::Timeout
-                        | BridgeFailure::Status(500..)
-                        | BridgeFailure::BadReply(_)
-                        | BridgeFailure::Orphaned
-                )
-            );
+            let maybe_held = matches!(&outcome, Outcome::Failed(f) if f.may_have_run());
             let releases = self.holds.decided(ctx, charged, maybe_held);
             self.release(host, releases);
         }

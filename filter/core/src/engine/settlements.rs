@@ -204,14 +204,7 @@ impl Settlements {
                     ..
                 }),
             ) => self.lost += riders.len() as u64,
-            Err(
-                BridgeFailure::NoResponse
-                | BridgeFailure::Timeout
-                | BridgeFailure::Status(500..)
-                | BridgeFailure::BadReply(_)
-                | BridgeFailure::Orphaned
-                | BridgeFailure::BreakerOpen,
-            ) => self.after_doubt(riders),
+            Err(failure) if failure.may_have_run() => self.after_doubt(riders),
             Err(_) => self.keep(riders),
         }
     }
@@ -327,15 +320,8 @@ impl Settlements {
                 };
                 (Settled::Reloading, Some((config.program.load(), again)))
             }
-            // Sent, and may have been carried out: no answer, a 5xx (Envoy's own 504 once the
-            // call's timeout passed, its 503 when the connection reset after the call went
-            // out; a hung Webdis reads the call when it runs again), a reply that cannot be
-            // read.
-            Err(
-                failure @ (BridgeFailure::NoResponse
-                | BridgeFailure::Status(500..)
-                | BridgeFailure::BadReply(_)),
-            ) => {
+            // Sent, and may have been carried out unseen.
+            Err(failure) if failure.may_have_run() => {
                 self.after_doubt(call.settlements);
                 (Settled::Failed(failure), None)
             }
