@@ -229,9 +229,13 @@ impl Refusals {
         self.cache.len()
     }
 
-    /// Units were given back to `key`: it may fit sooner than its refusal said.
-    pub fn forget(&mut self, key: &str) {
-        self.cache.forget(key);
+    /// Units are given back to these limits (a settlement below zero, a release, a refund):
+    /// a request the cache would refuse until its Retry-After may fit sooner, so their keys
+    /// are asked again.
+    pub fn given_back<'a>(&mut self, checks: impl IntoIterator<Item = &'a LimitCheck>) {
+        for check in checks {
+            self.cache.forget(&check.key);
+        }
     }
 }
 
@@ -356,7 +360,7 @@ mod tests {
         assert_eq!(checks.len(), 1);
         assert_eq!(decision.limits[0].retry_ms, 0.501);
         // Units given back to a key: its refusal is forgotten, the other's kept.
-        r.forget("a");
+        r.given_back(&a.checks);
         assert!(!r.refuses(&a, 2_000) && r.refuses(&b, 2_000));
         // Another worker saw a restart: everything is forgotten once, ...
         assert!(r.sync(1));
