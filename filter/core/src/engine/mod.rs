@@ -13,7 +13,9 @@
 //! the [`leases`] (their whole ask cycle), the cluster [`splits`], the [`policy`] (what an
 //! outcome does, the `local` failure mode), the [`tally`] (stats), the [`delivery`] of
 //! verdicts to streams, and the [`settlements`] of usage limits once their response is read
-//! (with the stream-facing calls after the decision: headers, meter, end of stream).
+//! (with the stream-facing calls after the decision: headers, meter, end of stream). A call
+//! of either kind that finds the decision code missing in Redis goes through one reload
+//! ([`script`]).
 //!
 //! The engine's own work is split by what starts it: a request (here), the calls it sends
 //! ([`calls`]), their replies ([`replies`]), the worker's timer ([`timer`]), and a stream's
@@ -57,6 +59,7 @@ mod policy;
 mod queue;
 pub mod refusals;
 mod replies;
+mod script;
 pub mod settlements;
 mod sightings;
 pub mod slots;
