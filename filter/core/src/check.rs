@@ -42,8 +42,11 @@ pub enum Mode {
     /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot
     /// be read.
     After,
-    /// A concurrency limit: the request holds a slot, named by this id (its worker's and its
-    /// stream's; set by the engine before the request is sent), until its stream ends.
+    /// A concurrency limit as planned: the request is to hold a slot. It has no id until the
+    /// engine admits the request ([`Mode::admitted`]), which turns it into [`Mode::Hold`].
+    ToHold,
+    /// A concurrency limit of an admitted request: it holds a slot, named by this id (its
+    /// worker's and its stream's), until its stream ends.
     Hold(Rc<str>),
 }
 
@@ -79,11 +82,24 @@ impl Mode {
         }
     }
 
+    /// A concurrency limit, admitted or not: the request holds a slot while it runs.
+    pub fn holds_slot(&self) -> bool {
+        matches!(self, Mode::ToHold | Mode::Hold(_))
+    }
+
+    /// The mode once its request is admitted with `id`: a slot to hold gets the id its slot is
+    /// held by; every other mode stays.
+    pub fn admitted(&mut self, id: &Rc<str>) {
+        if *self == Mode::ToHold {
+            *self = Mode::Hold(id.clone());
+        }
+    }
+
     /// The key budget it is decided with, if any.
     pub fn budget(&self) -> Option<&Rc<BudgetCheck>> {
         match self {
             Mode::Enforce { budget } | Mode::Shadow { budget } => budget.as_ref(),
-            Mode::Lease(_) | Mode::After | Mode::Hold(_) => None,
+            Mode::Lease(_) | Mode::After | Mode::ToHold | Mode::Hold(_) => None,
         }
     }
 }
@@ -139,5 +155,22 @@ mod tests {
             Mode::of(false, None, false, None),
             Mode::Enforce { budget: None }
         );
+    }
+
+    #[test]
+    fn a_slot_to_hold_gets_its_id_when_admitted_and_no_other_mode_changes() {
+        let id: Rc<str> = Rc::from("0000000000000001-7");
+        let mut planned = Mode::ToHold;
+        assert!(planned.holds_slot());
+        planned.admitted(&id);
+        assert_eq!(planned, Mode::Hold(id.clone()));
+        assert!(planned.holds_slot());
+        // Admitted once: a second id does not rename the slot.
+        planned.admitted(&Rc::from("other"));
+        assert_eq!(planned, Mode::Hold(id.clone()));
+        let mut enforced = Mode::Enforce { budget: None };
+        enforced.admitted(&id);
+        assert_eq!(enforced, Mode::Enforce { budget: None });
+        assert!(!enforced.holds_slot() && !Mode::After.holds_slot());
     }
 }

@@ -73,6 +73,9 @@ pub(super) fn decision_mode(
     match (&check.mode, requests) {
         (Mode::After, _) => (WireMode::After, None),
         (Mode::Hold(member), _) => (WireMode::Hold { member }, None),
+        // Not sent by the engine, which admits a request before it queues it; a plan sent as
+        // planned (a tool, a bench) holds its slot under no id of its own.
+        (Mode::ToHold, _) => (WireMode::Hold { member: "" }, None),
         (Mode::Lease(lease), Some(requests)) => (
             WireMode::Lease {
                 units: lease_units(*lease, check, requests),

@@ -124,6 +124,35 @@ impl BridgeFailure {
         })
     }
 
+    /// Whether the call this failure ended may have run in Redis unseen, so that whatever it
+    /// carried must be taken as done (a slot held, a charge made, a debt paid): it went out
+    /// and no reply said what Redis did. Sent and unanswered (no response, a timeout, an
+    /// answer lost with its stream), a 5xx (Envoy's 504 once the call's timeout passed, its
+    /// 503 when the connection reset after the call went out; a hung Webdis reads the call
+    /// when it runs again), a reply that cannot be read, and the breaker opening (it takes the
+    /// calls in flight with it). Every other failure says the call did not run: refused before
+    /// Redis (a 4xx, a refused dispatch, no clock, past its deadline), refused by Redis (an
+    /// error, an ACL, no script, a slot served elsewhere or moving), or never sent.
+    pub fn may_have_run(&self) -> bool {
+        match self {
+            BridgeFailure::NoResponse
+            | BridgeFailure::Timeout
+            | BridgeFailure::BadReply(_)
+            | BridgeFailure::Orphaned
+            | BridgeFailure::BreakerOpen => true,
+            BridgeFailure::Status(code) => *code >= 500,
+            BridgeFailure::Redis(_)
+            | BridgeFailure::Misconfigured(_)
+            | BridgeFailure::NoScript
+            | BridgeFailure::Dispatch(_)
+            | BridgeFailure::Clock
+            | BridgeFailure::Stale
+            | BridgeFailure::Expired
+            | BridgeFailure::NotServed(_)
+            | BridgeFailure::Moving(_) => false,
+        }
+    }
+
     /// The misconfiguration this failure is, if it is one.
     pub fn misconfiguration(&self) -> Option<&Misconfiguration> {
         match self {
@@ -315,6 +344,37 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    #[test]
+    fn a_call_may_have_run_when_it_went_out_and_no_reply_said_what_redis_did() {
+        let acl = BridgeFailure::of_redis_error(BridgeCall::Decision, "NOPERM no");
+        let auth = BridgeFailure::of_status(BridgeCall::Decision, 401);
+        let cases = [
+            (BridgeFailure::NoResponse, true),
+            (BridgeFailure::Timeout, true),
+            (BridgeFailure::Status(500), true),
+            (BridgeFailure::Status(503), true),
+            (BridgeFailure::Status(504), true),
+            (BridgeFailure::Status(413), false),
+            (BridgeFailure::Status(400), false),
+            (BridgeFailure::Redis("ERR x".into()), false),
+            (acl, false),
+            (auth, false),
+            (BridgeFailure::NoScript, false),
+            (BridgeFailure::BadReply("x"), true),
+            (BridgeFailure::Dispatch("x".into()), false),
+            (BridgeFailure::Clock, false),
+            (BridgeFailure::Stale, false),
+            (BridgeFailure::BreakerOpen, true),
+            (BridgeFailure::Expired, false),
+            (BridgeFailure::Orphaned, true),
+            (BridgeFailure::NotServed("x".into()), false),
+            (BridgeFailure::Moving("x".into()), false),
+        ];
+        for (failure, may) in cases {
+            assert_eq!(failure.may_have_run(), may, "{failure:?}");
+        }
+    }
 
     fn reply(status: u16, body: &str) -> BridgeReply<'_> {
         BridgeReply {

@@ -97,10 +97,8 @@ impl Engine {
             }
             fits
         });
-        // Units given back may pay for a request the deny cache would refuse: asked again.
-        for settlement in riders.iter().filter(|s| s.delta < 0) {
-            self.refusals.forget(&settlement.check.key);
-        }
+        let given_back = riders.iter().filter(|s| s.delta < 0);
+        self.refusals.given_back(given_back.map(|s| &s.check));
         if !riders.is_empty() {
             host.count_n(Counter::UsageSettlementsRiding, riders.len() as u64);
         }
@@ -329,11 +327,8 @@ impl Engine {
             return;
         };
         for (group, timeout) in self.settlements.calls(config) {
-            // Units given back may pay for a request the deny cache would refuse until its
-            // Retry-After: such keys are asked again.
-            for settlement in group.iter().filter(|s| s.delta < 0) {
-                self.refusals.forget(&settlement.check.key);
-            }
+            let given_back = group.iter().filter(|s| s.delta < 0);
+            self.refusals.given_back(given_back.map(|s| &s.check));
             let request = Settlements::request(config, &group, timeout, now);
             match host.dispatch(&config.bridge, &request, timeout) {
                 Ok(token) => {
@@ -442,9 +437,7 @@ impl Engine {
         (window, timeout): (Duration, Duration),
         now: u128,
     ) {
-        for refund in refunds {
-            self.refusals.forget(&refund.check.key);
-        }
+        self.refusals.given_back(refunds.iter().map(|r| &r.check));
         let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
         let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
         let request = config.program.decide(&call);

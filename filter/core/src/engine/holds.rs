@@ -14,7 +14,7 @@ use std::rc::Rc;
 
 pub use crate::bounds::MAX_MEMBER_BYTES;
 use crate::bounds::MAX_METERED_STREAMS;
-use crate::check::{LimitCheck, Mode};
+use crate::check::LimitCheck;
 use crate::decision::Settlement;
 use crate::request::plan::Plan;
 
@@ -65,19 +65,14 @@ impl Holds {
     /// Stream `ctx` is about to be sent on `plan`: its concurrency limits get its id, and the
     /// stream is remembered until its decision and its end.
     pub fn admit(&mut self, ctx: u32, plan: &mut Plan) {
-        let mut held = Vec::new();
-        let mut member: Option<Rc<str>> = None;
-        for check in plan.checks.iter_mut() {
-            if let Mode::Hold(id) = &mut check.mode {
-                let m = member
-                    .get_or_insert_with(|| format!("{:016x}-{ctx}", self.worker).into())
-                    .clone();
-                *id = m;
-                held.push(check.clone());
-            }
-        }
-        if held.is_empty() {
+        if !plan.holds_slots() {
             return;
+        }
+        let member: Rc<str> = format!("{:016x}-{ctx}", self.worker).into();
+        let mut held = Vec::new();
+        for check in plan.checks.iter_mut().filter(|c| c.mode.holds_slot()) {
+            check.mode.admitted(&member);
+            held.push(check.clone());
         }
         if self.streams.len() >= MAX_METERED_STREAMS {
             // Forgotten, not released: its slot frees itself at its deadline, never early.

@@ -57,7 +57,7 @@ impl LocalLimits {
                 // A usage limit in mode `after`: admitted while a unit is left, as in Redis.
                 // A concurrency limit is not decided here: the worker cannot see the slots the
                 // others hold (see docs/configuration.md, concurrency).
-                if matches!(c.mode, Mode::Hold(_)) {
+                if c.mode.holds_slot() {
                     evaluate(c.algorithm, None, p, now)
                 } else if c.mode == Mode::After {
                     evaluate_after(c.algorithm, self.states.get(&c.key), p, now)
@@ -86,7 +86,7 @@ impl LocalLimits {
                 never_fits,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
-            if matches!(c.mode, Mode::Hold(_)) {
+            if c.mode.holds_slot() {
                 continue;
             }
             if charged && c.mode != Mode::After {

@@ -13,7 +13,9 @@
 //! the [`leases`] (their whole ask cycle), the cluster [`splits`], the [`policy`] (what an
 //! outcome does, the `local` failure mode), the [`tally`] (stats), the [`delivery`] of
 //! verdicts to streams, and the [`settlements`] of usage limits once their response is read
-//! (with the stream-facing calls after the decision: headers, meter, end of stream).
+//! (with the stream-facing calls after the decision: headers, meter, end of stream). A call
+//! of either kind that finds the decision code missing in Redis goes through one reload
+//! ([`script`]).
 //!
 //! The engine's own work is split by what starts it: a request (here), the calls it sends
 //! ([`calls`]), their replies ([`replies`]), the worker's timer ([`timer`]), and a stream's
@@ -57,6 +59,7 @@ mod policy;
 mod queue;
 pub mod refusals;
 mod replies;
+mod script;
 pub mod settlements;
 mod sightings;
 pub mod slots;
@@ -308,17 +311,7 @@ impl Engine {
         self.refusals.remember(plan, &outcome, sent);
         let charged = matches!(&outcome, Outcome::Decided(d) if d.allowed);
         if !self.holds.is_empty() {
-            // A call that went out and was not answered may have been carried out unseen.
-            let maybe_held = matches!(
-                &outcome,
-                Outcome::Failed(
-                    BridgeFailure::NoResponse
-                        | BridgeFailure::Timeout
-                        | BridgeFailure::Status(500..)
-                        | BridgeFailure::BadReply(_)
-                        | BridgeFailure::Orphaned
-                )
-            );
+            let maybe_held = matches!(&outcome, Outcome::Failed(f) if f.may_have_run());
             let releases = self.holds.decided(ctx, charged, maybe_held);
             self.release(host, releases);
         }

@@ -21,7 +21,7 @@
 
 use super::queue::{Outcome, Sent};
 use crate::bounds::OVERRIDE_STALE_MS;
-use crate::check::{LimitCheck, Mode};
+use crate::check::LimitCheck;
 use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
 use crate::request::plan::Plan;
@@ -199,7 +199,7 @@ impl Refusals {
             // A concurrency slot may free at any moment: its refusal is never held. A request
             // that never fits has no instant to hold its refusal until (and an override or a
             // new config may raise the limit): each is asked again, and answered so again.
-            let holds = matches!(check.mode, Mode::Hold(_));
+            let holds = check.mode.holds_slot();
             if !result.allowed && !check.mode.is_shadow() && !holds && !result.never_fits {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
                 let mut until_ns = at(result.retry_ms);
@@ -229,9 +229,13 @@ impl Refusals {
         self.cache.len()
     }
 
-    /// Units were given back to `key`: it may fit sooner than its refusal said.
-    pub fn forget(&mut self, key: &str) {
-        self.cache.forget(key);
+    /// Units are given back to these limits (a settlement below zero, a release, a refund):
+    /// a request the cache would refuse until its Retry-After may fit sooner, so their keys
+    /// are asked again.
+    pub fn given_back<'a>(&mut self, checks: impl IntoIterator<Item = &'a LimitCheck>) {
+        for check in checks {
+            self.cache.forget(&check.key);
+        }
     }
 }
 
@@ -356,7 +360,7 @@ mod tests {
         assert_eq!(checks.len(), 1);
         assert_eq!(decision.limits[0].retry_ms, 0.501);
         // Units given back to a key: its refusal is forgotten, the other's kept.
-        r.forget("a");
+        r.given_back(&a.checks);
         assert!(!r.refuses(&a, 2_000) && r.refuses(&b, 2_000));
         // Another worker saw a restart: everything is forgotten once, ...
         assert!(r.sync(1));

@@ -4,7 +4,7 @@
 //! a call's round trip.
 
 use super::host::Host;
-use super::queue::{InFlight, Outcome, Reply, Stage, Waiting};
+use super::queue::{InFlight, Outcome, Reply, Waiting};
 use super::Engine;
 use crate::bridge::{is_answer, parse_eval_reply, BridgeFailure, BridgeReply};
 use crate::config::Config;
@@ -67,7 +67,7 @@ impl Engine {
         let reply = call.read(config, reply);
         if let Some(epoch) = call.on_node.and_then(|n| n.asks) {
             let map = match &reply {
-                Reply::Decided(_, map) => map.clone(),
+                Reply::Ran((_, map)) => map.clone(),
                 _ => None,
             };
             if map.is_some() {
@@ -76,7 +76,7 @@ impl Engine {
             self.nodes.answered(epoch, map, now);
         }
         match reply {
-            Reply::Decided(results, _) => {
+            Reply::Ran((results, _)) => {
                 self.breaker.answered();
                 // Redis's ACL refusing the script a command refuses it for each request it
                 // reaches: reported once for the call.
@@ -130,22 +130,20 @@ impl Engine {
                 host.count_n(Counter::ClusterResends, parked.len() as u64);
                 self.queue.park(parked);
             }
-            Reply::NoScript => {
+            Reply::Missing | Reply::Loaded => {
                 self.breaker.answered();
-                // Redis restarted: what it refused may fit again, here and (at their next tick)
-                // in the other workers. Leases stay: they were charged (a fresh Redis too).
-                if self.refusals.restarted(host.redis_restarts(true)) {
-                    host.count(Counter::DenyCacheResets);
+                if matches!(reply, Reply::Missing) {
+                    // Redis restarted: what it refused may fit again, here and (at their next
+                    // tick) in the other workers. Leases stay: they were charged (a fresh Redis
+                    // too).
+                    if self.refusals.restarted(host.redis_restarts(true)) {
+                        host.count(Counter::DenyCacheResets);
+                    }
+                } else {
+                    host.count(Counter::ScriptLoads);
                 }
                 let mut call = call;
-                call.stage = Stage::LoadingScript;
-                self.send(config, host, call, now);
-            }
-            Reply::Loaded => {
-                self.breaker.answered();
-                host.count(Counter::ScriptLoads);
-                let mut call = call;
-                call.stage = Stage::Deciding { reloaded: true };
+                call.stage = call.stage.after(&reply);
                 self.send(config, host, call, now);
             }
             Reply::Failed(failure) => {

@@ -16,10 +16,12 @@
 //! side) and its give-backs dropped and counted lost (never units the client did not pay
 //! back).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use super::packing::pack;
+use super::script::{Read, Stage};
 use super::tally::Tally;
 pub use crate::bounds::MAX_SETTLEMENT_CALLS;
 pub use crate::bounds::{MAX_KEPT_SETTLEMENTS, MAX_METERED_STREAMS};
@@ -38,8 +40,8 @@ use crate::request::plan::Plan;
 #[derive(Debug)]
 pub struct SettleCall {
     settlements: Vec<Settlement>,
-    /// Waiting for `SCRIPT LOAD`, after Redis answered NOSCRIPT.
-    loading: bool,
+    /// Its stage: sent, or the script's load before it goes again.
+    stage: Stage,
     timeout: Duration,
 }
 
@@ -204,14 +206,7 @@ impl Settlements {
                     ..
                 }),
             ) => self.lost += riders.len() as u64,
-            Err(
-                BridgeFailure::NoResponse
-                | BridgeFailure::Timeout
-                | BridgeFailure::Status(500..)
-                | BridgeFailure::BadReply(_)
-                | BridgeFailure::Orphaned
-                | BridgeFailure::BreakerOpen,
-            ) => self.after_doubt(riders),
+            Err(failure) if failure.may_have_run() => self.after_doubt(riders),
             Err(_) => self.keep(riders),
         }
     }
@@ -260,7 +255,7 @@ impl Settlements {
     pub fn sent(&mut self, token: u32, settlements: Vec<Settlement>, timeout: Duration) {
         let call = SettleCall {
             settlements,
-            loading: false,
+            stage: Stage::default(),
             timeout,
         };
         self.in_flight.insert(token, call);
@@ -289,24 +284,15 @@ impl Settlements {
         let Some(call) = self.in_flight.remove(&token) else {
             return (Settled::Done, None);
         };
-        if call.loading {
-            return match config.program.parse_load_reply(reply) {
-                Ok(()) => {
-                    let request = Self::request(config, &call.settlements, call.timeout, now);
-                    let again = SettleCall {
-                        loading: false,
-                        ..call
-                    };
-                    (Settled::Reloading, Some((request, again)))
-                }
-                Err(failure) => {
-                    self.keep(call.settlements);
-                    (Settled::Failed(failure), None)
-                }
-            };
-        }
-        match parse_eval_reply(reply, &[call.settlements.len()]) {
-            Ok(EvalOutcome::Decided(results)) => match results.into_iter().next() {
+        let n = call.settlements.len();
+        let read = call.stage.read(config, reply, |reply| {
+            match parse_eval_reply(reply, &[n])? {
+                EvalOutcome::Decided(results) => Ok(Some(results)),
+                EvalOutcome::NoScript => Ok(None),
+            }
+        });
+        match read {
+            Read::Ran(results) => match results.into_iter().next() {
                 Some(Ok(_)) => (Settled::Done, None),
                 // Redis could not carry out this request (a bad argument, a Redis error):
                 // sending it again would fail the same way.
@@ -320,26 +306,29 @@ impl Settlements {
                     (Settled::Failed(BridgeFailure::BadReply("no entry")), None)
                 }
             },
-            Ok(EvalOutcome::NoScript) => {
+            Read::Missing | Read::Loaded => {
                 let again = SettleCall {
-                    loading: true,
+                    stage: call.stage.after(&read),
                     ..call
                 };
-                (Settled::Reloading, Some((config.program.load(), again)))
+                // Made again after a load: its deadline counts from now.
+                let eval = || {
+                    Cow::Owned(Self::request(
+                        config,
+                        &again.settlements,
+                        again.timeout,
+                        now,
+                    ))
+                };
+                let request = again.stage.request(config, eval).into_owned();
+                (Settled::Reloading, Some((request, again)))
             }
-            // Sent, and may have been carried out: no answer, a 5xx (Envoy's own 504 once the
-            // call's timeout passed, its 503 when the connection reset after the call went
-            // out; a hung Webdis reads the call when it runs again), a reply that cannot be
-            // read.
-            Err(
-                failure @ (BridgeFailure::NoResponse
-                | BridgeFailure::Status(500..)
-                | BridgeFailure::BadReply(_)),
-            ) => {
+            // Sent, and may have been carried out unseen.
+            Read::Failed(failure) if failure.may_have_run() => {
                 self.after_doubt(call.settlements);
                 (Settled::Failed(failure), None)
             }
-            Err(failure) => {
+            Read::Failed(failure) => {
                 self.keep(call.settlements);
                 (Settled::Failed(failure), None)
             }
@@ -378,7 +367,7 @@ impl Settlements {
 
 /// A concurrency slot's release, not a usage settlement.
 fn is_release(settlement: &Settlement) -> bool {
-    matches!(settlement.check.mode, crate::check::Mode::Hold(_))
+    settlement.check.mode.holds_slot()
 }
 
 /// The `usage` of the limit `check` is on, if it is a usage limit.

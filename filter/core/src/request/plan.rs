@@ -32,7 +32,7 @@ impl Plan {
 
     /// Some limit of the plan is a concurrency limit: the request holds a slot while it runs.
     pub fn holds_slots(&self) -> bool {
-        self.checks.iter().any(|c| matches!(c.mode, Mode::Hold(_)))
+        self.checks.iter().any(|c| c.mode.holds_slot())
     }
 }
 
@@ -121,7 +121,7 @@ fn plan_into(
                     (Some(usage), _) => estimate(&usage.estimate, view)?,
                 },
                 mode: if limit.algorithm == Algorithm::Concurrency {
-                    Mode::Hold(Rc::from(""))
+                    Mode::ToHold
                 } else {
                     Mode::of(
                         limit
@@ -319,6 +319,21 @@ mod tests {
 
     fn rules_of(p: &Plan) -> Vec<(usize, usize)> {
         p.checks.iter().map(|c| (c.rule, c.limit)).collect()
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_planned_as_a_slot_to_hold_without_an_id() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "streams", "limits": [
+              {"name": "open", "algorithm": "concurrency", "limit": 2, "max_duration": "10m"},
+              {"name": "second", "limit": 5, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let p = plan(&c, &FakeRequest::new("GET", "/")).unwrap();
+        assert!(p.holds_slots());
+        assert_eq!(p.checks[0].mode, Mode::ToHold);
+        assert_eq!(p.checks[0].cost, 1);
+        assert!(!p.checks[1].mode.holds_slot());
     }
 
     #[test]

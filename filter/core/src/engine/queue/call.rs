@@ -1,5 +1,5 @@
 //! A decision call: the batch of requests it decides (and the settlements riding on it), how
-//! it is built into one `EVALSHA`, its stage (a script load, then the same call again), and
+//! it is built into one `EVALSHA`, its stage (the script's load, then the same call again), and
 //! how its reply is read. Apart from the queue as what leaves it: one call from one batch.
 
 use std::time::Duration;
@@ -14,6 +14,7 @@ use crate::decision::{Decision, Settlement};
 use crate::engine::lag::Moment;
 use crate::engine::leases::Ticket;
 use crate::engine::nodes::NodeTag;
+use crate::engine::script::{Read, Stage};
 #[cfg(doc)]
 use crate::engine::{nodes::CALLS_PER_NODE, queue::Queue};
 
@@ -23,14 +24,6 @@ use crate::engine::{nodes::CALLS_PER_NODE, queue::Queue};
 pub struct Sent {
     pub at_ns: u128,
     pub epoch: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Waiting for the `EVALSHA` reply; `reloaded` once the script was loaded for this call.
-    Deciding { reloaded: bool },
-    /// Redis had lost the script; waiting for `SCRIPT LOAD`, then the same call goes again.
-    LoadingScript,
 }
 
 /// The settlements that rode on a call, with their part of its reply.
@@ -123,7 +116,7 @@ impl Call {
             None => config.program.decide(&call),
         };
         Call {
-            stage: Stage::Deciding { reloaded: false },
+            stage: Stage::default(),
             eval,
             shapes,
             members: members.into_iter().map(Some).collect(),
@@ -175,29 +168,19 @@ impl Call {
 
     /// The request to send for its stage: the decision, or the script load before it.
     pub fn request(&self, config: &Config) -> std::borrow::Cow<'_, BridgeRequest> {
-        match self.stage {
-            Stage::Deciding { .. } => std::borrow::Cow::Borrowed(&self.eval),
-            Stage::LoadingScript => std::borrow::Cow::Owned(config.program.load()),
-        }
+        self.stage
+            .request(config, || std::borrow::Cow::Borrowed(&self.eval))
     }
 
-    /// What `reply` says for the call's stage (a second `NOSCRIPT` for the same call is a
-    /// failure, not a loop).
+    /// What `reply` says for the call's stage.
     pub fn read(&self, config: &Config, reply: BridgeReply<'_>) -> Reply {
-        match self.stage {
-            Stage::Deciding { reloaded } => {
-                match parse_node_reply(reply, &self.shapes, self.asks()) {
-                    Ok((EvalOutcome::Decided(results), map)) => Reply::Decided(results, map),
-                    Ok((EvalOutcome::NoScript, _)) if !reloaded => Reply::NoScript,
-                    Ok((EvalOutcome::NoScript, _)) => Reply::Failed(BridgeFailure::NoScript),
-                    Err(failure) => Reply::Failed(failure),
-                }
+        let asks = self.asks();
+        self.stage.read(config, reply, |reply| {
+            match parse_node_reply(reply, &self.shapes, asks)? {
+                (EvalOutcome::Decided(results), map) => Ok(Some((results, map))),
+                (EvalOutcome::NoScript, _) => Ok(None),
             }
-            Stage::LoadingScript => match config.program.parse_load_reply(reply) {
-                Ok(()) => Reply::Loaded,
-                Err(failure) => Reply::Failed(failure),
-            },
-        }
+        })
     }
 
     /// Whether it asks for the node's slot map.
@@ -215,14 +198,6 @@ impl Call {
     }
 }
 
-/// What a call's reply says, for its stage.
-pub enum Reply {
-    /// Each member's decision, or why Redis could not decide that one alone; and the node's
-    /// slot map, if the call asked for it.
-    Decided(Vec<Result<Decision, BridgeFailure>>, Option<SlotMap>),
-    /// Redis had lost the script (it restarted): load it, then send the call again.
-    NoScript,
-    /// The script is loaded: send the call again.
-    Loaded,
-    Failed(BridgeFailure),
-}
+/// What a call's reply says, for its stage: when the script ran, each member's decision, or
+/// why Redis could not decide that one alone, and the node's slot map if the call asked for it.
+pub type Reply = Read<(Vec<Result<Decision, BridgeFailure>>, Option<SlotMap>)>;

@@ -19,7 +19,7 @@ use crate::bounds::MAX_ABANDONED_CALLS;
 use crate::bridge::call_bytes;
 use crate::decision::Settlement;
 
-pub use call::{Call, OnNode, Reply, Sent, Stage};
+pub use call::{Call, OnNode, Reply, Sent};
 pub use waiting::{Origin, Outcome, Waiting};
 
 /// A call in flight.

@@ -108,3 +108,32 @@ fn a_refused_request_holds_nothing_and_sends_no_release() {
     e.on_request(&c, &mut h, 4, &req("/", "k"));
     assert_eq!(h.dispatched.len(), sent + 1);
 }
+
+#[test]
+fn a_call_in_flight_when_the_breaker_opens_may_have_held_its_slot_and_is_released() {
+    // Two calls out at once; one failure opens the breaker.
+    let json = r#"{"batch": {"max_in_flight": 2}, "breaker": {"failures": 1},
+        "rules": [{"name": "llm", "limits": [
+        {"name": "streams", "algorithm": "concurrency", "limit": 2, "max_duration": "10m"}]}]}"#;
+    let c = Config::parse(json.as_bytes()).unwrap();
+    let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
+    arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
+    let member = member_of(&h.dispatched[0].1.path);
+    arrive(&mut e, &c, &mut h, 2, &req("/", "b"));
+    assert_eq!(
+        h.dispatched.len(),
+        2,
+        "the second call goes beside the first"
+    );
+    let (first, second) = (h.dispatched[0].0, h.dispatched[1].0);
+    // The second call fails: the breaker opens and takes the first, still in flight.
+    e.on_reply(&c, &mut h, None, second, none());
+    assert_eq!(h.breaker_open, 1);
+    assert!(h.resumed.contains(&1), "let through by the open policy");
+    // The first call is answered after all: Redis held its slot. The breaker closes, and the
+    // slot is released rather than held until max_duration (10 minutes).
+    e.on_reply(&c, &mut h, Some(1), first, ok(allow()));
+    assert_eq!(h.breaker_open, 0);
+    e.on_tick(&c, &mut h);
+    assert!(releases(&h).contains(&member), "{:?}", releases(&h));
+}

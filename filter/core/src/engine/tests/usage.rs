@@ -352,6 +352,14 @@ fn redis_without_the_script_gets_it_loaded_and_the_settlement_again() {
     e.on_reply(&c, &mut h, None, token, ok(&loaded));
     assert_eq!(settle_calls(&h).len(), 2);
     assert_eq!(settle_calls(&h)[1].1, vec![20]);
+    // Missing again after its load: a failure, not a loop of loads; the settlement is kept.
+    let (sent, token) = (h.dispatched.len(), settle_calls(&h)[1].0);
+    e.on_reply(&c, &mut h, None, token, ok(missing));
+    assert_eq!(h.dispatched.len(), sent, "no second load");
+    assert_eq!(h.failures, vec![BridgeFailure::NoScript]);
+    e.on_tick(&c, &mut h);
+    assert_eq!(settle_calls(&h).len(), 3);
+    assert_eq!(settle_calls(&h)[2].1, vec![20], "kept, and sent again");
 }
 
 #[test]
