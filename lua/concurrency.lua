@@ -10,11 +10,11 @@
 -- Memory: one entry per request in flight. Expires max_duration after the newest admission,
 -- + 60 s. A request holds one slot whatever its cost.
 ALGORITHMS.concurrency = function(key, p, now)
-  rcall('ZREMRANGEBYSCORE', key, '-inf', format('%.17g', now.ms))
-  local held = rcall('ZCARD', key)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now.ms))
+  local held = redis.call('ZCARD', key)
   local d = {
     allowed = held < p.limit,
-    kept_remaining = max(0, p.limit - held),
+    kept_remaining = math.max(0, p.limit - held),
     kept_reset = 0,
     retry = 0,
   }
@@ -22,21 +22,21 @@ ALGORITHMS.concurrency = function(key, p, now)
     d.taken_remaining = p.limit - held - 1
     d.taken_reset = 0
     d.commit = function()
-      rcall('ZADD', key, format('%.17g', now.ms + p.window), p.member)
-      rcall('PEXPIRE', key, text_of(ceil(p.window) + 60000))
+      redis.call('ZADD', key, string.format('%.17g', now.ms + p.window), p.member)
+      redis.call('PEXPIRE', key, text_of(math.ceil(p.window) + 60000))
     end
   else
     -- A slot frees whenever a request in flight ends, and at the latest at the oldest
     -- admission's deadline: retry within a second, or by then if sooner.
-    local oldest = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
-    local latest = oldest[2] and max(1, ceil(tonumber(oldest[2]) - now.ms)) or 1
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    local latest = oldest[2] and math.max(1, math.ceil(tonumber(oldest[2]) - now.ms)) or 1
     d.kept_reset = latest
-    d.retry = min(1000, latest)
+    d.retry = math.min(1000, latest)
   end
   return d
 end
 
 -- A release: the request's stream ended (or another slot refused it), its slot frees now.
 SETTLES.concurrency = function(key, p, now)
-  rcall('ZREM', key, p.member)
+  redis.call('ZREM', key, p.member)
 end

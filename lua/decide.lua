@@ -102,27 +102,27 @@ local now = {}
 local NO_BUDGETS = {}
 
 local function time_now()
-  redis_time = redis_time or rcall('TIME')
+  redis_time = redis_time or redis.call('TIME')
   return redis_time
 end
 
 -- A reply number: a whole one as an integer (no text to format), else its text (Redis would
 -- truncate a Lua number with a fraction).
 local function wire_number(x)
-  if x == floor(x) then
+  if x == math.floor(x) then
     return x
   end
   return tostring(x)
 end
 
 local function whole(v)
-  return v and v >= 0 and v == floor(v)
+  return v and v >= 0 and v == math.floor(v)
 end
 
 -- A calendar window argument ("M+330"): {unit = "D" | "W" | "M", offset = ms east of UTC},
 -- or nil.
 local function calendar_of(text)
-  local unit, sign, minutes = match(text, '^([DWM])([+-])(%d+)$')
+  local unit, sign, minutes = string.match(text, '^([DWM])([+-])(%d+)$')
   minutes = tonumber(minutes)
   if not unit or minutes > 840 then
     return nil
@@ -147,7 +147,7 @@ local function read_mode(p, mode, x, y)
   local concurrency = name == 'concurrency'
   if mode == MODE_REFUND then
     p.refund, p.charged_at, p.left = REFUNDS[name], x, tonumber(y)
-    return p.refund and match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
+    return p.refund and string.match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
   elseif mode == MODE_LEASE then
     local lease = {max_units = tonumber(x), fraction = tonumber(y)}
     p.lease = lease
@@ -158,7 +158,7 @@ local function read_mode(p, mode, x, y)
     if concurrency then
       p.member = y
     end
-    return p.settle and p.delta and p.delta == floor(p.delta)
+    return p.settle and p.delta and p.delta == math.floor(p.delta)
       and (not concurrency or y ~= '')
   elseif mode == MODE_HOLD then
     p.member = x
@@ -217,7 +217,7 @@ local function definition_of(text)
   if def then
     return def
   end
-  local name, limit, window, burst, mode, budget, overflow = match(text or '',
+  local name, limit, window, burst, mode, budget, overflow = string.match(text or '',
     DEFINITION_FIELDS)
   if not name then
     return nil
@@ -268,11 +268,11 @@ local function limit_of(text)
     return l
   end
   l = false
-  local key, def, cost = match(text or '', LIMIT_FIELDS)
+  local key, def, cost = string.match(text or '', LIMIT_FIELDS)
   if key then
     local i, j = tonumber(key), nil
     if not i then
-      i, j = match(key, KEY_AND_OVERRIDE)
+      i, j = string.match(key, KEY_AND_OVERRIDE)
       i, j = tonumber(i), tonumber(j)
     end
     l = {i or false, j or false, tonumber(def) or false, tonumber(cost) or false}
@@ -290,7 +290,7 @@ end
 -- the position after them, or nil when the layout itself is broken.
 local function read_request(a, definitions)
   local n = number_of(ARGV[a])
-  if not n or n < 1 or n ~= floor(n) or a + n > #ARGV then
+  if not n or n < 1 or n ~= math.floor(n) or a + n > #ARGV then
     return nil
   end
   local limits, problem = {}, nil
@@ -327,7 +327,7 @@ end
 -- OUTCOME_BAD_OVERRIDE when it is malformed (then the config's numbers apply). The bounds
 -- are the config's (wire.lua).
 local function read_override(p)
-  local o = rpcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
+  local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
   if type(o) ~= 'table' or o.err then
     return OUTCOME_BAD_OVERRIDE
   end
@@ -336,7 +336,7 @@ local function read_override(p)
     return (o[2] or o[3] or o[4]) and OUTCOME_BAD_OVERRIDE or 0
   end
   local function number(text)
-    return text and match(text, '^[1-9]%d*$') and tonumber(text)
+    return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
   end
   if o[4] then
     local expiry = number(o[4])
@@ -344,8 +344,8 @@ local function read_override(p)
       return OUTCOME_BAD_OVERRIDE
     end
     if expiry <= now.ms then
-      if rcall('PTTL', p.override) == -1 then
-        rcall('PEXPIRE', p.override, EXPIRED_KEPT_MS)
+      if redis.call('PTTL', p.override) == -1 then
+        redis.call('PEXPIRE', p.override, EXPIRED_KEPT_MS)
       end
       return 0
     end
@@ -379,9 +379,9 @@ end
 local function blocked_decision(p)
   local wait
   if p.override_until then
-    wait = ceil(p.override_until - now.ms)
+    wait = math.ceil(p.override_until - now.ms)
   else
-    local ttl = rcall('PTTL', p.override)
+    local ttl = redis.call('PTTL', p.override)
     wait = ttl > 0 and ttl or 0
   end
   return {allowed = false, kept_remaining = 0, kept_reset = wait, retry = wait,
@@ -419,11 +419,11 @@ local function apply_budgets(limits)
     end
   end
   for _, u in ipairs(order) do
-    if rcall('EXISTS', unpack(u.keys)) == 0 then
+    if redis.call('EXISTS', unpack(u.keys)) == 0 then
       local b = u.budget
-      local state = rcall('HMGET', b.key, 'w', 'n')
+      local state = redis.call('HMGET', b.key, 'w', 'n')
       local counted = tonumber(state[1])
-      u.window = floor(now.ms / b.window)
+      u.window = math.floor(now.ms / b.window)
       -- A call stamped before the window the counter is in (calls reach Redis out of their
       -- clocks' order) counts in that newer window: restarting its own would let the newer
       -- window count from 0 again.
@@ -440,7 +440,7 @@ local function apply_budgets(limits)
     if u and u.over then
       p.over = true
       if u.budget.deny then
-        p.refuse_ms = max(1, ceil((u.window + 1) * u.budget.window - now.ms))
+        p.refuse_ms = math.max(1, math.ceil((u.window + 1) * u.budget.window - now.ms))
       else
         p.key = p.overflow
       end
@@ -460,9 +460,9 @@ local function charge_budgets(order, limits, charged)
         end
       end
       if used then
-        rcall('HSET', u.budget.key, 'w', format('%d', u.window),
-          'n', format('%d', u.count + 1))
-        rcall('PEXPIRE', u.budget.key, ceil(2 * u.budget.window))
+        redis.call('HSET', u.budget.key, 'w', string.format('%d', u.window),
+          'n', string.format('%d', u.count + 1))
+        redis.call('PEXPIRE', u.budget.key, math.ceil(2 * u.budget.window))
       end
     end
   end
@@ -494,17 +494,17 @@ end
 -- How many requests' worth of units a committed request takes (1: itself alone), and the
 -- decisions that charge them; see "Leases" above.
 local function lease_of(limits, decisions)
-  local k = huge
+  local k = math.huge
   for i, p in ipairs(limits) do
     if not p.lease or p.unlimited or p.blocked then
       return 1, decisions
     end
     if p.cost > 0 then
-      local room = min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
-      k = min(k, floor(room / p.cost))
+      local room = math.min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
+      k = math.min(k, math.floor(room / p.cost))
     end
   end
-  if k == huge or k < 2 then
+  if k == math.huge or k < 2 then
     return 1, decisions
   end
   local leased = {}
@@ -572,8 +572,8 @@ local function decide_request(limits)
     reply[#reply + 1] = outcome
     -- Debt is never shown as a negative remaining.
     local left = charged[i] and d.taken_remaining or d.kept_remaining
-    reply[#reply + 1] = wire_number(max(0, left))
-    reply[#reply + 1] = ceil(charged[i] and d.taken_reset or d.kept_reset)
+    reply[#reply + 1] = wire_number(math.max(0, left))
+    reply[#reply + 1] = math.ceil(charged[i] and d.taken_reset or d.kept_reset)
     reply[#reply + 1] = d.retry
   end
   if budgets then
@@ -603,10 +603,10 @@ local REPLY = {}
 local HEADS, heads_held = {}, 0
 local function head_of(text)
   local head = false
-  local r, b, d = match(text or '', HEAD_FIELDS)
+  local r, b, d = string.match(text or '', HEAD_FIELDS)
   r, b, d = tonumber(r), tonumber(b), tonumber(d)
-  if r and b and d and r >= 0 and b >= 0 and d >= 0 and r == floor(r) and b == floor(b)
-      and d == floor(d) then
+  if r and b and d and r >= 0 and b >= 0 and d >= 0 and r == math.floor(r) and b == math.floor(b)
+      and d == math.floor(d) then
     head = {r, b, d}
   end
   if text then

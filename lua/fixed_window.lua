@@ -21,23 +21,23 @@ local function days_from_civil(year, month)
   if month <= 2 then
     year = year - 1
   end
-  local era = floor(year / 400)
+  local era = math.floor(year / 400)
   local year_of_era = year - era * 400
-  local day_of_year = floor((153 * ((month + 9) % 12) + 2) / 5)
-  local day_of_era = year_of_era * 365 + floor(year_of_era / 4)
-    - floor(year_of_era / 100) + day_of_year
+  local day_of_year = math.floor((153 * ((month + 9) % 12) + 2) / 5)
+  local day_of_era = year_of_era * 365 + math.floor(year_of_era / 4)
+    - math.floor(year_of_era / 100) + day_of_year
   return era * 146097 + day_of_era - 719468
 end
 
 -- The year and month (1 to 12) of day `days` after 1970-01-01.
 local function civil_from_days(days)
   local z = days + 719468
-  local era = floor(z / 146097)
+  local era = math.floor(z / 146097)
   local doe = z - era * 146097
-  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524)
-    - floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
-  local from_march = floor((5 * doy + 2) / 153)
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local from_march = math.floor((5 * doy + 2) / 153)
   local month = from_march < 10 and from_march + 3 or from_march - 9
   return yoe + era * 400 + (month <= 2 and 1 or 0), month
 end
@@ -121,28 +121,28 @@ end)
 
 -- Counts are additive: the charge's window, if it is still the current one, counts cost less.
 REFUNDS.fixed_window = function(key, p, now)
-  local state = rcall('HMGET', key, 'w', 'n')
+  local state = redis.call('HMGET', key, 'w', 'n')
   local w, n = tonumber(state[1]), tonumber(state[2])
   if w ~= nil and n ~= nil and w == window_index(p, elapsed_ms('0', p.charged_at)) then
-    rcall('HSET', key, 'n', max(0, n - p.cost))
+    redis.call('HSET', key, 'n', math.max(0, n - p.cost))
   end
 end
 
 SETTLES.fixed_window = function(key, p, now)
   local index = window_index(p, now.ms)
-  local state = rcall('HMGET', key, 'w', 'n')
+  local state = redis.call('HMGET', key, 'w', 'n')
   local w, n = tonumber(state[1]), tonumber(state[2]) or 0
   index, n = fixed_window_now(index, w, n, p.limit)
   if w == nil and p.delta <= 0 then
     return
   end
-  n = max(0, n + p.delta)
+  n = math.max(0, n + p.delta)
   local ends_at = window_end(p, index)
-  local ends_in = max(0, ends_at - now.ms)
+  local ends_in = math.max(0, ends_at - now.ms)
   -- Kept until the last window the debt fills has ended.
-  local owed_end = window_end(p, index + floor(n / p.limit))
-  rcall('HSET', key, 'w', index, 'n', n)
-  rcall('PEXPIRE', key, ceil(ends_in + (owed_end - ends_at)) + 60000)
+  local owed_end = window_end(p, index + math.floor(n / p.limit))
+  redis.call('HSET', key, 'w', index, 'n', n)
+  redis.call('PEXPIRE', key, math.ceil(ends_in + (owed_end - ends_at)) + 60000)
 end
 
 LEASABLE.fixed_window = true

@@ -29,7 +29,7 @@ end)
 -- this limit would have had without the charge (there the charge stopped holding anything
 -- back). now is the refund's clock plus the allowed clock skew: no replica decided later.
 REFUNDS.gcra = function(key, p, now)
-  local stored = tonumber(rcall('HGET', key, 'tat'))
+  local stored = tonumber(redis.call('HGET', key, 'tat'))
   if stored == nil then
     return
   end
@@ -37,9 +37,9 @@ REFUNDS.gcra = function(key, p, now)
   local charged_ms = elapsed_ms('0', p.charged_at)
   -- The TAT the charge wrote, from what it replied: left = (charge - (tat - burst × T)) / T.
   local without = charged_ms + (p.burst - p.left) * interval - p.cost * interval
-  local back = p.cost * interval - max(0, now.ms - without)
+  local back = p.cost * interval - math.max(0, now.ms - without)
   if back > 0 then
-    rcall('HSET', key, 'tat', stored - back)
+    redis.call('HSET', key, 'tat', stored - back)
   end
 end
 
@@ -47,14 +47,14 @@ end
 -- now (a TAT in the past is a full allowance already).
 SETTLES.gcra = function(key, p, now)
   local interval = p.window / p.limit
-  local stored = tonumber(rcall('HGET', key, 'tat'))
+  local stored = tonumber(redis.call('HGET', key, 'tat'))
   if stored == nil and p.delta <= 0 then
     return
   end
-  local tat = max(stored or now.ms, now.ms)
-  local new_tat = max(now.ms, tat + p.delta * interval)
-  rcall('HSET', key, 'tat', new_tat)
-  rcall('PEXPIRE', key, ceil(new_tat - now.ms) + 60000)
+  local tat = math.max(stored or now.ms, now.ms)
+  local new_tat = math.max(now.ms, tat + p.delta * interval)
+  redis.call('HSET', key, 'tat', new_tat)
+  redis.call('PEXPIRE', key, math.ceil(new_tat - now.ms) + 60000)
 end
 
 LEASABLE.gcra = true

@@ -15,18 +15,16 @@
 --
 -- Reading and deciding are separate from writing (commit) so that a request is charged
 -- to every limit or to none.
--- The globals the code calls, as locals: a function library's code reaches a global through
--- its environment's metatable on every use, a local at once. A library's top level runs before
--- Redis's globals are there (only `redis` is), so they are taken at the first call: decide
--- calls localize when `floor` is still nil (a script's top level runs on every call, and so
--- does localize).
-local function globals()
-  return tonumber, tostring, type, ipairs, setmetatable, pcall, unpack, error
-end
-local tonumber, tostring, type, ipairs, setmetatable, pcall, unpack, error
+-- The globals the hot paths call (the call's head, the fast request, the algorithms' decisions
+-- and charges, the clock), as locals: a function library's code reaches a global through its
+-- environment's metatable on every use, a local at once. The other functions call the globals:
+-- a script builds every function on each call, and each local a function uses costs its
+-- building more than a global costs a cold path. A library's top level runs before Redis's
+-- globals are there (only `redis` is), so they are taken at the first call: decide calls
+-- localize when `floor` is still nil (a script's top level runs on every call, and so does
+-- localize).
 local floor, ceil, max, min, huge, format, sub, match, rcall, rpcall
 local function localize()
-  tonumber, tostring, type, ipairs, setmetatable, pcall, unpack, error = globals()
   floor, ceil, max, min, huge = math.floor, math.ceil, math.max, math.min, math.huge
   format, sub, match = string.format, string.sub, string.match
   rcall, rpcall = redis.call, redis.pcall

@@ -51,13 +51,13 @@ end)
 -- Counts are additive: the charge's window counts cost less, whether it is still the current
 -- window or has become the previous one.
 REFUNDS.sliding_window_counter = function(key, p, now)
-  local state = rcall('HMGET', key, 'w', 'cur', 'prev')
+  local state = redis.call('HMGET', key, 'w', 'cur', 'prev')
   local w, cur, prev = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
-  local charged = floor(elapsed_ms('0', p.charged_at) / p.window)
+  local charged = math.floor(elapsed_ms('0', p.charged_at) / p.window)
   if w == charged then
-    rcall('HSET', key, 'cur', max(0, cur - p.cost))
+    redis.call('HSET', key, 'cur', math.max(0, cur - p.cost))
   elseif w == charged + 1 then
-    rcall('HSET', key, 'prev', max(0, prev - p.cost))
+    redis.call('HSET', key, 'prev', math.max(0, prev - p.cost))
   end
 end
 
@@ -66,8 +66,8 @@ end
 -- A give-back takes from the current window's count first, then from the previous one's.
 SETTLES.sliding_window_counter = function(key, p, now)
   local W = p.window
-  local index = floor(now.ms / W)
-  local state = rcall('HMGET', key, 'w', 'cur', 'prev')
+  local index = math.floor(now.ms / W)
+  local state = redis.call('HMGET', key, 'w', 'cur', 'prev')
   local w, cur, prev = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
   if w == nil or index > w + 1 then
     if p.delta <= 0 then
@@ -83,10 +83,10 @@ SETTLES.sliding_window_counter = function(key, p, now)
     cur = cur + p.delta
   else
     local back = -p.delta
-    local from_cur = min(cur, back)
-    cur, prev = cur - from_cur, max(0, prev - (back - from_cur))
+    local from_cur = math.min(cur, back)
+    cur, prev = cur - from_cur, math.max(0, prev - (back - from_cur))
   end
-  local into = max(0, now.ms - index * W)
-  rcall('HSET', key, 'w', index, 'cur', cur, 'prev', prev)
-  rcall('PEXPIRE', key, ceil(2 * W - into) + 60000)
+  local into = math.max(0, now.ms - index * W)
+  redis.call('HSET', key, 'w', index, 'cur', cur, 'prev', prev)
+  redis.call('PEXPIRE', key, math.ceil(2 * W - into) + 60000)
 end

@@ -8,17 +8,17 @@
 -- Memory: up to `limit` entries per key. Expires one window after the newest entry, + 60 s.
 ALGORITHMS.sliding_window_log = function(key, p, now)
   -- Entries at or before now - window no longer count.
-  rcall('ZREMRANGEBYSCORE', key, '-inf', format('%.17g', now.ms - p.window))
-  local count = rcall('ZCARD', key)
-  local newest = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now.ms - p.window))
+  local count = redis.call('ZCARD', key)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   local kept_reset = 0
   if newest[2] then
-    kept_reset = max(0, tonumber(newest[2]) + p.window - now.ms)
+    kept_reset = math.max(0, tonumber(newest[2]) + p.window - now.ms)
   end
 
   local d = {
     allowed = count + p.cost <= p.limit,
-    kept_remaining = max(0, p.limit - count),
+    kept_remaining = math.max(0, p.limit - count),
     kept_reset = kept_reset,
     retry = 0,
   }
@@ -26,20 +26,20 @@ ALGORITHMS.sliding_window_log = function(key, p, now)
     d.taken_remaining = p.limit - count - p.cost
     d.taken_reset = p.window
     d.commit = function()
-      local t = rcall('TIME')
-      local score = format('%.17g', now.ms)
+      local t = redis.call('TIME')
+      local score = string.format('%.17g', now.ms)
       for i = 1, p.cost do
-        rcall('ZADD', key, score, now.str .. ':' .. t[1] .. t[2] .. ':' .. i)
+        redis.call('ZADD', key, score, now.str .. ':' .. t[1] .. t[2] .. ':' .. i)
       end
-      rcall('PEXPIRE', key, ceil(p.window) + 60000)
+      redis.call('PEXPIRE', key, math.ceil(p.window) + 60000)
     end
   elseif p.cost > p.limit then
     d.retry = NEVER
   else
     -- The request fits once the (count + cost - limit) oldest entries have left the window.
     local k = count + p.cost - p.limit
-    local entry = rcall('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
-    d.retry = max(1, ceil(tonumber(entry[2]) + p.window - now.ms))
+    local entry = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
+    d.retry = math.max(1, math.ceil(tonumber(entry[2]) + p.window - now.ms))
   end
   return d
 end
@@ -47,9 +47,9 @@ end
 -- Removes cost entries of the charge's instant: entries with one score are interchangeable
 -- units (requests of one batch share the clock), so which of them go does not matter.
 REFUNDS.sliding_window_log = function(key, p, now)
-  local score = format('%.17g', elapsed_ms('0', p.charged_at))
-  local entries = rcall('ZRANGE', key, score, score, 'BYSCORE', 'LIMIT', 0, p.cost)
+  local score = string.format('%.17g', elapsed_ms('0', p.charged_at))
+  local entries = redis.call('ZRANGE', key, score, score, 'BYSCORE', 'LIMIT', 0, p.cost)
   if #entries > 0 then
-    rcall('ZREM', key, unpack(entries))
+    redis.call('ZREM', key, unpack(entries))
   end
 end

@@ -43,24 +43,24 @@ end)
 -- `left`; by the latest decision t it holds at most left + rate × (t - charge), so the charge
 -- holds back at least min(cost, capacity - that).
 REFUNDS.token_bucket = function(key, p, now)
-  local state = rcall('HMGET', key, 'tokens', 'ts')
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
   local tokens = tonumber(state[1])
   if tokens == nil or not state[2] then
     return -- expired: the bucket is full anyway
   end
   local rate = p.limit / p.window
   local latest = later(state[2], now.str) and state[2] or now.str
-  local most = p.left + max(0, elapsed_ms(p.charged_at, latest)) * rate
-  local back = min(p.cost, p.burst - most)
+  local most = p.left + math.max(0, elapsed_ms(p.charged_at, latest)) * rate
+  local back = math.min(p.cost, p.burst - most)
   if back > 0 then
-    rcall('HSET', key, 'tokens', min(p.burst, tokens + back))
+    redis.call('HSET', key, 'tokens', math.min(p.burst, tokens + back))
   end
 end
 
 -- Tokens may go below zero (debt): the refill repays it before the next request fits.
 SETTLES.token_bucket = function(key, p, now)
   local rate = p.limit / p.window
-  local state = rcall('HMGET', key, 'tokens', 'ts')
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
   local tokens = tonumber(state[1])
   local stamp = now.str
   if tokens == nil or not state[2] then
@@ -69,15 +69,15 @@ SETTLES.token_bucket = function(key, p, now)
     end
     tokens = p.burst
   elseif later(now.str, state[2]) then
-    tokens = min(p.burst, tokens + elapsed_ms(state[2], now.str) * rate)
+    tokens = math.min(p.burst, tokens + elapsed_ms(state[2], now.str) * rate)
   else
     stamp = state[2]
-    tokens = min(p.burst, tokens)
+    tokens = math.min(p.burst, tokens)
   end
-  local left = min(p.burst, tokens - p.delta)
+  local left = math.min(p.burst, tokens - p.delta)
   local ahead = stamp == now.str and 0 or elapsed_ms(now.str, stamp)
-  rcall('HSET', key, 'tokens', left, 'ts', stamp)
-  rcall('PEXPIRE', key, ceil(ahead + (p.burst - left) / rate) + 60000)
+  redis.call('HSET', key, 'tokens', left, 'ts', stamp)
+  redis.call('PEXPIRE', key, math.ceil(ahead + (p.burst - left) / rate) + 60000)
 end
 
 LEASABLE.token_bucket = true
