@@ -9,34 +9,36 @@
 --   score   Unix ms at which its slot frees itself (admission + max_duration)
 -- Memory: one entry per request in flight. Expires max_duration after the newest admission,
 -- + 60 s. A request holds one slot whatever its cost.
-ALGORITHMS.concurrency = function(key, p, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now.ms))
-  local held = redis.call('ZCARD', key)
-  local d = {
-    allowed = held < p.limit,
-    kept_remaining = math.max(0, p.limit - held),
-    kept_reset = 0,
-    retry = 0,
-  }
-  if d.allowed then
-    d.taken_remaining = p.limit - held - 1
-    d.taken_reset = 0
-    d.commit = function()
-      redis.call('ZADD', key, string.format('%.17g', now.ms + p.window), p.member)
-      redis.call('PEXPIRE', key, text_of(math.ceil(p.window) + 60000))
+LOADERS.concurrency = function()
+  ALGORITHMS.concurrency = function(key, p, now)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now.ms))
+    local held = redis.call('ZCARD', key)
+    local d = {
+      allowed = held < p.limit,
+      kept_remaining = math.max(0, p.limit - held),
+      kept_reset = 0,
+      retry = 0,
+    }
+    if d.allowed then
+      d.taken_remaining = p.limit - held - 1
+      d.taken_reset = 0
+      d.commit = function()
+        redis.call('ZADD', key, string.format('%.17g', now.ms + p.window), p.member)
+        redis.call('PEXPIRE', key, text_of(math.ceil(p.window) + 60000))
+      end
+    else
+      -- A slot frees whenever a request in flight ends, and at the latest at the oldest
+      -- admission's deadline: retry within a second, or by then if sooner.
+      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      local latest = oldest[2] and math.max(1, math.ceil(tonumber(oldest[2]) - now.ms)) or 1
+      d.kept_reset = latest
+      d.retry = math.min(1000, latest)
     end
-  else
-    -- A slot frees whenever a request in flight ends, and at the latest at the oldest
-    -- admission's deadline: retry within a second, or by then if sooner.
-    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    local latest = oldest[2] and math.max(1, math.ceil(tonumber(oldest[2]) - now.ms)) or 1
-    d.kept_reset = latest
-    d.retry = math.min(1000, latest)
+    return d
   end
-  return d
-end
 
--- A release: the request's stream ended (or another slot refused it), its slot frees now.
-SETTLES.concurrency = function(key, p, now)
-  redis.call('ZREM', key, p.member)
+  -- A release: the request's stream ended (or another slot refused it), its slot frees now.
+  SETTLES.concurrency = function(key, p, now)
+    redis.call('ZREM', key, p.member)
+  end
 end

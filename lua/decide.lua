@@ -138,39 +138,13 @@ local FAST = {token_bucket = true, gcra = true, fixed_window = true,
 
 -- Definitions read from their texts, kept from call to call like NUMBERS (lib.lua): building
 -- one costs far more than finding it.
-local DEFINITIONS, definitions_held = {}, 0
-
--- The mode-specific fields of a limit in mode `mode`, from the values it adds (x, y); false
--- when they are malformed.
-local function read_mode(p, mode, x, y)
-  local name = p.algorithm_name
-  local concurrency = name == 'concurrency'
-  if mode == MODE_REFUND then
-    p.refund, p.charged_at, p.left = REFUNDS[name], x, tonumber(y)
-    return p.refund and string.match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
-  elseif mode == MODE_LEASE then
-    local lease = {max_units = tonumber(x), fraction = tonumber(y)}
-    p.lease = lease
-    return LEASABLE[name] and whole(lease.max_units) and lease.max_units >= 1
-      and lease.fraction and lease.fraction > 0 and lease.fraction <= 1
-  elseif mode == MODE_SETTLE then
-    p.settle, p.delta = SETTLES[name], tonumber(x)
-    if concurrency then
-      p.member = y
-    end
-    return p.settle and p.delta and p.delta == math.floor(p.delta)
-      and (not concurrency or y ~= '')
-  elseif mode == MODE_HOLD then
-    p.member = x
-    return x ~= ''
-  end
-  return true
-end
+local DEFINITIONS = {}
 
 -- A definition from its texts (algorithm, limit, window, burst, mode), its key budget's
 -- index (0: none, else a number or nil when malformed) and overflow key.
 local function build_definition(name, limit, window_text, burst, mode, budget, overflow)
   local window = number_of(window_text)
+  load_algorithm(name)
   local def = {
     algorithm_name = name,
     algorithm = ALGORITHMS[name],
@@ -227,12 +201,8 @@ local function definition_of(text)
     return build_definition(name, limit, window, burst, mode, budget,
       KEYS[number_of(overflow) or 0])
   end
-  def = build_definition(name, limit, window, burst, mode, 0, nil)
-  if definitions_held >= CACHE_MOST then
-    DEFINITIONS, definitions_held = {}, 0
-  end
-  DEFINITIONS[text], definitions_held = def, definitions_held + 1
-  return def
+  return keep(DEFINITIONS, text, build_definition(name, limit, window, burst, mode, 0, nil),
+    true)
 end
 
 -- Reads the D limit definitions at `a`: returns them and the position after them, or nil when
@@ -261,7 +231,7 @@ end
 -- override at KEYS[j]; definition index; cost), read once and then found in LIMITS by its
 -- text: {i, j, d, c}, each false when malformed; or false when the argument is not three
 -- fields.
-local LIMITS, limits_held = {}, 0
+local LIMITS = {}
 local function limit_of(text)
   local l = LIMITS[text or false]
   if l ~= nil then
@@ -277,309 +247,337 @@ local function limit_of(text)
     end
     l = {i or false, j or false, tonumber(def) or false, tonumber(cost) or false}
   end
-  if text then
-    if limits_held >= CACHE_MOST then
-      LIMITS, limits_held = {}, 0
-    end
-    LIMITS[text], limits_held = l, limits_held + 1
-  end
-  return l
+  return text and keep(LIMITS, text, l, true) or l
 end
 
--- Reads one request's limits from ARGV at `a`; returns the limits (or an error text) and
--- the position after them, or nil when the layout itself is broken.
-local function read_request(a, definitions)
-  local n = number_of(ARGV[a])
-  if not n or n < 1 or n ~= math.floor(n) or a + n > #ARGV then
-    return nil
+-- The general path: requests of several limits, key budgets, overrides, leases, holds,
+-- refunds and settlements (run decides the fast request itself). Defined at its first use
+-- (load_general): a script builds its functions on every call, and most calls have no need
+-- of them.
+local read_request, decide_request
+local function load_general()
+  -- The mode-specific fields of a limit in mode `mode`, from the values it adds (x, y); false
+  -- when they are malformed.
+  local function read_mode(p, mode, x, y)
+    local name = p.algorithm_name
+    local concurrency = name == 'concurrency'
+    if mode == MODE_REFUND then
+      p.refund, p.charged_at, p.left = REFUNDS[name], x, tonumber(y)
+      return p.refund and string.match(x, '^%d+$') and p.left and p.left >= 0 and not concurrency
+    elseif mode == MODE_LEASE then
+      local lease = {max_units = tonumber(x), fraction = tonumber(y)}
+      p.lease = lease
+      return LEASABLE[name] and whole(lease.max_units) and lease.max_units >= 1
+        and lease.fraction and lease.fraction > 0 and lease.fraction <= 1
+    elseif mode == MODE_SETTLE then
+      p.settle, p.delta = SETTLES[name], tonumber(x)
+      if concurrency then
+        p.member = y
+      end
+      return p.settle and p.delta and p.delta == math.floor(p.delta)
+        and (not concurrency or y ~= '')
+    elseif mode == MODE_HOLD then
+      p.member = x
+      return x ~= ''
+    end
+    return true
   end
-  local limits, problem = {}, nil
-  local b = a + 1
-  for i = 1, n do
-    local l = limit_of(ARGV[b])
-    local d = l and l[3]
-    local def = d and d <= definition_count and definitions[d]
-    if not def or b + def.extras > #ARGV then
+
+  -- Reads one request's limits from ARGV at `a`; returns the limits (or an error text) and
+  -- the position after them, or nil when the layout itself is broken.
+  function read_request(a, definitions)
+    local n = number_of(ARGV[a])
+    if not n or n < 1 or n ~= math.floor(n) or a + n > #ARGV then
       return nil
     end
-    local p = setmetatable({key = KEYS[l[1]], cost = l[4]}, def.meta)
-    local ok = def.ok and read_mode(p, def.mode, ARGV[b + 1], ARGV[b + 2])
-    if l[2] then
-      p.override = KEYS[l[2]]
-      ok = ok and p.override
-    end
-    if not (ok and p.key and p.cost and p.cost >= 0) then
-      problem = problem or ('ERR decide: bad arguments for limit ' .. i)
-    end
-    limits[i] = p
-    b = b + 1 + def.extras
-  end
-  return problem or limits, b
-end
-
--- An override, as operators write it (ratelimit-admin): a hash with `mode` "limit" (then
--- `limit`, and `burst` for the algorithms that have one), "unlimited" or "blocked", and an
--- optional expiry `until` (Unix ms, on the decision's clock). The expiry is a field, not a
--- TTL, so that an eviction policy reaching only keys with a TTL (volatile-lru) never reaches an
--- override; an override past its `until` is absent, and gets a short TTL so it goes. (One
--- written with a TTL of its own instead still works: Redis removes it at its time.)
--- Reads it into p and returns the outcome bits it adds: OUTCOME_OVERRIDE when it applies,
--- OUTCOME_BAD_OVERRIDE when it is malformed (then the config's numbers apply). The bounds
--- are the config's (wire.lua).
-local function read_override(p)
-  local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
-  if type(o) ~= 'table' or o.err then
-    return OUTCOME_BAD_OVERRIDE
-  end
-  local mode = o[1]
-  if not mode then
-    return (o[2] or o[3] or o[4]) and OUTCOME_BAD_OVERRIDE or 0
-  end
-  local function number(text)
-    return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
-  end
-  if o[4] then
-    local expiry = number(o[4])
-    if not expiry then
-      return OUTCOME_BAD_OVERRIDE
-    end
-    if expiry <= now.ms then
-      if redis.call('PTTL', p.override) == -1 then
-        redis.call('PEXPIRE', p.override, EXPIRED_KEPT_MS)
+    local limits, problem = {}, nil
+    local b = a + 1
+    for i = 1, n do
+      local l = limit_of(ARGV[b])
+      local d = l and l[3]
+      local def = d and d <= definition_count and definitions[d]
+      if not def or b + def.extras > #ARGV then
+        return nil
       end
-      return 0
+      local p = setmetatable({key = KEYS[l[1]], cost = l[4]}, def.meta)
+      local ok = def.ok and read_mode(p, def.mode, ARGV[b + 1], ARGV[b + 2])
+      if l[2] then
+        p.override = KEYS[l[2]]
+        ok = ok and p.override
+      end
+      if not (ok and p.key and p.cost and p.cost >= 0) then
+        problem = problem or ('ERR decide: bad arguments for limit ' .. i)
+      end
+      limits[i] = p
+      b = b + 1 + def.extras
     end
-    p.override_until = expiry
+    return problem or limits, b
   end
-  if mode == 'unlimited' or mode == 'blocked' then
-    if o[2] or o[3] then
+
+  -- An override, as operators write it (ratelimit-admin): a hash with `mode` "limit" (then
+  -- `limit`, and `burst` for the algorithms that have one), "unlimited" or "blocked", and an
+  -- optional expiry `until` (Unix ms, on the decision's clock). The expiry is a field, not a
+  -- TTL, so that an eviction policy reaching only keys with a TTL (volatile-lru) never reaches an
+  -- override; an override past its `until` is absent, and gets a short TTL so it goes. (One
+  -- written with a TTL of its own instead still works: Redis removes it at its time.)
+  -- Reads it into p and returns the outcome bits it adds: OUTCOME_OVERRIDE when it applies,
+  -- OUTCOME_BAD_OVERRIDE when it is malformed (then the config's numbers apply). The bounds
+  -- are the config's (wire.lua).
+  local function read_override(p)
+    local o = redis.pcall('HMGET', p.override, 'mode', 'limit', 'burst', 'until')
+    if type(o) ~= 'table' or o.err then
       return OUTCOME_BAD_OVERRIDE
     end
-    p[mode] = true
+    local mode = o[1]
+    if not mode then
+      return (o[2] or o[3] or o[4]) and OUTCOME_BAD_OVERRIDE or 0
+    end
+    local function number(text)
+      return text and string.match(text, '^[1-9]%d*$') and tonumber(text)
+    end
+    if o[4] then
+      local expiry = number(o[4])
+      if not expiry then
+        return OUTCOME_BAD_OVERRIDE
+      end
+      if expiry <= now.ms then
+        if redis.call('PTTL', p.override) == -1 then
+          redis.call('PEXPIRE', p.override, EXPIRED_KEPT_MS)
+        end
+        return 0
+      end
+      p.override_until = expiry
+    end
+    if mode == 'unlimited' or mode == 'blocked' then
+      if o[2] or o[3] then
+        return OUTCOME_BAD_OVERRIDE
+      end
+      p[mode] = true
+      return OUTCOME_OVERRIDE
+    end
+    local limit, burst = number(o[2]), o[3] and number(o[3])
+    if mode ~= 'limit' or not limit or limit > MAX_LIMIT
+        or (p.algorithm_name == 'sliding_window_log' and limit > MAX_LOG_LIMIT)
+        or (o[3] and (not burst or burst > MAX_LIMIT or not HAS_BURST[p.algorithm_name])) then
+      return OUTCOME_BAD_OVERRIDE
+    end
+    burst = burst or limit
+    -- A calendar window is a month at most.
+    if burst / limit * (p.window or 31 * 86400000) > MAX_STATE_LIFETIME_MS then
+      return OUTCOME_BAD_OVERRIDE
+    end
+    p.limit, p.burst = limit, burst
+    p.override_quota = HAS_BURST[p.algorithm_name] and burst or limit
     return OUTCOME_OVERRIDE
   end
-  local limit, burst = number(o[2]), o[3] and number(o[3])
-  if mode ~= 'limit' or not limit or limit > MAX_LIMIT
-      or (p.algorithm_name == 'sliding_window_log' and limit > MAX_LOG_LIMIT)
-      or (o[3] and (not burst or burst > MAX_LIMIT or not HAS_BURST[p.algorithm_name])) then
-    return OUTCOME_BAD_OVERRIDE
-  end
-  burst = burst or limit
-  -- A calendar window is a month at most.
-  if burst / limit * (p.window or 31 * 86400000) > MAX_STATE_LIFETIME_MS then
-    return OUTCOME_BAD_OVERRIDE
-  end
-  p.limit, p.burst = limit, burst
-  p.override_quota = HAS_BURST[p.algorithm_name] and burst or limit
-  return OUTCOME_OVERRIDE
-end
 
--- A blocked identity is refused until its override expires; one without expiry has no time
--- to wait for (retry 0: the caller sends no Retry-After).
-local function blocked_decision(p)
-  local wait
-  if p.override_until then
-    wait = math.ceil(p.override_until - now.ms)
-  else
-    local ttl = redis.call('PTTL', p.override)
-    wait = ttl > 0 and ttl or 0
-  end
-  return {allowed = false, kept_remaining = 0, kept_reset = wait, retry = wait,
-    commit = function() end}
-end
-
--- An unlimited identity is allowed and charged nothing; its numbers are not shown.
-local function unlimited_decision()
-  return {allowed = true, kept_remaining = 0, kept_reset = 0, taken_remaining = 0,
-    taken_reset = 0, retry = 0, commit = function() end}
-end
-
-local function read_overrides(limits)
-  for _, p in ipairs(limits) do
-    if p.override then
-      p.override_bits = read_override(p)
+  -- A blocked identity is refused until its override expires; one without expiry has no time
+  -- to wait for (retry 0: the caller sends no Retry-After).
+  local function blocked_decision(p)
+    local wait
+    if p.override_until then
+      wait = math.ceil(p.override_until - now.ms)
+    else
+      local ttl = redis.call('PTTL', p.override)
+      wait = ttl > 0 and ttl or 0
     end
+    return {allowed = false, kept_remaining = 0, kept_reset = wait, retry = wait,
+      commit = function() end}
   end
-end
 
--- The key budgets a request's limits use: for each, whether its identity is new and, if so,
--- the budget's window and count. Limits over a used-up budget move to the overflow state
--- ("shared") or are marked refused ("deny").
-local function apply_budgets(limits)
-  local uses, order = {}, {}
-  for _, p in ipairs(limits) do
-    if p.budget then
-      local u = uses[p.budget]
-      if not u then
-        u = {budget = BUDGETS[p.budget], keys = {}}
-        uses[p.budget] = u
-        order[#order + 1] = u
-      end
-      u.keys[#u.keys + 1] = p.key
-    end
+  -- An unlimited identity is allowed and charged nothing; its numbers are not shown.
+  local function unlimited_decision()
+    return {allowed = true, kept_remaining = 0, kept_reset = 0, taken_remaining = 0,
+      taken_reset = 0, retry = 0, commit = function() end}
   end
-  for _, u in ipairs(order) do
-    if redis.call('EXISTS', unpack(u.keys)) == 0 then
-      local b = u.budget
-      local state = redis.call('HMGET', b.key, 'w', 'n')
-      local counted = tonumber(state[1])
-      u.window = math.floor(now.ms / b.window)
-      -- A call stamped before the window the counter is in (calls reach Redis out of their
-      -- clocks' order) counts in that newer window: restarting its own would let the newer
-      -- window count from 0 again.
-      if counted and counted > u.window then
-        u.window = counted
-      end
-      u.count = counted == u.window and (tonumber(state[2]) or 0) or 0
-      u.new = true
-      u.over = u.count >= b.new_keys
-    end
-  end
-  for _, p in ipairs(limits) do
-    local u = p.budget and uses[p.budget]
-    if u and u.over then
-      p.over = true
-      if u.budget.deny then
-        p.refuse_ms = math.max(1, math.ceil((u.window + 1) * u.budget.window - now.ms))
-      else
-        p.key = p.overflow
+
+  local function read_overrides(limits)
+    for _, p in ipairs(limits) do
+      if p.override then
+        p.override_bits = read_override(p)
       end
     end
   end
-  return order
-end
 
--- A new identity charged within its budget counts one against the budget's window.
-local function charge_budgets(order, limits, charged)
-  for _, u in ipairs(order) do
-    if u.new and not u.over then
-      local used = false
-      for i, p in ipairs(limits) do
-        if charged[i] and p.budget and BUDGETS[p.budget] == u.budget then
-          used = true
+  -- The key budgets a request's limits use: for each, whether its identity is new and, if so,
+  -- the budget's window and count. Limits over a used-up budget move to the overflow state
+  -- ("shared") or are marked refused ("deny").
+  local function apply_budgets(limits)
+    local uses, order = {}, {}
+    for _, p in ipairs(limits) do
+      if p.budget then
+        local u = uses[p.budget]
+        if not u then
+          u = {budget = BUDGETS[p.budget], keys = {}}
+          uses[p.budget] = u
+          order[#order + 1] = u
+        end
+        u.keys[#u.keys + 1] = p.key
+      end
+    end
+    for _, u in ipairs(order) do
+      if redis.call('EXISTS', unpack(u.keys)) == 0 then
+        local b = u.budget
+        local state = redis.call('HMGET', b.key, 'w', 'n')
+        local counted = tonumber(state[1])
+        u.window = math.floor(now.ms / b.window)
+        -- A call stamped before the window the counter is in (calls reach Redis out of their
+        -- clocks' order) counts in that newer window: restarting its own would let the newer
+        -- window count from 0 again.
+        if counted and counted > u.window then
+          u.window = counted
+        end
+        u.count = counted == u.window and (tonumber(state[2]) or 0) or 0
+        u.new = true
+        u.over = u.count >= b.new_keys
+      end
+    end
+    for _, p in ipairs(limits) do
+      local u = p.budget and uses[p.budget]
+      if u and u.over then
+        p.over = true
+        if u.budget.deny then
+          p.refuse_ms = math.max(1, math.ceil((u.window + 1) * u.budget.window - now.ms))
+        else
+          p.key = p.overflow
         end
       end
-      if used then
-        redis.call('HSET', u.budget.key, 'w', string.format('%d', u.window),
-          'n', string.format('%d', u.count + 1))
-        redis.call('PEXPIRE', u.budget.key, math.ceil(2 * u.budget.window))
+    end
+    return order
+  end
+
+  -- A new identity charged within its budget counts one against the budget's window.
+  local function charge_budgets(order, limits, charged)
+    for _, u in ipairs(order) do
+      if u.new and not u.over then
+        local used = false
+        for i, p in ipairs(limits) do
+          if charged[i] and p.budget and BUDGETS[p.budget] == u.budget then
+            used = true
+          end
+        end
+        if used then
+          redis.call('HSET', u.budget.key, 'w', string.format('%d', u.window),
+            'n', string.format('%d', u.count + 1))
+          redis.call('PEXPIRE', u.budget.key, math.ceil(2 * u.budget.window))
+        end
       end
     end
   end
-end
 
--- A request that only adjusts what earlier calls charged, limit by limit: each limit's mode
--- is "refund" (gives back what an earlier charge took) or "settle" (charges a usage limit's
--- settlement, or releases a concurrency slot; see SETTLES in lib.lua). It takes nothing and
--- replies 1 for each limit.
-local function adjust_request(limits)
-  local reply = {1, #limits}
-  read_overrides(limits)
-  for _, p in ipairs(limits) do
-    local adjust = p.refund or p.settle
-    if not adjust then
-      error('ERR decide: a request that adjusts holds only refunds and settlements')
+  -- A request that only adjusts what earlier calls charged, limit by limit: each limit's mode
+  -- is "refund" (gives back what an earlier charge took) or "settle" (charges a usage limit's
+  -- settlement, or releases a concurrency slot; see SETTLES in lib.lua). It takes nothing and
+  -- replies 1 for each limit.
+  local function adjust_request(limits)
+    local reply = {1, #limits}
+    read_overrides(limits)
+    for _, p in ipairs(limits) do
+      local adjust = p.refund or p.settle
+      if not adjust then
+        error('ERR decide: a request that adjusts holds only refunds and settlements')
+      end
+      -- An unlimited identity was charged nothing; a blocked one settles as configured.
+      if not p.unlimited then
+        adjust(p.key, p, now)
+      end
+      for _, v in ipairs({1, '0', '0', '0'}) do
+        reply[#reply + 1] = v
+      end
     end
-    -- An unlimited identity was charged nothing; a blocked one settles as configured.
-    if not p.unlimited then
-      adjust(p.key, p, now)
-    end
-    for _, v in ipairs({1, '0', '0', '0'}) do
-      reply[#reply + 1] = v
-    end
+    return reply
   end
-  return reply
-end
 
--- How many requests' worth of units a committed request takes (1: itself alone), and the
--- decisions that charge them; see "Leases" above.
-local function lease_of(limits, decisions)
-  local k = math.huge
-  for i, p in ipairs(limits) do
-    if not p.lease or p.unlimited or p.blocked then
+  -- How many requests' worth of units a committed request takes (1: itself alone), and the
+  -- decisions that charge them; see "Leases" above.
+  local function lease_of(limits, decisions)
+    local k = math.huge
+    for i, p in ipairs(limits) do
+      if not p.lease or p.unlimited or p.blocked then
+        return 1, decisions
+      end
+      if p.cost > 0 then
+        local room = math.min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
+        k = math.min(k, math.floor(room / p.cost))
+      end
+    end
+    if k == math.huge or k < 2 then
       return 1, decisions
     end
-    if p.cost > 0 then
-      local room = math.min(p.lease.max_units, p.lease.fraction * decisions[i].kept_remaining)
-      k = math.min(k, math.floor(room / p.cost))
+    local leased = {}
+    for i, p in ipairs(limits) do
+      local whole_lease = setmetatable({cost = k * p.cost}, {__index = p})
+      leased[i] = p.algorithm(p.key, whole_lease, now)
+      if not leased[i].allowed then
+        return 1, decisions
+      end
     end
+    return k, leased
   end
-  if k == math.huge or k < 2 then
-    return 1, decisions
-  end
-  local leased = {}
-  for i, p in ipairs(limits) do
-    local whole_lease = setmetatable({cost = k * p.cost}, {__index = p})
-    leased[i] = p.algorithm(p.key, whole_lease, now)
-    if not leased[i].allowed then
-      return 1, decisions
-    end
-  end
-  return k, leased
-end
 
--- A limit in mode "after": allowed while at least 1 unit is left, charging nothing.
-local function decide_after(p)
-  local d = p.algorithm(p.key, setmetatable({cost = 1}, {__index = p}), now)
-  d.commit = function() end
-  d.taken_remaining, d.taken_reset = d.kept_remaining, d.kept_reset
-  return d
-end
+  -- A limit in mode "after": allowed while at least 1 unit is left, charging nothing.
+  local function decide_after(p)
+    local d = p.algorithm(p.key, setmetatable({cost = 1}, {__index = p}), now)
+    d.commit = function() end
+    d.taken_remaining, d.taken_reset = d.kept_remaining, d.kept_reset
+    return d
+  end
 
-local function decide_request(limits)
-  if limits[1].refund or limits[1].settle then
-    return adjust_request(limits)
-  end
-  read_overrides(limits)
-  -- Most calls carry no key budget: nothing to look up or count for them.
-  local budgets = budget_count > 0 and apply_budgets(limits) or nil
-  local decisions = {}
-  local committed = true
-  for i, p in ipairs(limits) do
-    local d
-    if p.refuse_ms then
-      d = {allowed = false, kept_remaining = 0, kept_reset = p.refuse_ms, retry = p.refuse_ms}
-    elseif p.blocked then
-      d = blocked_decision(p)
-    elseif p.unlimited then
-      d = unlimited_decision()
-    elseif p.after then
-      d = decide_after(p)
-    elseif p.settle or p.refund then
-      error('ERR decide: a refund or settlement in a decision')
-    else
-      d = p.algorithm(p.key, p, now)
+  function decide_request(limits)
+    if limits[1].refund or limits[1].settle then
+      return adjust_request(limits)
     end
-    decisions[i] = d
-    if not d.allowed and not p.shadow then
-      committed = false
+    read_overrides(limits)
+    -- Most calls carry no key budget: nothing to look up or count for them.
+    local budgets = budget_count > 0 and apply_budgets(limits) or nil
+    local decisions = {}
+    local committed = true
+    for i, p in ipairs(limits) do
+      local d
+      if p.refuse_ms then
+        d = {allowed = false, kept_remaining = 0, kept_reset = p.refuse_ms, retry = p.refuse_ms}
+      elseif p.blocked then
+        d = blocked_decision(p)
+      elseif p.unlimited then
+        d = unlimited_decision()
+      elseif p.after then
+        d = decide_after(p)
+      elseif p.settle or p.refund then
+        error('ERR decide: a refund or settlement in a decision')
+      else
+        d = p.algorithm(p.key, p, now)
+      end
+      decisions[i] = d
+      if not d.allowed and not p.shadow then
+        committed = false
+      end
     end
-  end
-  local k = 1
-  if committed then
-    k, decisions = lease_of(limits, decisions)
-  end
-  local reply = {committed and k or 0, #limits}
-  local charged = {}
-  for i, d in ipairs(decisions) do
-    charged[i] = committed and d.allowed
-    if charged[i] then
-      d.commit()
+    local k = 1
+    if committed then
+      k, decisions = lease_of(limits, decisions)
     end
-    local p = limits[i]
-    local outcome = (d.allowed and OUTCOME_ALLOWED or 0) + (p.over and OUTCOME_OVER_BUDGET or 0)
-      + (p.override_bits or 0) + OUTCOME_QUOTA_UNIT * (p.override_quota or 0)
-    reply[#reply + 1] = outcome
-    -- Debt is never shown as a negative remaining.
-    local left = charged[i] and d.taken_remaining or d.kept_remaining
-    reply[#reply + 1] = wire_number(math.max(0, left))
-    reply[#reply + 1] = math.ceil(charged[i] and d.taken_reset or d.kept_reset)
-    reply[#reply + 1] = d.retry
+    local reply = {committed and k or 0, #limits}
+    local charged = {}
+    for i, d in ipairs(decisions) do
+      charged[i] = committed and d.allowed
+      if charged[i] then
+        d.commit()
+      end
+      local p = limits[i]
+      local outcome = (d.allowed and OUTCOME_ALLOWED or 0) + (p.over and OUTCOME_OVER_BUDGET or 0)
+        + (p.override_bits or 0) + OUTCOME_QUOTA_UNIT * (p.override_quota or 0)
+      reply[#reply + 1] = outcome
+      -- Debt is never shown as a negative remaining.
+      local left = charged[i] and d.taken_remaining or d.kept_remaining
+      reply[#reply + 1] = wire_number(math.max(0, left))
+      reply[#reply + 1] = math.ceil(charged[i] and d.taken_reset or d.kept_reset)
+      reply[#reply + 1] = d.retry
+    end
+    if budgets then
+      charge_budgets(budgets, limits, charged)
+    end
+    return reply
   end
-  if budgets then
-    charge_budgets(budgets, limits, charged)
-  end
-  return reply
 end
 
 -- What pcall caught: Redis's error text (a string, or a table {err = "..."} in some
@@ -600,7 +598,7 @@ local REPLY = {}
 
 -- A call's head, "r~b~d" (its numbers of requests, key budgets and definitions), read once and
 -- then found in HEADS by its text: {r, b, d}, or false when it is not three whole numbers.
-local HEADS, heads_held = {}, 0
+local HEADS = {}
 local function head_of(text)
   local head = false
   local r, b, d = string.match(text or '', HEAD_FIELDS)
@@ -609,13 +607,7 @@ local function head_of(text)
       and d == math.floor(d) then
     head = {r, b, d}
   end
-  if text then
-    if heads_held >= CACHE_MOST then
-      HEADS, heads_held = {}, 0
-    end
-    HEADS[text], heads_held = head, heads_held + 1
-  end
-  return head
+  return text and keep(HEADS, text, head, true) or head
 end
 
 -- Where the run of a call's requests is: the next argument, the reply's last entry, the
@@ -683,6 +675,9 @@ local function run(definitions)
       out[o + 5], out[o + 6] = ceil(reset), retry
       run_o = o + 6
     else
+      if not read_request then
+        load_general()
+      end
       local limits, after = read_request(a, definitions)
       if not limits then
         return BROKEN

@@ -1,7 +1,7 @@
 -- Shared part of the decision script. The filter sends ONE script to Redis: wire.lua (the call
 -- protocol's constants, generated from the Rust side), this file, then one file per
 -- algorithm, then decide.lua, concatenated (see filter/core/src/lib.rs). Each
--- algorithm file adds a function to ALGORITHMS:
+-- algorithm file is a loader (LOADERS below) that adds a function to ALGORITHMS:
 --
 --   ALGORITHMS.name = function(key, p, now) -> d
 --     key  the limit's state key
@@ -30,11 +30,46 @@ local function localize()
   rcall, rpcall = redis.call, redis.pcall
 end
 
--- The most entries a cache the code keeps from call to call holds (see decide.lua's NUMBERS):
--- it is emptied when full.
+-- Caches: what the code read or wrote once and finds again. A function library's top level,
+-- and what it holds, lives as long as the library, and a worker's calls repeat the same few
+-- heads, definitions, limits, counts and clock seconds: a table lookup costs far less than
+-- reading the text again. A script's top level is made again on every call (LIBRARY false),
+-- so its caches serve one call: only those whose entries repeat within a call are filled
+-- there. A cache is emptied when it holds CACHE_MOST entries.
 local CACHE_MOST = 4096
+local HELD = {}
+
+-- Keeps value at key in cache and returns it: what each cache does on a miss. A cache whose
+-- entries serve later calls only (across) keeps nothing in a script.
+local function keep(cache, key, value, across)
+  if across and not LIBRARY then
+    return value
+  end
+  local held = HELD[cache] or 0
+  if held >= CACHE_MOST then
+    for k in pairs(cache) do
+      cache[k] = nil
+    end
+    held = 0
+  end
+  cache[key], HELD[cache] = value, held + 1
+  return value
+end
 
 local ALGORITHMS = {}
+
+-- LOADERS.name = function(): defines the algorithm's functions (each algorithm file is one
+-- loader), run at the algorithm's first use (load_algorithm, when a definition names it). A
+-- script's top level runs on every call: building every algorithm's functions for a call that
+-- uses one would cost it more than its deciding. A library loads each algorithm once.
+local LOADERS = {}
+local function load_algorithm(name)
+  local load = LOADERS[name]
+  if load then
+    LOADERS[name] = nil
+    load()
+  end
+end
 
 -- DECIDE_ALONE.name = {decide, charge}: the algorithm's two functions (below), which
 -- decide.lua's fast path calls itself: the decision of a request of that one limit, its state
@@ -96,33 +131,27 @@ local function later(a, b)
   return a > b
 end
 
--- Texts read as numbers, kept from call to call: a function library's top level, and what it
--- holds, lives as long as the library (a script's is made again on every call). A worker's
--- calls repeat the same few limits, counts, indexes and clock seconds, and a table lookup
--- costs far less than tonumber of the text. Emptied when it holds CACHE_MOST entries.
-local NUMBERS, numbers_held = {}, 0
+-- Texts read as numbers (a cache across calls; false for a text that is not one).
+local NUMBERS = {}
 
--- tonumber of a text, through NUMBERS.
-local function number_of(text)
+-- tonumber of a text, through NUMBERS in a library (a script reads each text: the few that
+-- repeat within a call cost less than the cache would).
+local number_of = not LIBRARY and tonumber or function(text)
   if text == nil then
     return nil
   end
   local n = NUMBERS[text]
   if n == nil then
-    n = tonumber(text) or false
-    if numbers_held >= CACHE_MOST then
-      NUMBERS, numbers_held = {}, 0
-    end
-    NUMBERS[text], numbers_held = n, numbers_held + 1
+    n = keep(NUMBERS, text, tonumber(text) or false, true)
   end
   return n or nil
 end
 
 -- A number as a command's argument: a whole one below 1e14 as its text, kept in WHOLE_TEXTS
--- (the same counts, window indexes and bucket levels come back from call to call, and Redis
--- would format a number argument with %.17g on every use); any other as the number, which
--- Redis writes exactly.
-local WHOLE_TEXTS, whole_texts_held = {}, 0
+-- (a cache: the same counts, window indexes and bucket levels come back from request to
+-- request, and Redis would format a number argument with %.17g on every use); any other as
+-- the number, which Redis writes exactly.
+local WHOLE_TEXTS = {}
 local function text_of(x)
   local text = WHOLE_TEXTS[x]
   if text then
@@ -131,12 +160,7 @@ local function text_of(x)
   if x < 0 or x >= 1e14 or x ~= floor(x) then
     return x
   end
-  text = tostring(x)
-  if whole_texts_held >= CACHE_MOST then
-    WHOLE_TEXTS, whole_texts_held = {}, 0
-  end
-  WHOLE_TEXTS[x], whole_texts_held = text, whole_texts_held + 1
-  return text
+  return keep(WHOLE_TEXTS, x, tostring(x))
 end
 
 -- Exact milliseconds from ns string a to ns string b: ns timestamps (~1.8e18) do not fit a

@@ -365,3 +365,79 @@ fn a_call_of_no_request_and_no_key_is_answered_empty() {
     }
     assert_eq!(redis.admin().cmd(&["DBSIZE"]).unwrap().int(), 0);
 }
+
+/// The script form (`EVALSHA`, a Redis Cluster's), whose code keeps nothing from call to call
+/// and defines each algorithm and the general path at their first use in the call, decides
+/// every case table the Rust twin is held to, and any mix of calls exactly as the function does.
+#[test]
+fn the_script_form_decides_as_the_function_does() {
+    let (_dir, redis) = start("lua-script-form");
+    let mut script = Script::calling(&redis, CallKind::Script);
+    let keys = [
+        "rl:{s}:t0",
+        "rl:{s}:t1",
+        "rl:{s}:t2",
+        "rl:{s}:t3",
+        "rl:{s}:t4",
+        "rl:{s}:t5",
+    ];
+    assert!(cases::TABLES.len() <= keys.len());
+    for (table, key) in cases::TABLES.iter().zip(keys) {
+        run_table(&mut script, key, table);
+    }
+
+    // The same calls through each form, each in its own Redis: the same answers.
+    let (_dir_f, redis_f) = start("lua-script-form-function");
+    let mut function = Script::calling(&redis_f, CallKind::Function);
+    let tb = limit("rl:{m}:tb", Algorithm::TokenBucket, 3, 1000).with_burst(4);
+    let log = limit("rl:{m}:log", Algorithm::SlidingWindowLog, 2, 1000);
+    let counter = limit("rl:{m}:swc", Algorithm::SlidingWindowCounter, 5, 1000).with_overrides();
+    let gcra = limit("rl:{m}:gcra", Algorithm::Gcra, 2, 1000);
+    let leased = L {
+        lease: Some(Lease {
+            max_units: 3,
+            fraction: 0.5,
+            max_ms: 1000,
+        }),
+        ..limit("rl:{m}:lease", Algorithm::FixedWindow, 10, 1000)
+    };
+    let shadow = L {
+        shadow: true,
+        ..limit("rl:{m}:shadow", Algorithm::FixedWindow, 1, 1000)
+    };
+    let held = limit("rl:{m}:c", Algorithm::Concurrency, 1, 5000);
+    let batches: Vec<Vec<Vec<L>>> = (0..4)
+        .map(|_| {
+            vec![
+                vec![tb.clone()],
+                vec![tb.clone(), log.clone()],
+                vec![counter.clone(), gcra.clone()],
+                vec![leased.clone()],
+                vec![shadow.clone(), gcra.clone()],
+                vec![held.clone().held_by("w0-1")],
+                vec![held.clone().held_by("w0-2")],
+            ]
+        })
+        .collect();
+    for (i, batch) in batches.iter().enumerate() {
+        let requests: Vec<&[L]> = batch.iter().map(Vec::as_slice).collect();
+        let now = T0 + i as u128 * 300 * MS;
+        let by_script = script.decide_batch(now, &requests);
+        assert_eq!(
+            by_script,
+            function.decide_batch(now, &requests),
+            "batch {i}"
+        );
+        assert!(
+            by_script.iter().all(Result::is_ok),
+            "batch {i}: {by_script:?}"
+        );
+    }
+    let now = T0 + 2 * S;
+    script.settle(now, &tb, 2);
+    function.settle(now, &tb, 2);
+    script.refund(now, &gcra, T0, 0.0);
+    function.refund(now, &gcra, T0, 0.0);
+    assert_eq!(script.one(now, &tb), function.one(now, &tb));
+    assert_eq!(script.one(now, &gcra), function.one(now, &gcra));
+}

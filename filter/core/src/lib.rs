@@ -28,7 +28,8 @@ pub mod throttle;
 pub mod time;
 pub mod usage;
 
-/// The decision code, as both forms share it: the call protocol's constants (`lua/wire.lua`,
+/// The decision code, as both forms share it, each defining `LIBRARY` before it (true in the
+/// function library): the call protocol's constants (`lua/wire.lua`,
 /// rendered from [`bridge::wire`]), the shared part, one part per algorithm, then the
 /// driver that decides all of a request's limits at once, ending in the function `decide(keys,
 /// args)`. Run as a Redis Function where it can ([`bridge::Program`]), else as the script
@@ -46,14 +47,17 @@ pub const DECISION_CODE: &str = concat!(
 );
 
 /// The decision script: [`DECISION_CODE`] run on every call through `EVALSHA`, loaded on
-/// `NOSCRIPT`. `decide.lua` names its own `KEYS` and `ARGV`, so Redis's are taken first. It has
+/// `NOSCRIPT`. `decide.lua` names its own `KEYS` and `ARGV`, so Redis's are taken first, and
+/// `LIBRARY` is false: the code keeps nothing from call to call (`lua/lib.lua`'s caches). It has
 /// no flags line: Redis 7 runs such a script in its compatible mode, which lets it touch
 /// undeclared keys of several slots of one Redis Cluster node (a call for several slots, see
 /// `lua/decide.lua`) and refuses only its writes, one by one, over `maxmemory`. Made when
 /// needed (its hash at configuration, its text at a load) rather than kept beside
 /// [`DECISION_CODE`]: the module would hold the code twice.
 pub fn decision_script() -> String {
-    format!("local CALL_KEYS, CALL_ARGV = KEYS, ARGV\n{DECISION_CODE}return decide(CALL_KEYS, CALL_ARGV)\n")
+    format!(
+        "local LIBRARY, CALL_KEYS, CALL_ARGV = false, KEYS, ARGV\n{DECISION_CODE}return decide(CALL_KEYS, CALL_ARGV)\n"
+    )
 }
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};

@@ -69,12 +69,13 @@ impl Program {
         format!("{}_lib", self.handle)
     }
 
-    /// The library's text: its name line, the decision code, the function registered. Flags
+    /// The library's text: its name line, `LIBRARY` true (the code keeps its caches from call
+    /// to call), the decision code, the function registered. Flags
     /// none: a function Redis refuses whole over `maxmemory` (never half-written) and runs on
     /// a primary only.
     pub fn library(&self) -> String {
         format!(
-            "#!lua name={}\n{DECISION_CODE}redis.register_function('{}', decide)\n",
+            "#!lua name={}\nlocal LIBRARY = true\n{DECISION_CODE}redis.register_function('{}', decide)\n",
             self.library_name(),
             self.handle
         )
