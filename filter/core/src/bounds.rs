@@ -152,9 +152,9 @@ pub const MAX_KEPT_SETTLEMENTS: usize = 4096;
 pub const MAX_METERED_STREAMS: usize = 16_384;
 /// Keys one worker keeps state for; when full, the state that stops mattering first goes.
 pub const LOCAL_MAX_ENTRIES: usize = 10_000;
-/// Slots in a worker's table of recent identities' requests (which earn leases; a power of
+/// Entries in a worker's table of recent identities' requests (which earn leases; a power of
 /// two): 16 bytes each, 128 KiB per worker once a leasable request came.
-pub const SIGHTING_SLOTS: usize = 8192;
+pub const SIGHTING_ENTRIES: usize = 8192;
 /// Calls given up on that a worker remembers, for a late answer to close its breaker (each
 /// worker has at most 8 in flight).
 pub const MAX_ABANDONED_CALLS: usize = 16;

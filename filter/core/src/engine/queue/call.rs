@@ -158,9 +158,9 @@ impl Call {
     /// The requests whose deadline passed by `at`, taken out of the call.
     pub fn release(&mut self, at: Moment) -> Vec<Waiting> {
         let mut released = Vec::new();
-        for slot in &mut self.members {
-            if slot.as_ref().is_some_and(|m| m.deadline.passed(at)) {
-                released.extend(slot.take());
+        for entry in &mut self.members {
+            if entry.as_ref().is_some_and(|m| m.deadline.passed(at)) {
+                released.extend(entry.take());
             }
         }
         released
