@@ -1,5 +1,5 @@
-//! The coordinator's calls to the bridge: batches of waiting requests (sent while a call slot
-//! is free, their deadlines watched while they are out), what a failure or an open breaker
+//! The coordinator's calls to the bridge: batches of waiting requests (sent while there is room
+//! for a call, their deadlines watched while they are out), what a failure or an open breaker
 //! does to them, and the calls no request waits for: usage settlements, lease give-backs and
 //! the refunds of a refused split.
 
@@ -22,7 +22,7 @@ use crate::metrics::{Counter, Gauge, Histogram};
 use crate::slot::key_slot;
 
 impl Engine {
-    /// Sends batches while a call slot is free and requests wait, from context `from` or root.
+    /// Sends batches while there is room for a call and requests wait, from context `from` or root.
     pub(super) fn dispatch_ready(
         &mut self,
         config: &Config,
@@ -234,7 +234,7 @@ impl Engine {
     }
 
     /// The calls in flight at `at`. A request whose deadline passed leaves its call and
-    /// follows its policy (timed out); the call stays in flight, holding its slot. A call
+    /// follows its policy (timed out); the call stays in flight, taking its room. A call
     /// without an answer for its whole timeout (in the worker's own time, so the worker's own
     /// lateness does not count) is the bridge's failure: while other requests wait it opens
     /// the breaker (they stop waiting at once); otherwise it is given up, one failure in the

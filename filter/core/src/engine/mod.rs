@@ -330,7 +330,7 @@ impl Engine {
         conclusion
     }
 
-    /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
+    /// Asks the root to send what waits (once), when there is room for a call; if the root cannot
     /// be reached, sends from the request context `from` (if any) rather than not at all.
     fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
         if !self.queue.ready(config.batch.max_in_flight) || self.wake_pending {

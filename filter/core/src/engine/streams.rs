@@ -46,7 +46,7 @@ impl Engine {
 
     /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
     /// is part of still decides the others (its own verdict goes nowhere) — unless the call
-    /// was made from its context: that reply is lost with the stream, so the call's slot is
+    /// was made from its context: that reply is lost with the stream, so the call's room is
     /// freed at once and any other request on it fails by policy.
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         self.delivery.forget(ctx);

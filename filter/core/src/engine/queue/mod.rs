@@ -183,7 +183,7 @@ impl Queue {
         self.in_flight.len()
     }
 
-    /// Whether requests wait and a call slot is free (fewer than `max_in_flight` in flight).
+    /// Whether requests wait and there is room for a call (fewer than `max_in_flight` in flight).
     pub fn ready(&self, max_in_flight: usize) -> bool {
         !self.waiting.is_empty() && self.in_flight.len() < max_in_flight
     }
