@@ -100,7 +100,7 @@ pub const MAX_IN_FLIGHT: u64 = 8;
 pub const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
 /// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
 pub const MAX_LEASE_MS: u64 = 60_000;
-/// The longest id a request holding a concurrency slot is sent with: its worker's 16 hex
+/// The longest id a request taking a concurrency hold is sent with: its worker's 16 hex
 /// digits, `-`, its stream's `u32` in decimal.
 pub const MAX_MEMBER_BYTES: usize = 16 + 1 + 10;
 /// How long a worker acts on what Redis said of a limit with overrides without asking again:

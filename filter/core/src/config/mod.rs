@@ -68,7 +68,7 @@ pub enum Algorithm {
     SlidingWindowCounter,
     SlidingWindowLog,
     FixedWindow,
-    /// Requests in flight, not a rate: each admitted request holds a slot until it ends.
+    /// Requests in flight, not a rate: each admitted request has a hold until it ends.
     Concurrency,
 }
 

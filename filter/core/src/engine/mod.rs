@@ -101,7 +101,7 @@ pub struct Engine {
     delivery: Delivery,
     /// Usage limits: the streams let through, and the settlements to send.
     settlements: Settlements,
-    /// Concurrency limits: the slots this worker's streams hold.
+    /// Concurrency limits: the holds of this worker's streams.
     holds: Holds,
     /// Redis Cluster: which slots share a master, as a node last said.
     nodes: Nodes,
@@ -223,7 +223,7 @@ impl Engine {
             self.tally.flush(host);
             return Some(conclusion);
         }
-        if plan.holds_slots() {
+        if plan.takes_holds() {
             self.holds.admit(ctx, &mut plan);
         }
         let groups = slots::groups(config, &plan);

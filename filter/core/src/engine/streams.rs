@@ -32,7 +32,7 @@ impl Engine {
         self.keep_ticking(host);
     }
 
-    /// Queues the releases of concurrency slots, sent from the root like settlements: with its
+    /// Queues the releases of concurrency holds, sent from the root like settlements: with its
     /// next decision call, or at its next tick. Callable from any context.
     pub(super) fn release(&mut self, host: &mut impl Host, releases: Vec<Settlement>) {
         if releases.is_empty() {
