@@ -36,7 +36,7 @@ pub struct L {
     pub after: bool,
     /// Reads its identity's override (`"overrides": true`).
     pub overrides: bool,
-    /// A concurrency limit's request id (the slot it holds).
+    /// A concurrency limit's request id (the hold it takes).
     pub member: &'static str,
 }
 
