@@ -26,7 +26,7 @@ fn minimal_config_takes_documented_defaults() {
             ipv6_prefix: 64
         }
     );
-    assert_eq!(c.headers, HeaderMode::XRateLimit);
+    assert_eq!(c.headers, RateLimitHeaders::XRateLimit);
     assert_eq!(c.deny_body, DenyBody::Text);
     assert_eq!(c.grpc_over_limit, GrpcOverLimit::ResourceExhausted);
     assert_eq!(
@@ -122,7 +122,7 @@ fn full_config_is_read() {
     );
     assert_eq!(c.clock, Clock::Redis);
     assert_eq!(c.client_ip.xff_trusted_hops, 1);
-    assert_eq!(c.headers, HeaderMode::Both);
+    assert_eq!(c.headers, RateLimitHeaders::Both);
     assert_eq!(c.deny_body, DenyBody::ProblemJson);
     assert_eq!(c.grpc_over_limit, GrpcOverLimit::Unavailable);
     let r = &c.rules[0];
