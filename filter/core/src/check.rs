@@ -109,7 +109,7 @@ impl Mode {
 pub struct BudgetCheck {
     /// Counts the rule's new identities (one key per rule).
     pub counter_key: String,
-    /// This limit's state for every new identity over the budget (mode `shared`).
+    /// This limit's state for every new identity over the budget (over_budget `shared`).
     pub overflow_key: String,
     pub new_keys: u64,
     pub window_ms: u64,

@@ -461,7 +461,7 @@ fn calendar_windows_are_read_with_their_offsets() {
 }
 
 #[test]
-fn a_key_budget_is_read_with_its_default_mode() {
+fn a_key_budget_is_read_with_its_default_over_budget() {
     let c = Config::parse(
         br#"{"rules": [{"name": "ip", "key_budget": {"new_keys": 10000, "window": "1m"},
             "limits": [{"name": "s", "limit": 5, "window": "1s"}]},
@@ -486,7 +486,7 @@ fn a_key_budget_is_read_with_its_default_mode() {
 }
 
 #[test]
-fn cluster_mode_batches_more_calls_at_once_and_counts_key_budgets_per_slot() {
+fn a_redis_cluster_batches_more_calls_at_once_and_counts_key_budgets_per_slot() {
     let c = Config::parse(
         br#"{"bridge": {"redis_cluster": true}, "batch": {"max_in_flight": 2},
             "rules": [{"name": "ip", "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,

@@ -107,7 +107,7 @@ impl Engine {
 
     /// The next batch from the queue ([`Queue::next`]), how its call goes, and the master it
     /// goes to if the slot map knows it: on a Redis Cluster, for the slots of one node when
-    /// the slot map knows the front's master (the call then holds every slot of that master)
+    /// the slot map knows the front's master (the call then carries every slot of that master)
     /// or when the call asks for the map; else for one slot. It starts with [`Engine::front`]
     /// (None: no request can go now).
     /// Requests past their deadline fail by policy. One that waited while a reply came is
