@@ -207,7 +207,7 @@ impl Engine {
         now: u128,
     ) {
         let at = self.lag.moment(now);
-        let expired = call.release(at);
+        let expired = call.take_expired(at);
         if !expired.is_empty() {
             self.fail(config, host, expired, BridgeFailure::Expired, now, false);
         }
@@ -241,9 +241,9 @@ impl Engine {
     /// breaker's run. A call answered within its timeout, however slowly, is no failure.
     pub(super) fn watch_calls(&mut self, config: &Config, host: &mut impl Host, at: Moment) {
         let now = at.wall_ns;
-        let released = self.queue.release_expired(at);
-        if !released.is_empty() {
-            self.fail(config, host, released, BridgeFailure::Timeout, now, false);
+        let expired = self.queue.take_expired(at);
+        if !expired.is_empty() {
+            self.fail(config, host, expired, BridgeFailure::Timeout, now, false);
         }
         if self.queue.requests_wait() {
             let breaker = &mut self.breaker;
