@@ -1,4 +1,4 @@
-//! Redis Cluster mode: a Redis Cluster of real `redis-server` nodes from
+//! A Redis Cluster of real `redis-server` nodes from
 //! envoy/cluster/redis-node.conf, and the whole chain of envoy/cluster/ (Envoy with the filter
 //! and a redis_proxy listener, Webdis pointed at that proxy) on free loopback ports. Every
 //! process is stopped by PID when dropped.

@@ -28,7 +28,7 @@ pub struct L {
     pub burst: u64,
     pub cost: u64,
     pub shadow: bool,
-    /// The rule's key budget: (rule name, new keys per window, window ms, mode).
+    /// The rule's key budget: (rule name, new keys per window, window ms, over_budget).
     pub budget: Option<(&'static str, u64, u64, OverBudget)>,
     /// Asks for a lease of the limit's units.
     pub lease: Option<Lease>,
@@ -36,7 +36,7 @@ pub struct L {
     pub after: bool,
     /// Reads its identity's override (`"overrides": true`).
     pub overrides: bool,
-    /// A concurrency limit's request id (the slot it holds).
+    /// A concurrency limit's request id (the hold it takes).
     pub member: &'static str,
 }
 

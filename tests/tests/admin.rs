@@ -24,7 +24,7 @@ const CONFIG: &str = r#"{"bridge": {"cluster": "webdis"}, "ipv4_prefix": 24, "ru
     {"name": "fw", "algorithm": "fixed_window", "limit": 10, "window": "366d"},
     {"name": "swc", "algorithm": "sliding_window_counter", "limit": 10, "window": "183d"},
     {"name": "swl", "algorithm": "sliding_window_log", "limit": 10, "window": "1d"}]},
-  {"name": "slots", "limits": [
+  {"name": "holds", "limits": [
     {"name": "streams", "algorithm": "concurrency", "limit": 3, "max_duration": "10m"},
     {"name": "monthly", "algorithm": "fixed_window", "limit": 100, "window": "month", "utc_offset": "+05:30"}]}]}"#;
 
@@ -746,24 +746,24 @@ fn each_bad_input_is_a_clear_error_with_its_exit_status() {
 }
 
 #[test]
-fn inspect_counts_the_slots_in_flight_and_a_calendar_window_as_the_script_does() {
-    let mut s = setup("admin-inspect-slots");
+fn inspect_counts_the_holds_in_flight_and_a_calendar_window_as_the_script_does() {
+    let mut s = setup("admin-inspect-holds");
     let key = s
         .keys
-        .limit_key("slots", "streams", "header:x-api-key", b"erin");
-    let slots = as_script(&key, Algorithm::Concurrency, 3, 600_000);
+        .limit_key("holds", "streams", "header:x-api-key", b"erin");
+    let holds = as_script(&key, Algorithm::Concurrency, 3, 600_000);
     let now = s.redis.time_ns();
-    assert_eq!(s.script.one(now, &slots.clone().held_by("w-1")).0, 1);
-    assert_eq!(s.script.one(now, &slots.clone().held_by("w-2")).0, 1);
+    assert_eq!(s.script.one(now, &holds.clone().held_by("w-1")).0, 1);
+    assert_eq!(s.script.one(now, &holds.clone().held_by("w-2")).0, 1);
     let month_key = s
         .keys
-        .limit_key("slots", "monthly", "header:x-api-key", b"erin");
+        .limit_key("holds", "monthly", "header:x-api-key", b"erin");
     let monthly = L {
         cost: 7,
         ..as_script(&month_key, Algorithm::FixedWindow, 100, 0).calendar(CalendarUnit::Month, 330)
     };
     assert_eq!(s.script.one(now, &monthly).0, 1);
-    let report = s.admin.json(&["inspect", "slots", "erin"]);
+    let report = s.admin.json(&["inspect", "holds", "erin"]);
     let limits = report["limits"].as_array().unwrap();
     let streams = limits.iter().find(|x| x["limit"] == "streams").unwrap();
     assert_eq!(streams["in_flight"], 2.0);
@@ -771,16 +771,16 @@ fn inspect_counts_the_slots_in_flight_and_a_calendar_window_as_the_script_does()
     let month = limits.iter().find(|x| x["limit"] == "monthly").unwrap();
     assert_eq!(month["left"], 93.0, "the calendar month's count: {month}");
     assert_eq!(month["config"]["window"], "month at UTC+05:30");
-    // Released: one more free.
+    // Released: one more allowed.
     s.script
-        .settle(s.redis.time_ns(), &slots.held_by("w-1"), -1);
-    let report = s.admin.json(&["inspect", "slots", "erin"]);
+        .settle(s.redis.time_ns(), &holds.held_by("w-1"), -1);
+    let report = s.admin.json(&["inspect", "holds", "erin"]);
     let streams = report["limits"][0].clone();
     assert_eq!(
         (streams["in_flight"].clone(), streams["left"].clone()),
         (1.0.into(), 2.0.into())
     );
-    let human = s.admin.run(&["inspect", "slots", "erin"]).stdout;
+    let human = s.admin.run(&["inspect", "holds", "erin"]).stdout;
     assert!(
         human.contains("concurrency, 3 in flight, each held at most 10m"),
         "{human}"

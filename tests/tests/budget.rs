@@ -129,7 +129,7 @@ fn a_flood_of_new_addresses_stays_within_the_key_budget_and_a_known_client_keeps
 }
 
 #[test]
-fn without_spare_budget_a_new_address_is_refused_in_deny_mode_and_an_old_one_is_not() {
+fn without_spare_budget_a_new_address_is_refused_with_over_budget_deny_and_an_old_one_is_not() {
     let s = stack(
         "budget-deny",
         r#""key_budget": {"new_keys": 3, "window": "1h", "over_budget": "deny"},"#,

@@ -1,9 +1,9 @@
-//! Redis Cluster mode end to end: real Envoy (the filter, and a redis_proxy listener), Webdis
+//! On a Redis Cluster, end to end: real Envoy (the filter, and a redis_proxy listener), Webdis
 //! pointed at that proxy, and a Redis Cluster of 3 masters + 3 replicas, all from the shipped
 //! configs in envoy/cluster/ on free loopback ports.
 //!
 //! The shipped cluster config sets `bridge.redis_cluster`: a script whose keys are on
-//! different slots is refused by Redis Cluster (CROSSSLOT), so every call holds one slot's
+//! different slots is refused by Redis Cluster (CROSSSLOT), so every call carries one slot's
 //! requests, and a request on several slots is decided per slot.
 
 use std::time::{Duration, Instant};
@@ -483,7 +483,7 @@ fn concurrent(
     results.into_inner().unwrap_or_default()
 }
 
-/// Many clients on many slots at once: calls hold one slot each (no CROSSSLOT), requests
+/// Many clients on many slots at once: calls carry one slot each (no CROSSSLOT), requests
 /// share calls, and every identity gets exactly its limit.
 #[test]
 fn concurrent_clients_on_many_slots_get_exactly_their_limits() {
@@ -626,9 +626,9 @@ fn a_hot_key_in_shards_spreads_over_the_masters_and_never_overshoots() {
 
 /// With a Redis Cluster a key budget is counted per slot (a script sees one slot): 16,384 new
 /// identities per hour over all slots is one per slot per hour. A second new identity on a
-/// slot is refused (deny mode), an identity that exists is not, and another slot has its own.
+/// slot is refused (over_budget `deny`), an identity that exists is not, and another slot has its own.
 #[test]
-fn in_cluster_mode_a_key_budget_counts_per_slot() {
+fn on_a_redis_cluster_a_key_budget_counts_per_slot() {
     let budget = (
         r#""name": "per_client","#.to_string(),
         r#""name": "per_client", "key_budget": {"new_keys": 16384, "window": "1h", "over_budget": "deny"},"#

@@ -1,6 +1,6 @@
 //! Concurrency limits end to end: at most N requests of a key in flight at the upstream across
-//! two Envoys of two workers each, a streamed answer holding its slot to its last event, and
-//! the slots of an Envoy killed mid-stream freed at their `max_duration`, not before. Real
+//! two Envoys of two workers each, a streamed answer keeping its hold to its last event, and
+//! the holds of an Envoy killed mid-stream ended at their `max_duration`, not before. Real
 //! Envoys, Webdis, Redis and an OpenAI-compatible test upstream that counts the requests it is
 //! answering.
 
@@ -67,7 +67,7 @@ fn stream(port: u16, key: &str, events: u32, delay_ms: u64) -> u16 {
 }
 
 #[test]
-fn requests_in_flight_never_exceed_the_limit_across_two_replicas_and_slots_are_reused() {
+fn requests_in_flight_never_exceed_the_limit_across_two_replicas_and_holds_are_taken_again() {
     const LIMIT: u64 = 3;
     let s = stack("concurrency-fleet", LIMIT, "1m", 2);
     let ports: Vec<u16> = s.replicas.iter().map(|e| e.port).collect();
@@ -112,11 +112,11 @@ fn requests_in_flight_never_exceed_the_limit_across_two_replicas_and_slots_are_r
     );
     assert!(
         refused > 0,
-        "12 clients against 3 slots are refused some of the time"
+        "12 clients against a limit of 3 are refused some of the time"
     );
     assert!(
         ok as u64 > 2 * LIMIT,
-        "released slots are taken again: {ok} answered"
+        "released holds are taken again: {ok} answered"
     );
     for e in &s.replicas {
         assert_eq!(e.counter("ratelimit_failure_mode_open"), 0);
@@ -124,7 +124,7 @@ fn requests_in_flight_never_exceed_the_limit_across_two_replicas_and_slots_are_r
 }
 
 #[test]
-fn a_streamed_answer_holds_its_slot_to_its_last_event() {
+fn a_streamed_answer_keeps_its_hold_to_its_last_event() {
     let s = stack("concurrency-stream", 1, "1m", 1);
     let port = s.replicas[0].port;
     let long = std::thread::spawn(move || stream(port, "one", 8, 150));
@@ -136,7 +136,7 @@ fn a_streamed_answer_holds_its_slot_to_its_last_event() {
     let refused = s.replicas[0].keyed_at("/v1/other", "one");
     assert_eq!(
         refused.status, 429,
-        "the slot is held while the stream runs"
+        "the hold is kept while the stream runs"
     );
     assert_eq!(refused.header("retry-after"), Some("1"));
     assert_eq!(refused.header("x-ratelimit-limit"), Some("1"));
@@ -144,13 +144,13 @@ fn a_streamed_answer_holds_its_slot_to_its_last_event() {
     assert_eq!(long.join().expect("the stream's thread"), 200);
     // Released when the stream ended: the next request of the key gets in (once the release,
     // sent at the worker's next wake-up, has reached Redis).
-    wait_for("the slot released", Duration::from_secs(5), || {
+    wait_for("the hold released", Duration::from_secs(5), || {
         (stream(port, "one", 1, 0) == 200).then_some(())
     });
 }
 
 #[test]
-fn the_slots_of_an_envoy_killed_mid_stream_free_at_max_duration_not_before() {
+fn the_holds_of_an_envoy_killed_mid_stream_end_at_max_duration_not_before() {
     const MAX_MS: u64 = 3_000;
     let s = stack("concurrency-killed", 2, "3s", 2);
     let a = s.replicas[0].port;
@@ -166,14 +166,14 @@ fn the_slots_of_an_envoy_killed_mid_stream_free_at_max_duration_not_before() {
     let admitted_by = sent.elapsed();
     s.replicas[0].process.signal("KILL");
     let b = s.replicas[1].port;
-    // Replica B is refused until the killed streams' slots reach their deadline.
+    // Replica B is refused until the killed streams' holds reach their deadline.
     // An answer is decided before it arrives, and after it was asked for.
-    let (asked, answered) = wait_for("a slot freed", Duration::from_secs(15), || {
+    let (asked, answered) = wait_for("a hold released", Duration::from_secs(15), || {
         let asked = sent.elapsed();
         (stream(b, "k", 1, 0) == 200).then(|| (asked, sent.elapsed()))
     });
     println!(
-        "admitted within {admitted_by:?} of the send; a slot free when asked {asked:?} after it"
+        "admitted within {admitted_by:?} of the send; a hold allowed when asked {asked:?} after it"
     );
     assert!(
         answered >= Duration::from_millis(MAX_MS),

@@ -219,7 +219,7 @@ fn clients_that_leave_while_their_call_is_in_flight_take_no_other_decision_with_
     let c = Pending::send(s.envoy.port, "shared");
     let d = Pending::send(s.envoy.port, "shared");
     wait_for_value("4 requests in Envoy", PATIENCE, 4, active);
-    // A leaves: its reply would be lost with its stream, so its slot is freed at once and
+    // A leaves: its reply would be lost with its stream, so its room is freed at once and
     // the root sends B, C and D in one call.
     drop(a);
     wait_for_value("the batch of B, C and D", PATIENCE, calls_before + 2, calls);

@@ -1,6 +1,6 @@
 //! An idle Envoy's filter runs no timer, and work that comes after an idle spell is done as
 //! before: requests are decided exactly, and what a stream leaves when it ends on an idle
-//! worker (its concurrency slot's release, its usage settlement) still reaches Redis, sent at
+//! worker (its concurrency hold's release, its usage settlement) still reaches Redis, sent at
 //! the tick of the timer it starts again. Real Envoy (two workers), Webdis, Redis and the
 //! tests' OpenAI-compatible upstream.
 
@@ -67,12 +67,12 @@ fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() 
         2,
     );
     let keys = Keys::from_json(json);
-    let slots_key = keys.limit_key("llm", "streams", "header:x-api-key", b"slow");
+    let holds_key = keys.limit_key("llm", "streams", "header:x-api-key", b"slow");
     let tokens_key = keys.limit_key("llm", "tokens", "header:x-api-key", b"slow");
     let held = || {
         redis
             .admin()
-            .cmd(&["ZCARD", &slots_key])
+            .cmd(&["ZCARD", &holds_key])
             .map_or(-1, |r| r.int())
     };
     let charged = || {
@@ -87,7 +87,7 @@ fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() 
     wait_timers(&envoy, 0, "no timer on a fresh Envoy");
 
     // A stream of 40 events 250 ms apart reporting 70 tokens: admitted, it holds the key's
-    // one slot and 1,000 reserved tokens while it runs; a second stream is refused.
+    // one hold and 1,000 reserved tokens while it runs; a second stream is refused.
     let chat = chat_request("Say hello.", true, None);
     let long = {
         let chat = chat.clone();
@@ -104,11 +104,11 @@ fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() 
     assert_eq!(
         post(port, "/v1/chat/completions", "slow", &chat, &extra),
         429,
-        "the slot is held"
+        "the hold is taken"
     );
     assert_eq!((held(), charged()), (1, Some(1000)));
 
-    // While it streams, both workers go idle: the slot and the reservation need no timer.
+    // While it streams, both workers go idle: the hold and the reservation need no timer.
     wait_until(
         "both timers stopped while the stream still runs",
         WAIT,
@@ -125,7 +125,7 @@ fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() 
     // The stream ends on an idle worker: its release and its settlement (930 tokens given
     // back) start the timer again and reach Redis at its tick, with no other request.
     assert_eq!(long.join().expect("the stream's thread"), 200);
-    wait_until("the slot released in Redis", WAIT, held, |n| *n == 0);
+    wait_until("the hold released in Redis", WAIT, held, |n| *n == 0);
     wait_until("the usage settled in Redis", WAIT, charged, |n| {
         *n == Some(70)
     });
@@ -153,7 +153,7 @@ fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() 
         .expect("redis")
         .text();
     assert_eq!(count, "5");
-    // The released slot is taken again.
+    // The released hold is taken again.
     assert_eq!(
         post(port, "/v1/chat/completions", "slow", &chat, &extra),
         200

@@ -5,9 +5,9 @@
 use e2e::script::*;
 
 /// A per-identity limit of 5 per second under a budget of 3 new identities per minute.
-fn budgeted(key: &'static str, mode: OverBudget) -> L {
+fn budgeted(key: &'static str, over_budget: OverBudget) -> L {
     L {
-        budget: Some(("ip", 3, 60_000, mode)),
+        budget: Some(("ip", 3, 60_000, over_budget)),
         ..limit(key, Algorithm::TokenBucket, 5, 1000)
     }
 }
@@ -120,7 +120,7 @@ fn a_late_call_stamped_in_the_previous_budget_window_does_not_restart_the_count(
 }
 
 #[test]
-fn a_key_budget_in_deny_mode_refuses_new_identities_until_its_window_ends() {
+fn a_key_budget_with_over_budget_deny_refuses_new_identities_until_its_window_ends() {
     let (_dir, redis, mut s) = script("lua-budget-deny");
     let at = T0 + 15 * S;
     for id in ["rl:{ip=1}:ip:s", "rl:{ip=2}:ip:s", "rl:{ip=3}:ip:s"] {

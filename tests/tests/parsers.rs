@@ -917,9 +917,9 @@ fn reference_read(
             let (events, cut_in_event) = reference_events(body);
             let mut last = vec![None; usage.fields.len()];
             for data in events.iter().filter(|d| !says_nothing(d)) {
-                for (slot, read) in last.iter_mut().zip(serde_fields(data, usage)?) {
+                for (entry, read) in last.iter_mut().zip(serde_fields(data, usage)?) {
                     if read != UsageRead::Missing {
-                        *slot = Some(read);
+                        *entry = Some(read);
                     }
                 }
             }

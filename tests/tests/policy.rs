@@ -733,13 +733,13 @@ fn example_plans() {
     let refused = envoy.keyed("small-customer");
     let policy = refused.header("ratelimit-policy").unwrap_or_default();
     assert!(policy.contains("\"plans.per_second\";q=3;w=1"), "{policy}");
-    // The monthly quota counts in the calendar month; each slot in flight is released when
+    // The monthly quota counts in the calendar month; each hold in flight is released when
     // its response ends.
     let monthly = keys.limit_key("plans", "monthly", "header:x-api-key", b"default-customer");
     assert_eq!(redis.hash_field(&monthly, "n"), "1");
-    let slots = keys.limit_key("plans", "in_flight", "header:x-api-key", b"small-customer");
-    wait_for("every slot released", Duration::from_secs(10), || {
-        (redis.admin().cmd(&["ZCARD", &slots]).unwrap().int() == 0).then_some(())
+    let holds = keys.limit_key("plans", "in_flight", "header:x-api-key", b"small-customer");
+    wait_for("every hold released", Duration::from_secs(10), || {
+        (redis.admin().cmd(&["ZCARD", &holds]).unwrap().int() == 0).then_some(())
     });
 }
 

@@ -344,7 +344,7 @@ pub fn probe(config: &Config, target: &Target, out: &mut String) -> Found {
             return report.found;
         }
     };
-    let back = "giving back what it charged (as a lease's give-back, a concurrency slot's release)";
+    let back = "giving back what it charged (as a lease's give-back, a concurrency hold's release)";
     let read_back = |r: BridgeReply<'_>| probe.read_give_back(r);
     match step(target, config, &probe.give_back(&decision), read_back) {
         Ok(()) => report.line(format!("{back}: OK"), Verdict::Ready),

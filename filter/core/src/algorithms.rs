@@ -73,7 +73,7 @@ pub enum State {
     SlidingWindowLog {
         entries: Vec<f64>,
     },
-    /// The deadlines of the requests holding a slot.
+    /// The deadlines of the requests' holds.
     Concurrency {
         deadlines: Vec<f64>,
     },
@@ -159,7 +159,7 @@ pub fn settle(
     now: f64,
 ) -> Option<State> {
     match (algorithm, state) {
-        // A concurrency limit's settlement is a release of one named slot, not a number.
+        // A concurrency limit's settlement is a release of one named hold, not a number.
         (Algorithm::SlidingWindowLog | Algorithm::Concurrency, _) => None,
         (Algorithm::TokenBucket, state) => {
             let rate = p.limit / p.window;
@@ -461,8 +461,8 @@ fn sliding_window_log(state: Option<&State>, p: Params, now: f64) -> Evaluation 
     }
 }
 
-/// The script's `ALGORITHMS.concurrency`: slots whose deadline passed are free; a request is
-/// admitted while fewer than `limit` are held, holding one until `now + window`
+/// The script's `ALGORITHMS.concurrency`: holds whose deadline passed are gone; a request is
+/// admitted while fewer than `limit` are held, taking one until `now + window`
 /// (max_duration), whatever its cost.
 fn concurrency(state: Option<&State>, p: Params, now: f64) -> Evaluation {
     let mut deadlines: Vec<f64> = match state {

@@ -100,7 +100,7 @@ pub const MAX_IN_FLIGHT: u64 = 8;
 pub const MAX_DENY_CACHE_ENTRIES: u64 = 1_000_000;
 /// Longest `lease.max_ms`: a lease's units sit idle in one worker at most this long.
 pub const MAX_LEASE_MS: u64 = 60_000;
-/// The longest id a request holding a concurrency slot is sent with: its worker's 16 hex
+/// The longest id a request taking a concurrency hold is sent with: its worker's 16 hex
 /// digits, `-`, its stream's `u32` in decimal.
 pub const MAX_MEMBER_BYTES: usize = 16 + 1 + 10;
 /// How long a worker acts on what Redis said of a limit with overrides without asking again:
@@ -152,9 +152,9 @@ pub const MAX_KEPT_SETTLEMENTS: usize = 4096;
 pub const MAX_METERED_STREAMS: usize = 16_384;
 /// Keys one worker keeps state for; when full, the state that stops mattering first goes.
 pub const LOCAL_MAX_ENTRIES: usize = 10_000;
-/// Slots in a worker's table of recent identities' requests (which earn leases; a power of
+/// Entries in a worker's table of recent identities' requests (which earn leases; a power of
 /// two): 16 bytes each, 128 KiB per worker once a leasable request came.
-pub const SIGHTING_SLOTS: usize = 8192;
+pub const SIGHTING_ENTRIES: usize = 8192;
 /// Calls given up on that a worker remembers, for a late answer to close its breaker (each
 /// worker has at most 8 in flight).
 pub const MAX_ABANDONED_CALLS: usize = 16;

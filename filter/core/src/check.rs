@@ -42,10 +42,10 @@ pub enum Mode {
     /// charged nothing up front; `cost` is then its estimate, charged when its usage cannot
     /// be read.
     After,
-    /// A concurrency limit as planned: the request is to hold a slot. It has no id until the
+    /// A concurrency limit as planned: the request is to take a hold. It has no id until the
     /// engine admits the request ([`Mode::admitted`]), which turns it into [`Mode::Hold`].
     ToHold,
-    /// A concurrency limit of an admitted request: it holds a slot, named by this id (its
+    /// A concurrency limit of an admitted request: it has a hold, named by this id (its
     /// worker's and its stream's), until its stream ends.
     Hold(Rc<str>),
 }
@@ -82,13 +82,13 @@ impl Mode {
         }
     }
 
-    /// A concurrency limit, admitted or not: the request holds a slot while it runs.
-    pub fn holds_slot(&self) -> bool {
+    /// A concurrency limit, admitted or not: the request takes a hold while it runs.
+    pub fn takes_hold(&self) -> bool {
         matches!(self, Mode::ToHold | Mode::Hold(_))
     }
 
-    /// The mode once its request is admitted with `id`: a slot to hold gets the id its slot is
-    /// held by; every other mode stays.
+    /// The mode once its request is admitted with `id`: a hold to take gets the id it is named
+    /// by; every other mode stays.
     pub fn admitted(&mut self, id: &Rc<str>) {
         if *self == Mode::ToHold {
             *self = Mode::Hold(id.clone());
@@ -109,7 +109,7 @@ impl Mode {
 pub struct BudgetCheck {
     /// Counts the rule's new identities (one key per rule).
     pub counter_key: String,
-    /// This limit's state for every new identity over the budget (mode `shared`).
+    /// This limit's state for every new identity over the budget (over_budget `shared`).
     pub overflow_key: String,
     pub new_keys: u64,
     pub window_ms: u64,
@@ -158,19 +158,19 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_to_hold_gets_its_id_when_admitted_and_no_other_mode_changes() {
+    fn a_hold_to_take_gets_its_id_when_admitted_and_no_other_mode_changes() {
         let id: Rc<str> = Rc::from("0000000000000001-7");
         let mut planned = Mode::ToHold;
-        assert!(planned.holds_slot());
+        assert!(planned.takes_hold());
         planned.admitted(&id);
         assert_eq!(planned, Mode::Hold(id.clone()));
-        assert!(planned.holds_slot());
-        // Admitted once: a second id does not rename the slot.
+        assert!(planned.takes_hold());
+        // Admitted once: a second id does not rename the hold.
         planned.admitted(&Rc::from("other"));
         assert_eq!(planned, Mode::Hold(id.clone()));
         let mut enforced = Mode::Enforce { budget: None };
         enforced.admitted(&id);
         assert_eq!(enforced, Mode::Enforce { budget: None });
-        assert!(!enforced.holds_slot() && !Mode::After.holds_slot());
+        assert!(!enforced.takes_hold() && !Mode::After.takes_hold());
     }
 }

@@ -16,8 +16,8 @@ pub struct LimitResult {
     /// Refused because the request costs more than the limit ever holds (a bucket's burst, a
     /// window's limit): no wait makes it fit.
     pub never_fits: bool,
-    /// A new identity over its rule's key budget: refused for it (mode `deny`) or decided on
-    /// the rule's shared overflow state (mode `shared`).
+    /// A new identity over its rule's key budget: refused for it (over_budget `deny`) or decided on
+    /// the rule's shared overflow state (over_budget `shared`).
     pub over_budget: bool,
     /// The identity's override that decided this limit, if one did.
     pub overridden: Option<Override>,

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::check::LimitCheck;
-use crate::config::{Algorithm, Config, DenyBody, HeaderMode};
+use crate::config::{Algorithm, Config, DenyBody, RateLimitHeaders};
 use crate::decision::{Decision, LimitResult, Override};
 use crate::grpc;
 use crate::request::view::RequestView;
@@ -208,7 +208,7 @@ pub fn rate_limit_headers(
     decision: &Decision,
     now_ns: u128,
 ) -> Headers {
-    if config.headers == HeaderMode::None {
+    if config.headers == RateLimitHeaders::None {
         return Headers::new();
     }
     headers_for(
@@ -250,7 +250,7 @@ fn headers_for(config: &Config, limits: &[Shown<'_>], denied: bool) -> Headers {
         headers.push(("ratelimit-policy", policy.join(", ")));
         headers.push(("ratelimit", state.join(", ")));
     }
-    if config.headers == HeaderMode::OpenAi {
+    if config.headers == RateLimitHeaders::OpenAi {
         let sets = [
             (
                 OpenAiSet::Requests,
@@ -372,7 +372,7 @@ pub fn denied(
     if !never {
         headers.push(("retry-after", retry_after.to_string()));
     }
-    if config.headers == HeaderMode::OpenAi {
+    if config.headers == RateLimitHeaders::OpenAi {
         if never {
             // OpenAI's clients retry a 429 with backoff unless told not to.
             headers.push(("x-should-retry", "false".to_string()));
@@ -674,9 +674,9 @@ mod tests {
     }
 
     #[test]
-    fn header_mode_none_adds_nothing() {
+    fn headers_none_adds_nothing() {
         let mut c = config("x-ratelimit", "text");
-        c.headers = HeaderMode::None;
+        c.headers = RateLimitHeaders::None;
         let d = Decision {
             allowed: true,
             limits: vec![result(true, 1.0, 1.0, 0.0), result(true, 1.0, 1.0, 0.0)],

@@ -1,5 +1,5 @@
 //! Redis Cluster hash slots: which of the 16,384 slots a key lives in. A script may only touch
-//! keys of one slot (else `CROSSSLOT`), so in cluster mode the engine groups each call's keys
+//! keys of one slot (else `CROSSSLOT`), so on a Redis Cluster the engine groups each call's keys
 //! by slot. Computed as Redis does: CRC16 (XMODEM) of the key's hash tag — the text between the
 //! first `{` and the next `}`, when that is not empty — or of the whole key, mod 16,384.
 
@@ -50,7 +50,7 @@ impl std::fmt::Debug for SlotTags {
 }
 
 /// For every slot, a number n such that the text `b<n>` hashes to it: `{b<n>}` is a hash tag
-/// on that slot. Key budgets in cluster mode keep one counter per slot this way (a script may
+/// on that slot. Key budgets on a Redis Cluster keep one counter per slot this way (a script may
 /// only touch the slot of the identity it decides). About 160,000 CRCs, once per worker.
 pub fn slot_tags() -> Vec<u32> {
     let mut tags = vec![u32::MAX; usize::from(SLOTS)];

@@ -99,7 +99,7 @@ impl Context<'_> {
                 "whole_in_ms": total.whole_in_ms,
                 "debt": total.debt,
                 "shards": shards,
-                // A concurrency limit's slots held now (its `left` are the free ones).
+                // A concurrency limit's holds now (its `left`: the holds it still allows).
                 "in_flight": in_flight,
             }));
         }

@@ -74,7 +74,7 @@ pub(super) fn decision_mode(
         (Mode::After, _) => (WireMode::After, None),
         (Mode::Hold(member), _) => (WireMode::Hold { member }, None),
         // Not sent by the engine, which admits a request before it queues it; a plan sent as
-        // planned (a tool, a bench) holds its slot under no id of its own.
+        // planned (a tool, a bench) takes its hold under no id of its own.
         (Mode::ToHold, _) => (WireMode::Hold { member: "" }, None),
         (Mode::Lease(lease), Some(requests)) => (
             WireMode::Lease {
@@ -90,7 +90,7 @@ pub(super) fn decision_mode(
 }
 
 /// The mode a settlement's limit goes with (its cost sent as 0): its delta, or for a
-/// concurrency slot its release.
+/// concurrency hold its release.
 pub(super) fn settle_mode(s: &Settlement) -> WireMode<'_> {
     match &s.check.mode {
         Mode::Hold(member) => WireMode::Release { member },
@@ -99,7 +99,7 @@ pub(super) fn settle_mode(s: &Settlement) -> WireMode<'_> {
 }
 
 /// The mode a give-back's limit goes with: the charge's clock and what it left, or for a
-/// concurrency slot its release.
+/// concurrency hold its release.
 pub(super) fn refund_mode(r: &Refund) -> WireMode<'_> {
     match &r.check.mode {
         Mode::Hold(member) => WireMode::Release { member },

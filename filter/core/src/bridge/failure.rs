@@ -125,7 +125,7 @@ impl BridgeFailure {
     }
 
     /// Whether the call this failure ended may have run in Redis unseen, so that whatever it
-    /// carried must be taken as done (a slot held, a charge made, a debt paid): it went out
+    /// carried must be taken as done (a hold taken, a charge made, a debt paid): it went out
     /// and no reply said what Redis did. Sent and unanswered (no response, a timeout, an
     /// answer lost with its stream), a 5xx (Envoy's 504 once the call's timeout passed, its
     /// 503 when the connection reset after the call went out; a hung Webdis reads the call

@@ -117,7 +117,7 @@ impl Probe {
     }
 
     /// The decision: every limit of the configuration on the probe's keys, with what each
-    /// reads and writes (key budgets, overrides, a concurrency slot), so that every command
+    /// reads and writes (key budgets, overrides, a concurrency hold), so that every command
     /// the configuration's decisions need runs once.
     pub fn decide(&self) -> BridgeRequest {
         let call = DecideCall::new(
@@ -155,7 +155,7 @@ impl Probe {
         Ok(decision)
     }
 
-    /// Gives back what `decision` charged (and frees its concurrency slots), as a lease's
+    /// Gives back what `decision` charged (and releases its concurrency holds), as a lease's
     /// give-back and a Redis Cluster refund do: their commands run too.
     pub fn give_back(&self, decision: &Decision) -> BridgeRequest {
         let refunds: Vec<Refund> = self
@@ -201,7 +201,7 @@ mod tests {
               {"name": "api", "key_budget": {"new_keys": 100, "window": "1m"},
                "limits": [{"name": "second", "limit": 5, "window": "1s", "overrides": true},
                           {"name": "day", "algorithm": "sliding_window_log", "limit": 50, "window": "1d"}]},
-              {"name": "slots", "limits": [{"name": "inflight", "algorithm": "concurrency", "limit": 2, "max_duration": "30s"}]}]}"#,
+              {"name": "holds", "limits": [{"name": "inflight", "algorithm": "concurrency", "limit": 2, "max_duration": "30s"}]}]}"#,
         )
         .unwrap()
     }
@@ -225,7 +225,7 @@ mod tests {
             [
                 "lim:{ratelimit-check}:42-7:api:second",
                 "lim:{ratelimit-check}:42-7:api:day",
-                "lim:{ratelimit-check}:42-7:slots:inflight"
+                "lim:{ratelimit-check}:42-7:holds:inflight"
             ]
         );
         assert!(probe.checks.iter().all(|k| k.cost == 1));

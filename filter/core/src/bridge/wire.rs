@@ -34,7 +34,7 @@ pub const HEAD_FIELDS: usize = 3;
 /// Between a limit's key index and its override key's index (`i:j`).
 pub const OVERRIDE_INDEX_SEPARATOR: &str = ":";
 
-/// The settle delta that releases a concurrency slot (with the request's id after it).
+/// The settle delta that releases a concurrency hold (with the request's id after it).
 pub const RELEASE_DELTA: i64 = -1;
 
 /// A limit's outcome in the reply: these bits, plus [`OUTCOME_QUOTA_UNIT`] × the override's
@@ -54,7 +54,7 @@ pub const OUTCOME_QUOTA_UNIT: u64 = 16;
 pub const LONGEST_COMMAND: &str = "EVALSHA";
 pub const LONGEST_HANDLE: &str = "ffffffffffffffffffffffffffffffffffffffff";
 
-/// The longest request id a concurrency limit's slot is held by ([`MAX_MEMBER_BYTES`]: 16 hex
+/// The longest request id a concurrency limit's hold is named by ([`MAX_MEMBER_BYTES`]: 16 hex
 /// digits, `-`, a 32-bit stream id), nothing in it percent-encoded: the size model's member
 /// when it knows none (the bound on one request's call).
 pub const LONGEST_MEMBER: &str = "ffffffffffffffff-4294967295";
@@ -75,13 +75,13 @@ pub enum WireMode<'a> {
     After,
     /// Asking for a lease: the units asked for and the fraction of what is left.
     Lease { units: u64, fraction: f64 },
-    /// A concurrency limit: the request's id, the member its slot is held by.
+    /// A concurrency limit: the request's id, the member its hold is named by.
     Hold { member: &'a str },
-    /// Releasing a concurrency slot: a settle of [`RELEASE_DELTA`] and the request's id.
+    /// Releasing a concurrency hold: a settle of [`RELEASE_DELTA`] and the request's id.
     Release { member: &'a str },
     /// Giving back a charge: the clock it was charged with (Unix ns) and what it left.
     Refund { charged_at: u128, left: f64 },
-    /// Settling a usage limit: the signed delta, and `0` (no slot).
+    /// Settling a usage limit: the signed delta, and `0` (no hold).
     Settle { delta: i64 },
 }
 

@@ -68,7 +68,7 @@ pub enum Algorithm {
     SlidingWindowCounter,
     SlidingWindowLog,
     FixedWindow,
-    /// Requests in flight, not a rate: each admitted request holds a slot until it ends.
+    /// Requests in flight, not a rate: each admitted request has a hold until it ends.
     Concurrency,
 }
 
@@ -104,7 +104,7 @@ impl Algorithm {
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-pub enum HeaderMode {
+pub enum RateLimitHeaders {
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     #[default]
     #[serde(rename = "x-ratelimit")]
@@ -123,12 +123,12 @@ pub enum HeaderMode {
     None,
 }
 
-impl HeaderMode {
+impl RateLimitHeaders {
     pub fn x_ratelimit(self) -> bool {
-        matches!(self, HeaderMode::XRateLimit | HeaderMode::Both)
+        matches!(self, RateLimitHeaders::XRateLimit | RateLimitHeaders::Both)
     }
     pub fn ietf(self) -> bool {
-        matches!(self, HeaderMode::Ietf | HeaderMode::Both)
+        matches!(self, RateLimitHeaders::Ietf | RateLimitHeaders::Both)
     }
 }
 
@@ -174,7 +174,7 @@ pub struct Config {
     pub key_prefix: String,
     pub hash_identities: bool,
     pub client_ip: ClientIpPolicy,
-    pub headers: HeaderMode,
+    pub headers: RateLimitHeaders,
     pub deny_body: DenyBody,
     /// The gRPC status of a gRPC request refused by a limit.
     pub grpc_over_limit: crate::grpc::GrpcOverLimit,

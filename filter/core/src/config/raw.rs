@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    invalid, Admit, Algorithm, Clock, ConfigError, DenyBody, FailureMode, HeaderMode, OverBudget,
-    WhenMissing,
+    invalid, Admit, Algorithm, Clock, ConfigError, DenyBody, FailureMode, OverBudget,
+    RateLimitHeaders, WhenMissing,
 };
 use crate::bounds::MAX_TIMEOUT;
 use crate::grpc::GrpcOverLimit;
@@ -34,7 +34,7 @@ pub(super) struct RawConfig {
     #[serde(default = "default_ipv6_prefix")]
     pub(super) ipv6_prefix: u8,
     #[serde(default)]
-    pub(super) headers: HeaderMode,
+    pub(super) headers: RateLimitHeaders,
     #[serde(default)]
     pub(super) deny_body: DenyBody,
     #[serde(default)]

@@ -345,7 +345,7 @@ impl RawLimit {
             (true, None, None) => {
                 return Err(invalid(
                     &format!("{field}.max_duration"),
-                    "is required for a concurrency limit: the longest a request holds its slot when its end is never seen",
+                    "is required for a concurrency limit: the longest a request keeps its hold when its end is never seen",
                 ))
             }
         };
@@ -431,7 +431,7 @@ impl RawLimit {
     }
 }
 
-/// What a concurrency limit cannot be combined with: each of its requests holds a slot, by its
+/// What a concurrency limit cannot be combined with: each of its requests has a hold, by its
 /// own id, from its admission to its end, decided per request.
 fn check_concurrency(
     raw: &RawLimit,
@@ -439,7 +439,7 @@ fn check_concurrency(
     leasing: &LeaseContext,
 ) -> Result<(), ConfigError> {
     let why = if raw.lease.as_ref().is_some_and(|l| l != &Value::Bool(false)) {
-        Some(("lease", "a slot is held per request: it cannot be leased"))
+        Some(("lease", "a hold is taken per request: it cannot be leased"))
     } else if raw.shards.is_some_and(|s| s != 1) {
         Some(("shards", "a concurrency limit is not sharded"))
     } else if raw.usage.is_some() {
@@ -450,12 +450,12 @@ fn check_concurrency(
     } else if leasing.shadow {
         Some((
             "algorithm",
-            "a shadow rule cannot hold slots: put the concurrency limit in an enforced rule",
+            "a shadow rule cannot take holds: put the concurrency limit in an enforced rule",
         ))
     } else if leasing.key_budget {
         Some((
             "algorithm",
-            "a rule with a key_budget cannot hold concurrency slots",
+            "a rule with a key_budget cannot take concurrency holds",
         ))
     } else {
         None

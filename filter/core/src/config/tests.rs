@@ -26,7 +26,7 @@ fn minimal_config_takes_documented_defaults() {
             ipv6_prefix: 64
         }
     );
-    assert_eq!(c.headers, HeaderMode::XRateLimit);
+    assert_eq!(c.headers, RateLimitHeaders::XRateLimit);
     assert_eq!(c.deny_body, DenyBody::Text);
     assert_eq!(c.grpc_over_limit, GrpcOverLimit::ResourceExhausted);
     assert_eq!(
@@ -122,7 +122,7 @@ fn full_config_is_read() {
     );
     assert_eq!(c.clock, Clock::Redis);
     assert_eq!(c.client_ip.xff_trusted_hops, 1);
-    assert_eq!(c.headers, HeaderMode::Both);
+    assert_eq!(c.headers, RateLimitHeaders::Both);
     assert_eq!(c.deny_body, DenyBody::ProblemJson);
     assert_eq!(c.grpc_over_limit, GrpcOverLimit::Unavailable);
     let r = &c.rules[0];
@@ -349,14 +349,14 @@ fn bad_configs_name_the_field() {
         (limit(r#""limit": 1, "window": "1y""#), "rules[0].limits[0].window: invalid duration \"1y\": expected a whole number and a unit (ms, s, m, h, d), like \"150ms\""),
         (limit(r#""limit": 1, "algorithm": "gcra""#), "rules[0].limits[0].window: is required"),
         (limit(r#""limit": 1, "window": "1s", "max_duration": "1s""#), "rules[0].limits[0].max_duration: only a concurrency limit has a max_duration"),
-        (limit(r#""limit": 1, "algorithm": "concurrency""#), "rules[0].limits[0].max_duration: is required for a concurrency limit: the longest a request holds its slot when its end is never seen"),
+        (limit(r#""limit": 1, "algorithm": "concurrency""#), "rules[0].limits[0].max_duration: is required for a concurrency limit: the longest a request keeps its hold when its end is never seen"),
         (limit(r#""limit": 1, "algorithm": "concurrency", "window": "1s""#), "rules[0].limits[0].window: a concurrency limit has no window: it counts requests in flight, each held at most max_duration"),
         (limit(r#""limit": 10001, "algorithm": "concurrency", "max_duration": "1m""#), "rules[0].limits[0].limit: a concurrency limit keeps one entry per request in flight: must be at most 10000"),
-        (limit(r#""limit": 2, "algorithm": "concurrency", "max_duration": "1m", "lease": true"#), "rules[0].limits[0].lease: a slot is held per request: it cannot be leased"),
+        (limit(r#""limit": 2, "algorithm": "concurrency", "max_duration": "1m", "lease": true"#), "rules[0].limits[0].lease: a hold is taken per request: it cannot be leased"),
         (limit(r#""limit": 2, "algorithm": "concurrency", "max_duration": "1m", "shards": 2"#), "rules[0].limits[0].shards: a concurrency limit is not sharded"),
         (limit(r#""limit": 2, "algorithm": "concurrency", "max_duration": "1m", "burst": 3"#), "rules[0].limits[0].burst: concurrency has no burst: only token_bucket and gcra do"),
         (limit(r#""limit": 2, "algorithm": "concurrency", "max_duration": "0s""#), "rules[0].limits[0].max_duration: must be > 0"),
-        (with_rule(r#"{"name": "r", "shadow": true, "limits": [{"name": "l", "limit": 2, "algorithm": "concurrency", "max_duration": "1m"}]}"#), "rules[0].limits[0].algorithm: a shadow rule cannot hold slots: put the concurrency limit in an enforced rule"),
+        (with_rule(r#"{"name": "r", "shadow": true, "limits": [{"name": "l", "limit": 2, "algorithm": "concurrency", "max_duration": "1m"}]}"#), "rules[0].limits[0].algorithm: a shadow rule cannot take holds: put the concurrency limit in an enforced rule"),
         (limit(r#""limit": 2, "window": "1m", "shards": 2, "overrides": true"#), "rules[0].limits[0].overrides: a sharded limit spreads one identity over several slots: an override would have to be read on each; use shards 1"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "leaky""#), "rules[0].limits[0].algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `sliding_window_counter`, `sliding_window_log`, `fixed_window`, `concurrency`"),
         (limit(r#""limit": 1, "window": "1s", "algorithm": "fixed_window", "burst": 5"#), "rules[0].limits[0].burst: fixed_window has no burst: only token_bucket and gcra do"),
@@ -461,7 +461,7 @@ fn calendar_windows_are_read_with_their_offsets() {
 }
 
 #[test]
-fn a_key_budget_is_read_with_its_default_mode() {
+fn a_key_budget_is_read_with_its_default_over_budget() {
     let c = Config::parse(
         br#"{"rules": [{"name": "ip", "key_budget": {"new_keys": 10000, "window": "1m"},
             "limits": [{"name": "s", "limit": 5, "window": "1s"}]},
@@ -486,7 +486,7 @@ fn a_key_budget_is_read_with_its_default_mode() {
 }
 
 #[test]
-fn cluster_mode_batches_more_calls_at_once_and_counts_key_budgets_per_slot() {
+fn a_redis_cluster_batches_more_calls_at_once_and_counts_key_budgets_per_slot() {
     let c = Config::parse(
         br#"{"bridge": {"redis_cluster": true}, "batch": {"max_in_flight": 2},
             "rules": [{"name": "ip", "limits": [{"name": "s", "limit": 5, "window": "1s"}]}]}"#,

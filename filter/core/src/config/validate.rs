@@ -166,7 +166,7 @@ impl RawConfig {
         }
         let mut batch = config.batch;
         if redis_cluster && !in_flight_given {
-            // A call holds one slot's requests: several in flight keep every node busy.
+            // A call carries one slot's requests: several in flight keep every node busy.
             batch.max_in_flight = MAX_IN_FLIGHT as usize;
         }
         let config = Config {

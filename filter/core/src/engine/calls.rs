@@ -1,5 +1,5 @@
-//! The coordinator's calls to the bridge: batches of waiting requests (sent while a call slot
-//! is free, their deadlines watched while they are out), what a failure or an open breaker
+//! The coordinator's calls to the bridge: batches of waiting requests (sent while there is room
+//! for a call, their deadlines watched while they are out), what a failure or an open breaker
 //! does to them, and the calls no request waits for: usage settlements, lease give-backs and
 //! the refunds of a refused split.
 
@@ -22,7 +22,7 @@ use crate::metrics::{Counter, Gauge, Histogram};
 use crate::slot::key_slot;
 
 impl Engine {
-    /// Sends batches while a call slot is free and requests wait, from context `from` or root.
+    /// Sends batches while there is room for a call and requests wait, from context `from` or root.
     pub(super) fn dispatch_ready(
         &mut self,
         config: &Config,
@@ -107,7 +107,7 @@ impl Engine {
 
     /// The next batch from the queue ([`Queue::next`]), how its call goes, and the master it
     /// goes to if the slot map knows it: on a Redis Cluster, for the slots of one node when
-    /// the slot map knows the front's master (the call then holds every slot of that master)
+    /// the slot map knows the front's master (the call then carries every slot of that master)
     /// or when the call asks for the map; else for one slot. It starts with [`Engine::front`]
     /// (None: no request can go now).
     /// Requests past their deadline fail by policy. One that waited while a reply came is
@@ -207,7 +207,7 @@ impl Engine {
         now: u128,
     ) {
         let at = self.lag.moment(now);
-        let expired = call.release(at);
+        let expired = call.take_expired(at);
         if !expired.is_empty() {
             self.fail(config, host, expired, BridgeFailure::Expired, now, false);
         }
@@ -234,16 +234,16 @@ impl Engine {
     }
 
     /// The calls in flight at `at`. A request whose deadline passed leaves its call and
-    /// follows its policy (timed out); the call stays in flight, holding its slot. A call
+    /// follows its policy (timed out); the call stays in flight, taking its room. A call
     /// without an answer for its whole timeout (in the worker's own time, so the worker's own
     /// lateness does not count) is the bridge's failure: while other requests wait it opens
     /// the breaker (they stop waiting at once); otherwise it is given up, one failure in the
     /// breaker's run. A call answered within its timeout, however slowly, is no failure.
     pub(super) fn watch_calls(&mut self, config: &Config, host: &mut impl Host, at: Moment) {
         let now = at.wall_ns;
-        let released = self.queue.release_expired(at);
-        if !released.is_empty() {
-            self.fail(config, host, released, BridgeFailure::Timeout, now, false);
+        let expired = self.queue.take_expired(at);
+        if !expired.is_empty() {
+            self.fail(config, host, expired, BridgeFailure::Timeout, now, false);
         }
         if self.queue.requests_wait() {
             let breaker = &mut self.breaker;

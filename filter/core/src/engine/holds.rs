@@ -1,12 +1,12 @@
-//! Concurrency limits: the slots the streams of this worker hold in Redis, until their end.
+//! Concurrency limits: the holds the streams of this worker have in Redis, until their end.
 //!
 //! A request with a concurrency limit is sent with an id of its own (this worker's random id
-//! and its stream's context id), which names the slot it holds in the limit's sorted set.
-//! Once Redis admitted it, its slot is released when its stream ends, whatever the end (the
+//! and its stream's context id), which names its hold in the limit's sorted set.
+//! Once Redis admitted it, its hold is released when its stream ends, whatever the end (the
 //! response done, the client gone, a reset): a release is a settlement of the limit, sent
 //! from the root like the usage settlements. A stream that ends before its decision comes
 //! back is remembered as gone, and released when the decision says it was admitted. What is
-//! never released (the proxy died, a call whose answer was lost) frees itself in Redis at the
+//! never released (the proxy died, a call whose answer was lost) ends by itself in Redis at the
 //! admission's own deadline, `max_duration`.
 
 use std::collections::HashMap;
@@ -23,7 +23,7 @@ use crate::request::plan::Plan;
 enum State {
     /// Sent; its decision has not come back.
     Pending,
-    /// Admitted: Redis holds its slots.
+    /// Admitted: Redis has its holds.
     Held,
     /// Its stream ended before its decision came back.
     Gone,
@@ -38,8 +38,8 @@ struct Hold {
 
 #[derive(Debug)]
 pub struct Holds {
-    /// This worker's id in every slot it holds: random, so that no other worker, replica or
-    /// restart of this one names the same slot.
+    /// This worker's id in every hold it has: random, so that no other worker, replica or
+    /// restart of this one names the same hold.
     worker: u64,
     streams: HashMap<u32, Hold>,
     turn: u64,
@@ -65,17 +65,17 @@ impl Holds {
     /// Stream `ctx` is about to be sent on `plan`: its concurrency limits get its id, and the
     /// stream is remembered until its decision and its end.
     pub fn admit(&mut self, ctx: u32, plan: &mut Plan) {
-        if !plan.holds_slots() {
+        if !plan.takes_holds() {
             return;
         }
         let member: Rc<str> = format!("{:016x}-{ctx}", self.worker).into();
         let mut held = Vec::new();
-        for check in plan.checks.iter_mut().filter(|c| c.mode.holds_slot()) {
+        for check in plan.checks.iter_mut().filter(|c| c.mode.takes_hold()) {
             check.mode.admitted(&member);
             held.push(check.clone());
         }
         if self.streams.len() >= MAX_METERED_STREAMS {
-            // Forgotten, not released: its slot frees itself at its deadline, never early.
+            // Forgotten, not released: its hold ends by itself at its deadline, never early.
             let oldest = self
                 .streams
                 .iter()
@@ -94,7 +94,7 @@ impl Holds {
         self.streams.insert(ctx, hold);
     }
 
-    /// The decision of stream `ctx` came: `admitted` (Redis holds its slots), or not;
+    /// The decision of stream `ctx` came: `admitted` (Redis has its holds), or not;
     /// `maybe_held` when it was not decided but its call went out (it may have been carried
     /// out unseen). Returns the releases to send now.
     pub fn decided(&mut self, ctx: u32, admitted: bool, maybe_held: bool) -> Vec<Settlement> {
@@ -136,7 +136,7 @@ impl Holds {
     }
 }
 
-/// A release of each slot: a settlement of the concurrency limit by the request's id.
+/// A release of each hold: a settlement of the concurrency limit by the request's id.
 fn releases(checks: Vec<LimitCheck>) -> Vec<Settlement> {
     checks
         .into_iter()

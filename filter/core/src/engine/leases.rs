@@ -185,7 +185,7 @@ impl Leases {
 
     /// After a request of `plan` was served from leases: the ask for the next lease before
     /// these run out, so the requests after it do not wait at the boundary, if they run low.
-    /// Redis Cluster: only for a plan on one slot (a call holds one slot's keys); the keys of a
+    /// Redis Cluster: only for a plan on one slot (a call carries one slot's keys); the keys of a
     /// plan on several slots are refilled by their own single-slot requests.
     pub fn prefetch(&mut self, config: &Config, plan: &Plan, now: u128) -> Option<Ticket> {
         if !self.runs_low(plan, now) || slots::spans_slots(config, plan) {

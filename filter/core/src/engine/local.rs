@@ -55,9 +55,9 @@ impl LocalLimits {
             .map(|c| {
                 let p = Params::new(c.per_window, c.window, c.burst, c.cost);
                 // A usage limit in mode `after`: admitted while a unit is left, as in Redis.
-                // A concurrency limit is not decided here: the worker cannot see the slots the
-                // others hold (see docs/configuration.md, concurrency).
-                if c.mode.holds_slot() {
+                // A concurrency limit is not decided here: the worker cannot see the holds the
+                // others have (see docs/configuration.md, concurrency).
+                if c.mode.takes_hold() {
                     evaluate(c.algorithm, None, p, now)
                 } else if c.mode == Mode::After {
                     evaluate_after(c.algorithm, self.states.get(&c.key), p, now)
@@ -86,7 +86,7 @@ impl LocalLimits {
                 never_fits,
             });
             let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
-            if c.mode.holds_slot() {
+            if c.mode.takes_hold() {
                 continue;
             }
             if charged && c.mode != Mode::After {

@@ -101,7 +101,7 @@ pub struct Engine {
     delivery: Delivery,
     /// Usage limits: the streams let through, and the settlements to send.
     settlements: Settlements,
-    /// Concurrency limits: the slots this worker's streams hold.
+    /// Concurrency limits: the holds of this worker's streams.
     holds: Holds,
     /// Redis Cluster: which slots share a master, as a node last said.
     nodes: Nodes,
@@ -223,7 +223,7 @@ impl Engine {
             self.tally.flush(host);
             return Some(conclusion);
         }
-        if plan.holds_slots() {
+        if plan.takes_holds() {
             self.holds.admit(ctx, &mut plan);
         }
         let groups = slots::groups(config, &plan);
@@ -330,7 +330,7 @@ impl Engine {
         conclusion
     }
 
-    /// Asks the root to send what waits (once), when a call slot is free; if the root cannot
+    /// Asks the root to send what waits (once), when there is room for a call; if the root cannot
     /// be reached, sends from the request context `from` (if any) rather than not at all.
     fn wake(&mut self, config: &Config, host: &mut impl Host, from: Option<u32>) {
         if !self.queue.ready(config.batch.max_in_flight) || self.wake_pending {

@@ -43,7 +43,7 @@ const MAX_DOUBTS: usize = 64;
 #[derive(Debug, Default)]
 pub struct Nodes {
     /// (first slot, last slot, master) by first slot, as a node last reported them; empty:
-    /// none known (every call holds one slot).
+    /// none known (every call carries one slot's keys).
     ranges: SlotMap,
     /// Slots refused lately, with when their doubt ends (Unix ns).
     doubts: Vec<(u16, u128)>,
@@ -116,7 +116,7 @@ impl Nodes {
         self.generation = self.generation.wrapping_add(1);
     }
 
-    /// A node refused the keys of `slot`: the map is dropped (every call holds one slot until
+    /// A node refused the keys of `slot`: the map is dropped (every call carries one slot's keys until
     /// a fresh one comes, asked for at once) and `slot` doubted for [`DOUBT`].
     pub fn refused(&mut self, slot: u16, now: u128) {
         self.ranges.clear();

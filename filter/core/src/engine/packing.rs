@@ -1,6 +1,6 @@
 //! Limits packed into calls of one request each: lease give-backs (mode `refund`) and usage
 //! settlements (mode `settle`) both go as one request of many limits. On a Redis Cluster a
-//! call holds one slot's limits; every call stays within the call-size bound (counted by the
+//! call carries one slot's limits; every call stays within the call-size bound (counted by the
 //! size model, [`CallSize`]); at most `max_calls` are made, and what does not fit is handed
 //! back for the next time. Each call's timeout is as long as a decision on its keys may take:
 //! the longest timeout of their rules (the clock skew for a rule that is gone).
@@ -132,7 +132,7 @@ mod tests {
     /// Every call fits the bound, as the real request writes it; a slot per call on a
     /// cluster; nothing lost: what is not in a call is left.
     #[test]
-    fn calls_fit_the_bound_hold_one_slot_and_lose_nothing() {
+    fn calls_fit_the_bound_carry_one_slot_and_lose_nothing() {
         let long = "k".repeat(2000);
         for cluster in [false, true] {
             let c = config(cluster);

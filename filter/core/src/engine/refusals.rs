@@ -196,10 +196,10 @@ impl Refusals {
             return;
         }
         for (check, result) in plan.checks.iter().zip(&decision.limits) {
-            // A concurrency slot may free at any moment: its refusal is never held. A request
+            // A concurrency hold may be released at any moment: its refusal is never kept. A request
             // that never fits has no instant to hold its refusal until (and an override or a
             // new config may raise the limit): each is asked again, and answered so again.
-            let holds = check.mode.holds_slot();
+            let holds = check.mode.takes_hold();
             if !result.allowed && !check.mode.is_shadow() && !holds && !result.never_fits {
                 let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
                 let mut until_ns = at(result.retry_ms);

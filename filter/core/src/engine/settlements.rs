@@ -349,7 +349,7 @@ impl Settlements {
     /// double charge errs on the limit's side), give-backs dropped and counted lost (never
     /// units the client did not pay back).
     fn after_doubt(&mut self, settlements: Vec<Settlement>) {
-        // A release is sent again too: freeing a slot twice frees it once.
+        // A release is sent again too: releasing a hold twice releases it once.
         let (debts, give_backs): (Vec<_>, Vec<_>) = settlements
             .into_iter()
             .partition(|s| s.delta > 0 || is_release(s));
@@ -365,9 +365,9 @@ impl Settlements {
     }
 }
 
-/// A concurrency slot's release, not a usage settlement.
+/// A concurrency hold's release, not a usage settlement.
 fn is_release(settlement: &Settlement) -> bool {
-    settlement.check.mode.holds_slot()
+    settlement.check.mode.takes_hold()
 }
 
 /// The `usage` of the limit `check` is on, if it is a usage limit.

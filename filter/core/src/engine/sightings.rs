@@ -3,19 +3,19 @@
 //! lease (`EARN` sightings within a lease's time, defined with the lease table) without
 //! keeping a lease entry for every key it sees.
 //!
-//! A key's slot is chosen by a hash of the key; another key that takes the slot forgets the
+//! A key's entry is chosen by a hash of the key; another key that takes the entry forgets the
 //! first one's sightings (it must then earn its lease again: fewer leases, never a wrong
 //! decision, since a lease is charged in Redis before it is spent).
 
-use crate::bounds::SIGHTING_SLOTS;
+use crate::bounds::SIGHTING_ENTRIES;
 
 /// Earlier requests remembered per key: the request that makes `SEEN + 1` within a lease's
 /// time earns the key a lease.
 pub const SEEN: usize = 3;
 
 #[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    /// The key's hash, high half (the low half chose the slot).
+struct Entry {
+    /// The key's hash, high half (the low half chose the entry).
     tag: u32,
     /// When its last requests came, newest first, in ms of the worker's clock plus one (0:
     /// none); wrapping.
@@ -24,7 +24,7 @@ struct Slot {
 
 #[derive(Debug, Default)]
 pub struct Sightings {
-    slots: Vec<Slot>,
+    entries: Vec<Entry>,
 }
 
 impl Sightings {
@@ -32,27 +32,27 @@ impl Sightings {
     /// `max_ns` before it, when its last `SEEN` requests came (this one first, in ns to the
     /// ms).
     pub fn sighted(&mut self, key: &str, now: u128, max_ns: u128) -> Option<[u128; SEEN]> {
-        if self.slots.is_empty() {
-            self.slots = vec![Slot::default(); SIGHTING_SLOTS];
+        if self.entries.is_empty() {
+            self.entries = vec![Entry::default(); SIGHTING_ENTRIES];
         }
         let hash = hash(key.as_bytes());
-        let slot = &mut self.slots[(hash as usize) & (SIGHTING_SLOTS - 1)];
+        let entry = &mut self.entries[(hash as usize) & (SIGHTING_ENTRIES - 1)];
         let tag = (hash >> 32) as u32;
         let now_ms = ((now / 1_000_000) as u32).wrapping_add(1);
-        if slot.tag != tag {
-            *slot = Slot {
+        if entry.tag != tag {
+            *entry = Entry {
                 tag,
                 seen: [0; SEEN],
             };
         }
-        let oldest = slot.seen[SEEN - 1];
-        slot.seen.rotate_right(1);
-        slot.seen[0] = now_ms;
+        let oldest = entry.seen[SEEN - 1];
+        entry.seen.rotate_right(1);
+        entry.seen[0] = now_ms;
         let max_ms = u32::try_from(max_ns / 1_000_000).unwrap_or(u32::MAX);
         if oldest == 0 || now_ms.wrapping_sub(oldest) > max_ms {
             return None;
         }
-        Some(slot.seen.map(|at| {
+        Some(entry.seen.map(|at| {
             let ago = u128::from(now_ms.wrapping_sub(at)) * 1_000_000;
             now.saturating_sub(ago).max(1)
         }))
@@ -73,7 +73,7 @@ fn hash(bytes: &[u8]) -> u64 {
     let rest = chunks.remainder();
     last[..rest.len()].copy_from_slice(rest);
     h = (h.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
-    // Every bit mixed into the low ones, which choose the slot (MurmurHash3's finalizer).
+    // Every bit mixed into the low ones, which choose the entry (MurmurHash3's finalizer).
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
@@ -112,16 +112,16 @@ mod tests {
     }
 
     #[test]
-    fn keys_spread_over_the_slots() {
-        let used: std::collections::HashSet<usize> = (0..SIGHTING_SLOTS)
+    fn keys_spread_over_the_entries() {
+        let used: std::collections::HashSet<usize> = (0..SIGHTING_ENTRIES)
             .map(|i| {
                 hash(format!("rl:{{header:x-api-key:client-{i}}}:all:minute").as_bytes()) as usize
-                    & (SIGHTING_SLOTS - 1)
+                    & (SIGHTING_ENTRIES - 1)
             })
             .collect();
         assert!(
-            used.len() > SIGHTING_SLOTS / 2,
-            "{} of {SIGHTING_SLOTS} slots",
+            used.len() > SIGHTING_ENTRIES / 2,
+            "{} of {SIGHTING_ENTRIES} entries",
             used.len()
         );
     }

@@ -1,5 +1,5 @@
 //! Redis Cluster hash slots as the engine uses them: a script may only touch keys of one slot,
-//! so every call holds one slot's keys. Without `bridge.redis_cluster` there are no slots
+//! so every call carries one slot's keys. Without `bridge.redis_cluster` there are no slots
 //! (None, or no groups), and everything may share a call.
 
 use crate::check::LimitCheck;

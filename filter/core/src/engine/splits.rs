@@ -85,8 +85,8 @@ impl Split {
         match outcome {
             Ok(decision) => {
                 for (&i, result) in indexes.iter().zip(decision.limits) {
-                    if let Some(slot) = self.results.get_mut(i) {
-                        *slot = Some(result);
+                    if let Some(entry) = self.results.get_mut(i) {
+                        *entry = Some(result);
                     }
                 }
                 if decision.allowed {

@@ -32,7 +32,7 @@ impl Engine {
         self.keep_ticking(host);
     }
 
-    /// Queues the releases of concurrency slots, sent from the root like settlements: with its
+    /// Queues the releases of concurrency holds, sent from the root like settlements: with its
     /// next decision call, or at its next tick. Callable from any context.
     pub(super) fn release(&mut self, host: &mut impl Host, releases: Vec<Settlement>) {
         if releases.is_empty() {
@@ -46,7 +46,7 @@ impl Engine {
 
     /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it
     /// is part of still decides the others (its own verdict goes nowhere) — unless the call
-    /// was made from its context: that reply is lost with the stream, so the call's slot is
+    /// was made from its context: that reply is lost with the stream, so the call's room is
     /// freed at once and any other request on it fails by policy.
     pub fn forget(&mut self, config: &Config, host: &mut impl Host, ctx: u32) {
         self.delivery.forget(ctx);

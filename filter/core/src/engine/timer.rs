@@ -99,7 +99,7 @@ impl Engine {
             }
             self.watch_calls(config, host, self.lag.moment(now));
             // What a moving slot held back goes again; a call given up with the breaker off
-            // frees its slot for what waits.
+            // makes room for what waits.
             self.queue.unpark();
             self.dispatch_ready(config, host, None);
             if let Some((request, timeout)) = self.breaker.probe(config, now) {

@@ -361,7 +361,7 @@ format!(r#""algorithm": "{algorithm}", "limit": {limit}, "window": "366d""#)
         );
     }
 
-    /// In cluster mode the budget's keys carry a slot's tag (`{b<n>}`): the bound counts the
+    /// On a Redis Cluster the budget's keys carry a slot's tag (`{b<n>}`): the bound counts the
     /// longest, so it still covers the real call.
     #[test]
     fn the_call_size_bound_covers_key_budgets_per_slot() {

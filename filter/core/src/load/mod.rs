@@ -9,7 +9,7 @@ use crate::config::{parse_fields, Config, ConfigError};
 
 impl Config {
     /// Parses and validates the filter's JSON configuration: every field, then what one
-    /// request can carry (with cluster mode's key names).
+    /// request can carry (with a Redis Cluster's key names).
     pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
         let config = parse_fields(json)?;
         call_bound::check_request_bounds(&config)?;

@@ -73,7 +73,8 @@ pub fn budget_counter_key(config: &Config, rule: &Rule, slot_tag: Option<u32>) -
 }
 
 /// The state key of a limit's shared `overflow` identity (a new identity over the key budget,
-/// in mode `shared`), per slot like [`budget_counter_key`], and out of every identity's reach.
+/// with over_budget `shared`), per slot like [`budget_counter_key`], and out of every
+/// identity's reach.
 pub fn overflow_key(config: &Config, rule: &Rule, limit: &Limit, slot_tag: Option<u32>) -> String {
     match slot_tag {
         None => format!(

@@ -38,9 +38,9 @@ pub(super) struct Memoized {
 /// worker. A caller flooding fresh identities only evicts others' entries: they are made again
 /// (the cost of a plan without the memo, ~10% more for the copy into the entry), never wrong.
 pub struct PlanMemo {
-    /// `2 * sets` slots, allocated on the first insert; set `i` is slots `2i` (the most
+    /// `2 * sets` entries, allocated on the first insert; set `i` is entries `2i` (the most
     /// recently used) and `2i + 1`.
-    slots: Vec<Option<MemoEntry>>,
+    entries: Vec<Option<MemoEntry>>,
     sets: usize,
     hasher: RandomState,
     /// The identity being resolved, kept between requests to reuse its allocation (the
@@ -69,7 +69,7 @@ impl PlanMemo {
     /// A memo of at most `capacity` entries (rounded up to even); 0 memoizes nothing.
     pub fn with_capacity(capacity: usize) -> Self {
         PlanMemo {
-            slots: Vec::new(),
+            entries: Vec::new(),
             sets: capacity.div_ceil(2),
             hasher: RandomState::new(),
             identity: Vec::new(),
@@ -79,7 +79,7 @@ impl PlanMemo {
 
     /// Entries held now.
     pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.entries.iter().filter(|s| s.is_some()).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -101,30 +101,30 @@ impl PlanMemo {
             self.spare = memoized(config, rule, alternative, identity);
             return &self.spare;
         }
-        if self.slots.is_empty() {
-            self.slots.resize_with(2 * self.sets, || None);
+        if self.entries.is_empty() {
+            self.entries.resize_with(2 * self.sets, || None);
         }
         // Modulo, not a mask: any capacity works, and one division is nothing next to SHA-1.
         let set = (self.hasher.hash_one((r, alternative, identity)) % self.sets as u64) as usize;
         let (first, second) = (2 * set, 2 * set + 1);
-        let holds = |slot: &Option<MemoEntry>| {
-            slot.as_ref().is_some_and(|e| {
+        let holds = |entry: &Option<MemoEntry>| {
+            entry.as_ref().is_some_and(|e| {
                 e.rule == r && e.alternative == alternative && *e.identity == *identity
             })
         };
-        if holds(&self.slots[second]) {
-            self.slots.swap(first, second);
-        } else if !holds(&self.slots[first]) {
+        if holds(&self.entries[second]) {
+            self.entries.swap(first, second);
+        } else if !holds(&self.entries[first]) {
             // A miss: the older entry of the set goes, the newer becomes the older.
-            self.slots.swap(first, second);
-            self.slots[first] = Some(MemoEntry {
+            self.entries.swap(first, second);
+            self.entries[first] = Some(MemoEntry {
                 rule: r,
                 alternative,
                 identity: identity.into(),
                 limits: memoized(config, rule, alternative, identity).into(),
             });
         }
-        self.slots[first].as_ref().map_or(&[], |e| &e.limits[..])
+        self.entries[first].as_ref().map_or(&[], |e| &e.limits[..])
     }
 }
 

@@ -30,9 +30,9 @@ impl Plan {
         !self.checks.is_empty() && self.checks.iter().all(|c| c.mode.lease().is_some())
     }
 
-    /// Some limit of the plan is a concurrency limit: the request holds a slot while it runs.
-    pub fn holds_slots(&self) -> bool {
-        self.checks.iter().any(|c| c.mode.holds_slot())
+    /// Some limit of the plan is a concurrency limit: the request takes a hold while it runs.
+    pub fn takes_holds(&self) -> bool {
+        self.checks.iter().any(|c| c.mode.takes_hold())
     }
 }
 
@@ -115,7 +115,7 @@ fn plan_into(
                 window: limit.window,
                 burst: limit.shard_burst(),
                 cost: match (&limit.usage, limit.algorithm) {
-                    // A request holds one slot, whatever its cost.
+                    // A request takes one hold, whatever its cost.
                     (_, Algorithm::Concurrency) => 1,
                     (None, _) => cost,
                     (Some(usage), _) => estimate(&usage.estimate, view)?,
@@ -322,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn a_concurrency_limit_is_planned_as_a_slot_to_hold_without_an_id() {
+    fn a_concurrency_limit_is_planned_as_a_hold_to_take_without_an_id() {
         let c = Config::parse(
             br#"{"rules": [{"name": "streams", "limits": [
               {"name": "open", "algorithm": "concurrency", "limit": 2, "max_duration": "10m"},
@@ -330,10 +330,10 @@ mod tests {
         )
         .unwrap();
         let p = plan(&c, &FakeRequest::new("GET", "/")).unwrap();
-        assert!(p.holds_slots());
+        assert!(p.takes_holds());
         assert_eq!(p.checks[0].mode, Mode::ToHold);
         assert_eq!(p.checks[0].cost, 1);
-        assert!(!p.checks[1].mode.holds_slot());
+        assert!(!p.checks[1].mode.takes_hold());
     }
 
     #[test]

@@ -279,8 +279,8 @@ impl Inflater {
                 }
                 Stage::GzipTrailer(seen) => {
                     input = rest;
-                    if let Some(slot) = self.trailer.get_mut(usize::from(seen)) {
-                        *slot = byte;
+                    if let Some(entry) = self.trailer.get_mut(usize::from(seen)) {
+                        *entry = byte;
                     }
                     if seen < 7 {
                         Stage::GzipTrailer(seen + 1)

@@ -17,7 +17,7 @@ pub struct SentLimit {
     pub mode: String,
     pub cost: String,
     /// What the mode adds after the cost: a lease's units and fraction, a hold's id, a
-    /// settlement's delta and slot id, a refund's clock and what its charge left.
+    /// settlement's delta and hold id, a refund's clock and what its charge left.
     pub values: Vec<String>,
 }
 

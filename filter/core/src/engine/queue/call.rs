@@ -156,14 +156,14 @@ impl Call {
     }
 
     /// The requests whose deadline passed by `at`, taken out of the call.
-    pub fn release(&mut self, at: Moment) -> Vec<Waiting> {
-        let mut released = Vec::new();
-        for slot in &mut self.members {
-            if slot.as_ref().is_some_and(|m| m.deadline.passed(at)) {
-                released.extend(slot.take());
+    pub fn take_expired(&mut self, at: Moment) -> Vec<Waiting> {
+        let mut expired = Vec::new();
+        for entry in &mut self.members {
+            if entry.as_ref().is_some_and(|m| m.deadline.passed(at)) {
+                expired.extend(entry.take());
             }
         }
-        released
+        expired
     }
 
     /// The request to send for its stage: the decision, or the script load before it.

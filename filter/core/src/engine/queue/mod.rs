@@ -183,7 +183,7 @@ impl Queue {
         self.in_flight.len()
     }
 
-    /// Whether requests wait and a call slot is free (fewer than `max_in_flight` in flight).
+    /// Whether requests wait and there is room for a call (fewer than `max_in_flight` in flight).
     pub fn ready(&self, max_in_flight: usize) -> bool {
         !self.waiting.is_empty() && self.in_flight.len() < max_in_flight
     }
@@ -213,12 +213,12 @@ impl Queue {
 
     /// The requests of calls in flight whose deadline passed by `at`, taken out of their
     /// calls (which stay in flight).
-    pub fn release_expired(&mut self, at: Moment) -> Vec<Waiting> {
-        let mut released = Vec::new();
+    pub fn take_expired(&mut self, at: Moment) -> Vec<Waiting> {
+        let mut expired = Vec::new();
         for flight in &mut self.in_flight {
-            released.append(&mut flight.call.release(at));
+            expired.append(&mut flight.call.take_expired(at));
         }
-        released
+        expired
     }
 
     /// Every call in flight at `at`: how long it has gone unanswered, in the worker's own

@@ -11,7 +11,7 @@ fn batches_respect_max_requests_and_max_in_flight() {
         e.on_request(&c, &mut h, ctx, &req("/", &format!("k{ctx}")));
     }
     assert_eq!(h.dispatched.len(), 1, "the first went alone, at once");
-    assert_eq!(h.wakes, 1, "a second slot is free: the root is woken once");
+    assert_eq!(h.wakes, 1, "room for a second call: the root is woken once");
     e.on_wakeup(&c, &mut h);
     assert_eq!(h.dispatched.len(), 2, "two calls in flight at most");
     assert_eq!((h.batch_size(0), h.batch_size(1)), (1, 2));

@@ -46,7 +46,7 @@ fn cluster_config() -> Config {
 }
 
 #[test]
-fn in_cluster_mode_a_call_holds_one_slots_requests() {
+fn on_a_redis_cluster_a_call_carries_one_slots_requests() {
     let c = cluster_config();
     assert_eq!(
         c.batch.max_in_flight, 8,
@@ -76,7 +76,7 @@ fn in_cluster_mode_a_call_holds_one_slots_requests() {
 }
 
 #[test]
-fn in_cluster_mode_a_request_on_two_slots_is_all_or_nothing_through_a_refund() {
+fn on_a_redis_cluster_a_request_on_two_slots_is_all_or_nothing_through_a_refund() {
     let c = cluster_config();
     let mut e = Engine::new(&c);
     let mut h = FakeHost::new();
@@ -117,7 +117,7 @@ fn in_cluster_mode_a_request_on_two_slots_is_all_or_nothing_through_a_refund() {
 }
 
 #[test]
-fn in_cluster_mode_a_failed_part_follows_the_policy_and_a_gone_client_leaves_nothing() {
+fn on_a_redis_cluster_a_failed_part_follows_the_policy_and_a_gone_client_leaves_nothing() {
     let c = cluster_config();
     let mut e = Engine::new(&c);
     let mut h = FakeHost::new();
@@ -141,7 +141,7 @@ fn in_cluster_mode_a_failed_part_follows_the_policy_and_a_gone_client_leaves_not
 }
 
 #[test]
-fn in_cluster_mode_a_plan_on_two_slots_served_from_leases_sends_no_cross_slot_call() {
+fn on_a_redis_cluster_a_plan_on_two_slots_served_from_leases_sends_no_cross_slot_call() {
     let c = Config::parse(
         br#"{"bridge": {"redis_cluster": true}, "lease": {"max_units": 10, "fraction": 0.5, "max_ms": 1000},
             "rules": [
@@ -229,10 +229,10 @@ fn keys_by_parity(c: &Config, n: usize) -> (Vec<String>, Vec<String>) {
 }
 
 /// A worker learns the slot map from the first call (which asks for it); from then on a call
-/// holds the requests of every slot of one master, declares no key, and none of another
+/// carries the requests of every slot of one master, declares no key, and none of another
 /// master's.
 #[test]
-fn in_cluster_mode_a_call_holds_the_slots_of_one_master_once_the_map_is_known() {
+fn on_a_redis_cluster_a_call_carries_the_slots_of_one_master_once_the_map_is_known() {
     let c = one_in_flight();
     let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
     arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
@@ -294,7 +294,7 @@ fn in_cluster_mode_a_call_holds_the_slots_of_one_master_once_the_map_is_known() 
 /// and decided by that call only; the worker drops its map (calls of one slot each) and asks
 /// for a fresh one with its next call.
 #[test]
-fn in_cluster_mode_a_request_a_node_refused_goes_again_in_a_call_of_its_own_slot() {
+fn on_a_redis_cluster_a_request_a_node_refused_goes_again_in_a_call_of_its_own_slot() {
     let c = one_in_flight();
     let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
     arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
@@ -335,7 +335,7 @@ fn in_cluster_mode_a_request_a_node_refused_goes_again_in_a_call_of_its_own_slot
     e.on_reply(&c, &mut h, None, token, ok(&reply(&[R::Refuse(500)])));
     assert_eq!(h.statuses(), vec![(11, 429)], "decided by the second call");
     assert!(h.failures.is_empty(), "{:?}", h.failures);
-    // The map is gone: the next call holds one slot, and asks for a fresh map.
+    // The map is gone: the next call carries one slot's keys, and asks for a fresh map.
     arrive(&mut e, &c, &mut h, 20, &req("/", &even[0]));
     let next = &h.dispatched[4].1;
     assert_eq!(on_node(next), (true, true));
@@ -346,7 +346,7 @@ fn in_cluster_mode_a_request_a_node_refused_goes_again_in_a_call_of_its_own_slot
 /// slots that fails otherwise (no answer: it may have been carried out) follows the policy,
 /// and so does a refusal in a call of one slot (never a loop).
 #[test]
-fn in_cluster_mode_what_may_have_run_is_never_sent_again() {
+fn on_a_redis_cluster_what_may_have_run_is_never_sent_again() {
     let c = one_in_flight();
     let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
     arrive(&mut e, &c, &mut h, 1, &req("/", "first"));
@@ -402,7 +402,7 @@ fn in_cluster_mode_what_may_have_run_is_never_sent_again() {
 /// A call of one slot answered TRYAGAIN (its slot being migrated, its keys split between the
 /// nodes): nothing ran; its requests go again at the next tick, and are decided once.
 #[test]
-fn in_cluster_mode_a_slot_being_migrated_is_tried_again_at_the_next_tick() {
+fn on_a_redis_cluster_a_slot_being_migrated_is_tried_again_at_the_next_tick() {
     let c = one_in_flight();
     let (mut e, mut h) = (Engine::new(&c), FakeHost::new());
     arrive(&mut e, &c, &mut h, 1, &req("/", "k"));
@@ -443,7 +443,7 @@ fn in_cluster_mode_a_slot_being_migrated_is_tried_again_at_the_next_tick() {
 /// master whose call is out wait for its reply and go together in the next call, while a
 /// request for another master goes at once; every request is decided once.
 #[test]
-fn in_cluster_mode_a_master_has_one_call_in_flight_and_its_requests_wait_for_it() {
+fn on_a_redis_cluster_a_master_has_one_call_in_flight_and_its_requests_wait_for_it() {
     let c = cluster_config();
     assert!(
         c.batch.max_in_flight > 2,
@@ -507,7 +507,7 @@ fn in_cluster_mode_a_master_has_one_call_in_flight_and_its_requests_wait_for_it(
 /// The search for a request whose master has no call out looks at the first FRONT_SCAN
 /// waiting: one further back waits for the next reply, and goes with it; none is lost.
 #[test]
-fn in_cluster_mode_a_request_behind_many_for_a_busy_master_goes_at_the_next_reply() {
+fn on_a_redis_cluster_a_request_behind_many_for_a_busy_master_goes_at_the_next_reply() {
     use crate::engine::nodes::FRONT_SCAN;
     let c = cluster_config();
     let (mut e, mut h) = (Engine::new(&c), FakeHost::new());

@@ -1,4 +1,4 @@
-//! Concurrency limits: a request is sent holding a slot by its own id, and the slot is
+//! Concurrency limits: a request is sent taking a hold by its own id, and the hold is
 //! released once its stream ends, whenever that is, and only if Redis admitted it.
 
 use super::*;
@@ -110,7 +110,7 @@ fn a_refused_request_holds_nothing_and_sends_no_release() {
 }
 
 #[test]
-fn a_call_in_flight_when_the_breaker_opens_may_have_held_its_slot_and_is_released() {
+fn a_call_in_flight_when_the_breaker_opens_may_have_taken_its_hold_and_is_released() {
     // Two calls out at once; one failure opens the breaker.
     let json = r#"{"batch": {"max_in_flight": 2}, "breaker": {"failures": 1},
         "rules": [{"name": "llm", "limits": [
@@ -130,8 +130,8 @@ fn a_call_in_flight_when_the_breaker_opens_may_have_held_its_slot_and_is_release
     e.on_reply(&c, &mut h, None, second, none());
     assert_eq!(h.breaker_open, 1);
     assert!(h.resumed.contains(&1), "let through by the open policy");
-    // The first call is answered after all: Redis held its slot. The breaker closes, and the
-    // slot is released rather than held until max_duration (10 minutes).
+    // The first call is answered after all: Redis took its hold. The breaker closes, and the
+    // hold is released rather than kept until max_duration (10 minutes).
     e.on_reply(&c, &mut h, Some(1), first, ok(allow()));
     assert_eq!(h.breaker_open, 0);
     e.on_tick(&c, &mut h);

@@ -175,7 +175,7 @@ fn a_release_and_a_settlement_queued_while_idle_start_the_timer_and_go_at_its_ti
     tick_until_stopped(&mut e, &c, &mut h, 25, IDLE_TICKS);
     assert_eq!(h.tick_changes, vec![TICK, Duration::ZERO]);
     // The response ends long after, on an idle worker: 40 of the 100 tokens reserved were
-    // used, and the stream's slot is free. Both wait for the root's next tick.
+    // used, and the stream's hold is released. Both wait for the root's next tick.
     h.now = Some(T0 + 30_000 * MS);
     meter.on_headers(&|name| (name == "content-type").then(|| b"application/json".to_vec()));
     meter.feed(br#"{"usage": {"total_tokens": 40}}"#);

@@ -41,7 +41,7 @@ fn a_lease_serves_requests_without_a_call_and_the_next_is_asked_for_before_it_ru
         call.path
     );
     assert_eq!(ask_k(&mut e, &c, &mut h, 4), Verdict::Continue);
-    // Spent: the next one waits (the call slot is the prefetch's) ...
+    // Spent: the next one waits (the room for a call is the prefetch's) ...
     assert_eq!(ask_k(&mut e, &c, &mut h, 5), Verdict::Pause);
     assert_eq!(h.dispatched.len(), 2, "one ask in flight at most");
     // ... and is served by the lease the prefetch brings (its own request's worth is

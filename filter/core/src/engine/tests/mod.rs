@@ -156,7 +156,7 @@ fn requests_waiting_behind_a_request_made_call_are_sent_by_the_root() {
     assert_eq!(
         (h.dispatched.len(), h.wakes),
         (1, 0),
-        "no slot free: it waits"
+        "no room for a call: it waits"
     );
     // The reply comes to request 1's context: 2 is not sent from there, the root is woken.
     e.on_reply(&c, &mut h, Some(1), 1, ok(&reply(&[R::Allow(9)])));
@@ -167,7 +167,7 @@ fn requests_waiting_behind_a_request_made_call_are_sent_by_the_root() {
 }
 
 #[test]
-fn a_request_made_call_whose_stream_ends_frees_its_slot_at_once() {
+fn a_request_made_call_whose_stream_ends_frees_its_room_at_once() {
     let (c, mut e, mut h) = setup("");
     e.on_request(&c, &mut h, 1, &req("/", "a"));
     e.on_request(&c, &mut h, 2, &req("/", "b"));
@@ -380,7 +380,7 @@ fn a_missing_program_is_loaded_and_the_same_call_sent_once_more() {
         arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
         e.on_request(&c, &mut h, 2, &req("/", "b"));
         e.on_reply(&c, &mut h, None, 1, ok(missing));
-        assert_eq!(h.dispatched.len(), 2, "the load takes the only slot");
+        assert_eq!(h.dispatched.len(), 2, "the load takes the only room");
         assert_eq!(h.dispatched[1].1, c.program.load());
         let name = match c.program.kind {
             crate::program::CallKind::Function => c.program.library_name(),
@@ -398,7 +398,7 @@ fn a_missing_program_is_loaded_and_the_same_call_sent_once_more() {
 }
 
 #[test]
-fn requests_leave_a_late_call_at_their_deadline_and_the_call_holds_its_slot_until_its_timeout() {
+fn requests_leave_a_late_call_at_their_deadline_and_the_call_keeps_its_room_until_its_timeout() {
     let (c, mut e, mut h) = setup(r#""breaker": false,"#);
     ticks(&mut e, &c, &mut h, 0, 0);
     arrive(&mut e, &c, &mut h, 1, &req("/", "a"));
@@ -413,11 +413,11 @@ fn requests_leave_a_late_call_at_their_deadline_and_the_call_holds_its_slot_unti
     assert_eq!(h.dispatched[1].2, Duration::from_millis(1150));
     ticks(&mut e, &c, &mut h, 175, 200);
     e.on_request(&c, &mut h, 3, &req("/", "c"));
-    // 250 ms: request 2's deadline; its call, 100 ms out, keeps its slot: 3 waits.
+    // 250 ms: request 2's deadline; its call, 100 ms out, keeps its room: 3 waits.
     ticks(&mut e, &c, &mut h, 225, 250);
     assert_eq!(h.resumed, vec![1, 2]);
     assert_eq!(e.load(), (1, 1));
-    // Its answer decides nobody (2 has gone on) and frees the slot for 3.
+    // Its answer decides nobody (2 has gone on) and makes room for 3.
     h.now = Some(T0 + 280 * MS);
     e.on_reply(&c, &mut h, None, 2, ok(&reply(&[R::Allow(1)])));
     assert_eq!(h.count_of(Counter::Allowed), 0);
