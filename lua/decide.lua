@@ -32,11 +32,11 @@
 --            or, to settle a usage limit (a charge of a signed number of units that never
 --            refuses: positive is debt, negative gives back; see SETTLES in lib.lua),
 --            "settle": the limit adds the delta and "0"; for a concurrency limit, a release
---            of the slot the request holds: "-1" and the request's id. A settle request takes
+--            of the hold the request took: "-1" and the request's id. A settle request takes
 --            nothing and replies 1 for each limit, like a refund request; a request that
 --            adjusts holds only refunds and settles, or none.
 --            or, for a concurrency limit (always), "hold": the limit adds the request's id
---            (unique per request, the member its slot is held by).
+--            (unique per request, the member its hold is kept under).
 -- then, per request: its number of limits n, then per limit one argument of three fields
 --            joined by "~": key index (into KEYS), definition index, cost; then what its
 --            definition's mode adds (above), one argument each.
@@ -154,7 +154,7 @@ local function build_definition(name, limit, window_text, burst, mode, budget, o
     mode = mode,
     extras = MODE_VALUES[mode],
   }
-  -- A concurrency limit holds a slot or releases it, and only it holds one.
+  -- A concurrency limit takes a hold or releases it, and only it takes one.
   local ok = def.extras ~= nil
   if name == 'concurrency' then
     ok = ok and (mode == MODE_HOLD or mode == MODE_SETTLE)
@@ -467,7 +467,7 @@ local function load_general()
 
   -- A request that only adjusts what earlier calls charged, limit by limit: each limit's mode
   -- is "refund" (gives back what an earlier charge took) or "settle" (charges a usage limit's
-  -- settlement, or releases a concurrency slot; see SETTLES in lib.lua). It takes nothing and
+  -- settlement, or releases a concurrency hold; see SETTLES in lib.lua). It takes nothing and
   -- replies 1 for each limit.
   local function adjust_request(limits)
     local reply = {1, #limits}

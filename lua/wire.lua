@@ -13,7 +13,7 @@ local MODE_SETTLE = 'settle'
 local MODE_REFUND = 'refund'
 -- The values a limit adds after its cost, one argument each, by its definition's mode.
 local MODE_VALUES = {enforce = 0, shadow = 0, after = 0, lease = 2, hold = 1, settle = 2, refund = 2}
--- The delta of a settle that releases a concurrency slot (the request's id after it).
+-- The delta of a settle that releases a concurrency hold (the request's id after it).
 local RELEASE_DELTA = -1
 -- The algorithms with a burst apart from their limit.
 local HAS_BURST = {token_bucket = true, gcra = true}

@@ -68,7 +68,7 @@ pub fn lua_prelude() -> String {
         values.join(", ")
     );
     lua += &format!(
-        "-- The delta of a settle that releases a concurrency slot (the request's id after it).\n\
+        "-- The delta of a settle that releases a concurrency hold (the request's id after it).\n\
          local RELEASE_DELTA = {RELEASE_DELTA}\n"
     );
     let bursts: Vec<String> = ALGORITHMS
