@@ -153,6 +153,9 @@ local function build_definition(name, limit, window_text, burst, mode, budget, o
     burst = number_of(burst),
     mode = mode,
     extras = MODE_VALUES[mode],
+    -- Set below; named here so that the table is made at its full size at once.
+    shadow = mode == MODE_SHADOW, after = mode == MODE_AFTER, ok = false, meta = false,
+    fast = false, budget = nil, overflow = nil, calendar = nil,
   }
   -- A concurrency limit takes a hold or releases it, and only it takes one.
   local ok = def.extras ~= nil
@@ -170,7 +173,6 @@ local function build_definition(name, limit, window_text, burst, mode, budget, o
     def.calendar = calendar_of(window_text)
     window_ok = def.calendar ~= nil
   end
-  def.shadow, def.after = mode == MODE_SHADOW, mode == MODE_AFTER
   def.ok = ok and def.algorithm and def.limit and def.limit >= 1 and window_ok
     and def.burst and def.burst >= 1 and true or false
   def.meta = {__index = def}
@@ -247,7 +249,7 @@ local function limit_of(text)
     end
     l = {i or false, j or false, tonumber(def) or false, tonumber(cost) or false}
   end
-  return text and keep(LIMITS, text, l, true) or l
+  return text and keep(LIMITS, text, l) or l
 end
 
 -- The general path: requests of several limits, key budgets, overrides, leases, holds,

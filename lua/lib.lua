@@ -1,7 +1,7 @@
--- Shared part of the decision script. The filter sends ONE script to Redis: wire.lua (the call
--- protocol's constants, generated from the Rust side), this file, then one file per
--- algorithm, then decide.lua, concatenated (see filter/core/src/lib.rs). Each
--- algorithm file is a loader (LOADERS below) that adds a function to ALGORITHMS:
+-- Shared part of the decision code. The filter sends Redis ONE text: this file, one file per
+-- algorithm, wire.lua (the call protocol's constants, generated from the Rust side), then
+-- decide.lua, concatenated (see DECISION_CODE in filter/core/src/lib.rs). Each algorithm file
+-- is a loader (LOADERS below) that adds a function to ALGORITHMS:
 --
 --   ALGORITHMS.name = function(key, p, now) -> d
 --     key  the limit's state key
@@ -35,14 +35,18 @@ end
 -- heads, definitions, limits, counts and clock seconds: a table lookup costs far less than
 -- reading the text again. A script's top level is made again on every call (LIBRARY false),
 -- so its caches serve one call: only those whose entries repeat within a call are filled
--- there. A cache is emptied when it holds CACHE_MOST entries.
+-- there. A library's cache is emptied when it holds CACHE_MOST entries (a script's holds no
+-- more than its call brings).
 local CACHE_MOST = 4096
 local HELD = {}
 
 -- Keeps value at key in cache and returns it: what each cache does on a miss. A cache whose
 -- entries serve later calls only (across) keeps nothing in a script.
 local function keep(cache, key, value, across)
-  if across and not LIBRARY then
+  if not LIBRARY then
+    if not across then
+      cache[key] = value
+    end
     return value
   end
   local held = HELD[cache] or 0

@@ -29,21 +29,30 @@ pub mod time;
 pub mod usage;
 
 /// The decision code, as both forms share it, each defining `LIBRARY` before it (true in the
-/// function library): the call protocol's constants (`lua/wire.lua`,
-/// rendered from [`bridge::wire`]), the shared part, one part per algorithm, then the
-/// driver that decides all of a request's limits at once, ending in the function `decide(keys,
-/// args)`. Run as a Redis Function where it can ([`bridge::Program`]), else as the script
+/// function library): the shared part (`lua/lib.lua`), one part per algorithm, then the call
+/// protocol's constants (`lua/wire.lua`, rendered from [`bridge::wire`]) and the driver that
+/// decides all of a request's limits at once, ending in the function `decide(keys, args)`. Run
+/// as a Redis Function where it can ([`bridge::Program`]), else as the script
 /// [`decision_script`].
+///
+/// The algorithms' part and the driver are each defined inside a function (`define_*`), run
+/// once where they appear. A script makes every function of the code on every call, and Lua
+/// finds each outer local a function uses by walking the list of the locals already in use
+/// (`luaF_findupval`): inside one function the driver's functions take the shared part's
+/// locals from it as they are, and their own walk only that function's list.
 pub const DECISION_CODE: &str = concat!(
-    include_str!("../../../lua/wire.lua"),
     include_str!("../../../lua/lib.lua"),
+    "local function define_algorithms()\n",
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/gcra.lua"),
     include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/sliding_window_counter.lua"),
     include_str!("../../../lua/sliding_window_log.lua"),
     include_str!("../../../lua/concurrency.lua"),
+    "end\ndefine_algorithms()\nlocal function define_decide()\n",
+    include_str!("../../../lua/wire.lua"),
     include_str!("../../../lua/decide.lua"),
+    "return decide\nend\nlocal decide = define_decide()\n",
 );
 
 /// The decision script: [`DECISION_CODE`] run on every call through `EVALSHA`, loaded on

@@ -1,6 +1,7 @@
 //! The protocol's constants for the Lua side: `lua/wire.lua`, rendered from the Rust
-//! definitions ([`lua_prelude`]) and committed; a test fails when the two differ. It goes first
-//! in the decision code, and holds only `local` constants and tables: a function library's top
+//! definitions ([`lua_prelude`]) and committed; a test fails when the two differ. It goes just
+//! before `lua/decide.lua` (its one reader) in the decision code, and holds only `local`
+//! constants and tables: a function library's top
 //! level runs where Redis's globals (`math`, `tonumber`) are absent, and a local is an upvalue
 //! to the code after it, as cheap to read as a literal.
 
