@@ -9,6 +9,7 @@ use proxy_wasm::types::MetricType;
 use ratelimit_core::bridge::{MisconfigCause, Misconfiguration};
 use ratelimit_core::config::Bridge;
 use ratelimit_core::response::LocalResponse;
+use ratelimit_core::time::UnixNs;
 use ratelimit_core::{
     BridgeFailure, BridgeRequest, Config, Counter, Gauge, Histogram, Host, LogThrottle, RuleStats,
 };
@@ -101,11 +102,17 @@ pub(crate) struct EnvoyHost<'a> {
 }
 
 impl EnvoyHost<'_> {
+    /// The clock log lines are throttled by: Envoy's, converted once here (the epoch if it
+    /// cannot tell).
+    fn log_clock(&self) -> UnixNs {
+        UnixNs::from_ns(self.now_unix_ns().unwrap_or(0))
+    }
+
     /// A step skipped because the engine was busy: counted, and logged at most once per
     /// interval with the number of lines held back.
     pub(crate) fn report_busy(&mut self, what: &str) {
         self.count(Counter::EngineBusy);
-        let now = self.now_unix_ns().unwrap_or(0);
+        let now = self.log_clock();
         let admitted = match self.worker.busy_log.try_borrow_mut() {
             Ok(mut log) => log.admit(now),
             Err(_) => None,
@@ -216,7 +223,7 @@ impl Host for EnvoyHost<'_> {
     }
 
     fn report_failure(&mut self, failure: &BridgeFailure) {
-        let now = self.now_unix_ns().unwrap_or(0);
+        let now = self.log_clock();
         let admitted = match self.worker.failure_log.try_borrow_mut() {
             Ok(mut log) => log.admit(now),
             Err(_) => None,
@@ -229,7 +236,7 @@ impl Host for EnvoyHost<'_> {
     }
 
     fn report_misconfigured(&mut self, refusal: &Misconfiguration) {
-        let now = self.now_unix_ns().unwrap_or(0);
+        let now = self.log_clock();
         let cause = MisconfigCause::ALL
             .iter()
             .position(|c| *c == refusal.cause)

@@ -10,6 +10,7 @@ pub use ratelimit_core::config::{Algorithm, Calendar, CalendarUnit, Lease, OverB
 pub use ratelimit_core::decision::{Refund, Settlement};
 pub use ratelimit_core::program::{CallKind, Program};
 pub use ratelimit_core::testing::cases::{self, CaseTable};
+pub use ratelimit_core::time::UnixNs;
 
 pub use crate::procs::{Redis, WorkDir};
 pub use crate::resp::{RedisConn, Resp};
@@ -351,7 +352,7 @@ impl Script {
     pub fn refund(&mut self, clock: u128, l: &L, charged_at: u128, left: f64) {
         let refund = Refund {
             check: l.check(),
-            charged_at_ns: charged_at,
+            charged_at_ns: UnixNs::from_ns(charged_at),
             left,
         };
         let command = DecideCall::refund(clock, 0, &[refund])

@@ -135,7 +135,7 @@ fn a_refund_request_holds_only_refunds_and_bad_refunds_fail_alone() {
     let l = limit("rl:t:rb", Algorithm::TokenBucket, 10, 1000);
     let refund = Refund {
         check: l.check(),
-        charged_at_ns: T0,
+        charged_at_ns: UnixNs::from_ns(T0),
         left: 1.0,
     };
     let mut command =

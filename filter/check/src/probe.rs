@@ -12,6 +12,7 @@ use ratelimit_core::bridge::{
     BridgeFailure, BridgeReply, BridgeRequest, CallKind, MisconfigCause, Probe, PROBE_TAG,
 };
 use ratelimit_core::config::Config;
+use ratelimit_core::time::UnixNs;
 
 /// How long a connection, a write or a read may take: far more than a healthy bridge needs.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -279,7 +280,7 @@ pub fn probe(config: &Config, target: &Target, out: &mut String) -> Found {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     let run = format!("{}-{now}", std::process::id());
-    let probe = Probe::new(config, &run, now);
+    let probe = Probe::new(config, &run, UnixNs::from_ns(now));
     let mut report = Report {
         out,
         found: Found {

@@ -2,6 +2,7 @@
 //! fallback) decided for a request and each of its limits, and a charge to give back.
 
 use crate::check::LimitCheck;
+use crate::time::UnixNs;
 
 /// What Redis decided for one limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,7 +54,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refund {
     pub check: LimitCheck,
-    pub charged_at_ns: u128,
+    pub charged_at_ns: UnixNs,
     pub left: f64,
 }
 

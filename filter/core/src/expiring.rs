@@ -4,12 +4,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::time::UnixNs;
+
 #[derive(Debug)]
 pub struct ExpiringMap<V> {
     capacity: usize,
-    entries: HashMap<String, (u128, V)>,
+    entries: HashMap<String, (UnixNs, V)>,
     /// (expiry, key): the first to expire comes first.
-    by_expiry: BTreeSet<(u128, String)>,
+    by_expiry: BTreeSet<(UnixNs, String)>,
 }
 
 impl<V> Default for ExpiringMap<V> {
@@ -41,7 +43,7 @@ impl<V> ExpiringMap<V> {
     }
 
     /// Puts `value` under `key` until `expires` (replacing what was there).
-    pub fn insert(&mut self, key: &str, expires: u128, value: V) {
+    pub fn insert(&mut self, key: &str, expires: UnixNs, value: V) {
         if self.capacity == 0 {
             return;
         }

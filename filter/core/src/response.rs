@@ -8,7 +8,7 @@ use crate::config::{Algorithm, Config, DenyBody, RateLimitHeaders};
 use crate::decision::{Decision, LimitResult, Override};
 use crate::grpc;
 use crate::request::view::RequestView;
-use crate::time::unix_ms;
+use crate::time::UnixNs;
 
 pub type Headers = Vec<(&'static str, String)>;
 
@@ -165,9 +165,9 @@ fn shown_all<'a>(
     config: &'a Config,
     checks: &[LimitCheck],
     decision: &Decision,
-    now_ns: u128,
+    now: UnixNs,
 ) -> Vec<Shown<'a>> {
-    let now_ms = unix_ms(now_ns);
+    let now_ms = now.unix_ms();
     // An identity's unlimited limit has nothing to show.
     checks
         .iter()
@@ -200,20 +200,20 @@ fn most_restrictive<'a, 'c>(limits: &[&'a Shown<'c>], denied: bool) -> Option<&'
     })
 }
 
-/// Rate-limit headers for a request decided at `now_ns` (Unix ns; allowed or refused), as
+/// Rate-limit headers for a request decided at `now` (allowed or refused), as
 /// configured.
 pub fn rate_limit_headers(
     config: &Config,
     checks: &[LimitCheck],
     decision: &Decision,
-    now_ns: u128,
+    now: UnixNs,
 ) -> Headers {
     if config.headers == RateLimitHeaders::None {
         return Headers::new();
     }
     headers_for(
         config,
-        &shown_all(config, checks, decision, now_ns),
+        &shown_all(config, checks, decision, now),
         !decision.allowed,
     )
 }
@@ -322,7 +322,7 @@ fn openai_duration(ms: f64) -> String {
 /// The 429 for a refused request. `Retry-After` is the wait until every refusing limit would
 /// allow it, so never earlier than the `t` of any refusing policy in `RateLimit`; none when a
 /// refusing limit has no such time (an identity blocked without expiry, a request that costs
-/// more than a limit ever holds: the body then says so). Decided at `now_ns` (Unix ns).
+/// more than a limit ever holds: the body then says so). Decided at `now`.
 ///
 /// A gRPC client gets `grpc_over_limit`'s status instead, `rate limit exceeded` (and why no
 /// wait helps, if so) as its message, the same rate-limit headers as metadata, and the wait in
@@ -332,9 +332,9 @@ pub fn denied(
     protocol: Protocol,
     checks: &[LimitCheck],
     decision: &Decision,
-    now_ns: u128,
+    now: UnixNs,
 ) -> LocalResponse {
-    let limits = shown_all(config, checks, decision, now_ns);
+    let limits = shown_all(config, checks, decision, now);
     let violated: Vec<&Shown> = limits.iter().filter(|s| s.refused && !s.shadow).collect();
     let retry_after = violated.iter().map(|s| s.t).max().unwrap_or(1).max(1);
     let never = violated.iter().any(|s| s.never);
@@ -514,7 +514,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// 2025-11-30 08:00 UTC.
-    const NOW: u128 = 1_764_489_600_000_000_000;
+    const NOW: UnixNs = UnixNs::from_ns(1_764_489_600_000_000_000);
 
     fn config(headers: &str, body: &str) -> Config {
         let json = format!(
@@ -575,7 +575,7 @@ mod tests {
             .map(|(_, v)| v.as_str())
     }
 
-    fn denied_http(c: &Config, checks: &[LimitCheck], d: &Decision, now: u128) -> LocalResponse {
+    fn denied_http(c: &Config, checks: &[LimitCheck], d: &Decision, now: UnixNs) -> LocalResponse {
         denied(c, Protocol::Http, checks, d, now)
     }
 
@@ -668,7 +668,7 @@ mod tests {
         );
         assert_eq!(get(&h, "x-ratelimit-reset"), Some("57600"));
         // In December the same limit shows 31 days.
-        let december = NOW + 57_600_000_000_000;
+        let december = NOW.plus_ns(57_600_000_000_000);
         let h = rate_limit_headers(&c, &month, &d, december);
         assert!(get(&h, "ratelimit-policy").is_some_and(|p| p.ends_with("w=2678400")));
     }

@@ -104,7 +104,7 @@ pub(super) fn refund_mode(r: &Refund) -> WireMode<'_> {
     match &r.check.mode {
         Mode::Hold(member) => WireMode::Release { member },
         _ => WireMode::Refund {
-            charged_at: r.charged_at_ns,
+            charged_at: r.charged_at_ns.as_ns(),
             left: r.left,
         },
     }

@@ -18,6 +18,7 @@ use super::request::BridgeRequest;
 use crate::check::{BudgetCheck, LimitCheck, Mode};
 use crate::config::{Admit, Algorithm, Config};
 use crate::decision::{Decision, Refund};
+use crate::time::UnixNs;
 
 /// The hash tag of every probe key.
 pub const PROBE_TAG: &str = "{ratelimit-check}";
@@ -34,13 +35,13 @@ pub struct Probe {
     /// of the probe's own, costing 1.
     pub checks: Vec<LimitCheck>,
     program: crate::program::Program,
-    clock_ns: u128,
+    clock: UnixNs,
 }
 
 impl Probe {
     /// The probe of `config`'s bridge for run `run` (letters, digits and `-`, unique per run),
-    /// on the clock `now_ns` (Unix ns).
-    pub fn new(config: &Config, run: &str, now_ns: u128) -> Probe {
+    /// on the clock `now`.
+    pub fn new(config: &Config, run: &str, now: UnixNs) -> Probe {
         let base = format!("{}{PROBE_TAG}:{run}", config.key_prefix);
         let mut checks = Vec::new();
         for (r, rule) in config.rules.iter().enumerate() {
@@ -82,19 +83,19 @@ impl Probe {
         Probe {
             checks,
             program: config.program.clone(),
-            clock_ns: now_ns,
+            clock: now,
         }
     }
 
     fn deadline_ms(&self) -> u128 {
-        self.clock_ns / 1_000_000 + DEADLINE_MS
+        self.clock.as_ms() + DEADLINE_MS
     }
 
     /// First the breaker's probe, an empty decision call: the credentials, Webdis's ACL for
     /// the decision call (`FCALL` or `EVALSHA`), Redis's for it and `TIME` (read for the deadline).
     pub fn reach(&self) -> BridgeRequest {
         let call = DecideCall::new(
-            &self.clock_ns.to_string(),
+            &self.clock.as_ns().to_string(),
             self.deadline_ms(),
             std::iter::empty(),
         );
@@ -121,7 +122,7 @@ impl Probe {
     /// the configuration's decisions need runs once.
     pub fn decide(&self) -> BridgeRequest {
         let call = DecideCall::new(
-            &self.clock_ns.to_string(),
+            &self.clock.as_ns().to_string(),
             self.deadline_ms(),
             [self.checks.as_slice()],
         );
@@ -164,11 +165,11 @@ impl Probe {
             .zip(&decision.limits)
             .map(|(check, result)| Refund {
                 check: check.clone(),
-                charged_at_ns: self.clock_ns,
+                charged_at_ns: self.clock,
                 left: result.remaining,
             })
             .collect();
-        let call = DecideCall::refund(self.clock_ns, self.deadline_ms(), &refunds);
+        let call = DecideCall::refund(self.clock.as_ns(), self.deadline_ms(), &refunds);
         self.program.decide(&call)
     }
 
@@ -193,7 +194,7 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const NOW: u128 = 1_764_489_269_123_456_789;
+    const NOW: UnixNs = UnixNs::from_ns(1_764_489_269_123_456_789);
 
     fn config() -> Config {
         Config::parse(
@@ -247,7 +248,7 @@ mod tests {
             probe.reach().path
         );
         // The deadline is a minute after the clock.
-        let deadline = format!("/{NOW}/{}/", NOW / 1_000_000 + 60_000);
+        let deadline = format!("/{}/{}/", NOW.as_ns(), NOW.as_ms() + 60_000);
         assert!(decide.path.contains(&deadline), "{}", decide.path);
     }
 

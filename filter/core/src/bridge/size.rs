@@ -292,6 +292,7 @@ mod tests {
     use crate::check::{BudgetCheck, Mode};
     use crate::config::Lease;
     use crate::testing::plan::minute_check as check;
+    use crate::time::UnixNs;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -408,7 +409,7 @@ mod tests {
             .zip([0.25, 1e300, 5e-324, 0.0, 7.0, 1.5, 1e-7, 123456.789, 3.0])
             .map(|(c, left)| Refund {
                 check: c.clone(),
-                charged_at_ns: u128::MAX,
+                charged_at_ns: UnixNs::from_ns(u128::MAX),
                 left,
             })
             .collect();

@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::queue::Unanswered;
 use crate::bridge::{BridgeRequest, DecideCall};
 use crate::config::{Breaker as Settings, Config};
+use crate::time::UnixNs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -21,8 +22,8 @@ enum State {
     Closed { failures: u32 },
     /// No call but one probe per interval (`probe`: the one in flight).
     Open {
-        since_ns: u128,
-        next_probe_ns: u128,
+        since_ns: UnixNs,
+        next_probe_ns: UnixNs,
         probe: Option<u32>,
     },
 }
@@ -50,7 +51,7 @@ impl Breaker {
         &mut self,
         settings: Option<Settings>,
         failure: &impl Display,
-        now: u128,
+        now: UnixNs,
     ) -> Option<String> {
         let (Some(settings), State::Closed { failures }) = (settings, self.state) else {
             return None;
@@ -76,7 +77,7 @@ impl Breaker {
         &mut self,
         settings: Option<Settings>,
         call: Unanswered,
-        now: u128,
+        now: UnixNs,
     ) -> Option<String> {
         let (Some(settings), State::Closed { .. }) = (settings, self.state) else {
             return None;
@@ -94,7 +95,7 @@ impl Breaker {
 
     /// A call given up on was answered late at `now`: the bridge answers. Ends a run of
     /// failures; an open breaker closes, and says why.
-    pub fn late_answer(&mut self, now: u128) -> Option<String> {
+    pub fn late_answer(&mut self, now: UnixNs) -> Option<String> {
         match self.state {
             State::Closed { .. } => {
                 self.answered();
@@ -104,47 +105,47 @@ impl Breaker {
                 self.state = State::Closed { failures: 0 };
                 Some(format!(
                     "a call given up on was answered after {} ms open: the bridge answers, slowly",
-                    now.saturating_sub(since_ns) / 1_000_000
+                    now.since(since_ns) / 1_000_000
                 ))
             }
         }
     }
 
-    fn open(&mut self, settings: Settings, now: u128) {
+    fn open(&mut self, settings: Settings, now: UnixNs) {
         self.state = State::Open {
             since_ns: now,
-            next_probe_ns: now.saturating_add(settings.probe_interval.as_nanos()),
+            next_probe_ns: now.plus(settings.probe_interval),
             probe: None,
         };
     }
 
     /// Whether a probe is due at `now` (open, none in flight, its interval passed).
-    pub fn probe_due(&self, now: u128) -> bool {
+    pub fn probe_due(&self, now: UnixNs) -> bool {
         matches!(self.state, State::Open { next_probe_ns, probe: None, .. } if now >= next_probe_ns)
     }
 
     /// The probe to send at `now`, if one is due, and its timeout: an empty decision call,
     /// which answers only if Webdis, Redis and the script all do.
-    pub fn probe(&self, config: &Config, now: u128) -> Option<(BridgeRequest, Duration)> {
+    pub fn probe(&self, config: &Config, now: UnixNs) -> Option<(BridgeRequest, Duration)> {
         let settings = config.breaker?;
         if !self.probe_due(now) {
             return None;
         }
         let interval = settings.probe_interval;
-        let deadline_ms = (now + interval.as_nanos() + config.clock_skew.as_nanos()) / 1_000_000;
-        let call = DecideCall::new(&now.to_string(), deadline_ms, std::iter::empty());
+        let deadline_ms = now.plus(interval).plus(config.clock_skew).as_ms();
+        let call = DecideCall::new(&now.as_ns().to_string(), deadline_ms, std::iter::empty());
         Some((config.program.decide(&call), interval))
     }
 
     /// A probe was sent at `now` (`token`: its call, None if it could not be sent); the next
     /// is due one interval later.
-    pub fn probe_sent(&mut self, settings: Option<Settings>, token: Option<u32>, now: u128) {
+    pub fn probe_sent(&mut self, settings: Option<Settings>, token: Option<u32>, now: UnixNs) {
         let (Some(settings), State::Open { since_ns, .. }) = (settings, self.state) else {
             return;
         };
         self.state = State::Open {
             since_ns,
-            next_probe_ns: now.saturating_add(settings.probe_interval.as_nanos()),
+            next_probe_ns: now.plus(settings.probe_interval),
             probe: token,
         };
     }
@@ -155,7 +156,7 @@ impl Breaker {
     }
 
     /// The probe's reply came at `now`: answered (`ok`) closes the breaker, and says why.
-    pub fn probe_replied(&mut self, ok: bool, now: u128) -> Option<String> {
+    pub fn probe_replied(&mut self, ok: bool, now: UnixNs) -> Option<String> {
         let State::Open {
             since_ns,
             next_probe_ns,
@@ -175,7 +176,7 @@ impl Breaker {
         self.state = State::Closed { failures: 0 };
         Some(format!(
             "a probe was answered after {} ms open",
-            now.saturating_sub(since_ns) / 1_000_000
+            now.since(since_ns) / 1_000_000
         ))
     }
 }
@@ -189,6 +190,10 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const MS: u128 = 1_000_000;
+
+    fn at(ns: u128) -> UnixNs {
+        UnixNs::from_ns(ns)
+    }
 
     fn settings() -> Settings {
         Settings {
@@ -211,23 +216,23 @@ mod tests {
     fn a_run_of_failures_opens_it_and_a_success_resets_the_run() {
         let mut b = Breaker::default();
         let s = Some(settings());
-        assert_eq!(b.failed(s, &"no", 0), None);
-        assert_eq!(b.failed(s, &"no", 0), None);
+        assert_eq!(b.failed(s, &"no", at(0)), None);
+        assert_eq!(b.failed(s, &"no", at(0)), None);
         b.answered();
-        assert_eq!(b.failed(s, &"no", 0), None);
-        assert_eq!(b.failed(s, &"no", 0), None);
+        assert_eq!(b.failed(s, &"no", at(0)), None);
+        assert_eq!(b.failed(s, &"no", at(0)), None);
         assert_eq!(
-            b.failed(s, &"timeout", 7),
+            b.failed(s, &"timeout", at(7)),
             Some("3 calls in a row failed, the last: timeout".to_string())
         );
         assert!(b.is_open());
-        assert_eq!(b.failed(s, &"no", 8), None, "opens once");
+        assert_eq!(b.failed(s, &"no", at(8)), None, "opens once");
         // Without settings it never opens.
         let mut b = Breaker::default();
         for _ in 0..10 {
-            assert_eq!(b.failed(None, &"no", 0), None);
+            assert_eq!(b.failed(None, &"no", at(0)), None);
         }
-        assert_eq!(b.hung(None, unanswered(10_000, 100), 0), None);
+        assert_eq!(b.hung(None, unanswered(10_000, 100), at(0)), None);
         assert!(!b.is_open());
     }
 
@@ -236,7 +241,7 @@ mod tests {
         let s = Some(settings());
         // Answered at 149 ms of a 150 ms timeout: slow, not hung, and no failure.
         let mut b = Breaker::default();
-        assert_eq!(b.hung(s, unanswered(149, 150), 149 * MS), None);
+        assert_eq!(b.hung(s, unanswered(149, 150), at(149 * MS)), None);
         b.answered();
         assert!(!b.is_open());
         // A lower `stall` opens it sooner; a higher one is capped by the timeout.
@@ -246,31 +251,31 @@ mod tests {
                 ..settings()
             })
         };
-        assert_eq!(b.hung(stall(50), unanswered(49, 150), 0), None);
-        assert!(b.hung(stall(50), unanswered(50, 150), 0).is_some());
+        assert_eq!(b.hung(stall(50), unanswered(49, 150), at(0)), None);
+        assert!(b.hung(stall(50), unanswered(50, 150), at(0)).is_some());
         let mut b = Breaker::default();
-        assert!(b.hung(stall(500), unanswered(150, 150), 0).is_some());
+        assert!(b.hung(stall(500), unanswered(150, 150), at(0)).is_some());
     }
 
     #[test]
     fn a_hung_call_opens_it_and_a_probe_answered_closes_it() {
         let mut b = Breaker::default();
         let s = Some(settings());
-        assert_eq!(b.hung(s, unanswered(99, 100), 99 * MS), None);
+        assert_eq!(b.hung(s, unanswered(99, 100), at(99 * MS)), None);
         assert_eq!(
-            b.hung(s, unanswered(100, 100), 100 * MS),
+            b.hung(s, unanswered(100, 100), at(100 * MS)),
             Some("a call has had no answer for 100 ms of the worker's time (its timeout: 100 ms) while requests waited".to_string())
         );
-        assert!(!b.probe_due(149 * MS));
-        assert!(b.probe_due(150 * MS));
-        b.probe_sent(s, Some(9), 150 * MS);
+        assert!(!b.probe_due(at(149 * MS)));
+        assert!(b.probe_due(at(150 * MS)));
+        b.probe_sent(s, Some(9), at(150 * MS));
         assert!(b.is_probe(9) && !b.is_probe(8));
-        assert!(!b.probe_due(300 * MS), "one probe at a time");
-        assert_eq!(b.probe_replied(false, 160 * MS), None);
-        assert!(!b.probe_due(199 * MS) && b.probe_due(200 * MS));
-        b.probe_sent(s, Some(10), 200 * MS);
+        assert!(!b.probe_due(at(300 * MS)), "one probe at a time");
+        assert_eq!(b.probe_replied(false, at(160 * MS)), None);
+        assert!(!b.probe_due(at(199 * MS)) && b.probe_due(at(200 * MS)));
+        b.probe_sent(s, Some(10), at(200 * MS));
         assert_eq!(
-            b.probe_replied(true, 210 * MS),
+            b.probe_replied(true, at(210 * MS)),
             Some("a probe was answered after 110 ms open".to_string())
         );
         assert!(!b.is_open());
@@ -280,13 +285,17 @@ mod tests {
     fn a_late_answer_ends_the_run_and_closes_it() {
         let s = Some(settings());
         let mut b = Breaker::default();
-        b.failed(s, &"timed out", 0);
-        b.failed(s, &"timed out", 0);
-        assert_eq!(b.late_answer(0), None);
-        assert_eq!(b.failed(s, &"timed out", 0), None, "the run started again");
-        assert!(b.hung(s, unanswered(100, 100), 10 * MS).is_some());
+        b.failed(s, &"timed out", at(0));
+        b.failed(s, &"timed out", at(0));
+        assert_eq!(b.late_answer(at(0)), None);
         assert_eq!(
-            b.late_answer(70 * MS),
+            b.failed(s, &"timed out", at(0)),
+            None,
+            "the run started again"
+        );
+        assert!(b.hung(s, unanswered(100, 100), at(10 * MS)).is_some());
+        assert_eq!(
+            b.late_answer(at(70 * MS)),
             Some(
                 "a call given up on was answered after 60 ms open: the bridge answers, slowly"
                     .to_string()
@@ -312,7 +321,7 @@ mod tests {
                 now += u128::from(rng.below(40)) * MS;
                 match rng.below(6) {
                     0 | 1 => {
-                        let opens = b.failed(Some(s), &"x", now).is_some();
+                        let opens = b.failed(Some(s), &"x", at(now)).is_some();
                         if !open {
                             run += 1;
                         }
@@ -326,15 +335,15 @@ mod tests {
                     }
                     3 => {
                         let age = rng.below(200);
-                        let opens = b.hung(Some(s), unanswered(age, 100), now).is_some();
+                        let opens = b.hung(Some(s), unanswered(age, 100), at(now)).is_some();
                         assert_eq!(opens, !open && age >= 100, "seed {seed}");
                     }
                     4 => {
-                        if b.probe_due(now) {
+                        if b.probe_due(at(now)) {
                             assert!(open && probe.is_none(), "seed {seed}");
                             let since = last_probe_ns.unwrap_or(opened_ns);
                             assert!(now - since >= s.probe_interval.as_nanos(), "seed {seed}");
-                            b.probe_sent(Some(s), Some(step), now);
+                            b.probe_sent(Some(s), Some(step), at(now));
                             probe = Some(step);
                             last_probe_ns = Some(now);
                         }
@@ -343,7 +352,7 @@ mod tests {
                         if let Some(token) = probe.take() {
                             assert!(b.is_probe(token), "seed {seed}");
                             let ok = rng.one_in(3);
-                            let closes = b.probe_replied(ok, now).is_some();
+                            let closes = b.probe_replied(ok, at(now)).is_some();
                             assert_eq!(closes, ok, "seed {seed}");
                             if ok {
                                 open = false;

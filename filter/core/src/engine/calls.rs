@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::decision::{Refund, Settlement};
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::slot::key_slot;
+use crate::time::UnixNs;
 
 impl Engine {
     /// Sends batches while there is room for a call and requests wait, from context `from` or root.
@@ -32,7 +33,7 @@ impl Engine {
         while self.queue.ready(config.batch.max_in_flight) {
             let Some(now) = self.clock(host) else {
                 let members = self.queue.take_waiting();
-                let last = self.last_now_ns;
+                let last = self.last_now;
                 return self.fail(config, host, members, BridgeFailure::Clock, last, false);
             };
             if from.is_some() && self.queue.calls() > 0 {
@@ -176,7 +177,7 @@ impl Engine {
     pub(super) fn front(
         &self,
         config: &Config,
-        now: u128,
+        now: UnixNs,
     ) -> Option<(usize, Option<u16>, Option<NodeTag>)> {
         // Sent back to a call of its own slot, or of a slot a node refused lately: one slot,
         // and no master known (it goes whatever is in flight).
@@ -204,7 +205,7 @@ impl Engine {
         config: &Config,
         host: &mut impl Host,
         mut call: Call,
-        now: u128,
+        now: UnixNs,
     ) {
         let at = self.lag.moment(now);
         let expired = call.take_expired(at);
@@ -289,7 +290,7 @@ impl Engine {
         host: &mut impl Host,
         members: Vec<Waiting>,
         failure: BridgeFailure,
-        now: u128,
+        now: UnixNs,
         call: bool,
     ) {
         let opens = call.then(|| self.breaker.failed(config.breaker, &failure, now));
@@ -306,7 +307,7 @@ impl Engine {
         &mut self,
         config: &Config,
         host: &mut impl Host,
-        now: u128,
+        now: UnixNs,
         why: Option<String>,
     ) {
         let Some(why) = why else {
@@ -396,7 +397,7 @@ impl Engine {
 
     /// Gives back what leases held past their end (see [`Leases::give_backs`]), without waiting
     /// for the replies: a lost give-back leaves units spent, never extra.
-    pub(super) fn give_back(&mut self, config: &Config, host: &mut impl Host, now: u128) {
+    pub(super) fn give_back(&mut self, config: &Config, host: &mut impl Host, now: UnixNs) {
         for (refunds, timeout) in self.leases.give_backs(config) {
             let units = refunds.iter().map(|r| r.check.cost).sum();
             host.count_n(Counter::LeaseUnitsReturned, units);
@@ -414,7 +415,7 @@ impl Engine {
         config: &Config,
         host: &mut impl Host,
         split: &Split,
-        now: u128,
+        now: UnixNs,
     ) {
         for refunds in split.refunds() {
             host.count(Counter::Refunds);
@@ -435,11 +436,11 @@ impl Engine {
         host: &mut impl Host,
         refunds: &[Refund],
         (window, timeout): (Duration, Duration),
-        now: u128,
+        now: UnixNs,
     ) {
         self.refusals.given_back(refunds.iter().map(|r| &r.check));
-        let clock = now.saturating_add(window.max(config.clock_skew).as_nanos());
-        let call = DecideCall::refund(clock, clock / 1_000_000, refunds);
+        let clock = now.plus(window.max(config.clock_skew));
+        let call = DecideCall::refund(clock.as_ns(), clock.as_ms(), refunds);
         let request = config.program.decide(&call);
         if let Err(why) = host.dispatch(&config.bridge, &request, timeout) {
             host.report_failure(&BridgeFailure::Dispatch(why));

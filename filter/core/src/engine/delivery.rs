@@ -9,6 +9,7 @@ use super::host::{Host, Verdict};
 use super::policy::Conclusion;
 use crate::metrics::Histogram;
 use crate::response::{Headers, Protocol};
+use crate::time::UnixNs;
 
 /// The request whose own callback is running: its verdict is returned, not resumed.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +48,7 @@ impl Delivery {
         host: &mut impl Host,
         ctx: u32,
         conclusion: Conclusion,
-        waited: Option<(u128, u128)>,
+        waited: Option<(UnixNs, UnixNs)>,
     ) {
         let own = self.current.is_some_and(|c| c.ctx == ctx);
         let verdict = match conclusion {
@@ -73,7 +74,7 @@ impl Delivery {
             self.headers.remove(&ctx);
         }
         if let Some((arrived_ns, now)) = waited.filter(|(arrived, now)| now >= arrived) {
-            let ms = (now - arrived_ns).div_ceil(1_000_000);
+            let ms = now.since(arrived_ns).div_ceil(1_000_000);
             host.record(Histogram::DecisionMs, u64::try_from(ms).unwrap_or(u64::MAX));
         }
     }

@@ -18,21 +18,22 @@
 use std::time::Duration;
 
 use super::TICK;
+use crate::time::UnixNs;
 
 /// Lateness of a tick below this is ordinary timer jitter, not counted.
 const TOLERANCE_NS: u128 = 5_000_000;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Lag {
-    /// When the timer last fired (Unix ns); None before the first tick.
-    last_tick_ns: Option<u128>,
+    /// When the timer last fired; None before the first tick.
+    last_tick_ns: Option<UnixNs>,
     /// Lateness counted so far (ns).
     total_ns: u128,
 }
 
 impl Lag {
     /// The timer fired at `now`: returns how late it came (ns, beyond the tolerance).
-    pub fn tick(&mut self, now: u128) -> u128 {
+    pub fn tick(&mut self, now: UnixNs) -> u128 {
         let late = self.overdue(now);
         self.total_ns = self.total_ns.saturating_add(late);
         self.last_tick_ns = Some(now);
@@ -41,7 +42,7 @@ impl Lag {
 
     /// The timer was asked for at `now` (it was off): its first tick is due one [`TICK`] later,
     /// and lateness counts from here.
-    pub fn start(&mut self, now: u128) {
+    pub fn start(&mut self, now: UnixNs) {
         self.last_tick_ns = Some(now);
     }
 
@@ -52,21 +53,22 @@ impl Lag {
     }
 
     /// How long the next tick is overdue at `now` (0 if it is not).
-    fn overdue(&self, now: u128) -> u128 {
+    fn overdue(&self, now: UnixNs) -> u128 {
         let Some(last) = self.last_tick_ns else {
             return 0;
         };
-        now.saturating_sub(last)
+        now.since(last)
             .saturating_sub(TICK.as_nanos() + TOLERANCE_NS)
     }
 
     /// The worker's own time at wall time `now`: it never goes backwards while `now` does not.
-    pub fn work_ns(&self, now: u128) -> u128 {
-        now.saturating_sub(self.total_ns.saturating_add(self.overdue(now)))
+    pub fn work_ns(&self, now: UnixNs) -> u128 {
+        now.minus_ns(self.total_ns.saturating_add(self.overdue(now)))
+            .as_ns()
     }
 
     /// The instant `now` (wall time) as the engine reads it.
-    pub fn moment(&self, now: u128) -> Moment {
+    pub fn moment(&self, now: UnixNs) -> Moment {
         Moment {
             wall_ns: now,
             work_ns: self.work_ns(now),
@@ -74,10 +76,11 @@ impl Lag {
     }
 }
 
-/// An instant: wall time (Unix ns) and the worker's own time then.
+/// An instant: wall time and the worker's own time then (ns on the Unix clock's scale, less
+/// the worker's lateness).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moment {
-    pub wall_ns: u128,
+    pub wall_ns: UnixNs,
     pub work_ns: u128,
 }
 
@@ -94,7 +97,7 @@ impl Moment {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
     pub work_ns: u128,
-    pub wall_ns: u128,
+    pub wall_ns: UnixNs,
 }
 
 impl Deadline {
@@ -102,9 +105,7 @@ impl Deadline {
     pub fn new(at: Moment, timeout: Duration, lag_allowance: Duration) -> Self {
         Deadline {
             work_ns: at.work_ns.saturating_add(timeout.as_nanos()),
-            wall_ns: at
-                .wall_ns
-                .saturating_add(timeout.saturating_add(lag_allowance).as_nanos()),
+            wall_ns: at.wall_ns.plus(timeout.saturating_add(lag_allowance)),
         }
     }
 
@@ -123,68 +124,72 @@ mod tests {
     const MS: u128 = 1_000_000;
     const T0: u128 = 1_000_000 * MS;
 
+    fn at(ns: u128) -> UnixNs {
+        UnixNs::from_ns(ns)
+    }
+
     #[test]
     fn a_deadline_passes_in_the_workers_time_or_at_the_allowance() {
         let (timeout, allowance) = (Duration::from_millis(150), Duration::from_secs(1));
         let mut lag = Lag::default();
-        let d = Deadline::new(lag.moment(T0), timeout, allowance);
+        let d = Deadline::new(lag.moment(at(T0)), timeout, allowance);
         for i in 1..=5 {
-            lag.tick(T0 + i * 25 * MS);
+            lag.tick(at(T0 + i * 25 * MS));
         }
-        assert!(!d.passed(lag.moment(T0 + 149 * MS)));
+        assert!(!d.passed(lag.moment(at(T0 + 149 * MS))));
         assert!(
-            d.passed(lag.moment(T0 + 150 * MS)),
+            d.passed(lag.moment(at(T0 + 150 * MS))),
             "on time: at its timeout"
         );
         // A worker whose timer stood still from 25 ms to 400 ms is 345 ms behind.
         let mut late = Lag::default();
-        late.tick(T0);
-        late.tick(T0 + 25 * MS);
-        late.tick(T0 + 400 * MS);
+        late.tick(at(T0));
+        late.tick(at(T0 + 25 * MS));
+        late.tick(at(T0 + 400 * MS));
         for i in 1..=4 {
-            late.tick(T0 + (400 + i * 25) * MS);
+            late.tick(at(T0 + (400 + i * 25) * MS));
         }
-        assert!(!d.passed(late.moment(T0 + 494 * MS)));
-        assert!(d.passed(late.moment(T0 + 495 * MS)));
+        assert!(!d.passed(late.moment(at(T0 + 494 * MS))));
+        assert!(d.passed(late.moment(at(T0 + 495 * MS))));
         // However late the worker runs, the wall-clock bound holds.
         let mut stuck = Lag::default();
-        stuck.tick(T0);
-        assert_eq!(stuck.work_ns(T0 + 1149 * MS), T0 + 30 * MS);
-        assert!(!d.passed(stuck.moment(T0 + 1149 * MS)));
-        assert!(d.passed(stuck.moment(T0 + 1150 * MS)));
+        stuck.tick(at(T0));
+        assert_eq!(stuck.work_ns(at(T0 + 1149 * MS)), T0 + 30 * MS);
+        assert!(!d.passed(stuck.moment(at(T0 + 1149 * MS))));
+        assert!(d.passed(stuck.moment(at(T0 + 1150 * MS))));
     }
 
     #[test]
     fn on_time_ticks_leave_wall_time_and_late_ones_are_taken_out() {
         let mut lag = Lag::default();
-        assert_eq!(lag.work_ns(T0), T0, "no tick yet: wall time");
-        assert_eq!(lag.tick(T0), 0);
+        assert_eq!(lag.work_ns(at(T0)), T0, "no tick yet: wall time");
+        assert_eq!(lag.tick(at(T0)), 0);
         // Ticks on time, or within the tolerance, count nothing.
-        assert_eq!(lag.tick(T0 + 25 * MS), 0);
-        assert_eq!(lag.tick(T0 + 54 * MS), 0);
-        assert_eq!(lag.work_ns(T0 + 60 * MS), T0 + 60 * MS);
+        assert_eq!(lag.tick(at(T0 + 25 * MS)), 0);
+        assert_eq!(lag.tick(at(T0 + 54 * MS)), 0);
+        assert_eq!(lag.work_ns(at(T0 + 60 * MS)), T0 + 60 * MS);
         // The worker stops for 100 ms: the time stands still once the tick is overdue...
-        assert_eq!(lag.work_ns(T0 + 84 * MS), T0 + 84 * MS);
-        assert_eq!(lag.work_ns(T0 + 154 * MS), T0 + 84 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 84 * MS)), T0 + 84 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 154 * MS)), T0 + 84 * MS);
         // ...and the late tick counts what it missed.
-        assert_eq!(lag.tick(T0 + 154 * MS), 70 * MS);
-        assert_eq!(lag.work_ns(T0 + 154 * MS), T0 + 84 * MS);
-        assert_eq!(lag.work_ns(T0 + 164 * MS), T0 + 94 * MS);
+        assert_eq!(lag.tick(at(T0 + 154 * MS)), 70 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 154 * MS)), T0 + 84 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 164 * MS)), T0 + 94 * MS);
     }
 
     #[test]
     fn a_stopped_timer_is_never_late_and_a_started_one_counts_from_its_start() {
         let mut lag = Lag::default();
-        lag.tick(T0);
+        lag.tick(at(T0));
         lag.stop();
         // Off for a minute: nothing was due, nothing is late, the time follows wall time.
-        assert_eq!(lag.work_ns(T0 + 60_000 * MS), T0 + 60_000 * MS);
-        lag.start(T0 + 60_000 * MS);
-        assert_eq!(lag.work_ns(T0 + 60_030 * MS), T0 + 60_030 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 60_000 * MS)), T0 + 60_000 * MS);
+        lag.start(at(T0 + 60_000 * MS));
+        assert_eq!(lag.work_ns(at(T0 + 60_030 * MS)), T0 + 60_030 * MS);
         // The first tick after the start comes 100 ms late: the worker's time stood still.
-        assert_eq!(lag.work_ns(T0 + 60_125 * MS), T0 + 60_030 * MS);
-        assert_eq!(lag.tick(T0 + 60_125 * MS), 95 * MS);
-        assert_eq!(lag.work_ns(T0 + 60_150 * MS), T0 + 60_055 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 60_125 * MS)), T0 + 60_030 * MS);
+        assert_eq!(lag.tick(at(T0 + 60_125 * MS)), 95 * MS);
+        assert_eq!(lag.work_ns(at(T0 + 60_150 * MS)), T0 + 60_055 * MS);
     }
 
     /// Over random tick sequences: the worker's time never goes backwards, never runs ahead of
@@ -198,14 +203,14 @@ mod tests {
             for _ in 0..300 {
                 now += u128::from(rng.below(80)) * MS;
                 if rng.one_in(3) {
-                    reported += lag.tick(now);
+                    reported += lag.tick(at(now));
                 }
-                let work = lag.work_ns(now);
+                let work = lag.work_ns(at(now));
                 assert!(work >= last_work && work <= now, "seed {seed}");
                 last_work = work;
             }
-            reported += lag.tick(now);
-            assert_eq!(lag.work_ns(now), now - reported, "seed {seed}");
+            reported += lag.tick(at(now));
+            assert_eq!(lag.work_ns(at(now)), now - reported, "seed {seed}");
         }
     }
 }

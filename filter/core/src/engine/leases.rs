@@ -32,6 +32,7 @@ use crate::check::LimitCheck;
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::Plan;
+use crate::time::UnixNs;
 
 use super::packing::pack;
 use super::sightings::{Sightings, SEEN};
@@ -86,14 +87,14 @@ struct Grant {
     /// The units and requests' worth it was granted with.
     granted: u64,
     requests: u64,
-    /// After this (Unix ns) the units are not spent but given back.
-    expires_ns: u128,
+    /// After this the units are not spent but given back.
+    expires_ns: UnixNs,
     /// The clock the grant was decided with, and the `remaining` it replied: what a refund of
     /// its units needs.
-    charged_at_ns: u128,
+    charged_at_ns: UnixNs,
     left: f64,
     /// When the limit is whole again, as the grant's reply said (for headers).
-    reset_at_ns: u128,
+    reset_at_ns: UnixNs,
 }
 
 /// The leases of one key (one limit of one identity).
@@ -114,9 +115,10 @@ struct KeyLease {
     /// comes back now and then gets small ones, and few units sit idle or go back.
     ask: u64,
     /// When this entry may be forgotten once it holds no grant.
-    keep_until_ns: u128,
-    /// When the key's last requests came (served from a lease or not), newest first; 0: none.
-    seen: [u128; SEEN],
+    keep_until_ns: UnixNs,
+    /// When the key's last requests came (served from a lease or not), newest first; the
+    /// epoch: none.
+    seen: [UnixNs; SEEN],
 }
 
 impl KeyLease {
@@ -127,21 +129,21 @@ impl KeyLease {
             asking: false,
             last_units: 0,
             ask: FIRST_ASK,
-            keep_until_ns: 0,
-            seen: [0; SEEN],
+            keep_until_ns: UnixNs::default(),
+            seen: [UnixNs::default(); SEEN],
         }
     }
 
     /// A request of this key came at `now`: whether it is the [`EARN`]th within `max_ns`.
-    fn sighted(&mut self, now: u128, max_ns: u128) -> bool {
+    fn sighted(&mut self, now: UnixNs, max_ns: u128) -> bool {
         let oldest = self.seen[SEEN - 1];
         self.seen.rotate_right(1);
         self.seen[0] = now;
-        oldest > 0 && now.saturating_sub(oldest) <= max_ns
+        oldest.as_ns() > 0 && now.since(oldest) <= max_ns
     }
 
     /// Units of unexpired grants.
-    fn units(&self, now: u128) -> u64 {
+    fn units(&self, now: UnixNs) -> u64 {
         self.grants
             .iter()
             .filter(|g| g.expires_ns > now)
@@ -168,7 +170,7 @@ impl Leases {
     /// A request of `plan` (not served from leases) asks for a lease, if every limit takes
     /// one, its keys earned one and would take more than the request alone, and no ask for
     /// them is in flight. None: it goes as a plain decision.
-    pub fn ticket(&mut self, plan: &Plan, now: u128) -> Option<Ticket> {
+    pub fn ticket(&mut self, plan: &Plan, now: UnixNs) -> Option<Ticket> {
         if !plan.leasable() {
             return None;
         }
@@ -187,7 +189,7 @@ impl Leases {
     /// these run out, so the requests after it do not wait at the boundary, if they run low.
     /// Redis Cluster: only for a plan on one slot (a call carries one slot's keys); the keys of a
     /// plan on several slots are refilled by their own single-slot requests.
-    pub fn prefetch(&mut self, config: &Config, plan: &Plan, now: u128) -> Option<Ticket> {
+    pub fn prefetch(&mut self, config: &Config, plan: &Plan, now: UnixNs) -> Option<Ticket> {
         if !self.runs_low(plan, now) || slots::spans_slots(config, plan) {
             return None;
         }
@@ -212,7 +214,7 @@ impl Leases {
         &mut self,
         ticket: Ticket,
         plan: &Plan,
-        decided: Option<(&mut Decision, u128)>,
+        decided: Option<(&mut Decision, UnixNs)>,
         skew: Duration,
     ) -> bool {
         self.asking(plan, false);
@@ -248,7 +250,7 @@ impl Leases {
     /// Serves a request from leased units if every limit of `plan` holds enough unexpired
     /// units for its cost: spends them and returns what the headers say (the lease's view of
     /// Redis: what its grant left, plus the units still held here).
-    pub fn spend(&mut self, plan: &Plan, now: u128) -> Option<Decision> {
+    pub fn spend(&mut self, plan: &Plan, now: UnixNs) -> Option<Decision> {
         for check in &plan.checks {
             let lease = self.keys.get(&check.key)?;
             if lease.units(now) < check.cost {
@@ -268,8 +270,8 @@ impl Leases {
                 let take = owed.min(grant.units);
                 grant.units -= take;
                 owed -= take;
-                let life = grant.expires_ns.saturating_sub(grant.charged_at_ns);
-                let used_for = now.saturating_sub(grant.charged_at_ns);
+                let life = grant.expires_ns.since(grant.charged_at_ns);
+                let used_for = now.since(grant.charged_at_ns);
                 if take > 0 && grant.units == 0 && used_for.saturating_mul(2) < life {
                     // Spent in less than half its time: the identity can use larger leases.
                     // (Spent later, it was about the right size.)
@@ -288,7 +290,7 @@ impl Leases {
             limits.push(LimitResult {
                 allowed: true,
                 remaining: newest.map_or(0.0, |g| g.left) + held as f64,
-                reset_ms: newest.map_or(0.0, |g| g.reset_at_ns.saturating_sub(now) as f64 / 1e6),
+                reset_ms: newest.map_or(0.0, |g| g.reset_at_ns.since(now) as f64 / 1e6),
                 retry_ms: 0.0,
                 over_budget: false,
                 overridden: None,
@@ -308,7 +310,7 @@ impl Leases {
     /// earned a lease (see [`EARN`]) asks for none (a key not in the table is counted in the
     /// sightings; once it earns one, it takes an entry if the table has room); one whose last
     /// lease served nothing asks for [`LEAST_ASK`] once it earns one again.
-    fn ask(&mut self, plan: &Plan, now: u128) -> u64 {
+    fn ask(&mut self, plan: &Plan, now: UnixNs) -> u64 {
         let mut ask = u64::MAX;
         for check in &plan.checks {
             let max_ns = check
@@ -320,7 +322,7 @@ impl Leases {
                 Some(lease) => {
                     // Kept while its requests may earn it a lease again (and after a lease,
                     // see `grant`).
-                    lease.keep_until_ns = lease.keep_until_ns.max(now.saturating_add(max_ns));
+                    lease.keep_until_ns = lease.keep_until_ns.max(now.plus_ns(max_ns));
                     match lease.sighted(now, max_ns) {
                         true => {
                             lease.ask = lease.ask.max(LEAST_ASK);
@@ -334,7 +336,7 @@ impl Leases {
                     Some(seen) => {
                         let mut lease = KeyLease::new(check);
                         lease.seen = seen;
-                        lease.keep_until_ns = now.saturating_add(max_ns);
+                        lease.keep_until_ns = now.plus_ns(max_ns);
                         self.keys.insert(check.key.clone(), lease);
                         FIRST_ASK
                     }
@@ -365,7 +367,7 @@ impl Leases {
     /// they run out. On some limit, half of the last grant or less is left, and at the pace
     /// it was spent so far the rest goes before the grant ends (a client that comes back now
     /// and then is not sent units it would not spend in time).
-    fn runs_low(&self, plan: &Plan, now: u128) -> bool {
+    fn runs_low(&self, plan: &Plan, now: UnixNs) -> bool {
         plan.checks.iter().any(|c| {
             let Some(lease) = self.keys.get(&c.key) else {
                 return false;
@@ -375,8 +377,8 @@ impl Leases {
                 return false;
             };
             let spent = newest.granted.saturating_sub(newest.units);
-            let elapsed = now.saturating_sub(newest.charged_at_ns);
-            let left = newest.expires_ns.saturating_sub(now);
+            let elapsed = now.since(newest.charged_at_ns);
+            let left = newest.expires_ns.since(now);
             held.saturating_mul(2) <= lease.last_units
                 && u128::from(spent) * left >= u128::from(held) * elapsed
         }) && self.may_ask(plan)
@@ -406,7 +408,7 @@ impl Leases {
         plan: &Plan,
         decision: &mut Decision,
         requests: u64,
-        charged_at_ns: u128,
+        charged_at_ns: UnixNs,
         skew_ns: u128,
     ) {
         for (check, result) in plan.checks.iter().zip(&mut decision.limits) {
@@ -425,17 +427,17 @@ impl Leases {
                 units,
                 granted: units,
                 requests,
-                expires_ns: charged_at_ns.saturating_add(usable_ns),
+                expires_ns: charged_at_ns.plus_ns(usable_ns),
                 charged_at_ns,
                 left: result.remaining,
-                reset_at_ns: charged_at_ns.saturating_add(reset_ns),
+                reset_at_ns: charged_at_ns.plus_ns(reset_ns),
             };
             let lease = self
                 .keys
                 .entry(check.key.clone())
                 .or_insert_with(|| KeyLease::new(check));
             lease.last_units = units;
-            lease.keep_until_ns = grant.expires_ns.saturating_add(KEEP_IDLE_NS);
+            lease.keep_until_ns = grant.expires_ns.plus_ns(KEEP_IDLE_NS);
             if usable_ns == 0 {
                 self.returns.push(refund_of(&lease.check, &grant));
             } else {
@@ -451,7 +453,7 @@ impl Leases {
     /// Moves the units of grants expired by `now` to the give-backs, and forgets keys that
     /// hold nothing and have been idle a while (at once when the table is three quarters
     /// full, so there is room for new keys).
-    pub fn expire(&mut self, now: u128) {
+    pub fn expire(&mut self, now: UnixNs) {
         let crowded = self.crowded();
         let returns = &mut self.returns;
         let grants = &mut self.grants;
@@ -540,6 +542,10 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn at(ns: u128) -> UnixNs {
+        UnixNs::from_ns(ns)
+    }
+
     fn plan_of(config: &Config, key: &str) -> Plan {
         let request = FakeRequest::new("GET", "/").with("x-api-key", key.as_bytes());
         plan(config, &request).unwrap()
@@ -548,7 +554,7 @@ mod tests {
     /// `plan`'s keys earn a lease: [`EARN`] - 1 requests (at 1, 2, ... ns) that ask for none.
     fn earn(leases: &mut Leases, plan: &Plan) {
         for now in 1..EARN as u128 {
-            assert!(leases.ticket(plan, now).is_none(), "request {now} asks");
+            assert!(leases.ticket(plan, at(now)).is_none(), "request {now} asks");
         }
     }
 
@@ -562,26 +568,26 @@ mod tests {
         // A flood of keys seen once each: none asks, none takes an entry.
         for i in 0..MAX_LEASED_KEYS {
             let p = plan_of(&config, &format!("once{i}"));
-            assert!(leases.ticket(&p, 1).is_none());
+            assert!(leases.ticket(&p, at(1)).is_none());
         }
         assert!(leases.is_empty());
         // Keys that earn a lease take entries, up to the table's size.
         let first = plan_of(&config, "first");
         earn(&mut leases, &first);
-        assert_eq!(leases.ask(&first, 10), FIRST_ASK, "earned: 4 in 1 s");
+        assert_eq!(leases.ask(&first, at(10)), FIRST_ASK, "earned: 4 in 1 s");
         for i in 1..MAX_LEASED_KEYS {
             let p = plan_of(&config, &format!("k{i}"));
             earn(&mut leases, &p);
-            assert_eq!(leases.ask(&p, 10), FIRST_ASK);
+            assert_eq!(leases.ask(&p, at(10)), FIRST_ASK);
         }
         assert_eq!(leases.len(), MAX_LEASED_KEYS);
         let late = plan_of(&config, "late");
         earn(&mut leases, &late);
-        assert_eq!(leases.ask(&late, 10), 1, "no room: no lease");
+        assert_eq!(leases.ask(&late, at(10)), 1, "no room: no lease");
         assert_eq!(leases.len(), MAX_LEASED_KEYS, "full, never more");
         // The crowded table forgets its idle keys at the next expiry pass; one asking stays.
         leases.asking(&first, true);
-        leases.expire(11);
+        leases.expire(at(11));
         assert_eq!(leases.len(), 1, "only the key still asking");
     }
 
@@ -598,7 +604,7 @@ mod tests {
             let check = plan_of(&config, &format!("k{i}")).checks[0].clone();
             leases.returns.push(Refund {
                 check,
-                charged_at_ns: u128::from(u64::MAX),
+                charged_at_ns: at(u128::from(u64::MAX)),
                 left: 1.0 / 3.0,
             });
         }
@@ -625,17 +631,20 @@ mod tests {
         let mut leases = Leases::default();
         let p = plan_of(&config, "k");
         earn(&mut leases, &p);
-        let ticket = leases.ticket(&p, 1).unwrap();
+        let ticket = leases.ticket(&p, at(1)).unwrap();
         assert_eq!(ticket.requests(), FIRST_ASK);
-        assert!(leases.ticket(&p, 1).is_none(), "one ask in flight per key");
+        assert!(
+            leases.ticket(&p, at(1)).is_none(),
+            "one ask in flight per key"
+        );
         leases.cancel(ticket, &p);
-        let ticket = leases.ticket(&p, 2).unwrap();
+        let ticket = leases.ticket(&p, at(2)).unwrap();
         // Settled without a decision (the call failed): nothing granted, the key free again.
         assert!(!leases.redeem(ticket, &p, None, Duration::ZERO));
-        assert!(leases.spend(&p, 3).is_none());
+        assert!(leases.spend(&p, at(3)).is_none());
         // Settled with a grant of 4 requests' worth: 3 held for later requests, counted in
         // the headers' remaining.
-        let ticket = leases.ticket(&p, 4).unwrap();
+        let ticket = leases.ticket(&p, at(4)).unwrap();
         let mut decision = Decision {
             allowed: true,
             limits: vec![LimitResult {
@@ -650,12 +659,12 @@ mod tests {
             }],
             leased: 3,
         };
-        assert!(leases.redeem(ticket, &p, Some((&mut decision, 4)), Duration::ZERO));
+        assert!(leases.redeem(ticket, &p, Some((&mut decision, at(4))), Duration::ZERO));
         assert_eq!(decision.limits[0].remaining, 9.0);
         for now in 5..8 {
-            assert!(leases.spend(&p, now).is_some());
+            assert!(leases.spend(&p, at(now)).is_some());
         }
-        assert!(leases.spend(&p, 8).is_none(), "3 units, 3 requests");
+        assert!(leases.spend(&p, at(8)).is_none(), "3 units, 3 requests");
     }
 
     #[test]
@@ -679,7 +688,7 @@ mod tests {
                 ..both.clone()
             };
             earn(&mut leases, &own);
-            let ticket = leases.ticket(&own, 1).unwrap();
+            let ticket = leases.ticket(&own, at(1)).unwrap();
             let mut decision = Decision {
                 allowed: true,
                 limits: vec![LimitResult {
@@ -694,13 +703,13 @@ mod tests {
                 }],
                 leased: 3,
             };
-            assert!(leases.redeem(ticket, &own, Some((&mut decision, 1)), Duration::ZERO));
+            assert!(leases.redeem(ticket, &own, Some((&mut decision, at(1))), Duration::ZERO));
         }
-        assert!(leases.spend(&both, 2).is_some());
-        assert!(leases.spend(&both, 3).is_some());
-        assert!(leases.runs_low(&both, 3));
+        assert!(leases.spend(&both, at(2)).is_some());
+        assert!(leases.spend(&both, at(3)).is_some());
+        assert!(leases.runs_low(&both, at(3)));
         assert!(
-            leases.prefetch(&config, &both, 3).is_none(),
+            leases.prefetch(&config, &both, at(3)).is_none(),
             "no cross-slot call"
         );
     }

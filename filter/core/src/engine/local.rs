@@ -9,6 +9,7 @@ use crate::check::{LimitCheck, Mode};
 use crate::config::Algorithm;
 use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
+use crate::time::UnixNs;
 
 #[derive(Debug)]
 pub struct LocalLimits {
@@ -48,8 +49,8 @@ impl LocalLimits {
 
     /// Decides `checks` (already scaled) at `now_ns` exactly as the script would on this
     /// worker's own state: all enforced limits allow, or nothing is charged.
-    pub fn decide(&mut self, checks: &[LimitCheck], now_ns: u128) -> Decision {
-        let now = unix_ms(now_ns);
+    pub fn decide(&mut self, checks: &[LimitCheck], now_ns: UnixNs) -> Decision {
+        let now = now_ns.unix_ms();
         let evaluations: Vec<_> = checks
             .iter()
             .map(|c| {
@@ -85,7 +86,7 @@ impl LocalLimits {
                 bad_override: false,
                 never_fits,
             });
-            let expires = now_ns.saturating_add((e.lifetime * 1e6) as u128);
+            let expires = now_ns.plus_ns((e.lifetime * 1e6) as u128);
             if c.mode.takes_hold() {
                 continue;
             }
@@ -112,7 +113,7 @@ pub const OVERRIDE_SEEN_NS: u128 = 3_600 * 1_000_000_000;
 /// the outage is seen when Redis answers again.
 #[derive(Debug)]
 pub struct SeenOverrides {
-    entries: ExpiringMap<(u128, Override)>,
+    entries: ExpiringMap<(UnixNs, Override)>,
 }
 
 impl Default for SeenOverrides {
@@ -133,14 +134,14 @@ pub enum Seen {
 
 impl SeenOverrides {
     /// Redis decided `checks` as `decision` at `now`: what it said of each one's override.
-    pub fn saw(&mut self, checks: &[LimitCheck], decision: &Decision, now: u128) {
+    pub fn saw(&mut self, checks: &[LimitCheck], decision: &Decision, now: UnixNs) {
         for (check, result) in checks.iter().zip(&decision.limits) {
             if !check.overrides {
                 continue;
             }
             match result.overridden {
                 Some(o) => {
-                    let until = now.saturating_add(OVERRIDE_SEEN_NS);
+                    let until = now.plus_ns(OVERRIDE_SEEN_NS);
                     self.entries.insert(&check.key, until, (until, o));
                 }
                 None => self.entries.remove(&check.key),
@@ -149,7 +150,7 @@ impl SeenOverrides {
     }
 
     /// `check` under the override last seen for its key at `now`.
-    pub fn apply(&self, check: &LimitCheck, now: u128) -> Seen {
+    pub fn apply(&self, check: &LimitCheck, now: UnixNs) -> Seen {
         let seen = check
             .overrides
             .then(|| self.entries.get(&check.key))
@@ -203,7 +204,7 @@ mod tests {
         }
     }
 
-    const T0: u128 = 1_764_489_600_000_000_000;
+    const T0: UnixNs = UnixNs::from_ns(1_764_489_600_000_000_000);
 
     #[test]
     fn a_share_of_each_limit_at_least_one() {
@@ -223,12 +224,12 @@ mod tests {
             offset_minutes: 60,
         });
         // 2028-02-01 00:00 at +01:00 is 2028-01-31 23:00 UTC.
-        let february = 1_832_976_000_000_000_000u128 - 3_600_000_000_000;
+        let february = UnixNs::from_ns(1_832_976_000_000_000_000 - 3_600_000_000_000);
         let ms = 1_000_000;
-        let first = local.decide(std::slice::from_ref(&month), february - 2 * ms);
+        let first = local.decide(std::slice::from_ref(&month), february.minus_ns(2 * ms));
         assert!(first.allowed);
         assert_eq!(first.limits[0].reset_ms, 2.0);
-        let refused = local.decide(std::slice::from_ref(&month), february - ms);
+        let refused = local.decide(std::slice::from_ref(&month), february.minus_ns(ms));
         assert_eq!((refused.allowed, refused.limits[0].retry_ms), (false, 1.0));
         let next = local.decide(std::slice::from_ref(&month), february);
         assert!(next.allowed);

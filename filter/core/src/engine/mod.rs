@@ -30,6 +30,7 @@ use crate::request::memo::PlanMemo;
 use crate::request::plan::{plan_memo, Plan};
 use crate::request::view::RequestView;
 use crate::response::{self, Headers, Protocol};
+use crate::time::UnixNs;
 use breaker::Breaker;
 use delivery::Delivery;
 use holds::Holds;
@@ -91,8 +92,8 @@ pub struct Engine {
     breaker: Breaker,
     /// How late the worker runs: request deadlines count its own time.
     lag: Lag,
-    /// The last time the host told (Unix ns), for [`Engine::clock_or_last`].
-    last_now_ns: u128,
+    /// The last time the host told, for [`Engine::clock_or_last`].
+    last_now: UnixNs,
     refusals: Refusals,
     leases: Leases,
     splits: Splits,
@@ -128,19 +129,20 @@ impl Engine {
         }
     }
 
-    /// The host's time (Unix ns), remembered. The one rule for a host that cannot tell it:
-    /// what needs the time to decide (an admission, a batch, settlements) fails by policy
-    /// or waits, and bookkeeping that only dates an event (a reply, the breaker, a stream's
-    /// end) takes the last time it could ([`Engine::clock_or_last`]).
-    fn clock(&mut self, host: &impl Host) -> Option<u128> {
-        let now = host.now_unix_ns()?;
-        self.last_now_ns = now;
+    /// The host's time, remembered: its Unix ns become a [`UnixNs`] here, for the whole engine.
+    /// The one rule for a host that cannot tell it: what needs the time to decide (an
+    /// admission, a batch, settlements) fails by policy or waits, and bookkeeping that only
+    /// dates an event (a reply, the breaker, a stream's end) takes the last time it could
+    /// ([`Engine::clock_or_last`]).
+    fn clock(&mut self, host: &impl Host) -> Option<UnixNs> {
+        let now = UnixNs::from_ns(host.now_unix_ns()?);
+        self.last_now = now;
         Some(now)
     }
 
     /// The host's time, or the last it told.
-    fn clock_or_last(&mut self, host: &impl Host) -> u128 {
-        self.clock(host).unwrap_or(self.last_now_ns)
+    fn clock_or_last(&mut self, host: &impl Host) -> UnixNs {
+        self.clock(host).unwrap_or(self.last_now)
     }
 
     /// Requests waiting for a call, and calls in flight (for tests and logs).
@@ -261,7 +263,7 @@ impl Engine {
         mut member: Waiting,
         mut outcome: Outcome,
         sent: Option<Sent>,
-        now: u128,
+        now: UnixNs,
     ) {
         if let Some(ticket) = member.lease.take() {
             let decided = outcome.decision_mut().zip(sent.map(|s| s.at_ns));
@@ -320,7 +322,7 @@ impl Engine {
             config,
             host,
             &mut self.tally,
-            (plan, self.last_now_ns, protocol),
+            (plan, self.last_now, protocol),
             outcome,
         );
         if config.metered && matches!(conclusion, Conclusion::Resume(_)) {
@@ -338,7 +340,7 @@ impl Engine {
         }
         // Redis Cluster: every waiting request's master has its call out; its reply sends
         // them (a wake-up would find nothing to send).
-        if config.redis_cluster && self.front(config, self.last_now_ns).is_none() {
+        if config.redis_cluster && self.front(config, self.last_now).is_none() {
             return;
         }
         if host.wake() {

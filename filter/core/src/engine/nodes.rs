@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use crate::bridge::SlotMap;
+use crate::time::UnixNs;
 
 /// How long a slot whose keys a node refused goes only in calls of its own slot.
 pub const DOUBT: Duration = Duration::from_secs(1);
@@ -45,22 +46,22 @@ pub struct Nodes {
     /// (first slot, last slot, master) by first slot, as a node last reported them; empty:
     /// none known (every call carries one slot's keys).
     ranges: SlotMap,
-    /// Slots refused lately, with when their doubt ends (Unix ns).
-    doubts: Vec<(u16, u128)>,
+    /// Slots refused lately, with when their doubt ends.
+    doubts: Vec<(u16, UnixNs)>,
     /// Counts the maps dropped: a map asked for before the last drop is not taken.
     epoch: u64,
-    /// When the ask in flight (for the current epoch) was sent, Unix ns: one whose answer is
+    /// When the ask in flight (for the current epoch) was sent: one whose answer is
     /// lost (its call failed or was given up) stops counting after [`REFRESH`].
-    asking: Option<u128>,
-    /// When the last map (or an empty answer) came, Unix ns.
-    learnt_ns: Option<u128>,
+    asking: Option<UnixNs>,
+    /// When the last map (or an empty answer) came.
+    learnt_ns: Option<UnixNs>,
     /// Counts the maps taken and dropped: the masters' numbers are those of one generation.
     generation: u64,
 }
 
 impl Nodes {
     /// The master of `slot` in the map (a number within it); None when unknown or doubted.
-    pub fn node_of(&self, slot: u16, now: u128) -> Option<u16> {
+    pub fn node_of(&self, slot: u16, now: UnixNs) -> Option<u16> {
         if self.doubted(slot, now) {
             return None;
         }
@@ -70,12 +71,12 @@ impl Nodes {
     }
 
     /// The master of `slot` as [`Nodes::node_of`] has it, tagged with the map's generation.
-    pub fn tag_of(&self, slot: u16, now: u128) -> Option<NodeTag> {
+    pub fn tag_of(&self, slot: u16, now: UnixNs) -> Option<NodeTag> {
         self.node_of(slot, now).map(|node| (self.generation, node))
     }
 
     /// Whether a node refused the keys of `slot` less than [`DOUBT`] ago.
-    pub fn doubted(&self, slot: u16, now: u128) -> bool {
+    pub fn doubted(&self, slot: u16, now: UnixNs) -> bool {
         self.doubts
             .iter()
             .any(|&(s, until)| s == slot && until > now)
@@ -83,14 +84,14 @@ impl Nodes {
 
     /// Whether the next call should ask for the map (none, or an old one, and no ask out):
     /// then its epoch, marked as asked.
-    pub fn ask(&mut self, now: u128) -> Option<u64> {
+    pub fn ask(&mut self, now: UnixNs) -> Option<u64> {
         let due = match self.learnt_ns {
             None => true,
-            Some(at) => now.saturating_sub(at) >= REFRESH.as_nanos(),
+            Some(at) => now.since(at) >= REFRESH.as_nanos(),
         };
         let out = self
             .asking
-            .is_some_and(|at| now.saturating_sub(at) < REFRESH.as_nanos());
+            .is_some_and(|at| now.since(at) < REFRESH.as_nanos());
         if out || !due {
             return None;
         }
@@ -100,7 +101,7 @@ impl Nodes {
 
     /// The answer to an ask of `epoch`: a map (None: the call failed, ask again). A map from
     /// before the last drop is old news: not taken.
-    pub fn answered(&mut self, epoch: u64, map: Option<SlotMap>, now: u128) {
+    pub fn answered(&mut self, epoch: u64, map: Option<SlotMap>, now: UnixNs) {
         if epoch != self.epoch {
             return;
         }
@@ -118,13 +119,13 @@ impl Nodes {
 
     /// A node refused the keys of `slot`: the map is dropped (every call carries one slot's keys until
     /// a fresh one comes, asked for at once) and `slot` doubted for [`DOUBT`].
-    pub fn refused(&mut self, slot: u16, now: u128) {
+    pub fn refused(&mut self, slot: u16, now: UnixNs) {
         self.ranges.clear();
         self.epoch = self.epoch.wrapping_add(1);
         self.generation = self.generation.wrapping_add(1);
         self.asking = None;
         self.learnt_ns = None;
-        let until = now.saturating_add(DOUBT.as_nanos());
+        let until = now.plus(DOUBT);
         self.doubts.retain(|&(s, end)| s != slot && end > now);
         if self.doubts.len() >= MAX_DOUBTS {
             self.doubts.remove(0);
@@ -141,41 +142,45 @@ mod tests {
 
     const S: u128 = 1_000_000_000;
 
+    fn at(ns: u128) -> UnixNs {
+        UnixNs::from_ns(ns)
+    }
+
     fn learnt(map: SlotMap) -> Nodes {
         let mut nodes = Nodes::default();
-        let epoch = nodes.ask(0).unwrap();
-        nodes.answered(epoch, Some(map), 0);
+        let epoch = nodes.ask(at(0)).unwrap();
+        nodes.answered(epoch, Some(map), at(0));
         nodes
     }
 
     #[test]
     fn slots_are_found_in_their_ranges() {
         let nodes = learnt(vec![(10923, 16383, 3), (0, 5460, 1), (5461, 10922, 2)]);
-        assert_eq!(nodes.node_of(0, 0), Some(1));
-        assert_eq!(nodes.node_of(5460, 0), Some(1));
-        assert_eq!(nodes.node_of(5461, 0), Some(2));
-        assert_eq!(nodes.node_of(16383, 0), Some(3));
+        assert_eq!(nodes.node_of(0, at(0)), Some(1));
+        assert_eq!(nodes.node_of(5460, at(0)), Some(1));
+        assert_eq!(nodes.node_of(5461, at(0)), Some(2));
+        assert_eq!(nodes.node_of(16383, at(0)), Some(3));
         let holes = learnt(vec![(0, 10, 1), (20, 30, 2)]);
-        assert_eq!(holes.node_of(15, 0), None, "a slot no range holds");
-        assert_eq!(holes.node_of(31, 0), None);
+        assert_eq!(holes.node_of(15, at(0)), None, "a slot no range holds");
+        assert_eq!(holes.node_of(31, at(0)), None);
         let overlapping = learnt(vec![(0, 10, 1), (5, 30, 2)]);
-        assert_eq!(overlapping.node_of(3, 0), None, "not a map");
+        assert_eq!(overlapping.node_of(3, at(0)), None, "not a map");
     }
 
     #[test]
     fn one_ask_at_a_time_and_again_after_the_refresh_period() {
         let mut nodes = Nodes::default();
-        let epoch = nodes.ask(0).expect("no map yet: ask");
-        assert_eq!(nodes.ask(0), None, "one ask in flight");
-        nodes.answered(epoch, None, 0);
-        let epoch = nodes.ask(0).expect("the ask failed: again");
-        nodes.answered(epoch, Some(vec![(0, 16383, 1)]), S);
-        assert_eq!(nodes.ask(S + 1), None, "fresh");
-        assert!(nodes.ask(S + REFRESH.as_nanos()).is_some(), "old");
+        let epoch = nodes.ask(at(0)).expect("no map yet: ask");
+        assert_eq!(nodes.ask(at(0)), None, "one ask in flight");
+        nodes.answered(epoch, None, at(0));
+        let epoch = nodes.ask(at(0)).expect("the ask failed: again");
+        nodes.answered(epoch, Some(vec![(0, 16383, 1)]), at(S));
+        assert_eq!(nodes.ask(at(S + 1)), None, "fresh");
+        assert!(nodes.ask(at(S + REFRESH.as_nanos())).is_some(), "old");
         let t = S + REFRESH.as_nanos();
-        assert_eq!(nodes.ask(t + 1), None, "its answer may still come");
+        assert_eq!(nodes.ask(at(t + 1)), None, "its answer may still come");
         assert!(
-            nodes.ask(t + REFRESH.as_nanos()).is_some(),
+            nodes.ask(at(t + REFRESH.as_nanos())).is_some(),
             "an answer lost"
         );
     }
@@ -185,27 +190,27 @@ mod tests {
     #[test]
     fn a_refusal_falls_back_to_calls_per_slot_until_a_fresh_map() {
         let mut nodes = learnt(vec![(0, 8191, 1), (8192, 16383, 2)]);
-        let old_ask = nodes.ask(REFRESH.as_nanos()).unwrap();
-        nodes.refused(100, S);
-        assert_eq!(nodes.node_of(200, S), None, "no map");
-        nodes.answered(old_ask, Some(vec![(0, 16383, 1)]), S);
-        assert_eq!(nodes.node_of(200, S), None, "asked before the refusal");
-        let ask = nodes.ask(S).expect("asked again at once");
-        nodes.answered(ask, Some(vec![(0, 8191, 1), (8192, 16383, 2)]), S);
-        assert_eq!(nodes.node_of(200, S), Some(1));
-        assert_eq!(nodes.node_of(100, S), None, "doubted");
+        let old_ask = nodes.ask(at(REFRESH.as_nanos())).unwrap();
+        nodes.refused(100, at(S));
+        assert_eq!(nodes.node_of(200, at(S)), None, "no map");
+        nodes.answered(old_ask, Some(vec![(0, 16383, 1)]), at(S));
+        assert_eq!(nodes.node_of(200, at(S)), None, "asked before the refusal");
+        let ask = nodes.ask(at(S)).expect("asked again at once");
+        nodes.answered(ask, Some(vec![(0, 8191, 1), (8192, 16383, 2)]), at(S));
+        assert_eq!(nodes.node_of(200, at(S)), Some(1));
+        assert_eq!(nodes.node_of(100, at(S)), None, "doubted");
         let after = S + DOUBT.as_nanos();
-        assert_eq!(nodes.node_of(100, after), Some(1), "doubt over");
+        assert_eq!(nodes.node_of(100, at(after)), Some(1), "doubt over");
     }
 
     #[test]
     fn doubts_are_bounded() {
         let mut nodes = Nodes::default();
         for slot in 0..(MAX_DOUBTS as u16 + 10) {
-            nodes.refused(slot, 0);
+            nodes.refused(slot, at(0));
         }
         assert_eq!(nodes.doubts.len(), MAX_DOUBTS);
-        assert!(nodes.doubted(MAX_DOUBTS as u16 + 9, 0));
-        assert!(!nodes.doubted(0, 0), "the oldest went");
+        assert!(nodes.doubted(MAX_DOUBTS as u16 + 9, at(0)));
+        assert!(!nodes.doubted(0, at(0)), "the oldest went");
     }
 }

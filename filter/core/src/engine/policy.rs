@@ -15,6 +15,7 @@ use crate::decision::{Decision, LimitResult, Override};
 use crate::metrics::{Counter, RuleCount, RuleEvent};
 use crate::request::plan::Plan;
 use crate::response::{self, Headers, LocalResponse, Protocol};
+use crate::time::UnixNs;
 
 /// What the policy decided for a request.
 pub enum Conclusion {
@@ -32,13 +33,13 @@ pub struct Policy {
 
 impl Policy {
     /// The one place an outcome becomes "let it through" or "answer it" (in `protocol`),
-    /// counted; `now` (Unix ns, the worker's latest clock) dates its headers.
+    /// counted; `now` (the worker's latest clock) dates its headers.
     pub fn conclude(
         &mut self,
         config: &Config,
         host: &mut impl Host,
         tally: &mut Tally,
-        (plan, now, protocol): (&Plan, u128, Protocol),
+        (plan, now, protocol): (&Plan, UnixNs, Protocol),
         outcome: Outcome,
     ) -> Conclusion {
         if let Outcome::Decided(decision) = &outcome {
@@ -124,7 +125,7 @@ impl Policy {
         protocol: Protocol,
     ) -> Conclusion {
         host.count(Counter::FailureModeLocal);
-        let Some(now) = host.now_unix_ns() else {
+        let Some(now) = host.now_unix_ns().map(UnixNs::from_ns) else {
             return Conclusion::Resume(Headers::new());
         };
         let mut blocked = Vec::new();
@@ -186,7 +187,7 @@ pub fn serve_locally(
     config: &Config,
     (leases, refusals, tally): (&mut Leases, &Refusals, &mut Tally),
     (plan, protocol): (&Plan, Protocol),
-    now: u128,
+    now: UnixNs,
 ) -> Option<Conclusion> {
     if plan.leasable() && !leases.is_empty() {
         if let Some(decision) = leases.spend(plan, now) {

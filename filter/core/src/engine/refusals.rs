@@ -25,14 +25,15 @@ use crate::check::LimitCheck;
 use crate::decision::{Decision, LimitResult, Override};
 use crate::expiring::ExpiringMap;
 use crate::request::plan::Plan;
+use crate::time::UnixNs;
 
 /// What Redis said about one refused limit, and until when it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
-    /// Until this instant (Unix ns, the worker's clock) the limit refuses `cost` or more.
-    pub until_ns: u128,
+    /// Until this instant (the worker's clock) the limit refuses `cost` or more.
+    pub until_ns: UnixNs,
     /// The limit is whole again at this instant (for the `Reset` headers).
-    pub reset_at_ns: u128,
+    pub reset_at_ns: UnixNs,
     pub cost: u64,
     /// The identity's override that refused it, if one did.
     pub overridden: Option<Override>,
@@ -68,7 +69,7 @@ impl DenyCache {
     }
 
     /// The refusal that still covers a request of `cost` on `key` at `now_ns`.
-    pub fn covering(&self, key: &str, cost: u64, now_ns: u128) -> Option<Refusal> {
+    pub fn covering(&self, key: &str, cost: u64, now_ns: UnixNs) -> Option<Refusal> {
         self.entries
             .get(key)
             .filter(|r| now_ns < r.until_ns && cost >= r.cost)
@@ -139,7 +140,7 @@ impl Refusals {
     }
 
     /// Whether an enforced limit of `plan` is known to refuse it at `now`.
-    pub fn refuses(&self, plan: &Plan, now: u128) -> bool {
+    pub fn refuses(&self, plan: &Plan, now: UnixNs) -> bool {
         plan.checks
             .iter()
             .any(|c| !c.mode.is_shadow() && self.cache.covering(&c.key, c.cost, now).is_some())
@@ -147,7 +148,7 @@ impl Refusals {
 
     /// The refusal of a request of `plan` at `now`, if an enforced limit is known to refuse
     /// it: those limits, and what they say (retry and reset times).
-    pub fn refusal(&self, plan: &Plan, now: u128) -> Option<(Vec<LimitCheck>, Decision)> {
+    pub fn refusal(&self, plan: &Plan, now: UnixNs) -> Option<(Vec<LimitCheck>, Decision)> {
         if self.cache.is_empty() {
             return None;
         }
@@ -155,7 +156,7 @@ impl Refusals {
         let mut limits: Vec<LimitResult> = Vec::new();
         for check in plan.checks.iter().filter(|c| !c.mode.is_shadow()) {
             if let Some(r) = self.cache.covering(&check.key, check.cost, now) {
-                let ms = |at: u128| at.saturating_sub(now) as f64 / 1e6;
+                let ms = |at: UnixNs| at.since(now) as f64 / 1e6;
                 checks.push(check.clone());
                 limits.push(LimitResult {
                     allowed: false,
@@ -201,7 +202,7 @@ impl Refusals {
             // new config may raise the limit): each is asked again, and answered so again.
             let holds = check.mode.takes_hold();
             if !result.allowed && !check.mode.is_shadow() && !holds && !result.never_fits {
-                let at = |ms: f64| sent.at_ns.saturating_add((ms * 1e6) as u128);
+                let at = |ms: f64| sent.at_ns.plus_ns((ms * 1e6) as u128);
                 let mut until_ns = at(result.retry_ms);
                 if check.overrides {
                     // An operator may raise, lift or reset it at any time; a block without
@@ -246,10 +247,14 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn at(ns: u128) -> UnixNs {
+        UnixNs::from_ns(ns)
+    }
+
     fn refusal(until_ns: u128, cost: u64) -> Refusal {
         Refusal {
-            until_ns,
-            reset_at_ns: until_ns + 1000,
+            until_ns: at(until_ns),
+            reset_at_ns: at(until_ns + 1000),
             cost,
             overridden: None,
         }
@@ -259,15 +264,19 @@ mod tests {
     fn covers_until_the_instant_and_only_costs_at_least_as_large() {
         let mut cache = DenyCache::new(10);
         cache.insert("k", refusal(1000, 3));
-        assert_eq!(cache.covering("k", 3, 999), Some(refusal(1000, 3)));
-        assert_eq!(cache.covering("k", 5, 0), Some(refusal(1000, 3)));
-        assert_eq!(cache.covering("k", 2, 500), None, "a smaller cost may fit");
+        assert_eq!(cache.covering("k", 3, at(999)), Some(refusal(1000, 3)));
+        assert_eq!(cache.covering("k", 5, at(0)), Some(refusal(1000, 3)));
         assert_eq!(
-            cache.covering("k", 3, 1000),
+            cache.covering("k", 2, at(500)),
+            None,
+            "a smaller cost may fit"
+        );
+        assert_eq!(
+            cache.covering("k", 3, at(1000)),
             None,
             "expired exactly at until"
         );
-        assert_eq!(cache.covering("other", 3, 500), None);
+        assert_eq!(cache.covering("other", 3, at(500)), None);
     }
 
     #[test]
@@ -276,7 +285,7 @@ mod tests {
         cache.insert("k", refusal(1000, 3));
         cache.insert("k", refusal(2000, 1));
         assert_eq!(cache.len(), 1);
-        assert_eq!(cache.covering("k", 1, 1500), Some(refusal(2000, 1)));
+        assert_eq!(cache.covering("k", 1, at(1500)), Some(refusal(2000, 1)));
     }
 
     #[test]
@@ -287,15 +296,15 @@ mod tests {
         cache.insert("soon", refusal(3000, 1));
         cache.insert("new", refusal(5000, 1));
         assert_eq!(cache.len(), 3);
-        assert_eq!(cache.covering("expired", 1, 0), None, "evicted first");
+        assert_eq!(cache.covering("expired", 1, at(0)), None, "evicted first");
         cache.insert("newer", refusal(6000, 1));
         assert_eq!(
-            cache.covering("soon", 1, 0),
+            cache.covering("soon", 1, at(0)),
             None,
             "then the soonest to expire"
         );
         for key in ["late", "new", "newer"] {
-            assert!(cache.covering(key, 1, 0).is_some(), "{key} kept");
+            assert!(cache.covering(key, 1, at(0)).is_some(), "{key} kept");
         }
     }
 
@@ -304,7 +313,7 @@ mod tests {
         let mut cache = DenyCache::new(0);
         cache.insert("k", refusal(1000, 1));
         assert!(cache.is_empty());
-        assert_eq!(cache.covering("k", 1, 0), None);
+        assert_eq!(cache.covering("k", 1, at(0)), None);
     }
 
     /// A plan of one enforced limit on `key`, cost 1.
@@ -334,7 +343,7 @@ mod tests {
         let mut r = Refusals::new(10);
         let a = plan_on("a");
         let sent = Sent {
-            at_ns: 1_000,
+            at_ns: at(1_000),
             epoch: r.epoch(),
         };
         let Outcome::Decided(mut decision) = refused(0.0) else {
@@ -350,31 +359,31 @@ mod tests {
         let mut r = Refusals::new(10);
         let (a, b) = (plan_on("a"), plan_on("b"));
         let sent = Sent {
-            at_ns: 1_000,
+            at_ns: at(1_000),
             epoch: r.epoch(),
         };
         r.remember(&a, &refused(1.0), Some(sent));
         r.remember(&b, &refused(1.0), Some(sent));
-        assert!(r.refuses(&a, 1_000_999) && !r.refuses(&a, 1_001_000));
-        let (checks, decision) = r.refusal(&a, 500_000).unwrap();
+        assert!(r.refuses(&a, at(1_000_999)) && !r.refuses(&a, at(1_001_000)));
+        let (checks, decision) = r.refusal(&a, at(500_000)).unwrap();
         assert_eq!(checks.len(), 1);
         assert_eq!(decision.limits[0].retry_ms, 0.501);
         // Units given back to a key: its refusal is forgotten, the other's kept.
         r.given_back(&a.checks);
-        assert!(!r.refuses(&a, 2_000) && r.refuses(&b, 2_000));
+        assert!(!r.refuses(&a, at(2_000)) && r.refuses(&b, at(2_000)));
         // Another worker saw a restart: everything is forgotten once, ...
         assert!(r.sync(1));
         assert!(!r.sync(1), "once per restart");
-        assert!(!r.refuses(&b, 2_000));
+        assert!(!r.refuses(&b, at(2_000)));
         // ... and a reply to a call sent before it puts nothing back.
         r.remember(&b, &refused(1.0), Some(sent));
-        assert!(!r.refuses(&b, 2_000));
+        assert!(!r.refuses(&b, at(2_000)));
         let now = Sent {
-            at_ns: 1_000,
+            at_ns: at(1_000),
             epoch: r.epoch(),
         };
         r.remember(&b, &refused(1.0), Some(now));
-        assert!(r.refuses(&b, 2_000));
+        assert!(r.refuses(&b, at(2_000)));
         // Seen here (NOSCRIPT): forgotten too, the shared count taken.
         assert!(r.restarted(Some(2)));
         assert!(!r.sync(2));
@@ -385,7 +394,7 @@ mod tests {
             &a,
             &failed,
             Some(Sent {
-                at_ns: 0,
+                at_ns: at(0),
                 epoch: r.epoch(),
             }),
         );

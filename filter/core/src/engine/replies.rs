@@ -150,7 +150,7 @@ impl Engine {
                 // No answer at all once Envoy's own timeout passed: the call timed out (rather
                 // than its connection failing).
                 let envoy_timeout = call.envoy_timeout(config).as_nanos();
-                let waited = now.saturating_sub(dispatched.wall_ns);
+                let waited = now.since(dispatched.wall_ns);
                 let failure = match failure {
                     BridgeFailure::NoResponse if waited + 1_000_000 >= envoy_timeout => {
                         BridgeFailure::Timeout

@@ -35,6 +35,7 @@ use crate::decision::Settlement;
 use crate::metering::{UsageCharge, UsageMeter};
 use crate::metrics::RuleEvent;
 use crate::request::plan::Plan;
+use crate::time::UnixNs;
 
 /// A settlement call in flight.
 #[derive(Debug)]
@@ -234,16 +235,16 @@ impl Settlements {
             .collect()
     }
 
-    /// The request settling `settlements` at `now` (Unix ns): Redis refuses it past `now` +
+    /// The request settling `settlements` at `now`: Redis refuses it past `now` +
     /// `timeout` + the clock skew (then nothing was charged: the settlements are kept).
     pub fn request(
         config: &Config,
         settlements: &[Settlement],
         timeout: Duration,
-        now: u128,
+        now: UnixNs,
     ) -> BridgeRequest {
-        let deadline = now.saturating_add((timeout + config.clock_skew).as_nanos());
-        let mut call = DecideCall::settle(now, deadline / 1_000_000, settlements);
+        let deadline = now.plus(timeout + config.clock_skew);
+        let mut call = DecideCall::settle(now.as_ns(), deadline.as_ms(), settlements);
         if config.clock == Clock::Redis {
             // Settled on the clock the decisions were made with.
             call.args[0] = "redis".to_string();
@@ -279,7 +280,7 @@ impl Settlements {
         config: &Config,
         token: u32,
         reply: BridgeReply<'_>,
-        now: u128,
+        now: UnixNs,
     ) -> (Settled, Option<(BridgeRequest, SettleCall)>) {
         let Some(call) = self.in_flight.remove(&token) else {
             return (Settled::Done, None);

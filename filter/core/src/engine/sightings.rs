@@ -8,6 +8,7 @@
 //! decision, since a lease is charged in Redis before it is spent).
 
 use crate::bounds::SIGHTING_ENTRIES;
+use crate::time::UnixNs;
 
 /// Earlier requests remembered per key: the request that makes `SEEN + 1` within a lease's
 /// time earns the key a lease.
@@ -28,17 +29,17 @@ pub struct Sightings {
 }
 
 impl Sightings {
-    /// A request of `key` came at `now` (Unix ns): if `SEEN` earlier ones came within
+    /// A request of `key` came at `now`: if `SEEN` earlier ones came within
     /// `max_ns` before it, when its last `SEEN` requests came (this one first, in ns to the
     /// ms).
-    pub fn sighted(&mut self, key: &str, now: u128, max_ns: u128) -> Option<[u128; SEEN]> {
+    pub fn sighted(&mut self, key: &str, now: UnixNs, max_ns: u128) -> Option<[UnixNs; SEEN]> {
         if self.entries.is_empty() {
             self.entries = vec![Entry::default(); SIGHTING_ENTRIES];
         }
         let hash = hash(key.as_bytes());
         let entry = &mut self.entries[(hash as usize) & (SIGHTING_ENTRIES - 1)];
         let tag = (hash >> 32) as u32;
-        let now_ms = ((now / 1_000_000) as u32).wrapping_add(1);
+        let now_ms = (now.as_ms() as u32).wrapping_add(1);
         if entry.tag != tag {
             *entry = Entry {
                 tag,
@@ -54,7 +55,7 @@ impl Sightings {
         }
         Some(entry.seen.map(|at| {
             let ago = u128::from(now_ms.wrapping_sub(at)) * 1_000_000;
-            now.saturating_sub(ago).max(1)
+            now.minus_ns(ago).max(UnixNs::from_ns(1))
         }))
     }
 }
@@ -95,20 +96,28 @@ mod tests {
         let mut s = Sightings::default();
         let max = 1000 * MS;
         for at in [0, 300, 600] {
-            assert_eq!(s.sighted("k", T0 + at * MS, max), None);
+            assert_eq!(s.sighted("k", UnixNs::from_ns(T0 + at * MS), max), None);
         }
         assert_eq!(
-            s.sighted("k", T0 + 1000 * MS, max),
-            Some([T0 + 1000 * MS, T0 + 600 * MS, T0 + 300 * MS]),
+            s.sighted("k", UnixNs::from_ns(T0 + 1000 * MS), max),
+            Some([T0 + 1000 * MS, T0 + 600 * MS, T0 + 300 * MS].map(UnixNs::from_ns)),
             "4 in 1,000 ms"
         );
         assert!(
-            s.sighted("k", T0 + 1100 * MS, max).is_some(),
+            s.sighted("k", UnixNs::from_ns(T0 + 1100 * MS), max)
+                .is_some(),
             "300 ... 1100"
         );
-        assert_eq!(s.sighted("k", T0 + 1700 * MS, max), None, "600 ... 1700");
+        assert_eq!(
+            s.sighted("k", UnixNs::from_ns(T0 + 1700 * MS), max),
+            None,
+            "600 ... 1700"
+        );
         // Another key's requests count for it alone.
-        assert_eq!(s.sighted("other", T0 + 2701 * MS, max), None);
+        assert_eq!(
+            s.sighted("other", UnixNs::from_ns(T0 + 2701 * MS), max),
+            None
+        );
     }
 
     #[test]

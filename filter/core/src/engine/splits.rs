@@ -17,21 +17,22 @@ use crate::check::LimitCheck;
 use crate::config::Config;
 use crate::decision::{Decision, LimitResult, Refund};
 use crate::request::plan::Plan;
+use crate::time::UnixNs;
 
 /// A request decided in parts.
 #[derive(Debug)]
 pub struct Split {
     pub ctx: u32,
     pub plan: Plan,
-    pub arrived_ns: u128,
+    pub arrived_ns: UnixNs,
     /// Each part's checks, as indexes into `plan.checks`.
     parts: Vec<Vec<usize>>,
     pending: usize,
     results: Vec<Option<LimitResult>>,
     /// Parts that committed (charged), with the clock they were decided with.
-    charged: Vec<(usize, u128)>,
+    charged: Vec<(usize, UnixNs)>,
     /// The clock of the first part refused.
-    refused_at: Option<u128>,
+    refused_at: Option<UnixNs>,
     failure: Option<BridgeFailure>,
     /// A part was decided by a call sent before a Redis restart this worker learnt of since:
     /// its refusals are not remembered.
@@ -39,7 +40,7 @@ pub struct Split {
 }
 
 impl Split {
-    pub fn new(ctx: u32, plan: Plan, arrived_ns: u128, parts: Vec<Vec<usize>>) -> Self {
+    pub fn new(ctx: u32, plan: Plan, arrived_ns: UnixNs, parts: Vec<Vec<usize>>) -> Self {
         Split {
             ctx,
             arrived_ns,
@@ -77,7 +78,7 @@ impl Split {
         &mut self,
         part: usize,
         outcome: Result<Decision, BridgeFailure>,
-        sent_ns: u128,
+        sent_ns: UnixNs,
     ) -> bool {
         let Some(indexes) = self.parts.get(part) else {
             return self.pending == 0;
@@ -108,7 +109,7 @@ impl Split {
     /// What the request as a whole got, once every part is in, with the plan to conclude it
     /// with and the clock of the decision: refused if any part was refused (over the checks
     /// that were decided), else failed if any part failed, else allowed.
-    pub fn outcome(&self) -> (Plan, Result<Decision, BridgeFailure>, u128) {
+    pub fn outcome(&self) -> (Plan, Result<Decision, BridgeFailure>, UnixNs) {
         if let Some(at) = self.refused_at {
             let (checks, limits): (Vec<LimitCheck>, Vec<LimitResult>) = self
                 .plan
@@ -129,10 +130,15 @@ impl Split {
             return (plan, Ok(decision), at);
         }
         if let Some(failure) = &self.failure {
-            return (self.plan.clone(), Err(failure.clone()), 0);
+            return (self.plan.clone(), Err(failure.clone()), UnixNs::from_ns(0));
         }
         let limits: Vec<LimitResult> = self.results.iter().flatten().copied().collect();
-        let at = self.charged.iter().map(|(_, at)| *at).max().unwrap_or(0);
+        let at = self
+            .charged
+            .iter()
+            .map(|(_, at)| *at)
+            .max()
+            .unwrap_or_default();
         let decision = Decision {
             allowed: limits.len() == self.plan.checks.len(),
             limits,
@@ -238,7 +244,7 @@ impl Splits {
             Outcome::Decided(decision) => Ok(decision),
             Outcome::Failed(failure) => Err(failure),
         };
-        if !split.record(part, result, sent.map_or(0, |s| s.at_ns)) {
+        if !split.record(part, result, sent.map_or(UnixNs::from_ns(0), |s| s.at_ns)) {
             return None;
         }
         let split = self.open.remove(&id)?;
@@ -302,23 +308,27 @@ mod tests {
     #[test]
     fn a_refused_part_refuses_the_request_and_the_charged_parts_are_given_back() {
         let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:r:m"]);
-        let mut s = Split::new(7, p, 1, vec![vec![0, 2], vec![1]]);
+        let mut s = Split::new(7, p, UnixNs::from_ns(1), vec![vec![0, 2], vec![1]]);
         assert_eq!(s.part_plan(0).checks.len(), 2);
         assert!(!s.record(
             0,
             decided(true, vec![result(true, 4.0), result(true, 9.0)]),
-            100
+            UnixNs::from_ns(100)
         ));
-        assert!(s.record(1, decided(false, vec![result(false, 0.0)]), 200));
+        assert!(s.record(
+            1,
+            decided(false, vec![result(false, 0.0)]),
+            UnixNs::from_ns(200)
+        ));
         let (plan, outcome, at) = s.outcome();
-        assert_eq!(at, 200);
+        assert_eq!(at.as_ns(), 200);
         assert_eq!(plan.checks.len(), 3);
         assert!(!outcome.unwrap().allowed);
         let refunds = s.refunds();
         assert_eq!(refunds.len(), 1, "one call for the part that charged");
         let lefts: Vec<(String, u128, f64)> = refunds[0]
             .iter()
-            .map(|r| (r.check.key.to_string(), r.charged_at_ns, r.left))
+            .map(|r| (r.check.key.to_string(), r.charged_at_ns.as_ns(), r.left))
             .collect();
         assert_eq!(
             lefts,
@@ -332,9 +342,17 @@ mod tests {
     #[test]
     fn every_part_allowed_allows_the_request_with_every_limit() {
         let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s"]);
-        let mut s = Split::new(7, p, 1, vec![vec![0], vec![1]]);
-        s.record(1, decided(true, vec![result(true, 3.0)]), 200);
-        assert!(s.record(0, decided(true, vec![result(true, 4.0)]), 100));
+        let mut s = Split::new(7, p, UnixNs::from_ns(1), vec![vec![0], vec![1]]);
+        s.record(
+            1,
+            decided(true, vec![result(true, 3.0)]),
+            UnixNs::from_ns(200),
+        );
+        assert!(s.record(
+            0,
+            decided(true, vec![result(true, 4.0)]),
+            UnixNs::from_ns(100)
+        ));
         let (plan, outcome, _) = s.outcome();
         let decision = outcome.unwrap();
         assert!(decision.allowed);
@@ -345,15 +363,23 @@ mod tests {
     #[test]
     fn a_failed_part_fails_the_request_unless_another_was_refused() {
         let p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s"]);
-        let mut s = Split::new(7, p.clone(), 1, vec![vec![0], vec![1]]);
-        s.record(0, decided(true, vec![result(true, 3.0)]), 100);
-        s.record(1, Err(BridgeFailure::NoResponse), 0);
+        let mut s = Split::new(7, p.clone(), UnixNs::from_ns(1), vec![vec![0], vec![1]]);
+        s.record(
+            0,
+            decided(true, vec![result(true, 3.0)]),
+            UnixNs::from_ns(100),
+        );
+        s.record(1, Err(BridgeFailure::NoResponse), UnixNs::from_ns(0));
         assert_eq!(s.outcome().1, Err(BridgeFailure::NoResponse));
         assert_eq!(s.refunds().len(), 1, "given back if the policy refuses");
 
-        let mut s = Split::new(7, p, 1, vec![vec![0], vec![1]]);
-        s.record(0, Err(BridgeFailure::NoResponse), 0);
-        s.record(1, decided(false, vec![result(false, 0.0)]), 100);
+        let mut s = Split::new(7, p, UnixNs::from_ns(1), vec![vec![0], vec![1]]);
+        s.record(0, Err(BridgeFailure::NoResponse), UnixNs::from_ns(0));
+        s.record(
+            1,
+            decided(false, vec![result(false, 0.0)]),
+            UnixNs::from_ns(100),
+        );
         let (plan, outcome, _) = s.outcome();
         assert!(!outcome.unwrap().allowed, "a refusal from Redis is certain");
         assert_eq!(plan.checks.len(), 1, "over the checks decided");
@@ -364,13 +390,17 @@ mod tests {
     fn a_shadow_limit_that_refused_was_not_charged_and_is_not_given_back() {
         let mut p = plan(&["rl:{ip:a}:r:s", "rl:{key:b}:k:s", "rl:{ip:a}:w:s"]);
         p.checks[2].mode = crate::check::Mode::Shadow { budget: None };
-        let mut s = Split::new(7, p, 1, vec![vec![0, 2], vec![1]]);
+        let mut s = Split::new(7, p, UnixNs::from_ns(1), vec![vec![0, 2], vec![1]]);
         s.record(
             0,
             decided(true, vec![result(true, 3.0), result(false, 0.0)]),
-            100,
+            UnixNs::from_ns(100),
         );
-        s.record(1, decided(false, vec![result(false, 0.0)]), 100);
+        s.record(
+            1,
+            decided(false, vec![result(false, 0.0)]),
+            UnixNs::from_ns(100),
+        );
         let refunds = s.refunds();
         assert_eq!(refunds[0].len(), 1);
         assert_eq!(&*refunds[0][0].check.key, "rl:{ip:a}:r:s");

@@ -9,6 +9,7 @@ use super::host::Host;
 use super::{Engine, IDLE_TICKS, TICK};
 use crate::config::Config;
 use crate::metrics::{Counter, Gauge};
+use crate::time::UnixNs;
 
 impl Engine {
     /// Whether the worker needs its timer: requests wait or calls are out (their deadlines,
@@ -67,7 +68,7 @@ impl Engine {
     /// that a decision can depend on, done first. The Redis restarts other workers saw
     /// (the deny cache must not answer for a Redis that lost its state) and the leases that
     /// ended (their units go back at the next tick; idle keys make room for new ones).
-    pub(super) fn catch_up(&mut self, host: &mut impl Host, now: u128) {
+    pub(super) fn catch_up(&mut self, host: &mut impl Host, now: UnixNs) {
         if host
             .redis_restarts(false)
             .is_some_and(|n| self.refusals.sync(n))

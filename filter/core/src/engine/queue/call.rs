@@ -17,12 +17,13 @@ use crate::engine::nodes::NodeTag;
 use crate::engine::script::{Read, Stage};
 #[cfg(doc)]
 use crate::engine::{nodes::CALLS_PER_NODE, queue::Queue};
+use crate::time::UnixNs;
 
 /// When a call was sent: the clock its decisions were made with, and the deny cache's epoch
 /// then (the restarts it was reset for, see `Refusals::remember`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sent {
-    pub at_ns: u128,
+    pub at_ns: UnixNs,
     pub epoch: u64,
 }
 
@@ -79,17 +80,17 @@ impl Call {
     ) -> Call {
         let now = sent.at_ns;
         let clock = match config.clock {
-            Clock::Proxy => now.to_string(),
+            Clock::Proxy => now.as_ns().to_string(),
             Clock::Redis => "redis".to_string(),
         };
         // Redis charges nothing once the soonest of these requests has given up however late
         // its worker runs (plus the clock skew allowed): its verdict is then the policy's.
-        let deadline_ns = members
+        let deadline = members
             .iter()
             .map(|m| m.deadline.wall_ns)
             .min()
             .unwrap_or(now);
-        let deadline_ms = deadline_ns.saturating_add(config.clock_skew.as_nanos()) / 1_000_000;
+        let deadline_ms = deadline.plus(config.clock_skew).as_ms();
         let call = DecideCall::leasing_with(
             &clock,
             deadline_ms,

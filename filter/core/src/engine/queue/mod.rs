@@ -311,6 +311,7 @@ mod tests {
     use crate::engine::lag::Deadline;
     use crate::testing::plan::{plan_of, token_bucket_check};
     use crate::testing::random::Rng;
+    use crate::time::UnixNs;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -326,14 +327,14 @@ mod tests {
             origin: Origin::Stream(n as u32),
             deadline: Deadline::new(
                 Moment {
-                    wall_ns: n,
+                    wall_ns: UnixNs::from_ns(n),
                     work_ns: n,
                 },
                 plan.timeout,
                 Duration::ZERO,
             ),
             plan,
-            arrived_ns: n,
+            arrived_ns: UnixNs::from_ns(n),
             slot,
             lease: None,
             checked: None,
@@ -351,9 +352,17 @@ mod tests {
         while let Some((w, size)) = q.next(&mut batch, 2, usize::MAX, |_| None) {
             batch.join(w, size);
         }
-        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        let taken: Vec<u128> = batch
+            .into_members()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(taken, vec![1, 3]);
-        let left: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
+        let left: Vec<u128> = q
+            .take_waiting()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(left, vec![2, 4, 5]);
     }
 
@@ -374,13 +383,21 @@ mod tests {
         while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
             batch.join(w, size);
         }
-        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        let taken: Vec<u128> = batch
+            .into_members()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(taken, vec![1, 3, 4, 5]);
         let mut batch = q.batch_at(0, 0, None);
         while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
             batch.join(w, size);
         }
-        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        let taken: Vec<u128> = batch
+            .into_members()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(taken, vec![2], "one slot");
         // A request sent back to its own slot's call goes with that slot's others, declared.
         q.requeue(vec![waiting(0, Some(3), 1, 10)]);
@@ -388,9 +405,17 @@ mod tests {
         while let Some((w, size)) = q.next(&mut batch, 10, usize::MAX, node_of) {
             batch.join(w, size);
         }
-        let taken: Vec<u128> = batch.into_members().iter().map(|w| w.arrived_ns).collect();
+        let taken: Vec<u128> = batch
+            .into_members()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(taken, vec![0, 7]);
-        let left: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
+        let left: Vec<u128> = q
+            .take_waiting()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(left, vec![6]);
     }
 
@@ -402,12 +427,16 @@ mod tests {
         assert_eq!(q.load().0, 3);
         assert!(q.requests_wait());
         assert_eq!(
-            q.waiting().next().map(|w| w.arrived_ns),
+            q.waiting().next().map(|w| w.arrived_ns.as_ns()),
             Some(3),
             "not before the tick"
         );
         q.unpark();
-        let order: Vec<u128> = q.take_waiting().iter().map(|w| w.arrived_ns).collect();
+        let order: Vec<u128> = q
+            .take_waiting()
+            .iter()
+            .map(|w| w.arrived_ns.as_ns())
+            .collect();
         assert_eq!(order, vec![1, 2, 3]);
         q.park(vec![waiting(4, Some(2), 1, 10)]);
         let (all, _) = q.take_all();
@@ -432,7 +461,7 @@ mod tests {
                     let (limits, key) = (1 + rng.below(3) as usize, 1 + rng.below(60) as usize);
                     q.push(waiting(next, slot, limits, key));
                 }
-                let front = q.waiting.front().map(|w| (w.arrived_ns, w.slot));
+                let front = q.waiting.front().map(|w| (w.arrived_ns.as_ns(), w.slot));
                 let (max_requests, max_bytes) =
                     (1 + rng.below(5) as usize, 200 + rng.below(800) as usize);
                 let fixed = rng.below(100) as usize;
@@ -441,8 +470,8 @@ mod tests {
                 let mut bytes = fixed;
                 while let Some((w, size)) = q.next(&mut batch, max_requests, max_bytes, |_| None) {
                     assert_eq!(size, call_bytes(&w.plan.checks));
-                    seen.push((w.arrived_ns, w.slot));
-                    out.push(w.arrived_ns);
+                    seen.push((w.arrived_ns.as_ns(), w.slot));
+                    out.push(w.arrived_ns.as_ns());
                     // Some are answered without the call (a lease, the deny cache, expired).
                     if rng.one_in(4) {
                         continue;
@@ -462,10 +491,10 @@ mod tests {
                     assert!(q
                         .waiting
                         .iter()
-                        .all(|w| w.slot != slot.flatten() || w.arrived_ns > last.0));
+                        .all(|w| w.slot != slot.flatten() || w.arrived_ns.as_ns() > last.0));
                 }
             }
-            out.extend(q.take_waiting().iter().map(|w| w.arrived_ns));
+            out.extend(q.take_waiting().iter().map(|w| w.arrived_ns.as_ns()));
             out.sort_unstable();
             assert_eq!(out, (1..=next).collect::<Vec<u128>>(), "seed {seed}");
         }

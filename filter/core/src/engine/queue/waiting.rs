@@ -9,6 +9,7 @@ use crate::engine::lag::{Deadline, Moment};
 use crate::engine::leases::{Leases, Ticket};
 use crate::engine::slots;
 use crate::request::plan::Plan;
+use crate::time::UnixNs;
 
 /// Whom a waiting request's outcome goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,7 @@ impl Origin {
 pub struct Waiting {
     pub origin: Origin,
     pub plan: Plan,
-    pub arrived_ns: u128,
+    pub arrived_ns: UnixNs,
     /// When it stops waiting and follows its failure policy.
     pub deadline: Deadline,
     /// Redis Cluster: the hash slot of every key of `plan`; a call takes one slot's requests.
