@@ -109,3 +109,17 @@ fn a_concurrency_limit_without_a_request_id_is_refused_as_bad_arguments() {
     assert_eq!(s.one(T0, &over().held_by("w.3")).0, 1 + 4 + 16 * 3);
     assert_eq!(s.one(T0, &over().held_by("w.4")).0, 4 + 16 * 3);
 }
+
+/// A hold under no request id (a plan sent before its request was admitted) could never be
+/// released: that request is refused with an error naming its limit, and nothing is held.
+#[test]
+fn a_hold_under_no_id_is_refused_as_malformed() {
+    let (_dir, redis, mut s) = script("lua-concurrency-no-id");
+    let answers = s.decide_batch(T0, &[&[holds(2, "")], &[holds(2, "w.1")]]);
+    assert_eq!(
+        answers[0],
+        Err("ERR decide: bad arguments for limit 1".to_string())
+    );
+    assert_eq!(answers[1].as_ref().map(|a| a.0), Ok(1), "{answers:?}");
+    assert_eq!(held(&redis), 1);
+}

@@ -73,8 +73,9 @@ pub(super) fn decision_mode(
     match (&check.mode, requests) {
         (Mode::After, _) => (WireMode::After, None),
         (Mode::Hold(member), _) => (WireMode::Hold { member }, None),
-        // Not sent by the engine, which admits a request before it queues it; a plan sent as
-        // planned (a tool, a bench) takes its hold under no id of its own.
+        // Not sent by the engine, which admits a request before it queues it. A plan sent
+        // unadmitted names no request: the decision code refuses that limit as malformed (a
+        // hold under no id could never be released), and says so in the request's error.
         (Mode::ToHold, _) => (WireMode::Hold { member: "" }, None),
         (Mode::Lease(lease), Some(requests)) => (
             WireMode::Lease {
