@@ -65,8 +65,27 @@ pub const DECISION_CODE: &str = concat!(
 /// [`DECISION_CODE`]: the module would hold the code twice.
 pub fn decision_script() -> String {
     format!(
-        "local LIBRARY, CALL_KEYS, CALL_ARGV = false, KEYS, ARGV\n{DECISION_CODE}return decide(CALL_KEYS, CALL_ARGV)\n"
+        "local LIBRARY, CALL_KEYS, CALL_ARGV = false, KEYS, ARGV\n{}return decide(CALL_KEYS, CALL_ARGV)\n",
+        decision_code_as_sent()
     )
+}
+
+/// [`DECISION_CODE`] as Redis receives it: every line that is only a comment left empty. Its
+/// comments are close to half of it, and with them its load (`FUNCTION LOAD`, `SCRIPT LOAD`)
+/// would pass the 64 KiB Webdis accepts in one request (`http_max_request_size` in
+/// envoy/webdis.json); the empty lines keep each line where it is, so Redis's errors name the
+/// line of the code read here. The code has no long strings (`[[ ]]`), so a line that starts
+/// with `--` is a comment.
+pub fn decision_code_as_sent() -> String {
+    let mut sent = String::with_capacity(DECISION_CODE.len());
+    for line in DECISION_CODE.split_inclusive('\n') {
+        if line.trim_start().starts_with("--") {
+            sent.push('\n');
+        } else {
+            sent.push_str(line);
+        }
+    }
+    sent
 }
 
 pub use bridge::{BridgeFailure, BridgeReply, BridgeRequest};

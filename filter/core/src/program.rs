@@ -12,7 +12,7 @@
 //! upgrade) each load and call their own, on the same state.
 
 use crate::sha1::sha1_hex;
-use crate::{decision_script, DECISION_CODE};
+use crate::{decision_code_as_sent, decision_script};
 
 /// How the filter calls Redis (`bridge.redis_calls`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl Program {
         let handle = match kind {
             CallKind::Script => sha1_hex(decision_script().as_bytes()),
             CallKind::Function => {
-                let hash = sha1_hex(DECISION_CODE.as_bytes());
+                let hash = sha1_hex(decision_code_as_sent().as_bytes());
                 format!("ratelimit_decide_{}", &hash[..NAME_HASH_DIGITS])
             }
         };
@@ -75,8 +75,9 @@ impl Program {
     /// a primary only.
     pub fn library(&self) -> String {
         format!(
-            "#!lua name={}\nlocal LIBRARY = true\n{DECISION_CODE}redis.register_function('{}', decide)\n",
+            "#!lua name={}\nlocal LIBRARY = true\n{}redis.register_function('{}', decide)\n",
             self.library_name(),
+            decision_code_as_sent(),
             self.handle
         )
     }

@@ -116,6 +116,27 @@ mod tests {
     }
 
     #[test]
+    fn each_load_fits_in_one_webdis_request_as_the_calls_do() {
+        // Webdis refuses a request over its http_max_request_size (64 KiB shipped): a load
+        // longer than a call's path may be leaves too little for the request's headers.
+        for kind in [CallKind::Function, CallKind::Script] {
+            let body = Program::new(kind).load().body.unwrap_or_default();
+            assert!(
+                body.len() <= crate::bounds::MAX_CALL_PATH_BYTES,
+                "{kind:?}: {} bytes",
+                body.len()
+            );
+        }
+        // The comments are left out by their lines' start, which a long string would defeat.
+        assert!(!crate::DECISION_CODE.contains("[["));
+        assert!(!crate::decision_code_as_sent().contains("\n--"));
+        assert_eq!(
+            crate::decision_code_as_sent().lines().count(),
+            crate::DECISION_CODE.lines().count()
+        );
+    }
+
+    #[test]
     fn a_load_reply_must_name_this_code() {
         let function = Program::new(CallKind::Function);
         let mine = format!(r#"{{"FUNCTION":"{}"}}"#, function.library_name());
