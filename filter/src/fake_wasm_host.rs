@@ -23,6 +23,8 @@ pub struct Envoy {
     pub requests: HashMap<u32, Vec<(String, Vec<u8>)>>,
     /// Response headers added, by context.
     pub added: HashMap<u32, Vec<(String, String)>>,
+    /// The upstream's own response headers, by context (what is left of them).
+    pub upstream: HashMap<u32, Vec<(String, Vec<u8>)>>,
     /// Calls dispatched: token, the context the SDK maps the reply to, the path.
     pub dispatched: Vec<(u32, u32, String)>,
     /// The reply of the call whose callback runs.
@@ -187,6 +189,24 @@ pub fn send_response(
 pub fn request_headers() -> Vec<(String, Vec<u8>)> {
     call("proxy_get_header_map_pairs");
     with(|e| e.requests.get(&e.effective).cloned().unwrap_or_default())
+}
+
+pub fn response_headers() -> Vec<(String, Vec<u8>)> {
+    call("proxy_get_header_map_pairs");
+    with(|e| {
+        let ctx = e.effective;
+        e.upstream.get(&ctx).cloned().unwrap_or_default()
+    })
+}
+
+pub fn remove_response_header(name: &str) {
+    call("proxy_remove_header_map_value");
+    with(|e| {
+        let ctx = e.effective;
+        if let Some(headers) = e.upstream.get_mut(&ctx) {
+            headers.retain(|(n, _)| n != name);
+        }
+    });
 }
 
 pub fn response_header(_name: &str) -> Option<Vec<u8>> {

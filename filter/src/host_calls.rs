@@ -336,7 +336,15 @@ fn a_batched_allowed_request() {
             "proxy_record_metric",
         ])
     );
-    assert_eq!(b.response, tally(&["proxy_add_header_map_value"; 3]));
+    assert_eq!(
+        b.response,
+        tally(&[
+            "proxy_get_header_map_pairs",
+            "proxy_add_header_map_value",
+            "proxy_add_header_map_value",
+            "proxy_add_header_map_value",
+        ])
+    );
     assert_eq!(total(&b.end), 0);
     assert_eq!(
         fixed,
@@ -457,7 +465,15 @@ fn a_request_served_from_a_lease() {
             "proxy_get_current_time_nanoseconds",
         ])
     );
-    assert_eq!(response, tally(&["proxy_add_header_map_value"; 3]));
+    assert_eq!(
+        response,
+        tally(&[
+            "proxy_get_header_map_pairs",
+            "proxy_add_header_map_value",
+            "proxy_add_header_map_value",
+            "proxy_add_header_map_value",
+        ])
+    );
     assert_eq!(total(&end), 0);
 }
 
@@ -554,4 +570,67 @@ fn a_request_keyed_and_planned_by_claims_reads_each_claim_once() {
         path.contains("/token_bucket~5~60000~"),
         "the free plan's numbers: {path}"
     );
+}
+
+/// An upstream that sends its own `x-ratelimit-*` headers: the client gets one value of each,
+/// from the side with fewer left, and the filter's replace the upstream's with a remove each.
+#[test]
+fn the_upstreams_own_rate_limit_headers_are_replaced_or_kept_whole() {
+    let upstream = |remaining: &str| {
+        vec![
+            ("x-ratelimit-limit".to_string(), b"10".to_vec()),
+            (
+                "x-ratelimit-remaining".to_string(),
+                remaining.as_bytes().to_vec(),
+            ),
+            ("x-ratelimit-reset".to_string(), b"30".to_vec()),
+        ]
+    };
+    for (theirs, ours_shown) in [("5", false), ("99999999999", true)] {
+        let mut w = Worker::start(ALLOW);
+        let (ctx, verdict, _) = w.request("/", &[("x-api-key", "bench-client")]);
+        assert_eq!(verdict, Action::Pause);
+        let token = w.last_token();
+        w.reply(token, &reply_of(1, true));
+        ENVOY.with(|e| e.borrow_mut().upstream.insert(ctx, upstream(theirs)));
+        let (response, _) = w.respond_and_end(ctx);
+        let (added, left) = ENVOY.with(|e| {
+            let e = e.borrow();
+            let added: Vec<String> = e
+                .added
+                .get(&ctx)
+                .into_iter()
+                .flatten()
+                .map(|(n, _)| n.clone())
+                .collect();
+            (added, e.upstream.get(&ctx).map_or(0, Vec::len))
+        });
+        if ours_shown {
+            assert_eq!(
+                added,
+                [
+                    "x-ratelimit-limit",
+                    "x-ratelimit-remaining",
+                    "x-ratelimit-reset"
+                ]
+            );
+            assert_eq!(left, 0, "the upstream's three removed");
+            let mut calls = vec!["proxy_get_header_map_pairs"];
+            calls.extend(
+                [
+                    "proxy_remove_header_map_value",
+                    "proxy_add_header_map_value",
+                ]
+                .repeat(3),
+            );
+            assert_eq!(response, tally(&calls));
+        } else {
+            assert!(
+                added.is_empty(),
+                "the upstream's tighter limit stands: {added:?}"
+            );
+            assert_eq!(left, 3);
+            assert_eq!(response, tally(&["proxy_get_header_map_pairs"]));
+        }
+    }
 }

@@ -248,6 +248,36 @@ impl Request {
     }
 }
 
+/// The filter's rate-limit headers onto the upstream's response, which may carry its own
+/// (`response::upstream`): one value per header.
+fn add_rate_limit_headers(ours: ratelimit_core::response::Headers) {
+    use ratelimit_core::response::upstream::{writes, Write};
+    let upstream = wasm_host::response_headers();
+    let has = |name: &str| upstream.iter().any(|(n, _)| n == name);
+    let mut first = |name: &str| {
+        upstream
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    for write in writes(ours, &mut first) {
+        match write {
+            Write::Set(name, value) => {
+                if has(name) {
+                    wasm_host::remove_response_header(name);
+                }
+                wasm_host::add_response_header(name, &value);
+            }
+            Write::Append(name, value) => wasm_host::add_response_header(name, &value),
+            Write::Remove(name) => {
+                if has(name) {
+                    wasm_host::remove_response_header(name);
+                }
+            }
+        }
+    }
+}
+
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let view = RequestHeaders::default();
@@ -299,8 +329,8 @@ impl HttpContext for Request {
                 (engine.take_headers(id), engine.take_meter(id))
             });
         let (headers, meter) = taken.unwrap_or_default();
-        for (name, value) in headers.unwrap_or_default() {
-            wasm_host::add_response_header(name, &value);
+        if let Some(headers) = headers.filter(|h| !h.is_empty()) {
+            add_rate_limit_headers(headers);
         }
         self.reading = meter.map(Reading::start);
         if end_of_stream {

@@ -209,6 +209,21 @@ pub fn response_header(name: &str) -> Option<Vec<u8>> {
         .flatten()
 }
 
+/// Every response header of the callback's response (empty, logged, if unreadable).
+pub fn response_headers() -> Vec<(String, Vec<u8>)> {
+    hostcalls::get_map_bytes(MapType::HttpResponseHeaders).unwrap_or_else(|status| {
+        log::warn!("cannot read the response headers: {status:?}");
+        Vec::new()
+    })
+}
+
+/// Removes every value of a response header (logged if Envoy refuses).
+pub fn remove_response_header(name: &str) {
+    if let Err(status) = hostcalls::remove_map_value(MapType::HttpResponseHeaders, name) {
+        log::warn!("cannot remove response header {name}: {status:?}");
+    }
+}
+
 /// Adds a response header (logged if Envoy refuses).
 pub fn add_response_header(name: &str, value: &str) {
     if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {

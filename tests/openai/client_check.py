@@ -3,7 +3,8 @@
 Run by tests/tests/openai.rs with Envoy's base URL: `client_check.py http://127.0.0.1:PORT/v1`.
 The rule allows 1 request a second and 4000 tokens a minute per `x-api-key`. Checks that the
 client sees the rate-limit headers, that its own retry waits the `retry-after-ms` of a 429 and
-then succeeds, and that a request which can never fit is not retried.
+then succeeds, that a request which can never fit is not retried, and that beside an upstream's
+own x-ratelimit-* headers each header still holds one number, from the tighter limit.
 """
 
 import re
@@ -86,4 +87,32 @@ except openai.RateLimitError as e:
     detail = (e.body or {}).get("detail", "") if isinstance(e.body, dict) else ""
     check("more than the 4000 the limit ever holds" in detail, f"detail {detail!r}")
 
-print("client_check: openai", openai.__version__, "saw the headers, waited retry-after-ms, did not retry a request that never fits")
+# An upstream that sends its own OpenAI headers, as OpenAI's API does: a looser request limit and a
+# tighter token limit than the filter's. Each header has one value, a number the client reads,
+# and each set comes whole from the tighter side.
+PROVIDER = {
+    "x-ratelimit-limit-requests": "10000",
+    "x-ratelimit-remaining-requests": "9999",
+    "x-ratelimit-reset-requests": "59s",
+    "x-ratelimit-limit-tokens": "3000",
+    "x-ratelimit-remaining-tokens": "2500",
+    "x-ratelimit-reset-tokens": "6m0s",
+}
+raw = client("key-c", []).chat.completions.with_raw_response.create(
+    model="gpt-test",
+    messages=[{"role": "user", "content": "Say hello."}],
+    max_tokens=16,
+    extra_headers={"x-test-response-headers": ";".join(f"{n}={v}" for n, v in PROVIDER.items())},
+)
+h = raw.headers
+for name in PROVIDER:
+    check(len(h.get_list(name)) == 1, f"{name}: {h.get_list(name)}, want one value")
+check(h["x-ratelimit-limit-requests"] == "1", f"limit-requests {h['x-ratelimit-limit-requests']}: the filter's is tighter")
+check(int(h["x-ratelimit-remaining-requests"]) == 0, f"remaining-requests {h['x-ratelimit-remaining-requests']}")
+check(h["x-ratelimit-reset-requests"] != "59s" and DURATION.match(h["x-ratelimit-reset-requests"]), f"reset-requests {h['x-ratelimit-reset-requests']}")
+check(int(h["x-ratelimit-limit-tokens"]) == 3000, f"limit-tokens {h['x-ratelimit-limit-tokens']}: the upstream's is tighter")
+check(int(h["x-ratelimit-remaining-tokens"]) == 2500, f"remaining-tokens {h['x-ratelimit-remaining-tokens']}")
+check(h["x-ratelimit-reset-tokens"] == "6m0s", f"reset-tokens {h['x-ratelimit-reset-tokens']}")
+raw.parse()
+
+print("client_check: openai", openai.__version__, "saw the headers, waited retry-after-ms, did not retry a request that never fits, read one number per header beside the upstream's own")

@@ -17,6 +17,7 @@
 //! | `x-test-event-delay-ms: MS` | a pause before each event after the first |
 //! | `x-test-status: CODE` | the answer's status code (the body as for 200) |
 //! | `x-test-encoding: NAME` | the body compressed: `gzip`, `deflate` (zlib-wrapped) or `deflate-raw` (raw deflate, sent as `deflate`), see [`Coding`]; a stream is flushed after each event; a [`Shape::Cut`] answer is not compressed |
+//! | `x-test-response-headers: NAME=VALUE;NAME=VALUE` | these headers on the answer, as a provider sends its own `x-ratelimit-*` |
 //!
 //! The request body is read by its `Content-Length` or chunked; `stream` and
 //! `stream_options.include_usage` are taken from it as OpenAI does: a stream carries a usage
@@ -51,6 +52,7 @@ pub const EVENTS: &str = "x-test-events";
 pub const EVENT_DELAY: &str = "x-test-event-delay-ms";
 pub const STATUS: &str = "x-test-status";
 pub const ENCODING: &str = "x-test-encoding";
+pub const RESPONSE_HEADERS: &str = "x-test-response-headers";
 /// The model named in answers when the request names none.
 pub const MODEL: &str = "gpt-test";
 /// A request body larger than this is refused (413): the server holds bodies whole.
@@ -525,6 +527,8 @@ struct Plan {
     delay: Duration,
     status: u16,
     coding: Option<Coding>,
+    /// Headers of the upstream's own, from [`RESPONSE_HEADERS`].
+    headers: Vec<(String, String)>,
 }
 
 /// Answers one request; false if the connection must close after it.
@@ -576,6 +580,15 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
             .filter(|s| (200..600).contains(s))
             .unwrap_or(200),
         coding: request.header(ENCODING).and_then(Coding::from_name),
+        headers: request
+            .header(RESPONSE_HEADERS)
+            .map(|h| {
+                h.split(';')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     if shape == Some(Shape::Reset) {
         record(shared, request, None);
@@ -846,8 +859,7 @@ fn answer_json(plan: &Plan, out: &mut TcpStream, sent: &mut Sent) -> std::io::Re
             pad_member(plan),
         )
     };
-    let header = usage_header(plan);
-    let mut extra: Vec<(&str, String)> = header.into_iter().collect();
+    let mut extra = extra_headers(plan);
     if let Some(coding) = plan.coding.filter(|_| plan.shape != Some(Shape::Cut)) {
         let body = compress(coding, body.as_bytes())?;
         extra.push(("Content-Encoding", coding.header().to_string()));
@@ -872,6 +884,14 @@ fn answer_json(plan: &Plan, out: &mut TcpStream, sent: &mut Sent) -> std::io::Re
 
 fn usage_header(plan: &Plan) -> Option<(&'static str, String)> {
     (plan.shape == Some(Shape::Header)).then(|| (USAGE_RESPONSE_HEADER, plan.usage.to_string()))
+}
+
+/// The answer's headers besides its content type and framing: the usage header of
+/// [`Shape::Header`], then those the request asked for.
+fn extra_headers(plan: &Plan) -> Vec<(&str, String)> {
+    let mut extra: Vec<(&str, String)> = usage_header(plan).into_iter().collect();
+    extra.extend(plan.headers.iter().map(|(n, v)| (n.as_str(), v.clone())));
+    extra
 }
 
 fn response_head(
@@ -989,7 +1009,7 @@ fn answer_stream(
     sent: &mut Sent,
 ) -> std::io::Result<bool> {
     sent.start();
-    let mut extra: Vec<(&str, String)> = usage_header(plan).into_iter().collect();
+    let mut extra = extra_headers(plan);
     // A cut answer is sent as it is: its point is where the plain bytes stop.
     let coding = plan.coding.filter(|_| plan.shape != Some(Shape::Cut));
     let mut encoder = coding.map(|coding| {

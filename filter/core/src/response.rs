@@ -10,6 +10,8 @@ use crate::grpc;
 use crate::request::view::RequestView;
 use crate::time::UnixNs;
 
+pub mod upstream;
+
 pub type Headers = Vec<(&'static str, String)>;
 
 /// A response the filter answers itself instead of forwarding the request.
