@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod http;
 pub mod keys;
 pub mod llm;
+pub mod origin;
 pub mod procs;
 pub mod prometheus;
 pub mod python;

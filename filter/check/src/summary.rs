@@ -126,6 +126,10 @@ fn usage_part(usage: &Usage) -> String {
             format!("body {}", paths.join(" or "))
         }
         (UsageSource::Header(name), None) => format!("header {name}"),
+        (UsageSource::Status(codes), None) => {
+            let codes: Vec<String> = codes.iter().map(u16::to_string).collect();
+            format!("status (1 for {}, else 0)", codes.join(", "))
+        }
     };
     let estimate = match &usage.estimate {
         Estimate::Fixed(units) => format!("{units}"),

@@ -106,6 +106,14 @@ impl UsageMeter {
                         None => UsageRead::Missing,
                     });
                 }
+                UsageSource::Status(codes) => {
+                    let status = header(":status")
+                        .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u16>().ok());
+                    m.read = Some(match status {
+                        Some(status) => UsageRead::Found(u64::from(codes.contains(&status))),
+                        None => UsageRead::Missing,
+                    });
+                }
                 UsageSource::Body(usage) => match kind {
                     Some(kind) => {
                         m.reader = Some(UsageReader::of(kind, usage, MAX_USAGE_BODY));
@@ -253,6 +261,37 @@ mod tests {
         assert_eq!((out[0].charged, out[0].unread), (30, None));
         assert_eq!(out[0].settlement().map(|s| s.delta), Some(-70));
         assert_eq!((out[0].given_back(), out[0].debt()), (70, 0));
+    }
+
+    #[test]
+    fn a_status_source_charges_one_for_a_listed_status_and_gives_the_rest_back() {
+        let cases = [
+            (Some("401"), 1, None, None),
+            (Some("403"), 1, None, None),
+            (Some("200"), 0, None, Some(-1)),
+            (Some("500"), 0, None, Some(-1)),
+            // No status to read (the stream ended before the response): the reservation stands.
+            (None, 1, Some("missing"), None),
+            (Some("abc"), 1, Some("missing"), None),
+        ];
+        for (status, charged, unread, delta) in cases {
+            let mut m = UsageMeter::default();
+            let check = LimitCheck {
+                cost: 1,
+                ..token_bucket_check("k")
+            };
+            m.add(check, 1, UsageSource::Status(vec![401, 403]));
+            let list: Vec<(&str, &str)> = status.map(|s| (":status", s)).into_iter().collect();
+            m.on_headers(&headers(&list));
+            assert!(!m.wants_body(), "{status:?}: the status is all it reads");
+            let out = m.finish(true);
+            assert_eq!(
+                (out[0].charged, out[0].unread),
+                (charged, unread),
+                "{status:?}"
+            );
+            assert_eq!(out[0].settlement().map(|s| s.delta), delta, "{status:?}");
+        }
     }
 
     #[test]

@@ -661,6 +661,28 @@ fn assert_usage_formats_parse() {
 }
 
 #[test]
+fn a_status_source_counts_listed_statuses_and_reserves_one() {
+    let limits = |usage: &str| {
+        fixtures::parse(&with_rule(&format!(
+            r#"{{"name": "login", "limits": [{{"name": "failures", "limit": 5, "window": "1m", "usage": {usage}}}]}}"#
+        )))
+        .map(|c| c.rules[0].limits[0].usage.clone())
+    };
+    let want = Some(Usage {
+        from: UsageSource::Status(vec![401, 403]),
+        format: None,
+        admit: Admit::Reserve,
+        estimate: Estimate::Fixed(1),
+        include_usage: false,
+    });
+    assert_eq!(limits(r#"{"from": "status:401, 403"}"#), Ok(want.clone()));
+    assert_eq!(
+        limits(r#"{"from": "status:401,403", "estimate": 1}"#),
+        Ok(want)
+    );
+}
+
+#[test]
 fn bad_usage_configs_name_the_field() {
     let usage = |algorithm: &str, extra: &str, usage: &str| {
         with_rule(&format!(
@@ -679,20 +701,26 @@ fn bad_usage_configs_name_the_field() {
         (usage("sliding_window_log", "", r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: only token_bucket, gcra, fixed_window and sliding_window_counter limits take usage: a log keeps one entry per unit")),
         (usage("token_bucket", r#", "lease": true"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}.lease: a usage limit takes no lease: its cost is known per request only")),
         (usage("token_bucket", r#", "shards": 2"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: a usage limit takes no shards: its settlement must reach the shard its request was charged on")),
-        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#)),
-        (usage("gcra", "", r#"{"from": 7, "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": 7, "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
         (usage("gcra", "", r#"{"from": [], "estimate": 5}"#), format!("{f}.from: a list holds 1 to 8 body paths")),
         (usage("gcra", "", r#"{"from": ["body:a", "body:b", "body:c", "body:d", "body:e", "body:f", "body:g", "body:h", "body:i"], "estimate": 5}"#), format!("{f}.from: a list holds 1 to 8 body paths")),
         (usage("gcra", "", r#"{"from": ["body:a", "body:b", "header:x-used"], "estimate": 5}"#), format!(r#"{f}.from[2]: must be "body:PATH": a list holds body paths (a header or a format stands alone)"#)),
         (usage("gcra", "", r#"{"from": ["openai"], "estimate": 5}"#), format!(r#"{f}.from[0]: must be "body:PATH": a list holds body paths (a header or a format stands alone)"#)),
         (usage("gcra", "", r#"{"from": ["body:a", "body:a..b"], "estimate": 5}"#), format!("{f}.from[1]: each segment of a usage path (dot-separated) has 1 to 64 characters")),
-        (usage("gcra", "", r#"{"from": "OpenAI", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": "OpenAI", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
         (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs "from": "openai": the option is OpenAI's"#)),
         (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs an estimate from the request ({{"request": {{...}}}}): the option is added to the request body read for it"#)),
         (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": 1}"#), format!("{f}.include_usage: invalid type: integer `1`, expected a boolean")),
         (usage("gcra", "", r#"{"from": "body:usage..total", "estimate": 5}"#), format!("{f}.from: each segment of a usage path (dot-separated) has 1 to 64 characters")),
         (usage("gcra", "", r#"{"from": "header:x usage", "estimate": 5}"#), format!("{f}.from: must be a header name (letters, digits and !#$%&'*+-.^_`|~)")),
         (usage("fixed_window", "", r#"{"from": "body:u"}"#), format!("{f}.estimate: is required")),
+        (usage("token_bucket", "", r#"{"from": "status:401,4o3"}"#), format!(r#"{f}.from: status codes are whole numbers from 100 to 599, separated by commas: "4o3" is not one"#)),
+        (usage("token_bucket", "", r#"{"from": "status:"}"#), format!(r#"{f}.from: status codes are whole numbers from 100 to 599, separated by commas: "" is not one"#)),
+        (usage("token_bucket", "", r#"{"from": "status:99"}"#), format!(r#"{f}.from: status codes are whole numbers from 100 to 599, separated by commas: "99" is not one"#)),
+        (usage("token_bucket", "", r#"{"from": "status:401,401"}"#), format!("{f}.from: lists status 401 twice")),
+        (usage("token_bucket", "", r#"{"from": "status:400,401,402,403,404,405,406,407,408,409,410,411,412,413,414,415,416"}"#), format!("{f}.from: lists at most 16 status codes")),
+        (usage("token_bucket", "", r#"{"from": "status:401", "estimate": 2}"#), format!("{f}.estimate: must be 1 or left out with a status source: a response of a listed status is charged 1, any other 0")),
         (body(r#""estimate": 0"#), format!("{f}.estimate: must be between 1 and 1000000000000")),
         (body(r#""estimate": "lots""#), format!(r#"{f}.estimate: must be a whole number, {{"header": NAME, "min": N, "max": N}} or {{"request": {{"completion_default": N, "max_body": SIZE}}}}"#)),
         (body(r#""estimate": {"header": "x-est", "min": 1}"#), format!("{f}.estimate: an estimate taken from a header needs both min and max")),

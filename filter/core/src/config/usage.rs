@@ -48,7 +48,13 @@ pub enum UsageSource {
     Body(BodyUsage),
     /// A response header (lower-case name) holding a whole number.
     Header(String),
+    /// The response's status: 1 unit for one of these codes, 0 for any other (failed logins
+    /// counted, successful ones given back).
+    Status(Vec<u16>),
 }
+
+/// Status codes one `status:` source lists at most.
+pub const MAX_STATUS_CODES: usize = 16;
 
 /// What a request is charged before its usage is known (`reserve`), or when its usage
 /// cannot be read (both modes).
@@ -127,8 +133,20 @@ pub(super) fn validate_usage(
     }
     let (from, format) = validate_from(&raw.from, &format!("{field}.from"))?;
     let estimate_field = format!("{field}.estimate");
-    let Some(estimate) = raw.estimate else {
-        return Err(invalid(&estimate_field, "is required"));
+    if matches!(from, UsageSource::Status(_)) {
+        // A response is charged 1 or 0: the 1 is reserved, so concurrent requests never
+        // pass the limit between them.
+        if raw.estimate.as_ref().is_some_and(|e| e.as_u64() != Some(1)) {
+            return Err(invalid(
+                &estimate_field,
+                "must be 1 or left out with a status source: a response of a listed status is charged 1, any other 0",
+            ));
+        }
+    }
+    let estimate = match (raw.estimate, &from) {
+        (Some(estimate), _) => estimate,
+        (None, UsageSource::Status(_)) => Value::from(1u64),
+        (None, _) => return Err(invalid(&estimate_field, "is required")),
     };
     let output = match format {
         Some(Format::OpenAi) => OutputKeys::OpenAi,
@@ -159,9 +177,10 @@ pub(super) fn validate_usage(
     })
 }
 
-/// `from`: `"body:PATH"`, `"header:NAME"`, a format's name, or a list of `"body:PATH"`.
+/// `from`: `"body:PATH"`, `"header:NAME"`, `"status:CODE,CODE"`, a format's name, or a list
+/// of `"body:PATH"`.
 fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Format>), ConfigError> {
-    let shape = r#"must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME" or a list of "body:PATH""#;
+    let shape = r#"must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#;
     if let Some(list) = from.as_array() {
         if list.is_empty() || list.len() > MAX_PATHS {
             return Err(invalid(
@@ -198,11 +217,42 @@ fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Forma
                 (UsageSource::Body(BodyUsage::first_of(vec![path])), None)
             } else if let Some(name) = text.strip_prefix("header:") {
                 (UsageSource::Header(check_header_name(name, field)?), None)
+            } else if let Some(codes) = text.strip_prefix("status:") {
+                (UsageSource::Status(status_codes(codes, field)?), None)
             } else {
                 return Err(invalid(field, shape));
             }
         }
     })
+}
+
+/// `401,403`: 1 to [`MAX_STATUS_CODES`] distinct HTTP status codes (100 to 599).
+fn status_codes(text: &str, field: &str) -> Result<Vec<u16>, ConfigError> {
+    let mut codes = Vec::new();
+    for part in text.split(',') {
+        let code = part
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|c| (100..=599).contains(c));
+        let Some(code) = code else {
+            return Err(invalid(
+                field,
+                format!("status codes are whole numbers from 100 to 599, separated by commas: {part:?} is not one"),
+            ));
+        };
+        if codes.contains(&code) {
+            return Err(invalid(field, format!("lists status {code} twice")));
+        }
+        codes.push(code);
+    }
+    if codes.len() > MAX_STATUS_CODES {
+        return Err(invalid(
+            field,
+            format!("lists at most {MAX_STATUS_CODES} status codes"),
+        ));
+    }
+    Ok(codes)
 }
 
 fn validate_estimate(

@@ -363,6 +363,8 @@ impl Engine {
             }
         }
         self.count_lost_settlements(host);
+        // Give-backs that came meanwhile go now; after a failure they wait for the tick.
+        let hurry = matches!(settled, Settled::Done);
         match settled {
             Settled::Done | Settled::Reloading => self.breaker.answered(),
             Settled::Failed(failure) => {
@@ -372,6 +374,9 @@ impl Engine {
                 let opens = self.breaker.failed(config.breaker, &failure, now);
                 self.opened(config, host, now, opens);
             }
+        }
+        if hurry && self.settlements.gives_back_now() {
+            self.send_settlements(config, host);
         }
     }
 

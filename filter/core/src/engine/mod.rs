@@ -354,6 +354,9 @@ impl Engine {
     pub fn on_wakeup(&mut self, config: &Config, host: &mut impl Host) {
         self.wake_pending = false;
         self.dispatch_ready(config, host, None);
+        if self.settlements.gives_back_now() {
+            self.send_settlements(config, host);
+        }
         self.tally.flush(host);
         self.keep_ticking(host);
     }

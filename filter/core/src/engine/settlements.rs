@@ -5,7 +5,8 @@
 //! script): riding as the last request of the next decision call the root sends, in the room
 //! its batch left and on its slot ([`Settlements::riders`]), or at the worker's next tick in
 //! calls of their own, grouped per Redis Cluster slot and sized by the call size model, with a
-//! deadline, not while the breaker is open. Riding, a settlement takes the decision call's
+//! deadline, not while the breaker is open. A give-back does not wait for the tick when no
+//! settlement call is out ([`Settlements::gives_back_now`]). Riding, a settlement takes the decision call's
 //! clock and deadline, and its outcome is read from the call's last entry, apart from the
 //! decisions ([`Settlements::ridden`]).
 //!
@@ -174,6 +175,14 @@ impl Settlements {
     /// Settlements waiting for a call.
     pub fn waiting(&self) -> usize {
         self.kept.len()
+    }
+
+    /// A give-back waits and no settlement call is out: it goes now rather than at the next
+    /// tick, so units a response did not use are free again within a round trip (a user's
+    /// successful logins never pile up reservations). One call at a time: what comes
+    /// meanwhile goes when its reply is in.
+    pub fn gives_back_now(&self) -> bool {
+        self.in_flight.is_empty() && self.kept.iter().any(|s| s.delta < 0)
     }
 
     /// The settlements to send with a decision call going out anyway, oldest first: those

@@ -23,17 +23,18 @@ impl Engine {
 
     /// A response's usage limits came to `outcomes` (see [`UsageMeter::finish`]): counted,
     /// and their settlements sent from the root with its next decision call, or at its next
-    /// tick. Callable from
-    /// any context: nothing is sent from it.
+    /// tick; a give-back at once, from a wake-up of the root, when no settlement call is out
+    /// (`Settlements::gives_back_now`). Callable from any context: nothing is sent from it.
     pub fn settle_usage(&mut self, host: &mut impl Host, outcomes: Vec<UsageCharge>) {
         self.settlements.finished(&mut self.tally, outcomes);
+        self.hurry_give_backs(host);
         self.count_lost_settlements(host);
         self.tally.flush(host);
         self.keep_ticking(host);
     }
 
-    /// Queues the releases of concurrency holds, sent from the root like settlements: with its
-    /// next decision call, or at its next tick. Callable from any context.
+    /// Queues the releases of concurrency holds, sent from the root like settlements (a
+    /// release is a give-back). Callable from any context.
     pub(super) fn release(&mut self, host: &mut impl Host, releases: Vec<Settlement>) {
         if releases.is_empty() {
             return;
@@ -41,7 +42,16 @@ impl Engine {
         for release in releases {
             self.settlements.push(release);
         }
+        self.hurry_give_backs(host);
         self.count_lost_settlements(host);
+    }
+
+    /// Wakes the root to send a give-back now when no settlement call is out
+    /// (`Settlements::gives_back_now`).
+    fn hurry_give_backs(&mut self, host: &mut impl Host) {
+        if self.settlements.gives_back_now() && !self.wake_pending && host.wake() {
+            self.wake_pending = true;
+        }
     }
 
     /// The stream of `ctx` ended: it no longer waits, and its headers are dropped. A call it

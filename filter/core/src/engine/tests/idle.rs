@@ -175,7 +175,7 @@ fn a_release_and_a_settlement_queued_while_idle_start_the_timer_and_go_at_its_ti
     tick_until_stopped(&mut e, &c, &mut h, 25, IDLE_TICKS);
     assert_eq!(h.tick_changes, vec![TICK, Duration::ZERO]);
     // The response ends long after, on an idle worker: 40 of the 100 tokens reserved were
-    // used, and the stream's hold is released. Both wait for the root's next tick.
+    // used, and the stream's hold is released. Both give back: the root is woken for them.
     h.now = Some(T0 + 30_000 * MS);
     meter.on_headers(&|name| (name == "content-type").then(|| b"application/json".to_vec()));
     meter.feed(br#"{"usage": {"total_tokens": 40}}"#);
@@ -184,8 +184,8 @@ fn a_release_and_a_settlement_queued_while_idle_start_the_timer_and_go_at_its_ti
     assert!(e.needs_tick());
     assert_eq!(h.tick_changes, vec![TICK, Duration::ZERO, TICK]);
     assert_eq!(calls_settling(&h, None), 0, "nothing sent from a stream");
-    h.now = Some(T0 + 30_025 * MS);
-    e.on_tick(&c, &mut h);
+    assert_eq!(h.wakes, 1, "one wake-up for both");
+    e.on_wakeup(&c, &mut h);
     let (token, call, _) = h.dispatched.last().cloned().unwrap();
     let settled: Vec<String> = sent_in_mode(&call.path, "settle")
         .into_iter()

@@ -73,7 +73,7 @@ fn stat(h: &FakeHost, c: &Config, name: &str) -> u64 {
 }
 
 #[test]
-fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_the_next_tick() {
+fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_once() {
     let (c, mut e, mut h) = metered("");
     e.on_request(&c, &mut h, 1, &req("/v1/chat", "k"));
     let decision = h.dispatched[0].1.path.clone();
@@ -91,12 +91,9 @@ fn a_reservation_is_the_estimate_and_the_unused_part_is_given_back_at_the_next_t
     );
     let wakes = h.wakes;
     respond(&mut e, &mut h, 1, r#"{"usage": {"total_tokens": 30}}"#);
-    assert_eq!(
-        h.wakes, wakes,
-        "it waits for a decision call of the root, or the tick"
-    );
+    assert_eq!(h.wakes, wakes + 1, "the root is woken for the give-back");
     assert!(settle_calls(&h).is_empty(), "not from the stream's context");
-    e.on_tick(&c, &mut h);
+    e.on_wakeup(&c, &mut h);
     let calls = settle_calls(&h);
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].1, vec![-70]);
@@ -607,4 +604,68 @@ fn a_riding_debt_whose_call_went_unanswered_is_sent_again_on_its_own() {
         .collect::<Vec<_>>();
     assert_eq!(own.len(), 1, "sent again, alone");
     assert_eq!(own[0].1, vec![150]);
+}
+
+/// One give-back call out at a time: what comes meanwhile goes when its reply is in, a debt
+/// waits for the tick, and after a failed call nothing is hurried (no loop of refusals).
+#[test]
+fn give_backs_go_one_call_at_a_time_and_debts_wait_for_the_tick() {
+    let (c, mut e, mut h) = metered("");
+    served(
+        &mut e,
+        &c,
+        &mut h,
+        1,
+        "/v1/a",
+        r#"{"usage": {"total_tokens": 30}}"#,
+    );
+    e.on_wakeup(&c, &mut h);
+    let first = settle_calls(&h);
+    assert_eq!(first.iter().map(|c| &c.1).collect::<Vec<_>>(), [&vec![-70]]);
+    // While it is out: another give-back and a debt.
+    let wakes = h.wakes;
+    served(
+        &mut e,
+        &c,
+        &mut h,
+        2,
+        "/v1/b",
+        r#"{"usage": {"total_tokens": 90}}"#,
+    );
+    served(
+        &mut e,
+        &c,
+        &mut h,
+        3,
+        "/v1/c",
+        r#"{"usage": {"total_tokens": 150}}"#,
+    );
+    e.on_wakeup(&c, &mut h);
+    assert_eq!(settle_calls(&h).len(), 1, "one call at a time");
+    assert!(h.wakes >= wakes);
+    e.on_reply(&c, &mut h, None, first[0].0, ok(SETTLED));
+    let calls = settle_calls(&h);
+    assert_eq!(calls.len(), 2, "the reply sends what waits");
+    assert_eq!(
+        calls[1].1,
+        vec![-10, 50],
+        "the give-back, with the debt beside it"
+    );
+    // A refused call: kept, and left for the tick.
+    served(
+        &mut e,
+        &c,
+        &mut h,
+        4,
+        "/v1/d",
+        r#"{"usage": {"total_tokens": 20}}"#,
+    );
+    let refused = BridgeReply {
+        status: Some(403),
+        body: b"",
+    };
+    e.on_reply(&c, &mut h, None, calls[1].0, refused);
+    assert_eq!(settle_calls(&h).len(), 2, "nothing sent after a refusal");
+    e.on_tick(&c, &mut h);
+    assert_eq!(settle_calls(&h).len(), 3, "the tick sends them again");
 }
