@@ -271,13 +271,33 @@ pub struct UsagePolicy {
     /// The usage limit: `tokens` per `window_s`, a bucket of `tokens` (full at the start).
     pub tokens: u64,
     pub window_s: u64,
+    /// Where the usage is read: `body:usage.total_tokens`, or [`STATUS_USAGE`] (1 per
+    /// answer of [`STATUS_COUNTED`]).
+    pub from: &'static str,
     /// The fixed estimate (what `reserve` charges up front; what `after` charges when the
     /// usage cannot be read).
     pub estimate: u64,
     pub timeout_ms: u64,
 }
 
+/// The status the usage rows' status-counted row has its answers given (a failed login), and
+/// its usage source: 1 unit per such answer.
+pub const STATUS_COUNTED: u16 = 401;
+pub const STATUS_USAGE: &str = "status:401";
+/// The usage source of every other usage row.
+pub const BODY_USAGE: &str = "body:usage.total_tokens";
+
 impl UsagePolicy {
+    /// The status of an answer the upstream lets through: [`STATUS_COUNTED`] for the
+    /// status-counted row, 200 for the others.
+    pub fn answer_status(&self) -> u16 {
+        if self.from == STATUS_USAGE {
+            STATUS_COUNTED
+        } else {
+            200
+        }
+    }
+
     /// Tokens refilled per second.
     pub fn rate_per_sec(&self) -> f64 {
         self.tokens as f64 / self.window_s as f64
@@ -305,7 +325,7 @@ pub fn usage_filter_json(shipped: &Value, policies: &[UsagePolicy], never_match:
                     {"name": "requests", "limit": p.requests_per_s, "window": "1s"},
                     {"name": "tokens", "algorithm": "token_bucket", "limit": p.tokens,
                      "burst": p.tokens, "window": format!("{}s", p.window_s),
-                     "usage": {"from": "body:usage.total_tokens", "admit": p.admit,
+                     "usage": {"from": p.from, "admit": p.admit,
                                "estimate": p.estimate}},
                 ],
             });
@@ -722,6 +742,7 @@ mod tests {
             requests_per_s: 1_000_000,
             tokens: 40_000,
             window_s: 3600,
+            from: BODY_USAGE,
             estimate: 2000,
             timeout_ms: 150,
         }

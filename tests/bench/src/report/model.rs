@@ -647,7 +647,13 @@ pub const USAGE_ROWS: &[(&str, &str, u64)] = &[
     ("usage-reserve", "reserve", USAGE_RANGE.1),
     ("usage-estimate-too-low", "reserve", 500),
     ("usage-after", "after", USAGE_RANGE.1),
+    (USAGE_STATUS_ROW, "reserve", 1),
 ];
+
+/// The usage row counted by status: every answer a 401, 1 unit each (failed logins), the
+/// bucket [`STATUS_ROW_UNITS`] an hour.
+pub const USAGE_STATUS_ROW: &str = "usage-status";
+pub const STATUS_ROW_UNITS: u64 = 2_000;
 
 /// The total tokens of each answer in the usage rows: uniform in this range, pseudo-random
 /// per connection (the upstream's `x-test-usage-random`).
@@ -710,9 +716,14 @@ impl UsageAccuracy {
     /// range above its estimate (0 when the estimate covers it).
     pub fn overshoot_bound(&self) -> u64 {
         let in_flight = (self.replicas * self.conns_per_replica) as u64;
+        let top = if self.name == USAGE_STATUS_ROW {
+            1
+        } else {
+            self.usage_range.1
+        };
         let per_request = match self.admit.as_str() {
-            "after" => self.usage_range.1,
-            _ => self.usage_range.1.saturating_sub(self.estimate),
+            "after" => top,
+            _ => top.saturating_sub(self.estimate),
         };
         in_flight * per_request
     }

@@ -315,6 +315,7 @@ pub fn llm_usage_policy(timeout_ms: u64) -> UsagePolicy {
         requests_per_s: 1_000_000_000,
         tokens: 1_000_000_000_000,
         window_s: 1,
+        from: crate::config::BODY_USAGE,
         estimate: LLM_ESTIMATE,
         timeout_ms,
     }

@@ -11,9 +11,9 @@ use e2e::{llm, LlmUpstream};
 
 use super::Bench;
 use crate::client::{self, Load, Post};
-use crate::config::{Front, UsagePolicy, USAGE_ROW_HEADER};
+use crate::config::{Front, UsagePolicy, BODY_USAGE, STATUS_USAGE, USAGE_ROW_HEADER};
 use crate::measure;
-use crate::report::{UsageAccuracy, USAGE_RANGE, USAGE_ROWS};
+use crate::report::{UsageAccuracy, STATUS_ROW_UNITS, USAGE_RANGE, USAGE_ROWS, USAGE_STATUS_ROW};
 
 /// The token bucket of every row: this many tokens, refilled over an hour (about 11 a
 /// second), so the run spends the burst and the refill counts little, but exactly.
@@ -24,14 +24,22 @@ pub const USAGE_WINDOW_S: u64 = 3600;
 pub fn policies() -> Vec<UsagePolicy> {
     USAGE_ROWS
         .iter()
-        .map(|(name, admit, estimate)| UsagePolicy {
-            name,
-            admit,
-            requests_per_s: 1_000_000,
-            tokens: USAGE_TOKENS,
-            window_s: USAGE_WINDOW_S,
-            estimate: *estimate,
-            timeout_ms: 150,
+        .map(|(name, admit, estimate)| {
+            let status = *name == USAGE_STATUS_ROW;
+            UsagePolicy {
+                name,
+                admit,
+                requests_per_s: 1_000_000,
+                tokens: if status {
+                    STATUS_ROW_UNITS
+                } else {
+                    USAGE_TOKENS
+                },
+                window_s: USAGE_WINDOW_S,
+                from: if status { STATUS_USAGE } else { BODY_USAGE },
+                estimate: *estimate,
+                timeout_ms: 150,
+            }
         })
         .collect()
 }
@@ -84,15 +92,20 @@ fn one_row(
     let s = &b.s;
     let key = format!("accuracy-{}", policy.name);
     let range = format!("{}-{}", USAGE_RANGE.0, USAGE_RANGE.1);
+    let answer = policy.answer_status();
+    let mut headers = vec![
+        ("x-api-key".to_string(), key.clone()),
+        (USAGE_ROW_HEADER.to_string(), policy.name.to_string()),
+        (llm::USAGE_RANGE.to_string(), range),
+    ];
+    if answer != 200 {
+        headers.push((llm::STATUS.to_string(), answer.to_string()));
+    }
     let load = Load {
         ports: envoys.iter().map(|e| e.port).collect(),
         conns_per_port: s.accuracy_conns,
         duration: Duration::from_secs_f64(s.accuracy_s),
-        headers: vec![
-            ("x-api-key".to_string(), key.clone()),
-            (USAGE_ROW_HEADER.to_string(), policy.name.to_string()),
-            (llm::USAGE_RANGE.to_string(), range),
-        ],
+        headers,
         paced_total_per_sec: None,
         post: Some(Post {
             path: "/v1/chat/completions".into(),
@@ -145,15 +158,20 @@ fn one_row(
         span_s: bounds.last_read - bounds.first_sent,
         allowance: allowance(bounds.first_sent, bounds.last_read),
         allowance_inner: allowance(bounds.first_read, bounds.last_sent),
-        used: served.sum - served_before.sum,
+        // Counted by status, each answer is 1 unit; else its tokens.
+        used: if policy.from == STATUS_USAGE {
+            served.count - served_before.count
+        } else {
+            served.sum - served_before.sum
+        },
         answered: served.count - served_before.count,
         sent: result.events.len() as u64,
-        admitted: result.count(200),
+        admitted: result.count(answer),
         refused: result.count(429),
         failed: result
             .events
             .iter()
-            .filter(|e| e.status != 200 && e.status != 429)
+            .filter(|e| e.status != answer && e.status != 429)
             .count() as u64,
         fail_open: sum("wasmcustom.ratelimit_failure_mode_open"),
         settlements_lost: sum("wasmcustom.ratelimit_usage_settlements_lost"),
