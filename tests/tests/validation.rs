@@ -138,6 +138,7 @@ fn shipped_envoy_configs_validate() {
         [
             "cluster/envoy.yaml",
             "envoy.yaml",
+            "examples/charged_by_response.yaml",
             "examples/ext_authz_plans.yaml",
             "examples/internal_shadow.yaml",
             "examples/jwt_plans.yaml",
