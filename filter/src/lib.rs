@@ -440,9 +440,9 @@ impl RequestView for RequestHeaders {
         value
     }
 
-    fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<u64> {
+    fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<(u64, u64)> {
         let mut body = self.body.as_ref()?.try_borrow_mut().ok()?;
-        body.finish_with(completion_default, keys).ok()
+        body.finish_parts(completion_default, keys).ok()
     }
 }
 

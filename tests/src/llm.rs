@@ -18,6 +18,7 @@
 //! | `x-test-status: CODE` | the answer's status code (the body as for 200) |
 //! | `x-test-encoding: NAME` | the body compressed: `gzip`, `deflate` (zlib-wrapped) or `deflate-raw` (raw deflate, sent as `deflate`), see [`Coding`]; a stream is flushed after each event; a [`Shape::Cut`] answer is not compressed |
 //! | `x-test-response-headers: NAME=VALUE;NAME=VALUE` | these headers on the answer, as a provider sends its own `x-ratelimit-*` |
+//! | `x-test-cached: N` | N of the prompt tokens (at most all) reported as cached (`prompt_tokens_details.cached_tokens`); default 0 |
 //!
 //! The request body is read by its `Content-Length` or chunked; `stream` and
 //! `stream_options.include_usage` are taken from it as OpenAI does: a stream carries a usage
@@ -53,6 +54,7 @@ pub const EVENT_DELAY: &str = "x-test-event-delay-ms";
 pub const STATUS: &str = "x-test-status";
 pub const ENCODING: &str = "x-test-encoding";
 pub const RESPONSE_HEADERS: &str = "x-test-response-headers";
+pub const CACHED: &str = "x-test-cached";
 /// The model named in answers when the request names none.
 pub const MODEL: &str = "gpt-test";
 /// A request body larger than this is refused (413): the server holds bodies whole.
@@ -529,6 +531,8 @@ struct Plan {
     coding: Option<Coding>,
     /// Headers of the upstream's own, from [`RESPONSE_HEADERS`].
     headers: Vec<(String, String)>,
+    /// Prompt tokens reported as cached ([`CACHED`]).
+    cached: u64,
 }
 
 /// Answers one request; false if the connection must close after it.
@@ -589,6 +593,7 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
                     .collect()
             })
             .unwrap_or_default(),
+        cached: request.number(CACHED).unwrap_or(0),
     };
     if shape == Some(Shape::Reset) {
         record(shared, request, None);
@@ -778,7 +783,10 @@ fn record(shared: &Shared, request: &Request, usage: Option<u64>) {
 fn usage_member(plan: &Plan) -> Option<String> {
     let (prompt, completion) = split(plan.usage);
     let total = plan.usage;
-    let details = r#""prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}"#;
+    let cached = plan.cached.min(prompt);
+    let details = format!(
+        r#""prompt_tokens_details":{{"cached_tokens":{cached},"audio_tokens":0}},"completion_tokens_details":{{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#
+    );
     let counts = match plan.shape {
         Some(Shape::Missing | Shape::Header | Shape::Reset) => return None,
         Some(Shape::Null) => return Some(r#""usage":null"#.to_string()),

@@ -6,8 +6,10 @@
 use std::time::{Duration, Instant};
 
 use e2e::auth::Fleet;
+use e2e::http::post_streamed;
+use e2e::llm::{chat_request, split, upstream_edits, CACHED, USAGE};
 use e2e::origin::{Origin, CACHED_COST, COST_HEADER, PASSWORD, SCAN_COST};
-use e2e::{root, wait_until};
+use e2e::{root, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
 
 const EXAMPLE: &str = "envoy/examples/charged_by_response.yaml";
 const WAIT: Duration = Duration::from_secs(15);
@@ -141,4 +143,85 @@ fn a_search_is_charged_exactly_the_price_its_answer_names_across_replicas() {
         || fleet.counter("ratelimit_rule.search.credits.usage_charged"),
         |n| *n == priced,
     );
+}
+
+/// OpenAI's counts weighted as a gateway prices them: input 1, output 4, cached input 0.5.
+const WEIGHTED: &str = r#"{
+  "bridge": {"cluster": "webdis", "authority": "webdis", "username": "ratelimit",
+             "password": "ratelimit-demo-secret", "timeout": "150ms"},
+  "rules": [{"name": "llm", "key": {"from": ["header:x-api-key"]}, "limits": [
+    {"name": "credits", "algorithm": "fixed_window", "limit": 1000000000, "window": "1d",
+     "usage": {"from": "openai", "estimate": {"request": {"completion_default": 4000}},
+               "weights": {"input": 1, "output": 4, "cached_input": 0.5}}}]}]
+}"#;
+
+#[test]
+fn weighted_tokens_are_charged_exactly_across_replicas() {
+    let dir = WorkDir::new("charged-weighted");
+    let redis = Redis::start(&dir);
+    let upstream = LlmUpstream::start();
+    let owned = upstream_edits(WEIGHTED, upstream.port);
+    let edits: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let webdis: Vec<Webdis> = (0..2).map(|_| Webdis::start(&dir, redis.port)).collect();
+    let envoys: Vec<Envoy> = webdis
+        .iter()
+        .map(|w| Envoy::start(&dir, w.port, &edits))
+        .collect();
+    // 24 completions from 4 clients over both Envoys (2 workers each): answer i reports a
+    // total of 40 + 8i tokens (a quarter of them prompt) with i % 3 of the prompt cached.
+    let answer = |i: u64| (40 + 8 * i, i % 3);
+    let body = chat_request("Say hello.", false, Some(100));
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (envoys, body) = (&envoys, &body);
+            scope.spawn(move || {
+                for i in (t..24).step_by(4) {
+                    let (total, cached) = answer(i);
+                    let (total, cached) = (total.to_string(), cached.to_string());
+                    let r = post_streamed(
+                        envoys[i as usize % 2].port,
+                        "/v1/chat/completions",
+                        &[
+                            ("x-api-key", b"weighted".as_slice()),
+                            ("content-type", b"application/json".as_slice()),
+                            (USAGE, total.as_bytes()),
+                            (CACHED, cached.as_bytes()),
+                        ],
+                        body,
+                    )
+                    .expect("an answer through envoy");
+                    assert_eq!(r.status, 200, "request {i}");
+                }
+            });
+        }
+    });
+    // Each answer charged (prompt - cached) × 1 + cached × 0.5 + completion × 4, rounded up
+    // to a whole unit.
+    let want: u64 = (0..24)
+        .map(|i| {
+            let (total, cached) = answer(i);
+            let (prompt, completion) = split(total);
+            let milli = (prompt - cached) * 1000 + cached * 500 + completion * 4000;
+            milli.div_ceil(1000)
+        })
+        .sum();
+    let key =
+        Keys::from_json(WEIGHTED).limit_key("llm", "credits", "header:x-api-key", b"weighted");
+    let want_text = want.to_string();
+    wait_until(
+        "the weighted usage settled in Redis",
+        WAIT,
+        || {
+            redis
+                .admin()
+                .cmd(&["HGET", &key, "n"])
+                .ok()
+                .map(|v| v.text())
+        },
+        |n| n.as_deref() == Some(want_text.as_str()),
+    );
+    assert_eq!(upstream.served_for("weighted").count, 24);
 }

@@ -120,7 +120,23 @@ fn cost_part(cost: &Cost) -> String {
 /// A usage limit: where its usage is read, how it admits, and its estimate.
 fn usage_part(usage: &Usage) -> String {
     let from = match (&usage.from, usage.format) {
-        (_, Some(format)) => format!("format {}", format.name()),
+        (_, Some(format)) => match usage.weights {
+            None => format!("format {}", format.name()),
+            Some(w) => {
+                let x = |milli: i64| format!("{}", milli as f64 / 1000.0);
+                let mut text = format!(
+                    "format {} weighted (input ×{}, output ×{}, cached input ×{}",
+                    format.name(),
+                    x(w.input),
+                    x(w.output),
+                    x(w.cached_input)
+                );
+                if format == ratelimit_core::config::Format::Anthropic {
+                    text += &format!(", cache writes ×{}", x(w.cache_write));
+                }
+                text + ")"
+            }
+        },
         (UsageSource::Body(body), None) => {
             let paths: Vec<String> = body.paths().map(|p| p.join(".")).collect();
             format!("body {}", paths.join(" or "))

@@ -316,6 +316,8 @@ pub(super) struct RawUsage {
     pub(super) estimate: Option<Value>,
     #[serde(default)]
     pub(super) include_usage: bool,
+    /// What each kind of token of a named format costs.
+    pub(super) weights: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,7 +3,7 @@
 use super::*;
 
 use crate::grpc::GrpcOverLimit;
-use crate::usage::{BodyUsage, OutputKeys};
+use crate::usage::{BodyUsage, OutputKeys, Weights};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -596,6 +596,7 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
                 output: OutputKeys::Completion,
             },
             include_usage: false,
+            weights: None,
         })
     );
     assert_eq!(
@@ -606,6 +607,7 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
             admit: Admit::After,
             estimate: Estimate::Fixed(500),
             include_usage: false,
+            weights: None,
         })
     );
     assert_eq!(
@@ -674,12 +676,47 @@ fn a_status_source_counts_listed_statuses_and_reserves_one() {
         admit: Admit::Reserve,
         estimate: Estimate::Fixed(1),
         include_usage: false,
+        weights: None,
     });
     assert_eq!(limits(r#"{"from": "status:401, 403"}"#), Ok(want.clone()));
     assert_eq!(
         limits(r#"{"from": "status:401,403", "estimate": 1}"#),
         Ok(want)
     );
+}
+
+#[test]
+fn weights_read_a_formats_kinds_of_tokens_apart() {
+    let usage = |json: &str| {
+        fixtures::parse(&with_rule(&format!(
+            r#"{{"name": "llm", "limits": [{{"name": "tokens", "limit": 1000, "window": "1m", "usage": {json}}}]}}"#
+        )))
+        .map(|c| c.rules[0].limits[0].usage.clone())
+        .ok()
+        .flatten()
+    };
+    let Some(u) = usage(
+        r#"{"from": "openai", "estimate": 10, "weights": {"input": 1, "output": 4, "cached_input": 0.125}}"#,
+    ) else {
+        panic!("a valid config")
+    };
+    let w = Weights {
+        input: 1000,
+        output: 4000,
+        cached_input: 125,
+        cache_write: 1000,
+    };
+    assert_eq!(u.weights, Some(w));
+    assert_eq!(u.from, UsageSource::Body(BodyUsage::openai_weighted(&w)));
+    // Left out: input and output 1, the cached kinds as input.
+    let u = usage(r#"{"from": "anthropic", "estimate": 10, "weights": {"input": 2.5}}"#);
+    let w = Weights {
+        input: 2500,
+        output: 1000,
+        cached_input: 2500,
+        cache_write: 2500,
+    };
+    assert_eq!(u.and_then(|u| u.weights), Some(w));
 }
 
 #[test]
@@ -730,7 +767,14 @@ fn bad_usage_configs_name_the_field() {
         (body(r#""estimate": {"request": {"completion_default": 1000000000001}}"#), format!("{f}.estimate.request.completion_default: must be at most 1000000000000")),
         (body(r#""estimate": {"request": {"prompt": 5}}"#), format!("{f}.estimate: unknown field `prompt`, expected `completion_default` or `max_body`")),
         (body(r#""admit": "later", "estimate": 5"#), format!("{f}.admit: unknown variant `later`, expected `reserve` or `after`")),
-        (body(r#""estimate": 5, "read": 1"#), format!("{f}.read: unknown field `read`, expected one of `from`, `admit`, `estimate`, `include_usage`")),
+        (body(r#""estimate": 5, "read": 1"#), format!("{f}.read: unknown field `read`, expected one of `from`, `admit`, `estimate`, `include_usage`, `weights`")),
+        (usage("gcra", "", r#"{"from": "body:u", "estimate": 5, "weights": {"input": 1}}"#), format!(r#"{f}.weights: needs "from": "openai" or "anthropic": a named format reads the kinds of tokens apart"#)),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "weights": [1, 4]}"#), format!(r#"{f}.weights: must be an object such as {{"input": 1, "output": 4, "cached_input": 0.5}}"#)),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "weights": {"cache_write": 1}}"#), format!("{f}.weights.cache_write: is not a weight of openai: input, output, cached_input")),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "weights": {"output": 0.0001}}"#), format!("{f}.weights.output: must be a number from 0 to 1000 with at most 3 decimals")),
+        (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "weights": {"input": -1}}"#), format!("{f}.weights.input: must be a number from 0 to 1000 with at most 3 decimals")),
+        (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "weights": {"input": 1001}}"#), format!("{f}.weights.input: must be a number from 0 to 1000 with at most 3 decimals")),
+        (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "weights": {"input": "2"}}"#), format!("{f}.weights.input: must be a number from 0 to 1000 with at most 3 decimals")),
     ];
     for (json, want) in cases {
         assert_eq!(

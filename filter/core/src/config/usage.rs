@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::fields::check_header_name;
 use super::raw::{RawEstimateHeader, RawRequestEstimate, RawUsage};
 use super::{invalid, Admit, Algorithm, ConfigError};
-use crate::usage::{parse_usage_path, BodyUsage, OutputKeys, MAX_PATHS};
+use crate::usage::{parse_usage_path, BodyUsage, OutputKeys, Weights, MAX_PATHS, WHOLE};
 
 pub use crate::bounds::{DEFAULT_MAX_BODY, MAX_MAX_BODY, MAX_USAGE};
 
@@ -21,7 +21,13 @@ pub struct Usage {
     /// Streamed OpenAI chat completions and completions lacking
     /// `stream_options.include_usage` are sent upstream with it.
     pub include_usage: bool,
+    /// A named format's token counts weighted (`from` reads them apart); the request
+    /// estimate weighted the same way.
+    pub weights: Option<Weights>,
 }
+
+/// The largest weight of one token.
+pub const MAX_WEIGHT: i64 = 1000;
 
 /// A provider's usage format, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,12 +174,85 @@ pub(super) fn validate_usage(
             ));
         }
     }
+    let weights = match raw.weights {
+        None => None,
+        Some(value) => Some(validate_weights(
+            &value,
+            &format!("{field}.weights"),
+            format,
+        )?),
+    };
+    let from = match (weights, format) {
+        (Some(w), Some(Format::OpenAi)) => UsageSource::Body(BodyUsage::openai_weighted(&w)),
+        (Some(w), Some(Format::Anthropic)) => UsageSource::Body(BodyUsage::anthropic_weighted(&w)),
+        _ => from,
+    };
     Ok(Usage {
         from,
         format,
         admit: raw.admit,
         estimate,
         include_usage: raw.include_usage,
+        weights,
+    })
+}
+
+/// `weights`: `input`, `output`, `cached_input` (and, for Anthropic, `cache_write`), each a
+/// number from 0 to [`MAX_WEIGHT`] with at most 3 decimals; `input` and `output` default to 1,
+/// the cached kinds to `input`'s.
+fn validate_weights(
+    value: &Value,
+    field: &str,
+    format: Option<Format>,
+) -> Result<Weights, ConfigError> {
+    let Some(format) = format else {
+        return Err(invalid(
+            field,
+            r#"needs "from": "openai" or "anthropic": a named format reads the kinds of tokens apart"#,
+        ));
+    };
+    let Some(object) = value.as_object() else {
+        return Err(invalid(
+            field,
+            r#"must be an object such as {"input": 1, "output": 4, "cached_input": 0.5}"#,
+        ));
+    };
+    let mut keys = vec!["input", "output", "cached_input"];
+    if format == Format::Anthropic {
+        keys.push("cache_write");
+    }
+    for key in object.keys() {
+        if !keys.contains(&key.as_str()) {
+            return Err(invalid(
+                &format!("{field}.{key}"),
+                format!("is not a weight of {}: {}", format.name(), keys.join(", ")),
+            ));
+        }
+    }
+    let weight = |key: &str, default: i64| -> Result<i64, ConfigError> {
+        let Some(v) = object.get(key) else {
+            return Ok(default);
+        };
+        let bad = || {
+            invalid(
+                &format!("{field}.{key}"),
+                format!("must be a number from 0 to {MAX_WEIGHT} with at most 3 decimals"),
+            )
+        };
+        let x = v.as_f64().ok_or_else(bad)?;
+        let milli = (x * WHOLE as f64).round();
+        let exact = (x * WHOLE as f64 - milli).abs() < 1e-6;
+        if !exact || !(0.0..=(MAX_WEIGHT * WHOLE) as f64).contains(&milli) {
+            return Err(bad());
+        }
+        Ok(milli as i64)
+    };
+    let input = weight("input", WHOLE)?;
+    Ok(Weights {
+        input,
+        output: weight("output", WHOLE)?,
+        cached_input: weight("cached_input", input)?,
+        cache_write: weight("cache_write", input)?,
     })
 }
 

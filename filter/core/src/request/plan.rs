@@ -118,7 +118,7 @@ fn plan_into(
                     // A request takes one hold, whatever its cost.
                     (_, Algorithm::Concurrency) => 1,
                     (None, _) => cost,
-                    (Some(usage), _) => estimate(&usage.estimate, view)?,
+                    (Some(usage), _) => estimate(usage, view)?,
                 },
                 mode: if limit.algorithm == Algorithm::Concurrency {
                     Mode::ToHold
@@ -232,8 +232,11 @@ fn streams_usage(path: &[u8]) -> bool {
 }
 
 /// A usage limit's cost for a request: its estimate.
-fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadRequest> {
-    match estimate {
+/// A usage limit's estimate for this request. From the request body and with weights: the
+/// input bound at the dearest input weight (a token could be any kind of input), the output
+/// bound at the output weight, rounded up.
+fn estimate(usage: &crate::config::Usage, view: &dyn RequestView) -> Result<u64, BadRequest> {
+    match &usage.estimate {
         Estimate::Fixed(n) => Ok(*n),
         Estimate::Header {
             name,
@@ -253,10 +256,21 @@ fn estimate(estimate: &Estimate, view: &dyn RequestView) -> Result<u64, BadReque
             completion_default,
             output,
             ..
-        } => Ok(view
-            .usage_estimate(*completion_default, *output)
-            .unwrap_or(*completion_default)
-            .min(MAX_USAGE)),
+        } => {
+            let (input, output) = view
+                .usage_estimate(*completion_default, *output)
+                .unwrap_or((0, *completion_default));
+            let units = match usage.weights {
+                None => u128::from(input) + u128::from(output),
+                Some(w) => {
+                    let dearest = w.input.max(w.cached_input).max(w.cache_write);
+                    let milli = u128::from(input) * dearest.unsigned_abs() as u128
+                        + u128::from(output) * w.output.unsigned_abs() as u128;
+                    milli.div_ceil(crate::usage::WHOLE as u128)
+                }
+            };
+            Ok(u64::try_from(units).unwrap_or(MAX_USAGE).min(MAX_USAGE))
+        }
     }
 }
 
@@ -802,8 +816,8 @@ mod tests {
             &self,
             completion_default: u64,
             _keys: crate::usage::OutputKeys,
-        ) -> Option<u64> {
-            Some(self.1 + self.2.unwrap_or(completion_default))
+        ) -> Option<(u64, u64)> {
+            Some((self.1, self.2.unwrap_or(completion_default)))
         }
     }
 
@@ -844,5 +858,22 @@ mod tests {
             request_body_bound(&c, &FakeRequest::new("POST", "/api/x")),
             None
         );
+    }
+
+    #[test]
+    fn a_weighted_estimate_takes_the_input_at_its_dearest_weight_and_the_output_at_its_own() {
+        let c = Config::parse(
+            br#"{"rules": [{"name": "llm", "limits": [
+                {"name": "tokens", "limit": 100000, "window": "1m",
+                 "usage": {"from": "openai", "estimate": {"request": {"completion_default": 100}},
+                           "weights": {"input": 0.5, "output": 3, "cached_input": 0.25}}}]}]}"#,
+        )
+        .unwrap();
+        let chat = FakeRequest::new("POST", "/v1/chat");
+        let cost = |view: &dyn RequestView| plan(&c, view).unwrap().checks[0].cost;
+        // 301 bytes × 0.5, rounded up, + 50 × 3.
+        assert_eq!(cost(&WithBody(chat.clone(), 301, Some(50))), 151 + 150);
+        // No body read: the completion default alone, at the output weight.
+        assert_eq!(cost(&chat), 300);
     }
 }

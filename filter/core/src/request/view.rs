@@ -25,8 +25,9 @@ pub trait RequestView {
     }
     /// The estimate of a usage limit with `estimate.request` whose completion default is
     /// `completion_default` and whose output bound is read at `keys`, read from the request
-    /// body (None: no body was read; the estimate is then the completion default alone).
-    fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<u64> {
+    /// body: its input bound (the body's bytes) and its output bound (None: no body was read;
+    /// the estimate is then the completion default alone).
+    fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<(u64, u64)> {
         let _ = (completion_default, keys);
         None
     }

@@ -158,6 +158,17 @@ impl RequestEstimate {
         completion_default: u64,
         keys: OutputKeys,
     ) -> Result<u64, EstimateError> {
+        let (input, output) = self.finish_parts(completion_default, keys)?;
+        Ok(input.saturating_add(output))
+    }
+
+    /// [`Self::finish_with`]'s two parts: the input bound (the body's bytes) and the output
+    /// bound (the first usable of `keys`, else `completion_default`).
+    pub fn finish_parts(
+        &mut self,
+        completion_default: u64,
+        keys: OutputKeys,
+    ) -> Result<(u64, u64), EstimateError> {
         if self.bytes > self.max_body {
             return Err(EstimateError::TooLarge);
         }
@@ -170,7 +181,7 @@ impl RequestEstimate {
                 }
             }
         }
-        Ok(self.bytes.saturating_add(completion))
+        Ok((self.bytes, completion))
     }
 
     /// Where to add `"include_usage": true`: a whole JSON object with `"stream": true`, no

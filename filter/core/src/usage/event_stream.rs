@@ -5,7 +5,7 @@
 //! arrives: no line or event is held.
 
 use super::json::Doc;
-use super::sum::{combine, BodyUsage, Docs, MAX_PATHS};
+use super::sum::{combine, BodyUsage, Docs, MAX_FIELDS};
 use super::{Unreadable, UsageRead};
 
 const BOM: &[u8] = b"\xef\xbb\xbf";
@@ -44,7 +44,7 @@ pub(crate) struct Events {
     doc: Docs,
     /// Per field, the verdict of the last dispatched event with something (not `null`) at
     /// one of its paths.
-    last: [Option<UsageRead>; MAX_PATHS],
+    last: [Option<UsageRead>; MAX_FIELDS],
 }
 
 impl Events {
@@ -57,7 +57,7 @@ impl Events {
             done_read: 0,
             done_possible: true,
             doc: Docs::new(usage),
-            last: [None; MAX_PATHS],
+            last: [None; MAX_FIELDS],
         }
     }
 
@@ -217,7 +217,7 @@ impl Events {
     pub(crate) fn finish(&mut self, complete: bool) -> UsageRead {
         let partial_bom = self.bom > 0 && usize::from(self.bom) < BOM.len();
         let cut_in_event = self.has_data || self.line != Line::Start || partial_bom;
-        match combine(self.doc.required, self.last.into_iter()) {
+        match combine(self.doc.required, &self.doc.weights, self.last.into_iter()) {
             UsageRead::Missing if !complete || cut_in_event => {
                 UsageRead::Invalid(Unreadable::Truncated)
             }

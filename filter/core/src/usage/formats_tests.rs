@@ -285,3 +285,70 @@ fn include_usage_is_added_to_streamed_requests_lacking_it() {
     e.feed(br#"  {"stream":true}"#);
     assert_eq!(e.include_usage().unwrap().apply(b"{}"), None);
 }
+
+/// Weights in thousandths: input 1, output 4, cached input 0.125, cache writes 1.25.
+const WEIGHTS: Weights = Weights {
+    input: 1000,
+    output: 4000,
+    cached_input: 125,
+    cache_write: 1250,
+};
+
+#[test]
+fn openai_weighted_takes_the_cached_input_out_of_the_input() {
+    let usage = BodyUsage::openai_weighted(&WEIGHTS);
+    let chat = r#"{"object":"chat.completion","usage":{"prompt_tokens":1000,"completion_tokens":200,
+        "total_tokens":1200,"prompt_tokens_details":{"cached_tokens":400}}}"#;
+    // (1000 - 400) × 1 + 400 × 0.125 + 200 × 4
+    assert_eq!(read(BodyKind::Json, &usage, chat, true), Found(1450));
+    // No details: every input token is uncached.
+    let plain = r#"{"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}"#;
+    assert_eq!(read(BodyKind::Json, &usage, plain, true), Found(22));
+    // The Responses API, JSON (cached 0) and its stream's response.completed.
+    assert_eq!(
+        read(BodyKind::Json, &usage, RESPONSES_JSON, true),
+        Found(36 + 87 * 4)
+    );
+    assert_eq!(
+        read(BodyKind::EventStream, &usage, RESPONSES_STREAM, true),
+        Found(5 + 2 * 4)
+    );
+    // A part of a unit is charged as a whole one; without output there is no usage.
+    let w = Weights {
+        input: 1,
+        ..WEIGHTS
+    };
+    let tiny = r#"{"usage":{"prompt_tokens":3,"completion_tokens":0}}"#;
+    assert_eq!(
+        read(BodyKind::Json, &BodyUsage::openai_weighted(&w), tiny, true),
+        Found(1)
+    );
+    let no_output = r#"{"usage":{"prompt_tokens":3}}"#;
+    assert_eq!(read(BodyKind::Json, &usage, no_output, true), Missing);
+}
+
+#[test]
+fn anthropic_weighted_weighs_each_count() {
+    let usage = BodyUsage::anthropic_weighted(&WEIGHTS);
+    // 25 × 1 + 13 × 4 + 100 × 1.25 + 40 × 0.125
+    assert_eq!(
+        read(BodyKind::Json, &usage, ANTHROPIC_JSON, true),
+        Found(25 + 52 + 125 + 5)
+    );
+    // The stream: input and cache counts from message_start, output from the last
+    // message_delta: 25 + 15 × 4 + 3 × 1.25, rounded up.
+    assert_eq!(
+        read(BodyKind::EventStream, &usage, ANTHROPIC_STREAM, true),
+        Found(25 + 15 * 4 + 4)
+    );
+    // Unweighted, the same reader gives the plain sum.
+    assert_eq!(
+        read(
+            BodyKind::Json,
+            &BodyUsage::anthropic(),
+            ANTHROPIC_JSON,
+            true
+        ),
+        Found(25 + 100 + 40 + 13)
+    );
+}

@@ -27,7 +27,7 @@ mod tests;
 pub use estimate::{EstimateError, IncludeUsage, OutputKeys, RequestEstimate};
 pub use header::usage_from_header;
 pub use inflate::{encoding, Encoding, InflateError, Inflater, INFLATER_BYTES};
-pub use sum::{BodyUsage, Field, MAX_PATHS};
+pub use sum::{BodyUsage, Field, Weights, MAX_PATHS, MAX_READ_PATHS, WHOLE};
 
 use event_stream::Events;
 use json::Doc;
@@ -156,8 +156,8 @@ impl UsageReader {
         Self::of(kind, &BodyUsage::first_of(vec![path.to_vec()]), max_body)
     }
 
-    /// Reads `usage`: each field at the first of its paths present, added up. Paths past
-    /// [`MAX_PATHS`] are not read.
+    /// Reads `usage`: each field at the first of its paths present, weighted and added up.
+    /// Paths past [`MAX_READ_PATHS`] are not read.
     pub fn of(kind: BodyKind, usage: &BodyUsage, max_body: u64) -> Self {
         let body = match kind {
             BodyKind::Json => Body::Json(Docs::new(usage)),
