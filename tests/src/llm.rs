@@ -240,6 +240,8 @@ pub struct Served {
 struct Log {
     all: Served,
     by_key: HashMap<String, Served>,
+    /// Per key, the prompt and completion tokens of the usages in `by_key` ([`split`]).
+    split_by_key: HashMap<String, (u64, u64)>,
 }
 
 struct Shared {
@@ -297,6 +299,15 @@ impl LlmUpstream {
     /// What it reported, all keys together.
     pub fn served(&self) -> Served {
         lock(&self.server.service.log).all
+    }
+
+    /// Of what [`Self::served_for`] sums for `key`: the prompt and the completion tokens.
+    pub fn served_split_for(&self, key: &str) -> (u64, u64) {
+        lock(&self.server.service.log)
+            .split_by_key
+            .get(key)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// What it reported to requests with API key `key`: the `x-api-key` header, else the
@@ -775,6 +786,12 @@ fn record(shared: &Shared, request: &Request, usage: Option<u64>) {
     };
     add(&mut log.all);
     if let Some(key) = request.key() {
+        if let Some(n) = usage {
+            let (prompt, completion) = split(n);
+            let parts = log.split_by_key.entry(key.clone()).or_default();
+            parts.0 += prompt;
+            parts.1 += completion;
+        }
         add(log.by_key.entry(key).or_default());
     }
 }

@@ -271,9 +271,11 @@ pub struct UsagePolicy {
     /// The usage limit: `tokens` per `window_s`, a bucket of `tokens` (full at the start).
     pub tokens: u64,
     pub window_s: u64,
-    /// Where the usage is read: `body:usage.total_tokens`, or [`STATUS_USAGE`] (1 per
-    /// answer of [`STATUS_COUNTED`]).
+    /// Where the usage is read: `body:usage.total_tokens`, [`STATUS_USAGE`] (1 per answer
+    /// of [`STATUS_COUNTED`]), or `openai` with `weights`.
     pub from: &'static str,
+    /// Whole weights of OpenAI's input and output tokens (with `from: "openai"`).
+    pub weights: Option<(u64, u64)>,
     /// The fixed estimate (what `reserve` charges up front; what `after` charges when the
     /// usage cannot be read).
     pub estimate: u64,
@@ -329,6 +331,9 @@ pub fn usage_filter_json(shipped: &Value, policies: &[UsagePolicy], never_match:
                                "estimate": p.estimate}},
                 ],
             });
+            if let Some((input, output)) = p.weights {
+                rule["limits"][1]["usage"]["weights"] = json!({"input": input, "output": output});
+            }
             if policies.len() > 1 {
                 rule["match"] = json!({ "header": { "name": USAGE_ROW_HEADER, "value": p.name } });
             }
@@ -743,6 +748,7 @@ mod tests {
             tokens: 40_000,
             window_s: 3600,
             from: BODY_USAGE,
+            weights: None,
             estimate: 2000,
             timeout_ms: 150,
         }

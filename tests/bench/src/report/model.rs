@@ -648,7 +648,17 @@ pub const USAGE_ROWS: &[(&str, &str, u64)] = &[
     ("usage-estimate-too-low", "reserve", 500),
     ("usage-after", "after", USAGE_RANGE.1),
     (USAGE_STATUS_ROW, "reserve", 1),
+    (USAGE_WEIGHTED_ROW, "reserve", WEIGHTED_TOP),
 ];
+
+/// The usage row with weighted tokens: OpenAI's format, input ×[`WEIGHTS`]`.0`, output
+/// ×[`WEIGHTS`]`.1`, in a bucket of [`WEIGHTED_ROW_UNITS`] an hour; the estimate is the
+/// weighted top of the range (a quarter of the tokens input, the rest output).
+pub const USAGE_WEIGHTED_ROW: &str = "usage-weighted";
+pub const WEIGHTS: (u64, u64) = (1, 3);
+pub const WEIGHTED_ROW_UNITS: u64 = 100_000;
+pub const WEIGHTED_TOP: u64 =
+    USAGE_RANGE.1 / 4 * WEIGHTS.0 + (USAGE_RANGE.1 - USAGE_RANGE.1 / 4) * WEIGHTS.1;
 
 /// The usage row counted by status: every answer a 401, 1 unit each (failed logins), the
 /// bucket [`STATUS_ROW_UNITS`] an hour.
@@ -716,10 +726,10 @@ impl UsageAccuracy {
     /// range above its estimate (0 when the estimate covers it).
     pub fn overshoot_bound(&self) -> u64 {
         let in_flight = (self.replicas * self.conns_per_replica) as u64;
-        let top = if self.name == USAGE_STATUS_ROW {
-            1
-        } else {
-            self.usage_range.1
+        let top = match self.name.as_str() {
+            USAGE_STATUS_ROW => 1,
+            USAGE_WEIGHTED_ROW => WEIGHTED_TOP,
+            _ => self.usage_range.1,
         };
         let per_request = match self.admit.as_str() {
             "after" => top,

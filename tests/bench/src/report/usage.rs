@@ -3,7 +3,10 @@
 
 use super::format::thousands;
 use super::table::Table;
-use super::{Report, UsageAccuracy, STATUS_ROW_UNITS, USAGE_STATUS_ROW};
+use super::{
+    Report, UsageAccuracy, STATUS_ROW_UNITS, USAGE_STATUS_ROW, USAGE_WEIGHTED_ROW,
+    WEIGHTED_ROW_UNITS, WEIGHTS,
+};
 
 impl Report {
     pub fn usage_table(&self) -> String {
@@ -68,6 +71,7 @@ impl Report {
         r += "- **Overshoot**: `tokens used − floor(allowance)` when positive. The goal of `reserve` with an estimate at the top of the range is 0: every admitted request held its largest possible usage before it went upstream. **Overshoot bound**: `after`, the requests in flight (one per connection) × the top of the range; `reserve`, the requests in flight × (top of the range − estimate), 0 when the estimate covers every usage. A `reserve` row whose estimate is below some usages runs into debt: the debt column is the filter's `usage_debt` counter: tokens charged above a reservation (an `after` request reserves nothing, so its whole usage is charged when read and counts as none).\n";
         r += "- **Under-admission**: `floor(allowance) − tokens used` when positive: tokens of the allowance that no admitted request used by the end of the run, although requests kept coming and were refused. With `reserve` it is the balance left when the next reservation no longer fits (less than one estimate), plus the give-backs of the requests still in flight at the end.\n";
         r += &format!("- **`{USAGE_STATUS_ROW}`**: the same load with every answer a 401 (failed logins), counted by status (`\"from\": \"status:401\"`): each request holds 1 unit while it runs and its 401 keeps it, so a unit is used per answer, in a bucket of {} an hour; its tokens used are the upstream's answers, its admitted the 401s. Overshoot goal 0 with bound 0: every attempt let through held its unit first.\n", thousands(STATUS_ROW_UNITS as f64));
+        r += &format!("- **`{USAGE_WEIGHTED_ROW}`**: the same load read in OpenAI's format with weights, input ×{} and output ×{} (a quarter of each answer's tokens is input), in a bucket of {} units an hour; its tokens used are the upstream's input and output tokens at those weights, its estimate the weighted top of the range. Overshoot goal 0 with bound 0.\n", WEIGHTS.0, WEIGHTS.1, thousands(WEIGHTED_ROW_UNITS as f64));
         r += "- **Admitted / refused**: responses 200 / 429 seen by the clients; failed: any other outcome. **Settlements lost**: the filter's `ratelimit_usage_settlements_lost` over the run, summed over the replicas (goal 0). Fail-open must be 0 (the shipped bridge timeout and breaker).\n";
         r
     }

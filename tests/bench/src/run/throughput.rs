@@ -316,6 +316,7 @@ pub fn llm_usage_policy(timeout_ms: u64) -> UsagePolicy {
         tokens: 1_000_000_000_000,
         window_s: 1,
         from: crate::config::BODY_USAGE,
+        weights: None,
         estimate: LLM_ESTIMATE,
         timeout_ms,
     }

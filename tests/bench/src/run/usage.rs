@@ -13,7 +13,10 @@ use super::Bench;
 use crate::client::{self, Load, Post};
 use crate::config::{Front, UsagePolicy, BODY_USAGE, STATUS_USAGE, USAGE_ROW_HEADER};
 use crate::measure;
-use crate::report::{UsageAccuracy, STATUS_ROW_UNITS, USAGE_RANGE, USAGE_ROWS, USAGE_STATUS_ROW};
+use crate::report::{
+    UsageAccuracy, STATUS_ROW_UNITS, USAGE_RANGE, USAGE_ROWS, USAGE_STATUS_ROW, USAGE_WEIGHTED_ROW,
+    WEIGHTED_ROW_UNITS, WEIGHTS,
+};
 
 /// The token bucket of every row: this many tokens, refilled over an hour (about 11 a
 /// second), so the run spends the burst and the refill counts little, but exactly.
@@ -25,18 +28,19 @@ pub fn policies() -> Vec<UsagePolicy> {
     USAGE_ROWS
         .iter()
         .map(|(name, admit, estimate)| {
-            let status = *name == USAGE_STATUS_ROW;
+            let (tokens, from, weights) = match *name {
+                USAGE_STATUS_ROW => (STATUS_ROW_UNITS, STATUS_USAGE, None),
+                USAGE_WEIGHTED_ROW => (WEIGHTED_ROW_UNITS, "openai", Some(WEIGHTS)),
+                _ => (USAGE_TOKENS, BODY_USAGE, None),
+            };
             UsagePolicy {
                 name,
                 admit,
                 requests_per_s: 1_000_000,
-                tokens: if status {
-                    STATUS_ROW_UNITS
-                } else {
-                    USAGE_TOKENS
-                },
+                tokens,
                 window_s: USAGE_WINDOW_S,
-                from: if status { STATUS_USAGE } else { BODY_USAGE },
+                from,
+                weights,
                 estimate: *estimate,
                 timeout_ms: 150,
             }
@@ -117,6 +121,7 @@ fn one_row(
         }),
     };
     let served_before = upstream.served_for(&key);
+    let split_before = upstream.served_split_for(&key);
     let before: Vec<_> = envoys
         .iter()
         .map(|e| measure::envoy_stats(e.admin_port))
@@ -128,6 +133,7 @@ fn one_row(
         .map(|(e, b)| measure::delta(b, &measure::envoy_stats(e.admin_port)))
         .collect();
     let served = upstream.served_for(&key);
+    let split = upstream.served_split_for(&key);
     // Counters of this row's rule: `ratelimit_rule.<rule>.tokens.<event>`, and global ones.
     let sum = |name: &str| -> u64 {
         deltas
@@ -158,11 +164,14 @@ fn one_row(
         span_s: bounds.last_read - bounds.first_sent,
         allowance: allowance(bounds.first_sent, bounds.last_read),
         allowance_inner: allowance(bounds.first_read, bounds.last_sent),
-        // Counted by status, each answer is 1 unit; else its tokens.
-        used: if policy.from == STATUS_USAGE {
-            served.count - served_before.count
-        } else {
-            served.sum - served_before.sum
+        // Counted by status, each answer is 1 unit; weighted, its input and output tokens
+        // at their weights (whole: no rounding); else its tokens.
+        used: match (policy.from, policy.weights) {
+            (STATUS_USAGE, _) => served.count - served_before.count,
+            (_, Some((input, output))) => {
+                (split.0 - split_before.0) * input + (split.1 - split_before.1) * output
+            }
+            _ => served.sum - served_before.sum,
         },
         answered: served.count - served_before.count,
         sent: result.events.len() as u64,
