@@ -15,12 +15,12 @@
 //! so a test can tell what Envoy asked and forwarded.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-use crate::server::{lock, Server, Service};
+use crate::server::{lock, read_simple_request, Server, Service};
 
 /// The header a check's API key is read from.
 pub const API_KEY: &str = "x-api-key";
@@ -113,62 +113,25 @@ impl AuthzService {
     }
 }
 
-fn bad_input(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
-}
-
 /// Answers checks off one connection until Envoy closes it.
 fn serve(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 || shared.stop.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let mut headers: Vec<(String, String)> = Vec::new();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line)? == 0 {
-                return Err(bad_input("connection closed in the headers"));
-            }
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':') {
-                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-            }
-        }
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
-        let length: usize = header("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if length > MAX_BODY {
-            return Err(bad_input("check body too large"));
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body)?;
-        let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        let answer = answer(header(API_KEY), shared);
+    while let Some(request) = read_simple_request(&mut reader, &shared.stop, MAX_BODY)? {
+        let answer = answer(request.header(API_KEY), shared);
         {
             let mut checks = lock(&shared.checks);
             checks
                 .header_names
-                .extend(headers.iter().map(|(n, _)| n.clone()));
+                .extend(request.headers.iter().map(|(n, _)| n.clone()));
         }
         writer.write_all(&answer)?;
-        if close {
+        if request.closes() {
             return Ok(());
         }
     }
+    Ok(())
 }
 
 /// The raw answer to a check carrying API key `key`, counted.

@@ -13,12 +13,12 @@
 //! | anything else | 404 |
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-use crate::server::{lock, Server, Service};
+use crate::server::{lock, read_simple_request, Server, Service, SimpleRequest};
 
 /// The response header that prices a search.
 pub const COST_HEADER: &str = "x-search-cost";
@@ -78,65 +78,23 @@ impl Origin {
     }
 }
 
-fn bad_input(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
-}
-
 /// Answers requests off one connection until Envoy closes it.
 fn serve(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 || shared.stop.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
-        let mut headers: Vec<(String, String)> = Vec::new();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line)? == 0 {
-                return Err(bad_input("connection closed in the headers"));
-            }
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':') {
-                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-            }
-        }
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
-        let length: usize = header("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if length > 1 << 16 {
-            return Err(bad_input("request body too large"));
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body)?;
-        let answer = answer(&target, &headers, shared);
-        writer.write_all(answer.as_bytes())?;
-        if header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
+    while let Some(request) = read_simple_request(&mut reader, &shared.stop, 1 << 16)? {
+        writer.write_all(answer(&request, shared).as_bytes())?;
+        if request.closes() {
             return Ok(());
         }
     }
+    Ok(())
 }
 
-fn answer(target: &str, headers: &[(String, String)], shared: &Shared) -> String {
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    };
+fn answer(request: &SimpleRequest, shared: &Shared) -> String {
+    let header = |name: &str| request.header(name);
+    let target = request.target();
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let mut answered = lock(&shared.answered);
     match path {

@@ -1,9 +1,10 @@
 //! A threaded TCP server on a free loopback port, for the harness's stand-ins written in Rust
-//! (the OpenAI-compatible upstream, the authorization service): a thread per connection;
-//! dropped, it stops accepting, shuts every open connection down and joins every thread, so a
-//! test leaves nothing running.
+//! (the OpenAI-compatible upstream, the authorization service, the application): a thread per
+//! connection; dropped, it stops accepting, shuts every open connection down and joins every
+//! thread, so a test leaves nothing running.
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -114,4 +115,77 @@ fn accept_loop<S: Service>(listener: TcpListener, service: Arc<S>, connections: 
         threads.retain(|t| !t.is_finished());
         threads.push(thread);
     }
+}
+
+/// One HTTP/1.1 request of a keep-alive connection, as the simple stand-ins read it: its
+/// request line, its headers (names lower-cased) and its body by `content-length`.
+pub struct SimpleRequest {
+    pub line: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl SimpleRequest {
+    /// The first value of header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The request's target (`/path?query`).
+    pub fn target(&self) -> &str {
+        self.line.split_whitespace().nth(1).unwrap_or("")
+    }
+
+    /// The client asked to close the connection after the answer.
+    pub fn closes(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+    }
+}
+
+/// The next request off `reader`; None once the peer closed the connection or `stop` is set.
+/// A body over `max_body` bytes, or a connection closed inside the head, is an error.
+pub fn read_simple_request(
+    reader: &mut BufReader<TcpStream>,
+    stop: &AtomicBool,
+    max_body: usize,
+) -> std::io::Result<Option<SimpleRequest>> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 || stop.load(Ordering::SeqCst) {
+        return Ok(None);
+    }
+    let mut request = SimpleRequest {
+        line: line.trim_end().to_string(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(bad("connection closed in the headers"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            request
+                .headers
+                .push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+    }
+    let length: usize = request
+        .header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if length > max_body {
+        return Err(bad("request body too large"));
+    }
+    request.body = vec![0; length];
+    reader.read_exact(&mut request.body)?;
+    Ok(Some(request))
 }
