@@ -7,9 +7,10 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use ratelimit_core::config::MetadataPath;
+use ratelimit_core::config::{BodyPath, MetadataPath};
+use ratelimit_core::request::body::BodyValues;
 use ratelimit_core::request::plan::request_body_plan;
-use ratelimit_core::request::view::{first_header, header_count};
+use ratelimit_core::request::view::{first_header, header_count, BadRequest};
 use ratelimit_core::response::{self, Protocol};
 use ratelimit_core::usage::{OutputKeys, RequestEstimate};
 use usage::{HeldBody, Reading};
@@ -216,10 +217,15 @@ impl Request {
         }
     }
 
-    /// The held request's body ended (its last chunk, or its trailers came).
-    fn body_ended(&mut self) -> Action {
+    /// The held request's body ended: its last chunk of `size` bytes in all (the body may
+    /// then be edited), or its trailers came (None).
+    fn body_ended(&mut self, size: Option<usize>) -> Action {
         match self.held.take() {
-            Some((held, mut view)) => {
+            Some((mut held, mut view)) => {
+                view.fields = Some(held.field_values());
+                if let Some(size) = size {
+                    held.add_include_usage(size);
+                }
                 view.body = Some(RefCell::new(held.estimate));
                 self.decide(view)
             }
@@ -293,7 +299,9 @@ impl HttpContext for Request {
                     // is left to the framing (chunked to HTTP/1.1 upstreams).
                     wasm_host::remove_request_header("content-length");
                 }
-                self.held = Some((HeldBody::new(plan.max_body, plan.include_usage), view));
+                let fields = &self.worker.config.body_fields;
+                let held = HeldBody::new(plan.max_body, plan.include_usage, fields);
+                self.held = Some((held, view));
                 return Action::Continue;
             }
         }
@@ -313,12 +321,11 @@ impl HttpContext for Request {
         if !end_of_stream {
             return Action::Pause; // StopIterationAndBuffer: Envoy keeps the body
         }
-        held.add_include_usage(body_size);
-        self.body_ended()
+        self.body_ended(Some(body_size))
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.body_ended()
+        self.body_ended(None)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -398,6 +405,8 @@ struct RequestHeaders {
     headers: OnceCell<Vec<(String, Vec<u8>)>>,
     /// The request body as counted while it was held (usage limits estimated from it).
     body: Option<RefCell<RequestEstimate>>,
+    /// Its `body:` values, once it ended.
+    fields: Option<BodyValues>,
     /// Metadata values read for this request: a plan's source is read by each of its plans.
     metadata: RefCell<Vec<(MetadataPath, Option<Vec<u8>>)>>,
 }
@@ -438,6 +447,10 @@ impl RequestView for RequestHeaders {
             read.push((path.clone(), value.clone()));
         }
         value
+    }
+
+    fn body_field(&self, path: &BodyPath) -> Result<Option<&[u8]>, BadRequest> {
+        self.fields.as_ref().map_or(Ok(None), |f| f.get(path))
     }
 
     fn usage_estimate(&self, completion_default: u64, keys: OutputKeys) -> Option<(u64, u64)> {

@@ -1,9 +1,12 @@
 //! Usage limits in the adapter: holding a request until its body has been counted (a usage
-//! limit estimated from the request), and reading the response's usage as it passes. Every
+//! limit estimated from the request) or read (a `body:` source), and reading the response's
+//! usage as it passes. Every
 //! decision is the core's (`ratelimit_core::metering`, `Engine::take_meter`,
 //! `Engine::settle_usage`); this only moves bytes between Envoy and it.
 
+use ratelimit_core::config::BodyPath;
 use ratelimit_core::metering::UsageMeter;
+use ratelimit_core::request::body::{BodyFields, BodyValues};
 use ratelimit_core::usage::RequestEstimate;
 
 use crate::wasm_host;
@@ -16,10 +19,12 @@ pub struct HeldBody {
     pub fed: usize,
     /// `stream_options.include_usage` may be added to the body.
     pub include_usage: bool,
+    /// The `body:` values keys and conditions read.
+    pub fields: BodyFields,
 }
 
 impl HeldBody {
-    pub fn new(max_body: u64, include_usage: bool) -> Self {
+    pub fn new(max_body: u64, include_usage: bool, fields: &[BodyPath]) -> Self {
         let estimate = RequestEstimate::new(max_body);
         HeldBody {
             estimate: if include_usage {
@@ -30,6 +35,7 @@ impl HeldBody {
             max_body,
             fed: 0,
             include_usage,
+            fields: BodyFields::new(fields),
         }
     }
 
@@ -49,6 +55,14 @@ impl HeldBody {
         }
     }
 
+    /// The `body:` values of the whole body, read where they were found (before any edit).
+    pub fn field_values(&mut self) -> BodyValues {
+        let size = self.fed as u64;
+        self.fields.values(size, &mut |at, len| {
+            usize::try_from(at).map_or_else(|_| Vec::new(), |at| wasm_host::request_body(at, len))
+        })
+    }
+
     /// The request body buffered so far is `size` bytes: feeds what is new. False once it
     /// is over `max_body` (the request is then answered 413).
     pub fn feed_buffered(&mut self, size: usize) -> bool {
@@ -58,6 +72,7 @@ impl HeldBody {
         if size > self.fed {
             let chunk = wasm_host::request_body(self.fed, size - self.fed);
             self.estimate.feed(&chunk);
+            self.fields.feed(&chunk);
             self.fed = size;
         }
         true

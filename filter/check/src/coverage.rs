@@ -9,8 +9,9 @@
 
 use std::collections::BTreeSet;
 
-use ratelimit_core::config::{Config, KeySource, PathMatch, Test, WhenMissing};
+use ratelimit_core::config::{BodyPath, Config, KeySource, PathMatch, Test, WhenMissing};
 use ratelimit_core::request::plan::plan;
+use ratelimit_core::request::view::BadRequest;
 use ratelimit_core::RequestView;
 
 /// Probes asked at most: enough for every kind of request of a config of tens of rules.
@@ -43,6 +44,7 @@ struct Probe {
     headers: Vec<(String, Vec<u8>)>,
     query: Vec<(String, Vec<u8>)>,
     metadata: Vec<(String, Vec<u8>)>,
+    body: Vec<(BodyPath, Vec<u8>)>,
     route: Option<String>,
     /// The full path with its query string (`:path`).
     full_path: String,
@@ -56,6 +58,7 @@ impl Probe {
             KeySource::Metadata(path) => self
                 .metadata
                 .push((property_name(&path.property()), value.to_vec())),
+            KeySource::Body(path) => self.body.push((path.clone(), value.to_vec())),
             KeySource::Route => self.route = Some(String::from_utf8_lossy(value).into_owned()),
             KeySource::ClientIp | KeySource::Method | KeySource::Path => {}
         }
@@ -100,6 +103,13 @@ impl Probe {
                     ));
                 }
             }
+        }
+        for (path, value) in &self.body {
+            set.push(format!(
+                "body:{} = {:?}",
+                path.keys.join(":"),
+                String::from_utf8_lossy(value)
+            ));
         }
         if let Some(route) = &self.route {
             set.push(format!("route = {route:?}"));
@@ -161,6 +171,13 @@ impl RequestView for Probe {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, v)| v.clone())
+    }
+    fn body_field(&self, path: &BodyPath) -> Result<Option<&[u8]>, BadRequest> {
+        Ok(self
+            .body
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v.as_slice()))
     }
 }
 

@@ -213,6 +213,7 @@ fn source_name(source: &KeySource) -> String {
         KeySource::Header(name) => format!("header:{name}"),
         KeySource::Query(name) => format!("query:{name}"),
         KeySource::Metadata(path) => format!("metadata:{}:{}", path.namespace, path.keys.join(":")),
+        KeySource::Body(path) => format!("body:{}", path.keys.join(":")),
         KeySource::ClientIp => "client_ip".into(),
         KeySource::Route => "route".into(),
         KeySource::Method => "method".into(),

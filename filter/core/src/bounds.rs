@@ -33,6 +33,9 @@ pub const MAX_PLANS: usize = 32;
 /// Length of a value a request's query parameter or its metadata gives a key or a condition:
 /// a longer one is absent (the key's next alternative applies). Headers are bounded by Envoy.
 pub const MAX_SOURCE_VALUE_BYTES: usize = 4096;
+/// Distinct `body:` paths the rules of a config read: each is one more scanner walking every
+/// held request body.
+pub const MAX_BODY_FIELDS: usize = 8;
 /// Length of `bridge.authority`, `bridge.username` and `bridge.password`: they go into every
 /// call's headers, which share Webdis's request size with the path.
 pub const MAX_BRIDGE_FIELD_BYTES: usize = 255;

@@ -204,6 +204,9 @@ pub struct Config {
     pub program: crate::program::Program,
     /// Some limit is metered by usage: streams let through are followed to their response.
     pub metered: bool,
+    /// The `body:` paths the rules read: a request a rule reading one matches is held until
+    /// its body ends, and the body is scanned for each.
+    pub body_fields: Vec<BodyPath>,
 }
 
 /// How a worker groups decisions into bridge calls.
@@ -287,6 +290,18 @@ pub struct Rule {
     /// rule of its own with the plan's limits, under the rule's name, its match narrowed to
     /// the requests of that plan (the default plan's to every value no other plan names).
     pub plan: Option<String>,
+}
+
+impl Rule {
+    /// The `body:` paths this rule reads: in its key, its conditions (a plan's included).
+    pub fn body_paths(&self) -> impl Iterator<Item = &BodyPath> {
+        let key = self.key.alternatives.iter().flat_map(|a| a.sources.iter());
+        let conditions = self.matcher.conditions.iter().map(|c| &c.source);
+        key.chain(conditions).filter_map(|source| match source {
+            KeySource::Body(path) => Some(path),
+            _ => None,
+        })
+    }
 }
 
 /// A bound on how fast a rule's key space grows: new identities (none of the rule's keys
@@ -377,6 +392,9 @@ pub enum KeySource {
     /// A value in the stream's dynamic metadata, which a filter before this one set (a JWT
     /// claim from `jwt_authn`, an `ext_authz` result): what Envoy verified.
     Metadata(MetadataPath),
+    /// A value in the request body's JSON (`model`): the client chooses it. Read once the body
+    /// has ended; a rule reading one holds the body until then.
+    Body(BodyPath),
 }
 
 impl KeySource {
@@ -385,7 +403,11 @@ impl KeySource {
     pub fn client_chosen(&self) -> bool {
         matches!(
             self,
-            KeySource::Header(_) | KeySource::Query(_) | KeySource::Path | KeySource::Method
+            KeySource::Header(_)
+                | KeySource::Query(_)
+                | KeySource::Path
+                | KeySource::Method
+                | KeySource::Body(_)
         )
     }
 }
@@ -404,6 +426,12 @@ impl MetadataPath {
         path.extend(self.keys.iter().map(String::as_str));
         path
     }
+}
+
+/// `body:KEY[:KEY…]`: the value at KEY… in the request body's JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BodyPath {
+    pub keys: Vec<String>,
 }
 
 /// A limit's window.

@@ -1,15 +1,19 @@
 //! The sources a key, a match condition or a plan reads (`header:NAME`, `client_ip`, `route`,
-//! `method`, `path`, `query:NAME`, `metadata:NAMESPACE:KEY…`), and match conditions.
+//! `method`, `path`, `query:NAME`, `metadata:NAMESPACE:KEY…`, `body:KEY…`), and match
+//! conditions.
 
 use super::fields::check_header_name;
 use super::raw::RawCondition;
-use super::{invalid, Condition, ConfigError, KeySource, MetadataPath, Test};
+use super::{invalid, BodyPath, Condition, ConfigError, KeySource, MetadataPath, Test};
 use serde_json::Value;
 
-use crate::bounds::{MAX_CONDITION_VALUES, MAX_CONDITION_VALUE_BYTES, MAX_METADATA_KEYS};
+use crate::bounds::{
+    MAX_CONDITION_VALUES, MAX_CONDITION_VALUE_BYTES, MAX_METADATA_KEYS, MAX_SEGMENTS,
+    MAX_SEGMENT_LEN,
+};
 
 pub(super) const SOURCES: &str =
-    "header:NAME, query:NAME, metadata:NAMESPACE:KEY[:KEY…], client_ip, route, method or path";
+    "header:NAME, query:NAME, metadata:NAMESPACE:KEY[:KEY…], body:KEY[:KEY…], client_ip, route, method or path";
 
 /// One source as written (no `+`): `field` names the config entry in errors.
 pub(super) fn parse_source(part: &str, field: &str) -> Result<KeySource, ConfigError> {
@@ -25,6 +29,8 @@ pub(super) fn parse_source(part: &str, field: &str) -> Result<KeySource, ConfigE
                 KeySource::Query(segment(name, field, "a query parameter's name")?)
             } else if let Some(path) = part.strip_prefix("metadata:") {
                 KeySource::Metadata(metadata_path(path, field)?)
+            } else if let Some(path) = part.strip_prefix("body:") {
+                KeySource::Body(body_path(path, field)?)
             } else {
                 return Err(invalid(
                     field,
@@ -56,6 +62,28 @@ fn metadata_path(text: &str, field: &str) -> Result<MetadataPath, ConfigError> {
         ));
     }
     Ok(MetadataPath { namespace, keys })
+}
+
+/// `KEY[:KEY…]`: a member of the request body's top-level JSON object, or of an object
+/// inside it, as deep as a usage path may go.
+fn body_path(text: &str, field: &str) -> Result<BodyPath, ConfigError> {
+    let keys = text
+        .split(':')
+        .map(|k| segment(k, field, "a body key"))
+        .collect::<Result<Vec<_>, _>>()?;
+    if keys.len() > MAX_SEGMENTS {
+        return Err(invalid(
+            field,
+            format!("body reads at most {MAX_SEGMENTS} keys deep"),
+        ));
+    }
+    if let Some(long) = keys.iter().find(|k| k.len() > MAX_SEGMENT_LEN) {
+        return Err(invalid(
+            field,
+            format!("a body key is at most {MAX_SEGMENT_LEN} bytes, \"{long}\" is longer"),
+        ));
+    }
+    Ok(BodyPath { keys })
 }
 
 /// A name inside a source: printable ASCII without the separators of the config's syntax
@@ -238,6 +266,25 @@ mod tests {
         }
         let deep = format!("metadata:ns{}", ":k".repeat(MAX_METADATA_KEYS + 1));
         assert!(p(&deep).is_err());
+        assert_eq!(
+            p("body:model"),
+            Ok(KeySource::Body(BodyPath {
+                keys: vec!["model".into()]
+            }))
+        );
+        assert_eq!(
+            p("body:metadata:user%3Aid"),
+            Ok(KeySource::Body(BodyPath {
+                keys: vec!["metadata".into(), "user:id".into()]
+            }))
+        );
+        for bad in ["body:", "body:a:", "body::a", "body:a b"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        let deep = format!("body:k{}", ":k".repeat(MAX_SEGMENTS));
+        assert!(p(&deep).unwrap_err().message.contains("8 keys deep"));
+        let long = format!("body:{}", "k".repeat(MAX_SEGMENT_LEN + 1));
+        assert!(p(&long).unwrap_err().message.contains("at most 64 bytes"));
     }
 
     #[test]

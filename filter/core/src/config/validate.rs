@@ -115,8 +115,20 @@ impl RawConfig {
         let metered = rules
             .iter()
             .any(|r| r.limits.iter().any(|l| l.usage.is_some()));
+        let body_fields = body_fields(&rules);
+        if body_fields.len() > crate::bounds::MAX_BODY_FIELDS {
+            return Err(invalid(
+                "rules",
+                format!(
+                    "read {} different body: paths, at most {} (each is scanned in every held request body)",
+                    body_fields.len(),
+                    crate::bounds::MAX_BODY_FIELDS
+                ),
+            ));
+        }
         let config = Config {
             metered,
+            body_fields,
             bridge,
             clock: self.clock,
             key_prefix: self.key_prefix,
@@ -362,4 +374,17 @@ fn redis_calls(given: Option<&str>, redis_cluster: bool) -> Result<CallKind, Con
             "must be \"function\" (FCALL, Redis 7 and later) or \"script\" (EVALSHA)",
         )),
     }
+}
+
+/// Every distinct `body:` path the rules read (keys, conditions, plans), in order of first use.
+fn body_fields(rules: &[Rule]) -> Vec<super::BodyPath> {
+    let mut paths: Vec<super::BodyPath> = Vec::new();
+    for rule in rules {
+        for path in rule.body_paths() {
+            if !paths.contains(path) {
+                paths.push(path.clone());
+            }
+        }
+    }
+    paths
 }

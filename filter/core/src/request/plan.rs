@@ -8,10 +8,11 @@ use super::keys::{budget_check, shard_key};
 use super::memo::PlanMemo;
 use super::source::read_source;
 use super::view::{decisive_header, path_only, BadRequest, RequestView};
+use crate::bounds::DEFAULT_MAX_BODY;
 use crate::check::{LimitCheck, Mode};
 use crate::config::{
-    Admit, Algorithm, ClientIpPolicy, Config, Cost, Estimate, FailureMode, Match, PathMatch,
-    MAX_USAGE,
+    Admit, Algorithm, ClientIpPolicy, Config, Cost, Estimate, FailureMode, KeySource, Match,
+    PathMatch, MAX_USAGE,
 };
 
 /// Everything decided about a request before asking Redis.
@@ -76,7 +77,7 @@ fn plan_into(
         failure_mode: FailureMode::Open,
     };
     for (r, rule) in config.rules.iter().enumerate() {
-        if !matches(&rule.matcher, view, method, path, &config.client_ip)? {
+        if !matches(&rule.matcher, view, method, path, &config.client_ip, true)? {
             continue;
         }
         let Some(alternative) = resolve_into(view, &rule.key, &config.client_ip, identity)? else {
@@ -142,12 +143,14 @@ fn plan_into(
 
 /// Whether a rule's matcher fits the request. Its conditions are read last, only when path
 /// and method fit, so that a repeated header counts only on requests the rule could apply to.
+/// Before the body is read (`body_read` false) a condition on it may hold.
 fn matches(
     m: &Match,
     view: &dyn RequestView,
     method: &[u8],
     path: &[u8],
     policy: &ClientIpPolicy,
+    body_read: bool,
 ) -> Result<bool, BadRequest> {
     let path_ok = match &m.path {
         None => true,
@@ -160,6 +163,9 @@ fn matches(
     }
     let mut value = Vec::new();
     for condition in &m.conditions {
+        if !body_read && matches!(condition.source, KeySource::Body(_)) {
+            continue;
+        }
         value.clear();
         let present = read_source(view, &condition.source, policy, &mut value)?;
         if !condition.test.passes(present.then_some(value.as_slice())) {
@@ -169,10 +175,11 @@ fn matches(
     Ok(true)
 }
 
-/// Whether the decision for this request waits for its body: some rule it matches has a
-/// usage limit estimated from the request (`estimate.request`). Returns the smallest of their
-/// `max_body`; None when no body is needed (or a header it matches on is bad: the decision
-/// then answers 400 at once).
+/// Whether the decision for this request waits for its body: some rule it may match has a
+/// usage limit estimated from the request (`estimate.request`) or reads a `body:` source.
+/// Returns the smallest of their `max_body` (a rule reading the body without such a limit
+/// holds up to [`DEFAULT_MAX_BODY`]); None when no body is needed (or a header it matches on
+/// is bad: the decision then answers 400 at once).
 pub fn request_body_bound(config: &Config, view: &dyn RequestView) -> Option<u64> {
     request_body_plan(config, view).map(|p| p.max_body)
 }
@@ -180,7 +187,8 @@ pub fn request_body_bound(config: &Config, view: &dyn RequestView) -> Option<u64
 /// What the filter does with a request body it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BodyPlan {
-    /// The smallest `max_body` of the usage limits estimated from it.
+    /// The smallest `max_body` of the usage limits estimated from it and of the rules reading
+    /// it ([`request_body_bound`]).
     pub max_body: u64,
     /// A usage limit with `include_usage` applies and the request is a `POST` to a chat
     /// completions or completions path: the option may be added to its body.
@@ -189,7 +197,7 @@ pub struct BodyPlan {
 
 /// [`request_body_bound`], and whether `include_usage` may be added to the body.
 pub fn request_body_plan(config: &Config, view: &dyn RequestView) -> Option<BodyPlan> {
-    if !config.metered {
+    if !config.metered && config.body_fields.is_empty() {
         return None;
     }
     let method = view.header(":method").unwrap_or_default();
@@ -204,10 +212,13 @@ pub fn request_body_plan(config: &Config, view: &dyn RequestView) -> Option<Body
                 include_usage |= usage.include_usage;
             }
         }
+        if rule.body_paths().next().is_some() {
+            max_body = max_body.or(Some(DEFAULT_MAX_BODY));
+        }
         let Some(max_body) = max_body else {
             continue;
         };
-        if matches(&rule.matcher, view, method, path, &config.client_ip).ok()? {
+        if matches(&rule.matcher, view, method, path, &config.client_ip, false).ok()? {
             let include_usage = include_usage && method == b"POST" && streams_usage(path);
             plan = Some(match plan {
                 None => BodyPlan {
@@ -875,5 +886,83 @@ mod tests {
         assert_eq!(cost(&WithBody(chat.clone(), 301, Some(50))), 151 + 150);
         // No body read: the completion default alone, at the output weight.
         assert_eq!(cost(&chat), 300);
+    }
+
+    #[test]
+    fn per_model_plans_read_the_body_and_hold_it_until_it_ends() {
+        let c = Config::parse(
+            br#"{"rules": [
+              {"name": "llm", "match": {"path_prefix": "/v1/", "methods": ["POST"]},
+               "key": {"from": ["header:authorization+body:model", "client_ip+body:model"]},
+               "plan_from": "body:model",
+               "plans": [
+                 {"name": "big", "values": ["gpt-4o"], "limits": [{"name": "tokens", "limit": 30000, "window": "1m"}]},
+                 {"name": "small", "default": true, "limits": [{"name": "tokens", "limit": 200000, "window": "1m"}]}]},
+              {"name": "only-mini", "match": {"sources": [{"source": "body:model", "in": ["gpt-4o-mini"]}]},
+               "limits": [{"name": "rpm", "limit": 10, "window": "1m"}]},
+              {"name": "headers", "limits": [{"name": "rps", "limit": 5, "window": "1s"}]}]}"#,
+        )
+        .unwrap();
+        let model = crate::config::BodyPath {
+            keys: vec!["model".into()],
+        };
+        assert_eq!(c.body_fields, [model]);
+        let post =
+            FakeRequest::new("POST", "/v1/chat/completions").with("authorization", b"Bearer k");
+        // At the headers: held, even by the rule whose only condition is on the body.
+        assert_eq!(request_body_bound(&c, &post), Some(DEFAULT_MAX_BODY));
+        let only_headers = FakeRequest::new("GET", "/health");
+        assert_eq!(
+            request_body_bound(&c, &only_headers),
+            Some(DEFAULT_MAX_BODY),
+            "only-mini may match any path"
+        );
+        let limits = |view: &FakeRequest| {
+            plan(&c, view)
+                .unwrap()
+                .checks
+                .iter()
+                .map(|k| {
+                    (
+                        c.rules[k.rule].name.clone(),
+                        k.per_window,
+                        k.key.to_string(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let big = limits(
+            &post
+                .clone()
+                .with_body(&c.body_fields, br#"{"model": "gpt-4o", "messages": []}"#),
+        );
+        let mini = limits(&post.clone().with_body(
+            &c.body_fields,
+            br#"{"messages": [], "model": "gpt-4o-mini"}"#,
+        ));
+        assert_eq!(
+            (big[0].1, mini[0].1),
+            (30000, 200000),
+            "each model its plan"
+        );
+        assert_ne!(big[0].2, mini[0].2, "and its own key");
+        assert_eq!(big.len(), 2, "llm and headers: {big:?}");
+        assert_eq!(mini[1].0, "only-mini");
+        // No model: the key's alternatives all need it, so the shared anonymous key.
+        let none = limits(
+            &post
+                .clone()
+                .with_body(&c.body_fields, br#"{"messages": []}"#),
+        );
+        assert_eq!(none[0].1, 200000, "the default plan");
+        assert!(none[0].2.contains("anonymous"), "{none:?}");
+        let twice = post.with_body(
+            &c.body_fields,
+            br#"{"model": "gpt-4o-mini", "model": "gpt-4o"}"#,
+        );
+        assert!(plan(&c, &twice)
+            .unwrap_err()
+            .0
+            .contains("model must be sent once"));
     }
 }

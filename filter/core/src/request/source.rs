@@ -27,6 +27,7 @@ pub fn read_source(
             owned.as_deref().map(str::as_bytes)
         }
         KeySource::Method => view.header(":method"),
+        KeySource::Body(path) => view.body_field(path)?,
         KeySource::Path => view.header(":path").map(path_only),
         KeySource::Query(name) => {
             return query_parameter(view.header(":path").unwrap_or_default(), name, out)

@@ -1,7 +1,7 @@
 //! The request as the limiter reads it: the host's view of one request, the header lookups
 //! every part of a plan shares, and the answer to a request it refuses to read.
 
-use crate::config::MetadataPath;
+use crate::config::{BodyPath, MetadataPath};
 use crate::usage::OutputKeys;
 
 /// What the limiter may read of a request.
@@ -22,6 +22,13 @@ pub trait RequestView {
     fn metadata(&self, path: &MetadataPath) -> Option<Vec<u8>> {
         let _ = path;
         None
+    }
+    /// The value at a `body:` path of the request's JSON body (see `request::body`): None
+    /// while the body has not been read (a decision made at the headers) or when absent;
+    /// refused when a key of the path appears twice.
+    fn body_field(&self, path: &BodyPath) -> Result<Option<&[u8]>, BadRequest> {
+        let _ = path;
+        Ok(None)
     }
     /// The estimate of a usage limit with `estimate.request` whose completion default is
     /// `completion_default` and whose output bound is read at `keys`, read from the request

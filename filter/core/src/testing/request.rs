@@ -1,8 +1,9 @@
 //! A request for tests and examples: its headers in order (a name may repeat), its peer and
 //! its route, read through the same header lookups the adapter uses on Envoy's header map.
 
-use crate::config::MetadataPath;
-use crate::request::view::{first_header, header_count, RequestView};
+use crate::config::{BodyPath, MetadataPath};
+use crate::request::body::{BodyFields, BodyValues};
+use crate::request::view::{first_header, header_count, BadRequest, RequestView};
 
 #[derive(Debug, Default, Clone)]
 pub struct FakeRequest {
@@ -12,6 +13,8 @@ pub struct FakeRequest {
     pub route: Option<String>,
     /// Dynamic metadata, each value at its `NAMESPACE:KEY…` as a `metadata:` source names it.
     pub metadata: Vec<(String, Vec<u8>)>,
+    /// The `body:` values, once a body was read ([`Self::with_body`]).
+    pub body: Option<BodyValues>,
 }
 
 impl FakeRequest {
@@ -35,6 +38,20 @@ impl FakeRequest {
     pub fn with_metadata(mut self, path: &str, value: &[u8]) -> Self {
         self.metadata.retain(|(p, _)| p != path);
         self.metadata.push((path.into(), value.to_vec()));
+        self
+    }
+
+    /// The request's body has ended: `json`, scanned for `paths` (a config's `body_fields`)
+    /// in chunks of 7 bytes, as the adapter does.
+    pub fn with_body(mut self, paths: &[BodyPath], json: &[u8]) -> Self {
+        let mut fields = BodyFields::new(paths);
+        for chunk in json.chunks(7) {
+            fields.feed(chunk);
+        }
+        self.body = Some(fields.values(json.len() as u64, &mut |at, len| {
+            let at = usize::try_from(at).unwrap_or(json.len()).min(json.len());
+            json[at..(at + len).min(json.len())].to_vec()
+        }));
         self
     }
 
@@ -64,5 +81,8 @@ impl RequestView for FakeRequest {
             .iter()
             .find(|(p, _)| *p == wanted)
             .map(|(_, v)| v.clone())
+    }
+    fn body_field(&self, path: &BodyPath) -> Result<Option<&[u8]>, BadRequest> {
+        self.body.as_ref().map_or(Ok(None), |b| b.get(path))
     }
 }

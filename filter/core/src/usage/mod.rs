@@ -18,8 +18,8 @@ mod event_stream;
 mod formats_tests;
 mod header;
 mod inflate;
-mod json;
-mod path;
+pub(crate) mod json;
+pub(crate) mod path;
 mod sum;
 #[cfg(test)]
 mod tests;
