@@ -162,7 +162,7 @@ fuzz: setup ## the property tests, longer: 3,000 sequences per algorithm, 1,000,
 
 e2e-test: setup setup-prom setup-openai setup-auth setup-grpc build admin oci ## real Envoy + Webdis + Redis (+ Prometheus, + a Redis Cluster, + jwt_authn and ext_authz, + gRPC clients, + ratelimit-check --probe) on free loopback ports
 	cargo build -q -p ratelimit-check
-	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test misconfigured --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency --test openai --test grpc --test idle --test auth --test durable --test functions --test response_cost -- --test-threads 2
+	cargo test -p e2e --test limits --test validation --test policy --test engine --test outage --test misconfigured --test budget --test memory --test scrape --test cluster --test lease --test oci --test smoke --test remote --test busy --test overrides --test concurrency --test openai --test grpc --test idle --test auth --test durable --test functions --test response_cost --test llm_models -- --test-threads 2
 
 validate: setup-envoy build ## envoy --mode validate on every shipped Envoy config
 	@for f in envoy/*.yaml envoy/examples/*.yaml envoy/cluster/*.yaml; do \

@@ -242,6 +242,8 @@ struct Log {
     by_key: HashMap<String, Served>,
     /// Per key, the prompt and completion tokens of the usages in `by_key` ([`split`]).
     split_by_key: HashMap<String, (u64, u64)>,
+    /// Per key and the request's `model`.
+    by_model: HashMap<(String, String), Served>,
 }
 
 struct Shared {
@@ -306,6 +308,16 @@ impl LlmUpstream {
         lock(&self.server.service.log)
             .split_by_key
             .get(key)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// What it reported to requests with API key `key` (as [`Self::served_for`]) naming
+    /// `model` in their body.
+    pub fn served_for_model(&self, key: &str, model: &str) -> Served {
+        lock(&self.server.service.log)
+            .by_model
+            .get(&(key.to_string(), model.to_string()))
             .copied()
             .unwrap_or_default()
     }
@@ -607,13 +619,13 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
         cached: request.number(CACHED).unwrap_or(0),
     };
     if shape == Some(Shape::Reset) {
-        record(shared, request, None);
+        record(shared, request, &plan.model, None);
         let _ = out.shutdown(Shutdown::Both);
         return Ok(false);
     }
     if matches!(endpoint, Endpoint::Responses | Endpoint::Messages) {
         // These always report their usage (shapes are the OpenAI endpoints').
-        record(shared, request, Some(plan.usage));
+        record(shared, request, &plan.model, Some(plan.usage));
         return answer_provider(&plan, stream, out);
     }
     let reported = match shape {
@@ -622,7 +634,7 @@ fn answer(request: &Request, out: &mut TcpStream, shared: &Shared) -> std::io::R
         None if stream && !include_usage => None,
         None => Some(plan.usage),
     };
-    record(shared, request, reported);
+    record(shared, request, &plan.model, reported);
     let mut sent = Sent {
         shared,
         key: plan.coding.and(request.key()),
@@ -775,7 +787,7 @@ pub fn split(total: u64) -> (u64, u64) {
     (prompt, total - prompt)
 }
 
-fn record(shared: &Shared, request: &Request, usage: Option<u64>) {
+fn record(shared: &Shared, request: &Request, model: &str, usage: Option<u64>) {
     let mut log = lock(&shared.log);
     let add = |served: &mut Served| match usage {
         Some(n) => {
@@ -792,7 +804,8 @@ fn record(shared: &Shared, request: &Request, usage: Option<u64>) {
             parts.0 += prompt;
             parts.1 += completion;
         }
-        add(log.by_key.entry(key).or_default());
+        add(log.by_key.entry(key.clone()).or_default());
+        add(log.by_model.entry((key, model.to_string())).or_default());
     }
 }
 

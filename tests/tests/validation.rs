@@ -142,6 +142,7 @@ fn shipped_envoy_configs_validate() {
             "examples/ext_authz_plans.yaml",
             "examples/internal_shadow.yaml",
             "examples/jwt_plans.yaml",
+            "examples/llm_models.yaml",
             "examples/llm_tokens.yaml",
             "examples/login_per_ip.yaml",
             "examples/plans.yaml",

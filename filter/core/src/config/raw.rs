@@ -314,8 +314,8 @@ pub(super) struct RawUsage {
     #[serde(default)]
     pub(super) admit: Admit,
     pub(super) estimate: Option<Value>,
-    #[serde(default)]
-    pub(super) include_usage: bool,
+    /// `true`, `false`, or `{"streamed": SOURCE, "asked": SOURCE}`.
+    pub(super) include_usage: Option<Value>,
     /// What each kind of token of a named format costs.
     pub(super) weights: Option<Value>,
 }

@@ -598,7 +598,7 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
                 max_body: 1 << 20,
                 output: OutputKeys::Completion,
             },
-            include_usage: false,
+            include_usage: AddIncludeUsage::Off,
             weights: None,
         })
     );
@@ -609,7 +609,7 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
             format: None,
             admit: Admit::After,
             estimate: Estimate::Fixed(500),
-            include_usage: false,
+            include_usage: AddIncludeUsage::Off,
             weights: None,
         })
     );
@@ -645,7 +645,28 @@ fn assert_usage_formats_parse() {
     let usage = |i: usize| c.rules[0].limits[i].usage.clone().unwrap();
     assert_eq!(usage(0).from, UsageSource::Body(BodyUsage::openai()));
     assert_eq!(usage(0).format, Some(Format::OpenAi));
-    assert!(usage(0).include_usage);
+    assert_eq!(usage(0).include_usage, AddIncludeUsage::Always);
+    let marked = fixtures::parse(&with_rule(
+        r#"{"name": "r", "limits": [{"name": "a", "limit": 100, "window": "1m",
+             "usage": {"from": "openai", "estimate": {"request": {}},
+                       "include_usage": {"streamed": "metadata:llm:stream", "asked": "metadata:llm:include_usage"}}}]}"#,
+    ))
+    .unwrap();
+    let path = |key: &str| MetadataPath {
+        namespace: "llm".into(),
+        keys: vec![key.into()],
+    };
+    assert_eq!(
+        marked.rules[0].limits[0]
+            .usage
+            .as_ref()
+            .unwrap()
+            .include_usage,
+        AddIncludeUsage::Marked {
+            streamed: path("stream"),
+            asked: Some(path("include_usage"))
+        }
+    );
     assert!(matches!(
         usage(0).estimate,
         Estimate::Request {
@@ -678,7 +699,7 @@ fn a_status_source_counts_listed_statuses_and_reserves_one() {
         format: None,
         admit: Admit::Reserve,
         estimate: Estimate::Fixed(1),
-        include_usage: false,
+        include_usage: AddIncludeUsage::Off,
         weights: None,
     });
     assert_eq!(limits(r#"{"from": "status:401, 403"}"#), Ok(want.clone()));
@@ -751,7 +772,11 @@ fn bad_usage_configs_name_the_field() {
         (usage("gcra", "", r#"{"from": "OpenAI", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
         (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs "from": "openai": the option is OpenAI's"#)),
         (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs an estimate from the request ({{"request": {{...}}}}): the option is added to the request body read for it"#)),
-        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": 1}"#), format!("{f}.include_usage: invalid type: integer `1`, expected a boolean")),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": 1}"#), format!(r#"{f}.include_usage: must be true, false or {{"streamed": "metadata:NAMESPACE:KEY", "asked": "metadata:NAMESPACE:KEY"}}"#)),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": {"asked": "metadata:ns:a"}}"#), format!("{f}.include_usage.streamed: is required")),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": {"streamed": "body:stream"}}"#), format!("{f}.include_usage.streamed: must be a metadata: source: it is read with the request headers, before the body, so a filter before this one (json_to_metadata) must have read the body")),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": {"streamed": "metadata:ns"}}"#), format!("{f}.include_usage.streamed: metadata needs a namespace and at least one key: metadata:NAMESPACE:KEY[:KEY…], e.g. metadata:envoy.filters.http.jwt_authn:jwt_payload:sub")),
+        (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": {"streamed": "metadata:ns:s", "when": 1}}"#), format!(r#"{f}.include_usage: unknown field `when`: must be true, false or {{"streamed": "metadata:NAMESPACE:KEY", "asked": "metadata:NAMESPACE:KEY"}}"#)),
         (usage("gcra", "", r#"{"from": "body:usage..total", "estimate": 5}"#), format!("{f}.from: each segment of a usage path (dot-separated) has 1 to 64 characters")),
         (usage("gcra", "", r#"{"from": "header:x usage", "estimate": 5}"#), format!("{f}.from: must be a header name (letters, digits and !#$%&'*+-.^_`|~)")),
         (usage("fixed_window", "", r#"{"from": "body:u"}"#), format!("{f}.estimate: is required")),

@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::fields::check_header_name;
 use super::raw::{RawEstimateHeader, RawRequestEstimate, RawUsage};
-use super::{invalid, Admit, Algorithm, ConfigError};
+use super::sources::parse_source;
+use super::{invalid, Admit, Algorithm, ConfigError, KeySource, MetadataPath};
 use crate::usage::{parse_usage_path, BodyUsage, OutputKeys, Weights, MAX_PATHS, WHOLE};
 
 pub use crate::bounds::{DEFAULT_MAX_BODY, MAX_MAX_BODY, MAX_USAGE};
@@ -18,12 +19,37 @@ pub struct Usage {
     pub format: Option<Format>,
     pub admit: Admit,
     pub estimate: Estimate,
-    /// Streamed OpenAI chat completions and completions lacking
+    /// Which streamed OpenAI chat completions and completions lacking
     /// `stream_options.include_usage` are sent upstream with it.
-    pub include_usage: bool,
+    pub include_usage: AddIncludeUsage,
     /// A named format's token counts weighted (`from` reads them apart); the request
     /// estimate weighted the same way.
     pub weights: Option<Weights>,
+}
+
+/// Which requests `stream_options.include_usage` may be added to (`usage.include_usage`). The
+/// request headers leave before the body is read (see the adapter), so whether a request is
+/// edited, and loses its `content-length`, is decided from what is known at the headers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AddIncludeUsage {
+    #[default]
+    Off,
+    /// `true`: any `POST` to a completions path may be edited, so each is sent without its
+    /// `content-length` (chunked to HTTP/1.1), edited or not.
+    Always,
+    /// Only a request a filter before this one marked as streamed in its metadata (Envoy's
+    /// `json_to_metadata` reading `stream`), and not already asking for usage (`asked`, e.g.
+    /// `stream_options.include_usage`): the others keep their `content-length`.
+    Marked {
+        streamed: MetadataPath,
+        asked: Option<MetadataPath>,
+    },
+}
+
+impl AddIncludeUsage {
+    pub fn is_on(&self) -> bool {
+        *self != AddIncludeUsage::Off
+    }
 }
 
 /// The largest weight of one token.
@@ -160,7 +186,9 @@ pub(super) fn validate_usage(
         None => OutputKeys::Completion,
     };
     let estimate = validate_estimate(estimate, &estimate_field, output)?;
-    if raw.include_usage {
+    let include_usage =
+        validate_include_usage(raw.include_usage, &format!("{field}.include_usage"))?;
+    if include_usage.is_on() {
         if format != Some(Format::OpenAi) {
             return Err(invalid(
                 &format!("{field}.include_usage"),
@@ -192,8 +220,51 @@ pub(super) fn validate_usage(
         format,
         admit: raw.admit,
         estimate,
-        include_usage: raw.include_usage,
+        include_usage,
         weights,
+    })
+}
+
+/// `include_usage`: `true`, `false`, or `{"streamed": "metadata:…", "asked": "metadata:…"}`
+/// (`asked` optional): sources known when the headers are, so metadata only.
+fn validate_include_usage(raw: Option<Value>, field: &str) -> Result<AddIncludeUsage, ConfigError> {
+    let shape = r#"must be true, false or {"streamed": "metadata:NAMESPACE:KEY", "asked": "metadata:NAMESPACE:KEY"}"#;
+    let object = match raw {
+        None | Some(Value::Bool(false)) => return Ok(AddIncludeUsage::Off),
+        Some(Value::Bool(true)) => return Ok(AddIncludeUsage::Always),
+        Some(Value::Object(object)) => object,
+        Some(_) => return Err(invalid(field, shape)),
+    };
+    if let Some(unknown) = object
+        .keys()
+        .find(|k| !["streamed", "asked"].contains(&k.as_str()))
+    {
+        return Err(invalid(
+            field,
+            format!("unknown field `{unknown}`: {shape}"),
+        ));
+    }
+    let metadata = |key: &str| -> Result<Option<MetadataPath>, ConfigError> {
+        let entry = format!("{field}.{key}");
+        let Some(value) = object.get(key) else {
+            return Ok(None);
+        };
+        let text = value
+            .as_str()
+            .ok_or_else(|| invalid(&entry, "must be a metadata:NAMESPACE:KEY source"))?;
+        match parse_source(text, &entry)? {
+            KeySource::Metadata(path) => Ok(Some(path)),
+            _ => Err(invalid(
+                &entry,
+                "must be a metadata: source: it is read with the request headers, before the body, so a filter before this one (json_to_metadata) must have read the body",
+            )),
+        }
+    };
+    let streamed = metadata("streamed")?
+        .ok_or_else(|| invalid(&format!("{field}.streamed"), "is required"))?;
+    Ok(AddIncludeUsage::Marked {
+        streamed,
+        asked: metadata("asked")?,
     })
 }
 

@@ -4,9 +4,9 @@ use super::source::read_source;
 use super::view::{BadRequest, RequestView};
 use crate::config::{ClientIpPolicy, KeySpec, WhenMissing};
 
-/// Joins the parts of a combined key; no header value can contain it, so parts cannot run
-/// into each other.
-const PART_SEPARATOR: u8 = 0x1f;
+/// Joins the parts of a combined key; no header value can contain it, and a value of another
+/// source that does is absent, so parts cannot run into each other.
+pub const PART_SEPARATOR: u8 = 0x1f;
 
 /// The identity a rule limits for this request: the first key alternative whose sources are
 /// all present, as (label, bytes). `None` when the rule should be skipped; an error when a
@@ -37,7 +37,13 @@ pub fn resolve_into(
             if i > 0 {
                 identity.push(PART_SEPARATOR);
             }
+            let start = identity.len();
             if !read_source(view, source, policy, identity)? {
+                continue 'alternatives;
+            }
+            // A query parameter, a metadata or a body value could hold the separator itself
+            // (`%1F`, `\u001f`): such a value is absent, so two parts never run into each other.
+            if identity[start..].contains(&PART_SEPARATOR) {
                 continue 'alternatives;
             }
         }
@@ -104,6 +110,27 @@ mod tests {
                 "header:x-user+method+path+route".into(),
                 b"u1\x1fPOST\x1f/orders\x1forders".to_vec()
             )))
+        );
+    }
+
+    #[test]
+    fn a_value_holding_the_separator_is_absent() {
+        let c = config(
+            "",
+            r#"{"from": ["query:a+query:b", "body:a+body:b"], "when_missing": "skip"}"#,
+        );
+        let spec = &c.rules[0].key;
+        // Without the rule, a=x␟y&b=z and a=x&b=y␟z would be one caller.
+        let split = FakeRequest::new("GET", "/?a=x%1Fy&b=z");
+        assert_eq!(resolve(&split, spec, &c.client_ip), Ok(None));
+        let body = FakeRequest::new("POST", "/")
+            .with_body(&c.body_fields, br#"{"a": "x", "b": "y\u001fz"}"#);
+        assert_eq!(resolve(&body, spec, &c.client_ip), Ok(None));
+        let plain =
+            FakeRequest::new("POST", "/").with_body(&c.body_fields, br#"{"a": "x", "b": "y"}"#);
+        assert_eq!(
+            resolve(&plain, spec, &c.client_ip),
+            Ok(Some(("body:a+body:b".into(), b"x\x1fy".to_vec())))
         );
     }
 

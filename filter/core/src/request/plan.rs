@@ -11,8 +11,8 @@ use super::view::{decisive_header, path_only, BadRequest, RequestView};
 use crate::bounds::DEFAULT_MAX_BODY;
 use crate::check::{LimitCheck, Mode};
 use crate::config::{
-    Admit, Algorithm, ClientIpPolicy, Config, Cost, Estimate, FailureMode, KeySource, Match,
-    PathMatch, MAX_USAGE,
+    AddIncludeUsage, Admit, Algorithm, ClientIpPolicy, Config, Cost, Estimate, FailureMode,
+    KeySource, Match, MetadataPath, PathMatch, MAX_USAGE,
 };
 
 /// Everything decided about a request before asking Redis.
@@ -209,7 +209,7 @@ pub fn request_body_plan(config: &Config, view: &dyn RequestView) -> Option<Body
         for usage in rule.limits.iter().filter_map(|l| l.usage.as_ref()) {
             if let Estimate::Request { max_body: m, .. } = usage.estimate {
                 max_body = Some(max_body.map_or(m, |b| b.min(m)));
-                include_usage |= usage.include_usage;
+                include_usage |= adds_include_usage(&usage.include_usage, view);
             }
         }
         if rule.body_paths().next().is_some() {
@@ -233,6 +233,21 @@ pub fn request_body_plan(config: &Config, view: &dyn RequestView) -> Option<Body
         }
     }
     plan
+}
+
+/// Whether `include_usage` may be added to this request's body: the option is on, and where
+/// it says so, the request is marked as streamed (a bool `true` as Envoy hands it over, or the
+/// text `true`) and not marked as asking for usage already.
+fn adds_include_usage(add: &AddIncludeUsage, view: &dyn RequestView) -> bool {
+    let marked =
+        |path: &MetadataPath| matches!(view.metadata(path).as_deref(), Some([1]) | Some(b"true"));
+    match add {
+        AddIncludeUsage::Off => false,
+        AddIncludeUsage::Always => true,
+        AddIncludeUsage::Marked { streamed, asked } => {
+            marked(streamed) && !asked.as_ref().is_some_and(marked)
+        }
+    }
 }
 
 /// OpenAI's endpoints whose streams report usage only with `stream_options.include_usage`:
@@ -964,5 +979,54 @@ mod tests {
             .unwrap_err()
             .0
             .contains("model must be sent once"));
+    }
+
+    #[test]
+    fn include_usage_marked_in_metadata_edits_only_the_streams_marked() {
+        let c = |add: &str| {
+            Config::parse(
+                format!(
+                    r#"{{"rules": [{{"name": "llm", "limits": [{{"name": "t", "limit": 1000, "window": "1m",
+                     "usage": {{"from": "openai", "estimate": {{"request": {{}}}}, "include_usage": {add}}}}}]}}]}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let marked = c(r#"{"streamed": "metadata:llm:stream", "asked": "metadata:llm:asked"}"#);
+        let always = c("true");
+        let chat = FakeRequest::new("POST", "/v1/chat/completions");
+        let edits = |c: &Config, r: &FakeRequest| request_body_plan(c, r).unwrap().include_usage;
+        let stream = chat.clone().with_metadata("llm:stream", &[1]);
+        assert!(edits(&marked, &stream), "a stream marked true (a bool)");
+        assert!(edits(
+            &marked,
+            &chat.clone().with_metadata("llm:stream", b"true")
+        ));
+        assert!(
+            !edits(&marked, &chat),
+            "unmarked: a plain request keeps its length"
+        );
+        assert!(!edits(
+            &marked,
+            &chat.clone().with_metadata("llm:stream", &[0])
+        ));
+        assert!(
+            !edits(&marked, &stream.clone().with_metadata("llm:asked", &[1])),
+            "asked already"
+        );
+        assert!(edits(
+            &marked,
+            &stream.clone().with_metadata("llm:asked", &[0])
+        ));
+        assert!(
+            edits(&always, &chat),
+            "true: every POST to a completions path"
+        );
+        let responses = FakeRequest::new("POST", "/v1/responses").with_metadata("llm:stream", &[1]);
+        assert!(
+            !edits(&marked, &responses),
+            "the Responses API takes no include_usage"
+        );
     }
 }
