@@ -9,6 +9,7 @@
 //! | `GET /login` with `x-user: NAME`, `x-password: right` | 200 |
 //! | `GET /login` with any other password, or none | 401 |
 //! | `GET /search?q=cached…` | 200, [`COST_HEADER`]: [`CACHED_COST`] |
+//! | `GET /search?q=price-N` | 200, [`COST_HEADER`]: N (a price past the example's bounds) |
 //! | `GET /search?q=…` (anything else) | 200, [`COST_HEADER`]: [`SCAN_COST`] |
 //! | anything else | 404 |
 
@@ -115,7 +116,9 @@ fn answer(request: &SimpleRequest, shared: &Shared) -> String {
                 .split('&')
                 .find_map(|p| p.strip_prefix("q="))
                 .unwrap_or("");
-            let cost = if q.starts_with("cached") {
+            let cost = if let Some(price) = q.strip_prefix("price-") {
+                price.parse().unwrap_or(0)
+            } else if q.starts_with("cached") {
                 CACHED_COST
             } else {
                 SCAN_COST

@@ -116,10 +116,21 @@ fn a_search_is_charged_exactly_the_price_its_answer_names_across_replicas() {
         )
     });
     assert_eq!(tally.statuses(), [(200, 40)]);
-    let priced = 30 * CACHED_COST + 10 * SCAN_COST;
-    assert_eq!(origin.answered().priced.get("team-a"), Some(&priced));
+    // Two answers naming prices past the config's bounds (1 to 20): charged 20 and 1.
+    for (i, price) in [500, 0].into_iter().enumerate() {
+        let key: &[u8] = b"team-a";
+        let r = fleet.send(
+            i,
+            &format!("/search?q=price-{price}"),
+            &[("x-api-key", key)],
+        );
+        assert_eq!(r.status, 200);
+    }
+    let named = 30 * CACHED_COST + 10 * SCAN_COST;
+    assert_eq!(origin.answered().priced.get("team-a"), Some(&(named + 500)));
+    let priced = named + 20 + 1;
     // Each search held the estimate (20) while it ran; the day's count in Redis ends at what
-    // the answers' COST_HEADER said, once every settlement has landed.
+    // the answers' COST_HEADER said within the bounds, once every settlement has landed.
     let key = fleet
         .keys()
         .limit_key("search", "credits", "header:x-api-key", b"team-a");

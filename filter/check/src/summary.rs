@@ -141,7 +141,14 @@ fn usage_part(usage: &Usage) -> String {
             let paths: Vec<String> = body.paths().map(|p| p.join(".")).collect();
             format!("body {}", paths.join(" or "))
         }
-        (UsageSource::Header(name), None) => format!("header {name}"),
+        (UsageSource::Header(h), None)
+            if h.min == 0 && h.max == ratelimit_core::config::MAX_USAGE =>
+        {
+            format!("header {}", h.name)
+        }
+        (UsageSource::Header(h), None) => {
+            format!("header {} (charged {} to {})", h.name, h.min, h.max)
+        }
         (UsageSource::Status(codes), None) => {
             let codes: Vec<String> = codes.iter().map(u16::to_string).collect();
             format!("status (1 for {}, else 0)", codes.join(", "))

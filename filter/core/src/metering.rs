@@ -100,9 +100,11 @@ impl UsageMeter {
         let mut readers = false;
         for m in &mut self.limits {
             match &m.source {
-                UsageSource::Header(name) => {
-                    m.read = Some(match header(name) {
-                        Some(value) => usage_from_header(&value),
+                UsageSource::Header(h) => {
+                    m.read = Some(match header(&h.name).map(|v| usage_from_header(&v)) {
+                        // The operator's bounds hold whatever the upstream says.
+                        Some(UsageRead::Found(n)) => UsageRead::Found(n.clamp(h.min, h.max)),
+                        Some(read) => read,
                         None => UsageRead::Missing,
                     });
                 }
@@ -221,6 +223,7 @@ impl UsageMeter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HeaderUsage;
     use crate::testing::plan::token_bucket_check;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -296,12 +299,41 @@ mod tests {
 
     #[test]
     fn a_usage_above_the_estimate_is_debt() {
-        let mut m = meter(100, UsageSource::Header("x-usage".into()));
+        let mut m = meter(100, UsageSource::Header(HeaderUsage::unbounded("x-usage")));
         m.on_headers(&headers(&[("x-usage", "250")]));
         assert!(!m.wants_body());
         let out = m.finish(true);
         assert_eq!(out[0].settlement().map(|s| s.delta), Some(150));
         assert_eq!(out[0].debt(), 150);
+    }
+
+    #[test]
+    fn a_header_usage_is_charged_within_the_operators_bounds() {
+        let bounded = HeaderUsage {
+            name: "x-cost".into(),
+            min: 1,
+            max: 20,
+        };
+        for (value, delta, unread) in [
+            (Some("7"), Some(-93), None),
+            (Some("0"), Some(-99), None),
+            (Some("500"), Some(-80), None),
+            (Some("20"), Some(-80), None),
+            (Some("-5"), None, Some("negative")),
+            (Some("lots"), None, Some("not_a_number")),
+            (None, None, Some("missing")),
+        ] {
+            // 100 reserved, the estimate.
+            let mut m = meter(100, UsageSource::Header(bounded.clone()));
+            let sent: Vec<(&str, &str)> = value.map(|v| ("x-cost", v)).into_iter().collect();
+            m.on_headers(&headers(&sent));
+            let out = m.finish(true);
+            assert_eq!(out[0].settlement().map(|s| s.delta), delta, "{value:?}");
+            assert_eq!(
+                out[0].unread, unread,
+                "{value:?}: a bad value keeps the reservation"
+            );
+        }
     }
 
     #[test]
@@ -341,7 +373,7 @@ mod tests {
         m.add(
             token_bucket_check("h"),
             100,
-            UsageSource::Header("x-usage".into()),
+            UsageSource::Header(HeaderUsage::unbounded("x-usage")),
         );
         m.on_headers(&headers(list));
         for chunk in chunks {

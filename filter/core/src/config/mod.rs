@@ -33,7 +33,9 @@ pub use crate::calendar::{Calendar, Unit as CalendarUnit};
 pub use overlap::may_overlap;
 pub use raw::{parse_duration, show_duration};
 pub use rules::MAX_COST;
-pub use usage::{parse_bytes, AddIncludeUsage, Estimate, Format, Usage, UsageSource, MAX_USAGE};
+pub use usage::{
+    parse_bytes, AddIncludeUsage, Estimate, Format, HeaderUsage, Usage, UsageSource, MAX_USAGE,
+};
 pub(crate) use validate::parse_fields;
 
 /// What a bridge failure (timeout, refused connection, bad reply) does to the request.

@@ -605,7 +605,7 @@ fn usage_on_a_limit_is_read_with_its_defaults() {
     assert_eq!(
         limits[2].usage,
         Some(Usage {
-            from: UsageSource::Header("x-usage-tokens".into()),
+            from: UsageSource::Header(HeaderUsage::unbounded("x-usage-tokens")),
             format: None,
             admit: Admit::After,
             estimate: Estimate::Fixed(500),
@@ -646,6 +646,19 @@ fn assert_usage_formats_parse() {
     assert_eq!(usage(0).from, UsageSource::Body(BodyUsage::openai()));
     assert_eq!(usage(0).format, Some(Format::OpenAi));
     assert_eq!(usage(0).include_usage, AddIncludeUsage::Always);
+    let bounded = fixtures::parse(&with_rule(
+        r#"{"name": "r", "limits": [{"name": "a", "limit": 100, "window": "1m",
+             "usage": {"from": {"header": "X-Cost", "min": 1, "max": 20}, "estimate": 20}}]}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        bounded.rules[0].limits[0].usage.as_ref().unwrap().from,
+        UsageSource::Header(HeaderUsage {
+            name: "x-cost".into(),
+            min: 1,
+            max: 20
+        })
+    );
     let marked = fixtures::parse(&with_rule(
         r#"{"name": "r", "limits": [{"name": "a", "limit": 100, "window": "1m",
              "usage": {"from": "openai", "estimate": {"request": {}},
@@ -762,14 +775,19 @@ fn bad_usage_configs_name_the_field() {
         (usage("sliding_window_log", "", r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: only token_bucket, gcra, fixed_window and sliding_window_counter limits take usage: a log keeps one entry per unit")),
         (usage("token_bucket", r#", "lease": true"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}.lease: a usage limit takes no lease: its cost is known per request only")),
         (usage("token_bucket", r#", "shards": 2"#, r#"{"from": "body:u", "estimate": 5}"#), format!("{f}: a usage limit takes no shards: its settlement must reach the shard its request was charged on")),
-        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
-        (usage("gcra", "", r#"{"from": 7, "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": "usage.total_tokens", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", {{"header": NAME, "min": N, "max": N}}, "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": 7, "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", {{"header": NAME, "min": N, "max": N}}, "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
         (usage("gcra", "", r#"{"from": [], "estimate": 5}"#), format!("{f}.from: a list holds 1 to 8 body paths")),
         (usage("gcra", "", r#"{"from": ["body:a", "body:b", "body:c", "body:d", "body:e", "body:f", "body:g", "body:h", "body:i"], "estimate": 5}"#), format!("{f}.from: a list holds 1 to 8 body paths")),
         (usage("gcra", "", r#"{"from": ["body:a", "body:b", "header:x-used"], "estimate": 5}"#), format!(r#"{f}.from[2]: must be "body:PATH": a list holds body paths (a header or a format stands alone)"#)),
         (usage("gcra", "", r#"{"from": ["openai"], "estimate": 5}"#), format!(r#"{f}.from[0]: must be "body:PATH": a list holds body paths (a header or a format stands alone)"#)),
         (usage("gcra", "", r#"{"from": ["body:a", "body:a..b"], "estimate": 5}"#), format!("{f}.from[1]: each segment of a usage path (dot-separated) has 1 to 64 characters")),
-        (usage("gcra", "", r#"{"from": "OpenAI", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": "OpenAI", "estimate": 5}"#), format!(r#"{f}.from: must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", {{"header": NAME, "min": N, "max": N}}, "status:CODES" (such as "status:401,403") or a list of "body:PATH""#)),
+        (usage("gcra", "", r#"{"from": {"header": "x-cost", "min": 5, "max": 2}, "estimate": 5}"#), format!("{f}.from: needs min <= max")),
+        (usage("gcra", "", r#"{"from": {"header": "x cost"}, "estimate": 5}"#), format!("{f}.from.header: must be a header name (letters, digits and !#$%&'*+-.^_`|~)")),
+        (usage("gcra", "", r#"{"from": {"min": 1}, "estimate": 5}"#), format!("{f}.from.header: is required: a response header's name")),
+        (usage("gcra", "", r#"{"from": {"header": "x-cost", "max": -1}, "estimate": 5}"#), format!("{f}.from.max: must be a whole number from 0 to 1000000000000")),
+        (usage("gcra", "", r#"{"from": {"header": "x-cost", "step": 1}, "estimate": 5}"#), format!("{f}.from: unknown field `step`, expected one of `header`, `min`, `max`")),
         (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs "from": "openai": the option is OpenAI's"#)),
         (usage("gcra", "", r#"{"from": "openai", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs an estimate from the request ({{"request": {{...}}}}): the option is added to the request body read for it"#)),
         (usage("gcra", "", r#"{"from": "openai", "estimate": {"request": {}}, "include_usage": 1}"#), format!(r#"{f}.include_usage: must be true, false or {{"streamed": "metadata:NAMESPACE:KEY", "asked": "metadata:NAMESPACE:KEY"}}"#)),

@@ -78,11 +78,31 @@ pub enum UsageSource {
     /// `text/event-stream`): one or more fields added up, each at the first of its paths
     /// present.
     Body(BodyUsage),
-    /// A response header (lower-case name) holding a whole number.
-    Header(String),
+    /// A response header holding a whole number, charged within the operator's bounds.
+    Header(HeaderUsage),
     /// The response's status: 1 unit for one of these codes, 0 for any other (failed logins
     /// counted, successful ones given back).
     Status(Vec<u16>),
+}
+
+/// A usage response header: its lower-case name, and the least and the most a response is
+/// charged whatever the upstream says (`{"header": NAME, "min": N, "max": N}`; `header:NAME`
+/// is 0 to [`MAX_USAGE`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderUsage {
+    pub name: String,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl HeaderUsage {
+    pub fn unbounded(name: &str) -> Self {
+        HeaderUsage {
+            name: name.to_string(),
+            min: 0,
+            max: MAX_USAGE,
+        }
+    }
 }
 
 /// Status codes one `status:` source lists at most.
@@ -330,7 +350,7 @@ fn validate_weights(
 /// `from`: `"body:PATH"`, `"header:NAME"`, `"status:CODE,CODE"`, a format's name, or a list
 /// of `"body:PATH"`.
 fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Format>), ConfigError> {
-    let shape = r#"must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", "status:CODES" (such as "status:401,403") or a list of "body:PATH""#;
+    let shape = r#"must be "openai", "anthropic", "body:PATH" (such as "body:usage.total_tokens"), "header:NAME", {"header": NAME, "min": N, "max": N}, "status:CODES" (such as "status:401,403") or a list of "body:PATH""#;
     if let Some(list) = from.as_array() {
         if list.is_empty() || list.len() > MAX_PATHS {
             return Err(invalid(
@@ -352,6 +372,9 @@ fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Forma
         }
         return Ok((UsageSource::Body(BodyUsage::first_of(paths)), None));
     }
+    if let Some(object) = from.as_object() {
+        return Ok((UsageSource::Header(header_usage(object, field)?), None));
+    }
     let Some(text) = from.as_str() else {
         return Err(invalid(field, shape));
     };
@@ -366,7 +389,8 @@ fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Forma
                 let path = parse_usage_path(path).map_err(|e| invalid(field, e))?;
                 (UsageSource::Body(BodyUsage::first_of(vec![path])), None)
             } else if let Some(name) = text.strip_prefix("header:") {
-                (UsageSource::Header(check_header_name(name, field)?), None)
+                let name = check_header_name(name, field)?;
+                (UsageSource::Header(HeaderUsage::unbounded(&name)), None)
             } else if let Some(codes) = text.strip_prefix("status:") {
                 (UsageSource::Status(status_codes(codes, field)?), None)
             } else {
@@ -374,6 +398,48 @@ fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Forma
             }
         }
     })
+}
+
+/// `{"header": NAME, "min": N, "max": N}`: `min` (default 0) ≤ `max` (default 10^12).
+fn header_usage(
+    object: &serde_json::Map<String, Value>,
+    field: &str,
+) -> Result<HeaderUsage, ConfigError> {
+    if let Some(unknown) = object
+        .keys()
+        .find(|k| !["header", "min", "max"].contains(&k.as_str()))
+    {
+        return Err(invalid(
+            field,
+            format!("unknown field `{unknown}`, expected one of `header`, `min`, `max`"),
+        ));
+    }
+    let name = object
+        .get("header")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            invalid(
+                &format!("{field}.header"),
+                "is required: a response header's name",
+            )
+        })?;
+    let name = check_header_name(name, &format!("{field}.header"))?;
+    let bound = |key: &str, default: u64| -> Result<u64, ConfigError> {
+        match object.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_u64().filter(|n| *n <= MAX_USAGE).ok_or_else(|| {
+                invalid(
+                    &format!("{field}.{key}"),
+                    format!("must be a whole number from 0 to {MAX_USAGE}"),
+                )
+            }),
+        }
+    };
+    let (min, max) = (bound("min", 0)?, bound("max", MAX_USAGE)?);
+    if min > max {
+        return Err(invalid(field, "needs min <= max"));
+    }
+    Ok(HeaderUsage { name, min, max })
 }
 
 /// `401,403`: 1 to [`MAX_STATUS_CODES`] distinct HTTP status codes (100 to 599).
