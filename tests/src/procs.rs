@@ -3,7 +3,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use crate::http::{get, Response};
@@ -59,24 +61,206 @@ impl WorkDir {
     }
 }
 
-/// The PIDs of the processes started and not stopped yet, for [`stop_all_on_panic`].
-static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// The PIDs of the processes started and not reaped yet, 0 in a free slot: what
+/// [`stop_all_on_panic`] and the handler of [`stop_all_on_signal`] stop. Atomics in a fixed
+/// array rather than a `Mutex<Vec>`, because a signal handler may neither lock (the thread it
+/// interrupted may hold the lock) nor allocate. Far more slots than processes any test process
+/// runs at once; one more than that would go untracked, not fail.
+const SLOTS: usize = 1024;
+static PIDS: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
+/// Set by the first SIGINT, SIGTERM or SIGHUP: its handler is stopping everything, then ends
+/// the process.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+/// How long children get to exit after SIGTERM before SIGKILL: Redis, Webdis and Envoy take
+/// milliseconds; SIGTERM first so a Redis stops its own forked children (replication) too.
+const TERM_GRACE: Duration = Duration::from_secs(3);
 
-/// Has a panic kill every process started here that is still running, before the panic goes
+/// Records `pid`, a child of this process, as one to stop; [`untrack_pid`] must follow once it
+/// is reaped. [`Process`] does both; these are for a child started some other way.
+pub fn track_pid(pid: u32) {
+    if PIDS
+        .iter()
+        .any(|slot| slot.compare_exchange(0, pid, SeqCst, SeqCst).is_ok())
+        && SIGNALLED.load(SeqCst)
+    {
+        // Started while the handler stops everything, perhaps after its last look.
+        // SAFETY: kill(2) on our own child.
+        unsafe { sys::kill(pid as i32, sys::SIGKILL) };
+    }
+}
+
+/// Forgets `pid`, reaped, once: its number may be given to another process already, which
+/// has a slot of its own.
+pub fn untrack_pid(pid: u32) {
+    let _ = PIDS
+        .iter()
+        .any(|slot| slot.compare_exchange(pid, 0, SeqCst, SeqCst).is_ok());
+}
+
+/// SIGTERM to every tracked process, up to [`TERM_GRACE`] for them to exit, then SIGKILL to any
+/// left. Async-signal-safe: atomics and system calls only. Exit is seen with `WNOWAIT`, which
+/// leaves the zombie: a process reaped here could get its PID reused while the thread owning
+/// its [`Process`] still signals it by that number.
+fn stop_all() {
+    // SAFETY (every block here): kill(2) on our own children.
+    each_tracked(|pid| unsafe {
+        sys::kill(pid, sys::SIGTERM);
+        // One paused (SIGSTOP, `Process::pause`) acts on SIGTERM only once continued.
+        sys::kill(pid, sys::SIGCONT);
+    });
+    if !all_exit_within(TERM_GRACE) {
+        each_tracked(|pid| {
+            if running(pid) {
+                unsafe { sys::kill(pid, sys::SIGKILL) };
+            }
+        });
+        all_exit_within(Duration::from_secs(1));
+    }
+}
+
+/// Whether `pid` is a child of ours that has not exited (neither reaped nor a zombie).
+fn running(pid: i32) -> bool {
+    let mut info = sys::SigInfo([0; 32]);
+    // SAFETY: waitid(2) into a buffer the size of siginfo_t; WNOWAIT reaps nothing.
+    let found = unsafe {
+        sys::waitid(
+            sys::P_PID,
+            pid as u32,
+            &mut info,
+            sys::WEXITED | sys::WNOHANG | sys::WNOWAIT,
+        )
+    };
+    // 0 with no signal number: not exited yet (-1: not our child any more, reaped).
+    found == 0 && info.0[0] == 0
+}
+
+/// Calls `f` with each tracked PID (no allocation, no lock).
+fn each_tracked(mut f: impl FnMut(i32)) {
+    for slot in &PIDS {
+        match slot.load(SeqCst) {
+            0 => {}
+            pid => f(pid as i32),
+        }
+    }
+}
+
+/// Polls until every tracked process has exited (reaped or a zombie), for up to `limit`.
+fn all_exit_within(limit: Duration) -> bool {
+    let step = Duration::from_millis(20);
+    let mut waited = Duration::ZERO;
+    loop {
+        let mut left = false;
+        each_tracked(|pid| left |= running(pid));
+        if !left {
+            return true;
+        }
+        if waited >= limit {
+            return false;
+        }
+        let pause = sys::Timespec {
+            tv_sec: 0,
+            tv_nsec: step.as_nanos() as std::os::raw::c_long,
+        };
+        // SAFETY: nanosleep(2) with a valid timespec.
+        unsafe { sys::nanosleep(&pause, std::ptr::null_mut()) };
+        waited += step;
+    }
+}
+
+/// Has a panic stop every process started here that is still running, before the panic goes
 /// on: a build with `panic = "abort"` (the release profile, which `cargo run --release -p
 /// bench` uses) runs no destructor, so nothing else would stop them.
 pub fn stop_all_on_panic() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
-        if let Ok(pids) = RUNNING.try_lock() {
-            for pid in pids.iter() {
-                let _ = Command::new("kill")
-                    .args(["-KILL", &pid.to_string()])
-                    .status();
+        if SIGNALLED.load(SeqCst) {
+            // The signal's handler is stopping them (this panic is likely a child it
+            // stopped), then ends the process: an abort here would cut it short.
+            loop {
+                std::thread::park();
             }
         }
+        stop_all();
     }));
+}
+
+/// Has SIGINT, SIGTERM and SIGHUP stop every process started here, then end this process with
+/// status 128 + the signal, as a shell reports one killed by it: by default they end it at
+/// once, and its Redis, Webdis and Envoys would run on. Done by [`Process::spawn`] (once per
+/// process), so every user of the harness has it; a signal whose disposition someone else set
+/// (ignored, as a shell does for `cmd &`, or handled) is left alone.
+pub fn stop_all_on_signal() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        for sig in [sys::SIGINT, sys::SIGTERM, sys::SIGHUP] {
+            let handler = on_signal as extern "C" fn(std::os::raw::c_int) as usize;
+            // SAFETY: signal(2) with a handler that is async-signal-safe. glibc's signal()
+            // keeps the handler installed and restarts interrupted calls (BSD semantics).
+            unsafe {
+                let previous = sys::signal(sig, handler);
+                if previous != sys::SIG_DFL && previous != sys::SIG_ERR {
+                    sys::signal(sig, previous);
+                }
+            }
+        }
+    });
+}
+
+extern "C" fn on_signal(sig: std::os::raw::c_int) {
+    // A second signal, or one on another thread, while the first one's stop runs: it ends
+    // the process anyway.
+    if SIGNALLED.swap(true, SeqCst) {
+        return;
+    }
+    stop_all();
+    // Reaped here, as the process ends: left as zombies, they would wait for whatever
+    // inherits them (PID 1, perhaps no init) to reap them.
+    // SAFETY: waitpid(2) on our own children; _exit(2) runs no atexit handler or destructor,
+    // which are not async-signal-safe.
+    unsafe {
+        each_tracked(|pid| {
+            sys::waitpid(pid, std::ptr::null_mut(), sys::WNOHANG);
+        });
+        sys::_exit(128 + sig)
+    }
+}
+
+/// The C library's calls the signal handler makes (std links libc, so no crate for them).
+/// Linux's numbers: the harness reads /proc, it runs on Linux only.
+mod sys {
+    use std::os::raw::{c_int, c_long};
+
+    pub const SIGHUP: c_int = 1;
+    pub const SIGINT: c_int = 2;
+    pub const SIGKILL: c_int = 9;
+    pub const SIGTERM: c_int = 15;
+    pub const SIGCONT: c_int = 18;
+    pub const SIG_DFL: usize = 0;
+    pub const SIG_ERR: usize = usize::MAX;
+    pub const P_PID: c_int = 1;
+    pub const WNOHANG: c_int = 1;
+    pub const WEXITED: c_int = 4;
+    pub const WNOWAIT: c_int = 0x0100_0000;
+
+    /// siginfo_t: 128 bytes, `si_signo` first.
+    #[repr(C, align(8))]
+    pub struct SigInfo(pub [c_int; 32]);
+
+    #[repr(C)]
+    pub struct Timespec {
+        pub tv_sec: c_long,
+        pub tv_nsec: c_long,
+    }
+
+    extern "C" {
+        pub fn kill(pid: c_int, sig: c_int) -> c_int;
+        pub fn signal(sig: c_int, handler: usize) -> usize;
+        pub fn waitid(idtype: c_int, id: u32, info: *mut SigInfo, options: c_int) -> c_int;
+        pub fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+        pub fn nanosleep(req: *const Timespec, rem: *mut Timespec) -> c_int;
+        pub fn _exit(status: c_int) -> !;
+    }
 }
 
 /// A child process that is killed and reaped when dropped.
@@ -84,10 +268,13 @@ pub struct Process {
     pub name: String,
     child: Child,
     pub log: PathBuf,
+    /// Whether its PID is still in [`PIDS`].
+    tracked: bool,
 }
 
 impl Process {
     pub fn spawn(name: &str, command: &mut Command, log: PathBuf) -> Process {
+        stop_all_on_signal();
         let out = fs::File::create(&log).expect("create log");
         let err = out.try_clone().expect("clone log handle");
         let child = command
@@ -96,13 +283,12 @@ impl Process {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        if let Ok(mut running) = RUNNING.lock() {
-            running.push(child.id());
-        }
+        track_pid(child.id());
         Process {
             name: name.to_string(),
             child,
             log,
+            tracked: true,
         }
     }
 
@@ -150,7 +336,19 @@ impl Process {
 
     /// Exit status, if it has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        let status = self.child.try_wait().ok().flatten();
+        if status.is_some() {
+            self.untrack();
+        }
+        status
+    }
+
+    /// Its PID out of [`PIDS`] once reaped (no earlier: a signal's handler must still stop
+    /// it), and only once.
+    fn untrack(&mut self) {
+        if std::mem::take(&mut self.tracked) {
+            untrack_pid(self.child.id());
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -201,10 +399,7 @@ impl Process {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let pid = self.child.id();
-        if let Ok(mut running) = RUNNING.lock() {
-            running.retain(|p| *p != pid);
-        }
+        self.untrack();
     }
 
     /// Waits up to `timeout` for the process to exit by itself.
