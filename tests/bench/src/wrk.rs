@@ -105,14 +105,18 @@ fn run_bounded(command: &mut Command, limit: Duration, raw_out: &Path) -> String
         .stderr(err)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run wrk (is it installed? `make setup`): {e}"));
+    // Stopped with the harness's own processes if the bench is stopped by a signal.
+    e2e::procs::track_pid(child.id());
     let deadline = Instant::now() + limit;
     loop {
         if let Ok(Some(_)) = child.try_wait() {
+            e2e::procs::untrack_pid(child.id());
             break;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
+            e2e::procs::untrack_pid(child.id());
             panic!("wrk ran past {limit:?}: killed");
         }
         std::thread::sleep(Duration::from_millis(50));
