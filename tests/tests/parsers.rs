@@ -233,7 +233,14 @@ fn a_metadata_value_is_a_scalar_key_or_absent() {
         let p = plan(&config, &request).map_err(|e| TestCaseError::fail(e.0))?;
         let by_claim = p.checks[0].key.starts_with("rl:{metadata:ns:sub:");
         let structure = ratelimit_core::request::source::is_structure(&value);
-        prop_assert_eq!(by_claim, !value.is_empty() && !structure, "{:?}", value);
+        // A value holding the key parts' separator is absent too.
+        let separator = value.contains(&ratelimit_core::request::identity::PART_SEPARATOR);
+        prop_assert_eq!(
+            by_claim,
+            !value.is_empty() && !structure && !separator,
+            "{:?}",
+            value
+        );
         Ok(())
     });
 }
@@ -1545,4 +1552,116 @@ fn an_inflater_holds_constant_memory_on_a_large_body() {
             packed.len() >> 10
         );
     }
+}
+
+use ratelimit_core::config::BodyPath;
+use ratelimit_core::request::body::{BodyFields, BodyValues};
+
+/// The `body:` values of `paths` in `body`, fed in the pieces `cuts` make.
+fn body_values(body: &[u8], paths: &[BodyPath], cuts: &[f64]) -> BodyValues {
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|f| (f * body.len() as f64) as usize)
+        .collect();
+    at.push(0);
+    at.push(body.len());
+    at.sort_unstable();
+    let mut fields = BodyFields::new(paths);
+    for pair in at.windows(2) {
+        fields.feed(&body[pair[0]..pair[1]]);
+    }
+    fields.values(body.len() as u64, &mut |from, len| {
+        let from = (from as usize).min(body.len());
+        body[from..(from + len).min(body.len())].to_vec()
+    })
+}
+
+/// What a `body:` source gives at `path` of a valid document: a non-empty string of at most
+/// 4096 bytes, a number, a bool; None for the rest.
+fn reference_body_value(document: &Value, path: &[String]) -> Option<Value> {
+    let mut at = document;
+    for key in path {
+        at = at.as_object()?.get(key)?;
+    }
+    match at {
+        Value::String(s) if s.is_empty() || s.len() > 4096 => None,
+        Value::String(_) | Value::Number(_) | Value::Bool(_) => Some(at.clone()),
+        _ => None,
+    }
+}
+
+#[test]
+fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
+    let paths: Vec<BodyPath> = [
+        vec!["usage"],
+        vec!["usage", "total_tokens"],
+        vec!["total_tokens"],
+    ]
+    .into_iter()
+    .map(|keys| BodyPath {
+        keys: keys.into_iter().map(String::from).collect(),
+    })
+    .collect();
+    let compared = Cell::new(0u32);
+    let found = Cell::new(0u32);
+    let strategy = (json_document(), prop_oneof![Just(vec![]), edits()], cuts());
+    let run = check(
+        "body: values",
+        10_000,
+        strategy,
+        |(document, edits, cuts)| {
+            let body = mutate(document.into_bytes(), edits);
+            let whole = body_values(&body, &paths, &[]);
+            prop_assert_eq!(
+                &body_values(&body, &paths, &cuts),
+                &whole,
+                "split at {:?}",
+                cuts
+            );
+            let parsed = serde_json::from_slice::<Value>(&body);
+            if parsed
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("number out of range"))
+            {
+                // Valid JSON serde_json cannot hold (9e999): no reference.
+                return Ok(());
+            }
+            let Ok(value) = parsed else {
+                // Not JSON (or cut): every value absent, never a refusal.
+                for path in &paths {
+                    prop_assert_eq!(whole.get(path), Ok(None));
+                }
+                return Ok(());
+            };
+            if serde_json::from_slice::<NoDuplicates>(&body).is_err() {
+                return Ok(());
+            }
+            compared.set(compared.get() + 1);
+            for path in &paths {
+                let ours = whole.get(path).map_err(|e| TestCaseError::fail(e.0))?;
+                let expected = reference_body_value(&value, &path.keys);
+                // Ours are bytes: a string's decoded text, a number or bool as written.
+                let ours = ours.map(|bytes| match &expected {
+                    Some(Value::String(_)) => Value::String(String::from_utf8_lossy(bytes).into()),
+                    _ => serde_json::from_slice(bytes).unwrap_or(Value::Null),
+                });
+                found.set(found.get() + u32::from(ours.is_some()));
+                prop_assert_eq!(
+                    ours,
+                    expected,
+                    "{:?} in {}",
+                    path.keys,
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            Ok(())
+        },
+    );
+    println!(
+        "body: values: {} documents compared with serde_json, {} values found",
+        compared.get(),
+        found.get()
+    );
+    assert!(compared.get() > run / 2, "most inputs compared");
+    assert!(found.get() > run / 4, "values drawn");
 }
