@@ -195,8 +195,9 @@ impl HttpContext for PassThrough {}
 struct Request {
     id: u32,
     worker: Rc<Worker>,
-    /// The request is held until its body ends (a usage limit estimated from it), with its
-    /// headers as they came: Envoy lends them to the filter only in their own callback.
+    /// The request is held until its body ends (a usage limit estimated from it, a `body:`
+    /// source), with its headers as they came: Envoy lends them to the filter only in their
+    /// own callback.
     held: Option<(HeldBody, RequestHeaders)>,
     /// The response's usage being read (usage limits let through).
     reading: Option<Reading>,

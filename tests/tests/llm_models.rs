@@ -22,6 +22,8 @@ const MINI_ESTIMATE: u64 = 800;
 fn edits(upstream_port: u16) -> Vec<(String, String)> {
     [
         ("port_value: 8000", format!("port_value: {upstream_port}")),
+        // A slow moment of a loaded machine must not let a request through undecided.
+        (r#""timeout": "150ms""#, r#""timeout": "1s""#.to_string()),
         (r#""limit": 1000000,"#, format!(r#""limit": {GPT_4O},"#)),
         (r#""limit": 10000000,"#, format!(r#""limit": {MINI},"#)),
     ]

@@ -104,6 +104,11 @@ impl UsageMeter {
                     m.read = Some(match header(&h.name).map(|v| usage_from_header(&v)) {
                         // The operator's bounds hold whatever the upstream says.
                         Some(UsageRead::Found(n)) => UsageRead::Found(n.clamp(h.min, h.max)),
+                        Some(UsageRead::Invalid(crate::usage::Unreadable::OutOfRange))
+                            if h.max < MAX_USAGE =>
+                        {
+                            UsageRead::Found(h.max)
+                        }
                         Some(read) => read,
                         None => UsageRead::Missing,
                     });
@@ -319,6 +324,7 @@ mod tests {
             (Some("0"), Some(-99), None),
             (Some("500"), Some(-80), None),
             (Some("20"), Some(-80), None),
+            (Some("10000000000000"), Some(-80), None),
             (Some("-5"), None, Some("negative")),
             (Some("lots"), None, Some("not_a_number")),
             (None, None, Some("missing")),

@@ -67,6 +67,14 @@ fn metadata_path(text: &str, field: &str) -> Result<MetadataPath, ConfigError> {
 /// `KEY[:KEY…]`: a member of the request body's top-level JSON object, or of an object
 /// inside it, as deep as a usage path may go.
 fn body_path(text: &str, field: &str) -> Result<BodyPath, ConfigError> {
+    if text.contains('.') {
+        // Usage paths are dotted; a body source's keys are not, and a dotted one would name
+        // one key that no request has.
+        return Err(invalid(
+            field,
+            format!("body keys are separated by ':', not '.': body:{} (a '.' inside a key is written %2E)", text.replace('.', ":")),
+        ));
+    }
     let keys = text
         .split(':')
         .map(|k| segment(k, field, "a body key"))
@@ -277,6 +285,16 @@ mod tests {
             Ok(KeySource::Body(BodyPath {
                 keys: vec!["metadata".into(), "user:id".into()]
             }))
+        );
+        assert_eq!(
+            p("body:a%2Eb"),
+            Ok(KeySource::Body(BodyPath {
+                keys: vec!["a.b".into()]
+            }))
+        );
+        assert_eq!(
+            p("body:metadata.user_id").unwrap_err().message,
+            "body keys are separated by ':', not '.': body:metadata:user_id (a '.' inside a key is written %2E)"
         );
         for bad in ["body:", "body:a:", "body::a", "body:a b"] {
             assert!(p(bad).is_err(), "{bad}");

@@ -786,6 +786,7 @@ fn bad_usage_configs_name_the_field() {
         (usage("gcra", "", r#"{"from": {"header": "x-cost", "min": 5, "max": 2}, "estimate": 5}"#), format!("{f}.from: needs min <= max")),
         (usage("gcra", "", r#"{"from": {"header": "x cost"}, "estimate": 5}"#), format!("{f}.from.header: must be a header name (letters, digits and !#$%&'*+-.^_`|~)")),
         (usage("gcra", "", r#"{"from": {"min": 1}, "estimate": 5}"#), format!("{f}.from.header: is required: a response header's name")),
+        (usage("gcra", "", r#"{"from": {"header": 5}, "estimate": 5}"#), format!("{f}.from.header: must be a response header's name (a string)")),
         (usage("gcra", "", r#"{"from": {"header": "x-cost", "max": -1}, "estimate": 5}"#), format!("{f}.from.max: must be a whole number from 0 to 1000000000000")),
         (usage("gcra", "", r#"{"from": {"header": "x-cost", "step": 1}, "estimate": 5}"#), format!("{f}.from: unknown field `step`, expected one of `header`, `min`, `max`")),
         (usage("gcra", "", r#"{"from": "anthropic", "estimate": 5, "include_usage": true}"#), format!(r#"{f}.include_usage: needs "from": "openai": the option is OpenAI's"#)),

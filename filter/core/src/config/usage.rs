@@ -414,15 +414,20 @@ fn header_usage(
             format!("unknown field `{unknown}`, expected one of `header`, `min`, `max`"),
         ));
     }
-    let name = object
-        .get("header")
-        .and_then(Value::as_str)
-        .ok_or_else(|| {
-            invalid(
+    let name = match object.get("header") {
+        None => {
+            return Err(invalid(
                 &format!("{field}.header"),
                 "is required: a response header's name",
+            ))
+        }
+        Some(name) => name.as_str().ok_or_else(|| {
+            invalid(
+                &format!("{field}.header"),
+                "must be a response header's name (a string)",
             )
-        })?;
+        })?,
+    };
     let name = check_header_name(name, &format!("{field}.header"))?;
     let bound = |key: &str, default: u64| -> Result<u64, ConfigError> {
         match object.get(key) {

@@ -1,7 +1,8 @@
 //! The values a key, a condition or a plan reads in the request body's JSON (`body:model`).
 //! Each path is scanned as the body passes, by the usage reader's scanner (whole valid JSON,
-//! nesting bounded, nothing buffered); once the body has ended each value is read where the
-//! scanner found it, in the body Envoy holds.
+//! nesting bounded, the body not parsed into memory); once the body has ended each value is
+//! read back from where the scanner found it, in the body Envoy holds (at most
+//! `MAX_VALUE_READ` bytes).
 
 use super::view::BadRequest;
 use crate::bounds::MAX_SOURCE_VALUE_BYTES;
@@ -43,8 +44,13 @@ impl BodyFields {
         let mut values = Vec::with_capacity(self.fields.len());
         for (path, scanner, _) in &mut self.fields {
             let doc = scanner.end();
-            let field = if doc == Doc::Read(UsageRead::Invalid(Unreadable::DuplicateKey)) {
+            let field = if doc == Doc::Empty {
+                Field::Absent
+            } else if doc == Doc::Read(UsageRead::Invalid(Unreadable::DuplicateKey)) {
                 Field::Repeated
+            } else if scanner.doc_at().is_none() {
+                // Not whole valid JSON (malformed, cut, nested too deep).
+                Field::Unreadable
             } else {
                 match scanner.target_at() {
                     Some((at, _)) if at < size => {
@@ -67,6 +73,8 @@ enum Field {
     Absent,
     /// A key on the path appears twice in one object.
     Repeated,
+    /// The body is not whole valid JSON.
+    Unreadable,
 }
 
 /// The `body:` values of one request.
@@ -74,17 +82,22 @@ enum Field {
 pub struct BodyValues(Vec<(BodyPath, Field)>);
 
 impl BodyValues {
-    /// The value at `path`; None if absent (no such member, `null`, `""`, an object or a list, a
-    /// body that is not whole valid JSON, a value longer than [`MAX_SOURCE_VALUE_BYTES`]).
-    /// Refuses the request if a key of the path appears twice in one object: the limiter and
-    /// the upstream could read different copies (the first, the last), as with a repeated
-    /// header.
+    /// The value at `path`; None if absent (no such member, `null`, `""`, an object or a list,
+    /// a value longer than [`MAX_SOURCE_VALUE_BYTES`], an empty body). Refuses the request if
+    /// a key of the path appears twice in one object (the limiter and the upstream could read
+    /// different copies, the first or the last, as with a repeated header), or if the body is
+    /// not whole valid JSON: a lenient upstream may still read a member the limiter cannot
+    /// (after a byte-order mark, beside a `NaN`), so such a body cannot dodge the rule.
     pub fn get(&self, path: &BodyPath) -> Result<Option<&[u8]>, BadRequest> {
         match self.0.iter().find(|(p, _)| p == path).map(|(_, f)| f) {
             Some(Field::Value(v)) => Ok(Some(v)),
             Some(Field::Repeated) => Err(BadRequest(format!(
                 "the body's {} must be sent once",
                 path.keys.join(".")
+            ))),
+            Some(Field::Unreadable) => Err(BadRequest(format!(
+                "the body must be JSON: it is read for body:{}",
+                path.keys.join(":")
             ))),
             Some(Field::Absent) | None => Ok(None),
         }
@@ -167,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_key_refuses_the_request_and_bad_bodies_give_nothing() {
+    fn a_repeated_key_or_a_body_that_is_not_json_refuses_the_request() {
         let model = [path(&["model"])];
         let twice = read(br#"{"model": "cheap", "model": "dear"}"#, &model, 4);
         assert!(twice
@@ -178,18 +191,35 @@ mod tests {
         // A member of the same name elsewhere is another key.
         let nested = read(br#"{"a": {"model": "x"}, "model": "y"}"#, &model, 4);
         assert_eq!(nested.get(&model[0]), Ok(Some(&b"y"[..])));
-        for bad in [
-            &br#"{"model": "x""#[..],
-            br#"{"model": "x"} trailing"#,
-            br#"["model", "x"]"#,
-            b"model=x",
+        for absent in [
+            &br#"["model", "x"]"#[..],
             b"",
+            b" \n",
             br#"{"model": ""}"#,
+            b"7",
         ] {
-            assert_eq!(read(bad, &model, 2).get(&model[0]), Ok(None), "{bad:?}");
+            assert_eq!(
+                read(absent, &model, 2).get(&model[0]),
+                Ok(None),
+                "{absent:?}"
+            );
         }
         let deep = format!("{}\"model\": 1{}", "{\"a\":".repeat(70), "}".repeat(70));
-        assert_eq!(read(deep.as_bytes(), &model, 9).get(&model[0]), Ok(None));
+        for unreadable in [
+            &br#"{"model": "x""#[..],
+            br#"{"model": "x"} trailing"#,
+            b"model=x",
+            b"\xef\xbb\xbf{\"model\": \"x\"}",
+            br#"{"model": "x", "t": NaN}"#,
+            br#"{"model": "\ud800"}"#,
+            deep.as_bytes(),
+        ] {
+            let refused = read(unreadable, &model, 3).get(&model[0]).unwrap_err();
+            assert_eq!(
+                refused.0,
+                "the body must be JSON: it is read for body:model"
+            );
+        }
     }
 
     #[test]

@@ -4,9 +4,32 @@ use super::source::read_source;
 use super::view::{BadRequest, RequestView};
 use crate::config::{ClientIpPolicy, KeySpec, WhenMissing};
 
-/// Joins the parts of a combined key; no header value can contain it, and a value of another
-/// source that does is absent, so parts cannot run into each other.
+/// Joins the parts of a combined key. No header value can contain it; a query parameter, a
+/// metadata value (a number's 8 bytes) or a body string can, so in a combined key each part
+/// is escaped ([`escape_separator`]) and parts cannot run into each other.
 pub const PART_SEPARATOR: u8 = 0x1f;
+/// Starts the escape of [`PART_SEPARATOR`] and of itself inside a part.
+const ESCAPE: u8 = 0x1e;
+
+/// Rewrites `identity[start..]` with `ESCAPE` as `ESCAPE 2` and the separator as `ESCAPE 1`:
+/// one-to-one, and a part with neither byte (every header) is left as it is, so keys made
+/// before stay the same.
+fn escape_separator(identity: &mut Vec<u8>, start: usize) {
+    let Some(part) = identity.get(start..) else {
+        return;
+    };
+    if !part.iter().any(|&b| b == PART_SEPARATOR || b == ESCAPE) {
+        return;
+    }
+    let part = identity.split_off(start);
+    for b in part {
+        match b {
+            ESCAPE => identity.extend_from_slice(&[ESCAPE, 2]),
+            PART_SEPARATOR => identity.extend_from_slice(&[ESCAPE, 1]),
+            _ => identity.push(b),
+        }
+    }
+}
 
 /// The identity a rule limits for this request: the first key alternative whose sources are
 /// all present, as (label, bytes). `None` when the rule should be skipped; an error when a
@@ -41,10 +64,8 @@ pub fn resolve_into(
             if !read_source(view, source, policy, identity)? {
                 continue 'alternatives;
             }
-            // A query parameter, a metadata or a body value could hold the separator itself
-            // (`%1F`, `\u001f`): such a value is absent, so two parts never run into each other.
-            if identity[start..].contains(&PART_SEPARATOR) {
-                continue 'alternatives;
+            if alternative.sources.len() > 1 {
+                escape_separator(identity, start);
             }
         }
         return Ok(Some(a));
@@ -114,24 +135,30 @@ mod tests {
     }
 
     #[test]
-    fn a_value_holding_the_separator_is_absent() {
+    fn parts_holding_the_separator_never_run_into_each_other() {
         let c = config(
             "",
-            r#"{"from": ["query:a+query:b", "body:a+body:b"], "when_missing": "skip"}"#,
+            r#"{"from": ["query:a+query:b", "body:m", "metadata:ns:id"]}"#,
         );
         let spec = &c.rules[0].key;
-        // Without the rule, a=x␟y&b=z and a=x&b=y␟z would be one caller.
-        let split = FakeRequest::new("GET", "/?a=x%1Fy&b=z");
-        assert_eq!(resolve(&split, spec, &c.client_ip), Ok(None));
-        let body = FakeRequest::new("POST", "/")
-            .with_body(&c.body_fields, br#"{"a": "x", "b": "y\u001fz"}"#);
-        assert_eq!(resolve(&body, spec, &c.client_ip), Ok(None));
-        let plain =
-            FakeRequest::new("POST", "/").with_body(&c.body_fields, br#"{"a": "x", "b": "y"}"#);
+        let id = |r: &FakeRequest| resolve(r, spec, &c.client_ip).unwrap().unwrap();
+        // a=x␟y&b=z and a=x&b=y␟z: two callers.
+        let first = id(&FakeRequest::new("GET", "/?a=x%1Fy&b=z"));
+        let second = id(&FakeRequest::new("GET", "/?a=x&b=y%1Fz"));
+        assert_ne!(first, second);
+        assert_eq!(first.1, b"x\x1e\x01y\x1fz");
         assert_eq!(
-            resolve(&plain, spec, &c.client_ip),
-            Ok(Some(("body:a+body:b".into(), b"x\x1fy".to_vec())))
+            id(&FakeRequest::new("GET", "/?a=x%1E&b=z")).1,
+            b"x\x1e\x02\x1fz"
         );
+        // One source alone is used as it is: a body string, a metadata number (4127.0 as a
+        // double holds 0x1F).
+        let body = FakeRequest::new("POST", "/").with_body(&c.body_fields, br#"{"m": "y\u001fz"}"#);
+        assert_eq!(id(&body), ("body:m".into(), b"y\x1fz".to_vec()));
+        let number = 4127f64.to_le_bytes();
+        assert!(number.contains(&PART_SEPARATOR));
+        let claim = FakeRequest::new("GET", "/").with_metadata("ns:id", &number);
+        assert_eq!(id(&claim), ("metadata:ns:id".into(), number.to_vec()));
     }
 
     #[test]
