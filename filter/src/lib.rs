@@ -218,8 +218,8 @@ impl Request {
         }
     }
 
-    /// The held request's body ended: its last chunk of `size` bytes in all (the body may
-    /// then be edited), or its trailers came (None).
+    /// The held request's body ended, `size` bytes in all (None: nothing was held to edit),
+    /// at its last chunk or when its trailers came.
     fn body_ended(&mut self, size: Option<usize>) -> Action {
         match self.held.take() {
             Some((mut held, mut view)) => {
@@ -326,7 +326,9 @@ impl HttpContext for Request {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.body_ended(None)
+        // The whole body is buffered: it may be edited here as at its last chunk.
+        let size = self.held.as_ref().map(|(held, _)| held.fed);
+        self.body_ended(size)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
