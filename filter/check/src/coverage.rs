@@ -33,6 +33,28 @@ pub fn findings(config: &Config) -> Vec<String> {
         ));
     }
     lines.extend(client_chosen(config));
+    lines.extend(body_everywhere(config));
+    lines
+}
+
+/// A warning per rule that reads the request body on every path: each request with a body,
+/// on any route, is held until its body ends (a stream that stays open is held as long).
+fn body_everywhere(config: &Config) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut warned = BTreeSet::new();
+    for rule in &config.rules {
+        let Some(path) = rule.body_paths().next() else {
+            continue;
+        };
+        if rule.matcher.path.is_some() || !warned.insert(rule.name.clone()) {
+            continue;
+        }
+        lines.push(format!(
+            "warning: rule {} reads body:{} on every path: each request with a body is held until it ends (a body too large for it is answered 413); give it a path_prefix or path_exact",
+            rule.name,
+            path.keys.join(":")
+        ));
+    }
     lines
 }
 
@@ -418,5 +440,23 @@ mod tests {
             r#"{{"name": "api", "key": {{"from": ["metadata:ns:sub", "client_ip"]}}, {LIMITS}}}"#
         ));
         assert_eq!(findings(&verified), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_rule_reading_the_body_on_every_path_is_warned() {
+        let everywhere = config(&format!(
+            r#"{{"name": "m", "match": {{"sources": [{{"source": "body:model", "in": ["x"]}}]}}, "key": {{"from": ["client_ip"]}}, {LIMITS}}}"#
+        ));
+        let found = findings(&everywhere);
+        assert!(
+            found.iter().any(|l| l.starts_with(
+                "warning: rule m reads body:model on every path: each request with a body is held"
+            )),
+            "{found:?}"
+        );
+        let scoped = config(&format!(
+            r#"{{"name": "m", "match": {{"path_prefix": "/v1/"}}, "key": {{"from": ["client_ip+body:model"]}}, {LIMITS}}}"#
+        ));
+        assert!(findings(&scoped).iter().all(|l| !l.contains("reads body:")));
     }
 }
