@@ -117,3 +117,71 @@ fn each_model_has_its_own_budget_charged_exactly_and_unedited_requests_keep_thei
     );
     assert_eq!(fleet.counter("ratelimit_bridge_errors"), 0);
 }
+
+/// A streamed request sent in chunks, `model` in its last chunk, ended by trailers (Envoy with
+/// HTTP/1.1 trailers on): its model is read and charged; it is not edited for
+/// `include_usage` (Envoy 1.40 sends a body edited at the trailers unedited: seen with the
+/// edit made there, `replace_request_body` succeeding), so its stream reports no usage and
+/// its estimate stands.
+#[test]
+fn a_body_ended_by_trailers_is_read_and_charged_its_estimate() {
+    use std::io::{BufReader, Write};
+    let upstream = LlmUpstream::start();
+    let mut edits = edits(upstream.port);
+    edits.push((
+        "          stat_prefix: ingress\n".to_string(),
+        "          stat_prefix: ingress\n          http_protocol_options: { enable_trailers: true }\n"
+            .to_string(),
+    ));
+    let fleet = Fleet::start("llm-models-trailers", &root().join(EXAMPLE), &edits);
+    let mut yaml = std::fs::read_to_string(root().join(EXAMPLE)).expect("the example");
+    for (from, to) in &edits {
+        yaml = yaml.replace(from, to);
+    }
+    let keys = Keys::from_envoy_yaml(&yaml);
+    let chunks: [&[u8]; 3] = [
+        br#"{"messages": [{"role": "user", "content": "Say hello."}],"#,
+        br#" "stream": true, "max_tokens": 50,"#,
+        br#" "model": "gpt-4o"}"#,
+    ];
+    // The estimate: the body's bytes and its max_tokens.
+    let estimate = chunks.iter().map(|c| c.len() as u64).sum::<u64>() + 50;
+    for (i, envoy) in fleet.envoys.iter().enumerate() {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", envoy.port)).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        let mut request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: Bearer sk-carol\r\nContent-Type: application/json\r\nx-test-usage: 300\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for chunk in chunks {
+            request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            request.extend_from_slice(chunk);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"0\r\nx-client-trailer: done\r\n\r\n");
+        conn.write_all(&request).expect("send");
+        let answer = e2e::http::read_streamed(&mut BufReader::new(conn)).expect("an answer");
+        assert_eq!(answer.status, 200, "request {i}");
+        assert!(answer.complete, "request {i}: the whole stream");
+    }
+    // Both reached the upstream as gpt-4o requests, their streams without usage.
+    let carol = upstream.served_for_model("sk-carol", "gpt-4o");
+    assert_eq!((carol.count, carol.unreported), (0, 2));
+    // Charged to carol's gpt-4o budget (the model read at the trailers), the estimate each.
+    let settled = || {
+        used(
+            &fleet,
+            &keys,
+            "models",
+            "header:authorization+body:model",
+            &["Bearer sk-carol", "gpt-4o"],
+        )
+    };
+    wait_until("carol's gpt-4o estimates in Redis", WAIT, settled, |n| {
+        *n == Some(2 * estimate)
+    });
+    wait_until(
+        "both streams counted as unread",
+        WAIT,
+        || fleet.counter("ratelimit_rule.models.tokens_day.usage_unread"),
+        |n| *n == 2,
+    );
+}
