@@ -21,6 +21,18 @@ use ratelimit_core::request::plan::plan;
 use ratelimit_core::request::view::BadRequest;
 use ratelimit_core::testing::request::FakeRequest;
 
+/// `bytes` cut where `cuts` say (each a fraction of its length), in order: how a body comes
+/// in chunks.
+fn pieces<'b>(bytes: &'b [u8], cuts: &[f64]) -> Vec<&'b [u8]> {
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|f| (f * bytes.len() as f64) as usize)
+        .collect();
+    at.extend([0, bytes.len()]);
+    at.sort_unstable();
+    at.windows(2).map(|pair| &bytes[pair[0]..pair[1]]).collect()
+}
+
 fn runner(cases: u32) -> TestRunner {
     common::seeded_runner(cases, 11)
 }
@@ -350,16 +362,9 @@ fn usage_path() -> Vec<String> {
 
 /// Reads `body` split at `cuts` (fractions of its length).
 fn read_usage(kind: BodyKind, body: &[u8], cuts: &[f64], complete: bool) -> UsageRead {
-    let mut at: Vec<usize> = cuts
-        .iter()
-        .map(|f| (f * body.len() as f64) as usize)
-        .collect();
-    at.push(0);
-    at.push(body.len());
-    at.sort_unstable();
     let mut reader = UsageReader::new(kind, &usage_path(), u64::MAX);
-    for pair in at.windows(2) {
-        reader.feed(&body[pair[0]..pair[1]]);
+    for piece in pieces(body, cuts) {
+        reader.feed(piece);
     }
     reader.finish(complete)
 }
@@ -832,18 +837,14 @@ fn read_flat(
     cuts: &[f64],
     complete: bool,
 ) -> Result<UsageRead, TestCaseError> {
-    let mut at: Vec<usize> = cuts
-        .iter()
-        .map(|f| (f * body.len() as f64) as usize)
-        .collect();
-    at.extend([0, body.len()]);
-    at.sort_unstable();
     let mut reader = UsageReader::of(kind, usage, 1 << 20);
     let size = reader.memory_bytes();
     prop_assert!(size <= READER_BASE_BYTES + usage.paths().count() * PATH_BYTES);
+    // Cut before counting: only the reading must not allocate.
+    let pieces = pieces(body, cuts);
     let before = allocations();
-    for pair in at.windows(2) {
-        reader.feed(&body[pair[0]..pair[1]]);
+    for piece in pieces {
+        reader.feed(piece);
     }
     let read = reader.finish(complete);
     prop_assert_eq!(allocations(), before, "reading allocated");
@@ -1300,15 +1301,9 @@ fn request_estimates_are_the_same_whatever_the_chunks() {
         |(document, edits, cuts)| {
             let body = mutate(document.replace("usage", "max_tokens").into_bytes(), edits);
             let estimate = |cuts: &[f64]| {
-                let mut at: Vec<usize> = cuts
-                    .iter()
-                    .map(|f| (f * body.len() as f64) as usize)
-                    .collect();
-                at.extend([0, body.len()]);
-                at.sort_unstable();
                 let mut estimate = RequestEstimate::new(1 << 20);
-                for pair in at.windows(2) {
-                    estimate.feed(&body[pair[0]..pair[1]]);
+                for piece in pieces(&body, cuts) {
+                    estimate.feed(piece);
                 }
                 estimate.finish(1024)
             };
@@ -1440,17 +1435,10 @@ fn inflate_split(coding: Coding, bytes: &[u8], cuts: &[f64], bound: u64) -> (Vec
         Coding::Gzip => Encoding::Gzip,
         Coding::Deflate | Coding::DeflateRaw => Encoding::Deflate,
     };
-    let mut at: Vec<usize> = cuts
-        .iter()
-        .map(|f| (f * bytes.len() as f64) as usize)
-        .collect();
-    at.push(0);
-    at.push(bytes.len());
-    at.sort_unstable();
     let mut inflater = Inflater::new(encoding, bound).unwrap();
     let mut out = Vec::new();
-    for pair in at.windows(2) {
-        inflater.feed(&bytes[pair[0]..pair[1]], &mut |b| out.extend_from_slice(b));
+    for piece in pieces(bytes, cuts) {
+        inflater.feed(piece, &mut |b| out.extend_from_slice(b));
     }
     (out, inflater.ended(), inflater.failed().is_some())
 }
@@ -1552,16 +1540,9 @@ use ratelimit_core::request::body::{BodyFields, BodyValues};
 
 /// The `body:` values of `paths` in `body`, fed in the pieces `cuts` make.
 fn body_values(body: &[u8], paths: &[BodyPath], cuts: &[f64]) -> BodyValues {
-    let mut at: Vec<usize> = cuts
-        .iter()
-        .map(|f| (f * body.len() as f64) as usize)
-        .collect();
-    at.push(0);
-    at.push(body.len());
-    at.sort_unstable();
     let mut fields = BodyFields::new(paths);
-    for pair in at.windows(2) {
-        fields.feed(&body[pair[0]..pair[1]]);
+    for piece in pieces(body, cuts) {
+        fields.feed(piece);
     }
     fields.values(body.len() as u64, &mut |from, len| {
         let from = (from as usize).min(body.len());
@@ -1583,9 +1564,9 @@ fn reference_body_value(document: &Value, path: &[String]) -> Option<Value> {
     }
 }
 
-#[test]
-fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
-    let paths: Vec<BodyPath> = [
+/// The paths the body tests read: through `usage`, and beside it.
+fn body_paths() -> Vec<BodyPath> {
+    [
         vec!["usage"],
         vec!["usage", "total_tokens"],
         vec!["total_tokens"],
@@ -1594,7 +1575,21 @@ fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
     .map(|keys| BodyPath {
         keys: keys.into_iter().map(String::from).collect(),
     })
-    .collect();
+    .collect()
+}
+
+/// A `body:` value's bytes as the JSON value they stand for: a string's decoded text when a
+/// string is expected, else a number or a bool as written.
+fn as_value(bytes: &[u8], expected: &Option<Value>) -> Value {
+    match expected {
+        Some(Value::String(_)) => Value::String(String::from_utf8_lossy(bytes).into()),
+        _ => serde_json::from_slice(bytes).unwrap_or(Value::Null),
+    }
+}
+
+#[test]
+fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
+    let paths = body_paths();
     let compared = Cell::new(0u32);
     let found = Cell::new(0u32);
     let strategy = (json_document(), prop_oneof![Just(vec![]), edits()], cuts());
@@ -1644,10 +1639,7 @@ fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
                 let ours = whole.get(path).map_err(|e| TestCaseError::fail(e.0))?;
                 let expected = reference_body_value(&value, &path.keys);
                 // Ours are bytes: a string's decoded text, a number or bool as written.
-                let ours = ours.map(|bytes| match &expected {
-                    Some(Value::String(_)) => Value::String(String::from_utf8_lossy(bytes).into()),
-                    _ => serde_json::from_slice(bytes).unwrap_or(Value::Null),
-                });
+                let ours = ours.map(|bytes| as_value(bytes, &expected));
                 found.set(found.get() + u32::from(ours.is_some()));
                 prop_assert_eq!(
                     ours,
@@ -1671,16 +1663,7 @@ fn body_values_are_read_as_serde_json_reads_them_whatever_the_chunks() {
 
 #[test]
 fn a_body_key_sent_twice_refuses_only_the_paths_through_it() {
-    let paths: Vec<BodyPath> = [
-        vec!["usage"],
-        vec!["usage", "total_tokens"],
-        vec!["total_tokens"],
-    ]
-    .into_iter()
-    .map(|keys| BodyPath {
-        keys: keys.into_iter().map(String::from).collect(),
-    })
-    .collect();
+    let paths = body_paths();
     let drawn = Cell::new(0u32);
     let strategy = (json_document(), cuts(), any::<bool>());
     let run = check(
@@ -1724,10 +1707,7 @@ fn a_body_key_sent_twice_refuses_only_the_paths_through_it() {
                 .get(&paths[2])
                 .map_err(|e| TestCaseError::fail(e.0))?;
             let expected = reference_body_value(&Value::Object(top), &paths[2].keys);
-            let other = other.map(|bytes| match &expected {
-                Some(Value::String(_)) => Value::String(String::from_utf8_lossy(bytes).into()),
-                _ => serde_json::from_slice(bytes).unwrap_or(Value::Null),
-            });
+            let other = other.map(|bytes| as_value(bytes, &expected));
             prop_assert_eq!(other, expected, "{}", body);
             Ok(())
         },

@@ -320,6 +320,23 @@ pub(super) struct RawUsage {
     pub(super) weights: Option<Value>,
 }
 
+/// `usage.from` as `{"header": NAME, "min": N, "max": N}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaderUsage {
+    pub(super) header: String,
+    pub(super) min: Option<u64>,
+    pub(super) max: Option<u64>,
+}
+
+/// `usage.include_usage` as `{"streamed": SOURCE, "asked": SOURCE}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIncludeUsage {
+    pub(super) streamed: String,
+    pub(super) asked: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawEstimateHeader {

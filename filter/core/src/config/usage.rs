@@ -4,7 +4,9 @@
 use serde_json::Value;
 
 use super::fields::check_header_name;
-use super::raw::{RawEstimateHeader, RawRequestEstimate, RawUsage};
+use super::raw::{
+    RawEstimateHeader, RawHeaderUsage, RawIncludeUsage, RawRequestEstimate, RawUsage,
+};
 use super::sources::parse_source;
 use super::{invalid, Admit, Algorithm, ConfigError, KeySource, MetadataPath};
 use crate::usage::{parse_usage_path, BodyUsage, OutputKeys, Weights, MAX_PATHS, WHOLE};
@@ -248,43 +250,32 @@ pub(super) fn validate_usage(
 /// `include_usage`: `true`, `false`, or `{"streamed": "metadata:…", "asked": "metadata:…"}`
 /// (`asked` optional): sources known when the headers are, so metadata only.
 fn validate_include_usage(raw: Option<Value>, field: &str) -> Result<AddIncludeUsage, ConfigError> {
-    let shape = r#"must be true, false or {"streamed": "metadata:NAMESPACE:KEY", "asked": "metadata:NAMESPACE:KEY"}"#;
     let object = match raw {
         None | Some(Value::Bool(false)) => return Ok(AddIncludeUsage::Off),
         Some(Value::Bool(true)) => return Ok(AddIncludeUsage::Always),
-        Some(Value::Object(object)) => object,
-        Some(_) => return Err(invalid(field, shape)),
+        Some(object @ Value::Object(_)) => object,
+        Some(_) => {
+            return Err(invalid(
+                field,
+                r#"must be true, false or {"streamed": "metadata:NAMESPACE:KEY", "asked": "metadata:NAMESPACE:KEY"}"#,
+            ))
+        }
     };
-    if let Some(unknown) = object
-        .keys()
-        .find(|k| !["streamed", "asked"].contains(&k.as_str()))
-    {
-        return Err(invalid(
-            field,
-            format!("unknown field `{unknown}`: {shape}"),
-        ));
-    }
-    let metadata = |key: &str| -> Result<Option<MetadataPath>, ConfigError> {
+    let raw: RawIncludeUsage =
+        serde_json::from_value(object).map_err(|e| invalid(field, e.to_string()))?;
+    let metadata = |text: &str, key: &str| -> Result<MetadataPath, ConfigError> {
         let entry = format!("{field}.{key}");
-        let Some(value) = object.get(key) else {
-            return Ok(None);
-        };
-        let text = value
-            .as_str()
-            .ok_or_else(|| invalid(&entry, "must be a metadata:NAMESPACE:KEY source"))?;
         match parse_source(text, &entry)? {
-            KeySource::Metadata(path) => Ok(Some(path)),
+            KeySource::Metadata(path) => Ok(path),
             _ => Err(invalid(
                 &entry,
                 "must be a metadata: source: it is read with the request headers, before the body, so a filter before this one (json_to_metadata) must have read the body",
             )),
         }
     };
-    let streamed = metadata("streamed")?
-        .ok_or_else(|| invalid(&format!("{field}.streamed"), "is required"))?;
     Ok(AddIncludeUsage::Marked {
-        streamed,
-        asked: metadata("asked")?,
+        streamed: metadata(&raw.streamed, "streamed")?,
+        asked: raw.asked.map(|a| metadata(&a, "asked")).transpose()?,
     })
 }
 
@@ -372,8 +363,8 @@ fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Forma
         }
         return Ok((UsageSource::Body(BodyUsage::first_of(paths)), None));
     }
-    if let Some(object) = from.as_object() {
-        return Ok((UsageSource::Header(header_usage(object, field)?), None));
+    if from.is_object() {
+        return Ok((UsageSource::Header(header_usage(from, field)?), None));
     }
     let Some(text) = from.as_str() else {
         return Err(invalid(field, shape));
@@ -401,48 +392,13 @@ fn validate_from(from: &Value, field: &str) -> Result<(UsageSource, Option<Forma
 }
 
 /// `{"header": NAME, "min": N, "max": N}`: `min` (default 0) ≤ `max` (default 10^12).
-fn header_usage(
-    object: &serde_json::Map<String, Value>,
-    field: &str,
-) -> Result<HeaderUsage, ConfigError> {
-    if let Some(unknown) = object
-        .keys()
-        .find(|k| !["header", "min", "max"].contains(&k.as_str()))
-    {
-        return Err(invalid(
-            field,
-            format!("unknown field `{unknown}`, expected one of `header`, `min`, `max`"),
-        ));
-    }
-    let name = match object.get("header") {
-        None => {
-            return Err(invalid(
-                &format!("{field}.header"),
-                "is required: a response header's name",
-            ))
-        }
-        Some(name) => name.as_str().ok_or_else(|| {
-            invalid(
-                &format!("{field}.header"),
-                "must be a response header's name (a string)",
-            )
-        })?,
-    };
-    let name = check_header_name(name, &format!("{field}.header"))?;
-    let bound = |key: &str, default: u64| -> Result<u64, ConfigError> {
-        match object.get(key) {
-            None => Ok(default),
-            Some(v) => v.as_u64().filter(|n| *n <= MAX_USAGE).ok_or_else(|| {
-                invalid(
-                    &format!("{field}.{key}"),
-                    format!("must be a whole number from 0 to {MAX_USAGE}"),
-                )
-            }),
-        }
-    };
-    let (min, max) = (bound("min", 0)?, bound("max", MAX_USAGE)?);
-    if min > max {
-        return Err(invalid(field, "needs min <= max"));
+fn header_usage(value: &Value, field: &str) -> Result<HeaderUsage, ConfigError> {
+    let raw: RawHeaderUsage =
+        serde_json::from_value(value.clone()).map_err(|e| invalid(field, e.to_string()))?;
+    let name = check_header_name(&raw.header, &format!("{field}.header"))?;
+    let (min, max) = (raw.min.unwrap_or(0), raw.max.unwrap_or(MAX_USAGE));
+    if min > max || max > MAX_USAGE {
+        return Err(invalid(field, format!("needs min <= max <= {MAX_USAGE}")));
     }
     Ok(HeaderUsage { name, min, max })
 }
