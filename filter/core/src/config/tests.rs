@@ -699,14 +699,17 @@ fn assert_usage_formats_parse() {
     assert_eq!(usage(2).format, None);
 }
 
+/// The `usage` of a rule's one limit (a token bucket of 1000 a minute) written `json`.
+fn usage_of(json: &str) -> Result<Option<Usage>, String> {
+    fixtures::parse(&with_rule(&format!(
+        r#"{{"name": "r", "limits": [{{"name": "l", "limit": 1000, "window": "1m", "usage": {json}}}]}}"#
+    )))
+    .map(|c| c.rules[0].limits[0].usage.clone())
+}
+
 #[test]
 fn a_status_source_counts_listed_statuses_and_reserves_one() {
-    let limits = |usage: &str| {
-        fixtures::parse(&with_rule(&format!(
-            r#"{{"name": "login", "limits": [{{"name": "failures", "limit": 5, "window": "1m", "usage": {usage}}}]}}"#
-        )))
-        .map(|c| c.rules[0].limits[0].usage.clone())
-    };
+    let limits = usage_of;
     let want = Some(Usage {
         from: UsageSource::Status(vec![401, 403]),
         format: None,
@@ -724,14 +727,7 @@ fn a_status_source_counts_listed_statuses_and_reserves_one() {
 
 #[test]
 fn weights_read_a_formats_kinds_of_tokens_apart() {
-    let usage = |json: &str| {
-        fixtures::parse(&with_rule(&format!(
-            r#"{{"name": "llm", "limits": [{{"name": "tokens", "limit": 1000, "window": "1m", "usage": {json}}}]}}"#
-        )))
-        .map(|c| c.rules[0].limits[0].usage.clone())
-        .ok()
-        .flatten()
-    };
+    let usage = |json: &str| usage_of(json).ok().flatten();
     let Some(u) = usage(
         r#"{"from": "openai", "estimate": 10, "weights": {"input": 1, "output": 4, "cached_input": 0.125}}"#,
     ) else {
