@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::server::{lock, Server, Service};
+use crate::server::{lock, read_headers, Server, Service};
 
 /// Total tokens of an answer when the request names none.
 pub const DEFAULT_USAGE: u64 = 100;
@@ -454,20 +454,7 @@ fn read_request(
         return Err(bad_input("bad request line"));
     };
     let (method, path) = (method.to_string(), path.to_string());
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(bad_input("connection closed in the headers"));
-        }
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-        }
-    }
+    let headers = read_headers(reader)?;
     let mut request = Request {
         method,
         path,

@@ -146,6 +146,29 @@ impl SimpleRequest {
     }
 }
 
+/// A request's header lines up to the empty one, names lower-cased; a connection closed
+/// before it is an error.
+pub fn read_headers(reader: &mut impl BufRead) -> std::io::Result<Vec<(String, String)>> {
+    let mut headers = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "connection closed in the headers",
+            ));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            return Ok(headers);
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+    }
+}
+
 /// The next request off `reader`; None once the peer closed the connection or `stop` is set.
 /// A body over `max_body` bytes, or a connection closed inside the head, is an error.
 pub fn read_simple_request(
@@ -160,24 +183,9 @@ pub fn read_simple_request(
     }
     let mut request = SimpleRequest {
         line: line.trim_end().to_string(),
-        headers: Vec::new(),
+        headers: read_headers(reader)?,
         body: Vec::new(),
     };
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(bad("connection closed in the headers"));
-        }
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            request
-                .headers
-                .push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-        }
-    }
     let length: usize = request
         .header("content-length")
         .and_then(|v| v.parse().ok())
