@@ -385,13 +385,41 @@ impl Process {
         assert!(status.success(), "kill -{signal} {} failed", self.pid());
     }
 
-    /// SIGSTOP: the process hangs, its sockets stay open.
+    /// SIGSTOP: the process hangs, its sockets stay open. Returns once every thread is
+    /// stopped: `kill` returns when the signal is sent, and a thread busy on a loaded machine
+    /// can still answer a request before it takes the signal.
     pub fn pause(&self) {
         self.signal("STOP");
+        wait_for("every thread stopped", Duration::from_secs(10), || {
+            self.thread_states()
+                .iter()
+                .all(|s| *s == 'T' || *s == 't')
+                .then_some(())
+        });
     }
 
+    /// SIGCONT; returns once no thread is stopped any more.
     pub fn resume(&self) {
         self.signal("CONT");
+        wait_for("every thread running", Duration::from_secs(10), || {
+            (!self.thread_states().iter().any(|s| *s == 'T')).then_some(())
+        });
+    }
+
+    /// The state letter of each of its threads (`/proc/PID/task/TID/stat`, after the name).
+    fn thread_states(&self) -> Vec<char> {
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid()));
+        let Ok(entries) = fs::read_dir(&tasks) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| fs::read_to_string(e.path().join("stat")).ok())
+            .filter_map(|stat| {
+                let after_name = &stat[stat.rfind(')')? + 1..];
+                after_name.trim_start().chars().next()
+            })
+            .collect()
     }
 
     pub fn stop(&mut self) {
