@@ -402,7 +402,7 @@ impl Process {
     pub fn resume(&self) {
         self.signal("CONT");
         wait_for("every thread running", Duration::from_secs(10), || {
-            (!self.thread_states().iter().any(|s| *s == 'T')).then_some(())
+            (!self.thread_states().contains(&'T')).then_some(())
         });
     }
 
