@@ -78,6 +78,37 @@ pub fn wait_for<T>(what: &str, timeout: Duration, check: impl FnMut() -> Option<
     poll(timeout, check).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
 }
 
+pub const MINUTE: Duration = Duration::from_secs(60);
+pub const HOUR: Duration = Duration::from_secs(3600);
+pub const DAY: Duration = Duration::from_secs(86_400);
+/// Longer than any one test counts in a fixed window.
+pub const TEST_SPAN: Duration = Duration::from_secs(120);
+
+/// Waits until the fixed window of length `window` (aligned to the Unix epoch, as the
+/// decision code aligns `fixed_window` limits: a `1d` window ends at 00:00 UTC) has at least
+/// `needed` left, so that a test counting in that window never sees it start again midway.
+/// Waits at most `needed`.
+pub fn clear_of_window_end(window: Duration, needed: Duration) {
+    assert!(
+        needed < window,
+        "{needed:?} never fits in a {window:?} window"
+    );
+    let left = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970")
+            .as_millis();
+        let window = window.as_millis();
+        Duration::from_millis((window - now % window) as u64)
+    };
+    wait_until(
+        "enough of the fixed window left",
+        needed + Duration::from_secs(1),
+        left,
+        |left| *left >= needed,
+    );
+}
+
 /// Polls `read` every 20 ms until it returns `want`; panics after `timeout` with the last
 /// value read. For a state reached asynchronously (a count reaches the stats at the worker's
 /// next tick): a test waits for the very state it asserts, not for another one beside it.

@@ -9,7 +9,10 @@ use std::time::Duration;
 use e2e::http::post_streamed;
 use e2e::llm::{chat_request, upstream_edits, EVENTS, EVENT_DELAY, USAGE};
 use e2e::procs::envoy_config;
-use e2e::{free_port, get, wait_for, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
+use e2e::{
+    clear_of_window_end, free_port, get, wait_for, wait_until, Envoy, Keys, LlmUpstream, Redis,
+    Webdis, WorkDir, DAY, MINUTE, TEST_SPAN,
+};
 
 /// How long a test waits for a state (a ceiling: a loaded machine can take seconds).
 const WAIT: Duration = Duration::from_secs(20);
@@ -39,6 +42,7 @@ fn post(port: u16, path: &str, key: &str, body: &[u8], extra: &[(&str, &[u8])]) 
 
 #[test]
 fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() {
+    clear_of_window_end(DAY, TEST_SPAN);
     let dir = WorkDir::new("idle");
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
@@ -132,8 +136,10 @@ fn work_after_an_idle_spell_is_decided_and_what_a_stream_leaves_reaches_redis() 
     wait_timers(&envoy, 0, "the timers stopped again");
 
     // Traffic again after the idle spell: 8 completions at once on a key allowed 5 a
-    // minute are decided exactly (the first alone, the others batched behind it).
+    // minute are decided exactly (the first alone, the others batched behind it), all in
+    // one fixed minute.
     let completion = br#"{"model": "test", "prompt": "hi"}"#;
+    clear_of_window_end(MINUTE, Duration::from_secs(10));
     let statuses: Vec<u16> = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..8)
             .map(|_| scope.spawn(|| post(port, "/v1/completions", "burst", completion, &[])))

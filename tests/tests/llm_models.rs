@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use e2e::auth::Fleet;
 use e2e::python::{run_script, venv_python};
-use e2e::{root, wait_until, Keys, LlmUpstream};
+use e2e::{clear_of_window_end, root, wait_until, Keys, LlmUpstream, DAY, TEST_SPAN};
 use ratelimit_core::request::identity::PART_SEPARATOR;
 
 const EXAMPLE: &str = "envoy/examples/llm_models.yaml";
@@ -19,7 +19,10 @@ const MINI: u64 = 20_000;
 /// bytes) and its `max_tokens` (600).
 const MINI_ESTIMATE: u64 = 800;
 
+/// The example's edits for a test; its budgets count in daily fixed windows, so this also
+/// waits until the day has a test's span left.
 fn edits(upstream_port: u16) -> Vec<(String, String)> {
+    clear_of_window_end(DAY, TEST_SPAN);
     [
         ("port_value: 8000", format!("port_value: {upstream_port}")),
         // A slow moment of a loaded machine must not let a request through undecided.

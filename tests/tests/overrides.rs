@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::{wait_for, wait_until, Envoy, Redis, Webdis, WorkDir};
+use e2e::{
+    clear_of_window_end, wait_for, wait_until, Envoy, Redis, Webdis, WorkDir, HOUR, TEST_SPAN,
+};
 use ratelimit_core::bounds::OVERRIDE_STALE_MS;
 
 /// 5 an hour per API key in a fixed window (nothing comes back during a test), overrides on.
@@ -21,6 +23,7 @@ struct Fleet {
 }
 
 fn fleet(name: &str) -> Fleet {
+    clear_of_window_end(HOUR, TEST_SPAN);
     let dir = WorkDir::new(name);
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);

@@ -7,7 +7,10 @@ use std::time::Duration;
 use e2e::http::request;
 use e2e::procs::{filter_config_edit, validate_config, WorkDir};
 use e2e::sf::{parse_list, Item};
-use e2e::{get, root, wait_for, wait_until, Envoy, Redis, Response, Stack, Webdis};
+use e2e::{
+    clear_of_window_end, get, root, wait_for, wait_until, Envoy, Redis, Response, Stack, Webdis,
+    DAY, HOUR, TEST_SPAN,
+};
 
 /// The filter JSON with the shipped bridge credentials (timeout and breaker left to their
 /// defaults), plus `body`.
@@ -74,6 +77,7 @@ fn rules_on_different_paths_limit_independently_and_together() {
 
 #[test]
 fn tiers_are_one_call_and_a_refusal_drains_nothing() {
+    clear_of_window_end(DAY, TEST_SPAN);
     let s = stack(
         "policy-tiers",
         r#""rules": [{"name": "tiered", "limits": [
@@ -114,6 +118,7 @@ fn tiers_are_one_call_and_a_refusal_drains_nothing() {
 
 #[test]
 fn each_algorithm_enforces_its_limit() {
+    clear_of_window_end(HOUR, TEST_SPAN);
     let s = stack(
         "policy-algorithms",
         r#""rules": [
@@ -535,6 +540,7 @@ fn sf(r: &Response, name: &str) -> Vec<Item> {
 
 #[test]
 fn headers_on_allowed_and_denied_responses_parse_and_carry_the_numbers() {
+    clear_of_window_end(DAY, TEST_SPAN);
     let s = stack(
         "policy-headers",
         r#""headers": "both", "deny_body": "problem+json",
@@ -638,6 +644,8 @@ fn example(name: &str) -> (WorkDir, Redis, Webdis, Envoy) {
     let file = root().join("envoy/examples").join(name);
     let (ok, output) = validate_config(&root(), &file);
     assert!(ok, "{name} does not validate:\n{output}");
+    // The examples' daily and monthly (UTC) budgets.
+    clear_of_window_end(DAY, TEST_SPAN);
     let dir = WorkDir::new(&format!("example-{name}"));
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
@@ -890,6 +898,7 @@ fn example_llm_tokens() {
     let file = root().join("envoy/examples").join(name);
     let (ok, output) = validate_config(&root(), &file);
     assert!(ok, "{name} does not validate:\n{output}");
+    clear_of_window_end(DAY, TEST_SPAN);
     let upstream = LlmUpstream::start();
     let dir = WorkDir::new(&format!("example-{name}"));
     let redis = Redis::start(&dir);

@@ -9,7 +9,10 @@ use e2e::auth::Fleet;
 use e2e::http::post_streamed;
 use e2e::llm::{chat_request, split, upstream_edits, CACHED, USAGE};
 use e2e::origin::{Origin, CACHED_COST, COST_HEADER, PASSWORD, SCAN_COST};
-use e2e::{root, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
+use e2e::{
+    clear_of_window_end, root, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir, DAY,
+    TEST_SPAN,
+};
 
 const EXAMPLE: &str = "envoy/examples/charged_by_response.yaml";
 const WAIT: Duration = Duration::from_secs(15);
@@ -17,6 +20,8 @@ const WAIT: Duration = Duration::from_secs(15);
 const REFILL: Duration = Duration::from_secs(12);
 
 fn start(name: &str) -> (Origin, Fleet) {
+    // The example's search credits count in a daily fixed window.
+    clear_of_window_end(DAY, TEST_SPAN);
     let origin = Origin::start();
     let edits = [(
         "port_value: 8080".to_string(),
@@ -168,6 +173,7 @@ const WEIGHTED: &str = r#"{
 
 #[test]
 fn weighted_tokens_are_charged_exactly_across_replicas() {
+    clear_of_window_end(DAY, TEST_SPAN);
     let dir = WorkDir::new("charged-weighted");
     let redis = Redis::start(&dir);
     let upstream = LlmUpstream::start();

@@ -9,7 +9,10 @@ use e2e::llm::{
     chat_request, upstream_edits, Coding, Shape, ENCODING, EVENTS, EVENT_DELAY, PAD, SHAPE, USAGE,
     USAGE_RESPONSE_HEADER,
 };
-use e2e::{get, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir};
+use e2e::{
+    clear_of_window_end, get, wait_until, Envoy, Keys, LlmUpstream, Redis, Webdis, WorkDir, DAY,
+    TEST_SPAN,
+};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -40,6 +43,8 @@ impl Llm {
     }
 
     fn start_with(name: &str, limits: &str, timeout: &str) -> Llm {
+        // Most of these limits count in a daily fixed window.
+        clear_of_window_end(DAY, TEST_SPAN);
         let dir = WorkDir::new(name);
         let redis = Redis::start(&dir);
         let webdis = Webdis::start(&dir, redis.port);
