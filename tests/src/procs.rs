@@ -612,6 +612,31 @@ impl Webdis {
         Webdis::start_on(dir, file, redis_port, port)
     }
 
+    /// How many connections to its port hold bytes it has not read (a request each while it
+    /// is paused), accepted or not: `/proc/net/tcp`'s receive queues, where a FIN counts one.
+    pub fn connections_with_unread_bytes(&self) -> usize {
+        let table = fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let port = format!("{:04X}", self.port);
+        table
+            .lines()
+            .skip(1)
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (Some(local), Some(state), Some(queues)) =
+                    (fields.get(1), fields.get(3), fields.get(4))
+                else {
+                    return false;
+                };
+                let listening = *state == "0A";
+                let unread = queues
+                    .split_once(':')
+                    .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+                    .unwrap_or(0);
+                local.ends_with(&format!(":{port}")) && !listening && unread > 1
+            })
+            .count()
+    }
+
     /// Kills Webdis and starts a new one on the same port, from the same config.
     pub fn restart(&mut self, dir: &WorkDir, redis_port: u16) {
         let file = self.config_file.clone();
