@@ -49,11 +49,7 @@ fn each_model_has_its_own_budget_charged_exactly_and_unedited_requests_keep_thei
     let upstream = LlmUpstream::start();
     let edits = edits(upstream.port);
     let fleet = Fleet::start("llm-models", &root().join(EXAMPLE), &edits);
-    let mut yaml = std::fs::read_to_string(root().join(EXAMPLE)).expect("the example");
-    for (from, to) in &edits {
-        yaml = yaml.replace(from, to);
-    }
-    let keys = Keys::from_envoy_yaml(&yaml);
+    let keys = fleet.keys();
     let urls: Vec<String> = fleet
         .envoys
         .iter()
@@ -137,11 +133,7 @@ fn a_body_ended_by_trailers_is_read_and_charged_its_estimate() {
             .to_string(),
     ));
     let fleet = Fleet::start("llm-models-trailers", &root().join(EXAMPLE), &edits);
-    let mut yaml = std::fs::read_to_string(root().join(EXAMPLE)).expect("the example");
-    for (from, to) in &edits {
-        yaml = yaml.replace(from, to);
-    }
-    let keys = Keys::from_envoy_yaml(&yaml);
+    let keys = fleet.keys();
     let chunks: [&[u8]; 3] = [
         br#"{"messages": [{"role": "user", "content": "Say hello."}],"#,
         br#" "stream": true, "max_tokens": 50,"#,

@@ -14,9 +14,11 @@ use proptest::test_runner::TestRunner;
 mod common;
 
 use ratelimit_core::bridge::{parse_eval_reply, BridgeReply, EvalOutcome};
+use ratelimit_core::config::BodyPath;
 use ratelimit_core::config::{ClientIpPolicy, Config};
 use ratelimit_core::encode::path_segment;
 use ratelimit_core::request::address::client_ip;
+use ratelimit_core::request::body::{BodyFields, BodyValues};
 use ratelimit_core::request::plan::plan;
 use ratelimit_core::request::view::BadRequest;
 use ratelimit_core::testing::request::FakeRequest;
@@ -1534,9 +1536,6 @@ fn an_inflater_holds_constant_memory_on_a_large_body() {
         );
     }
 }
-
-use ratelimit_core::config::BodyPath;
-use ratelimit_core::request::body::{BodyFields, BodyValues};
 
 /// The `body:` values of `paths` in `body`, fed in the pieces `cuts` make.
 fn body_values(body: &[u8], paths: &[BodyPath], cuts: &[f64]) -> BodyValues {
