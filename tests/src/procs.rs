@@ -263,6 +263,54 @@ mod sys {
     }
 }
 
+/// A socket on 127.0.0.1, as /proc/net/tcp lists it.
+struct LoopbackSocket {
+    listening: bool,
+    /// Bytes received and not read yet (for a listening socket, connections not accepted).
+    unread: u64,
+    inode: String,
+}
+
+/// The sockets whose local address is 127.0.0.1:`port`, listening or connected. A dual-stack
+/// socket bound to 127.0.0.1 (gRPC's servers bind so) is listed in /proc/net/tcp6, at the
+/// IPv4-mapped address.
+fn loopback_sockets(port: u16) -> Vec<LoopbackSocket> {
+    let mut sockets = Vec::new();
+    for (file, local) in [
+        ("/proc/net/tcp", format!("0100007F:{port:04X}")),
+        (
+            "/proc/net/tcp6",
+            format!("0000000000000000FFFF00000100007F:{port:04X}"),
+        ),
+    ] {
+        let Ok(table) = fs::read_to_string(file) else {
+            continue;
+        };
+        // Fields: sl local_address rem_address st tx_queue:rx_queue ... inode (the tenth).
+        sockets.extend(
+            table
+                .lines()
+                .skip(1)
+                .map(|line| line.split_whitespace().collect::<Vec<_>>())
+                .filter(|f| f.len() > 9 && f[1] == local)
+                .map(|f| LoopbackSocket {
+                    listening: f[3] == "0A",
+                    unread: f[4]
+                        .split_once(':')
+                        .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+                        .unwrap_or(0),
+                    inode: f[9].to_string(),
+                }),
+        );
+    }
+    sockets
+}
+
+/// A thread state letter of /proc's: stopped by a signal (`T`) or while traced (`t`).
+fn stopped(state: char) -> bool {
+    matches!(state, 'T' | 't')
+}
+
 /// A child process that is killed and reaped when dropped.
 pub struct Process {
     pub name: String,
@@ -295,31 +343,13 @@ impl Process {
     /// Whether this process itself holds the listening socket on 127.0.0.1:`port`. An answer
     /// on the port is not enough: every test process on the machine draws ports from one range,
     /// and a server that lost the port to another process's server answers for a moment before
-    /// it exits, while the other one answers for good (Linux: /proc/net/tcp and the fds). A
-    /// dual-stack socket bound to 127.0.0.1 (gRPC's servers bind so) is listed in
-    /// /proc/net/tcp6, at the IPv4-mapped address.
+    /// it exits, while the other one answers for good (Linux: /proc/net/tcp and the fds).
     pub fn listens_on(&self, port: u16) -> bool {
-        let mut inodes: Vec<String> = Vec::new();
-        for (file, local) in [
-            ("/proc/net/tcp", format!("0100007F:{port:04X}")),
-            (
-                "/proc/net/tcp6",
-                format!("0000000000000000FFFF00000100007F:{port:04X}"),
-            ),
-        ] {
-            let Ok(table) = fs::read_to_string(file) else {
-                continue;
-            };
-            // Fields: sl local_address rem_address st ... inode (the tenth).
-            inodes.extend(
-                table
-                    .lines()
-                    .skip(1)
-                    .map(|line| line.split_whitespace().collect::<Vec<_>>())
-                    .filter(|f| f.len() > 9 && f[1] == local && f[3] == "0A")
-                    .map(|f| format!("socket:[{}]", f[9])),
-            );
-        }
+        let inodes: Vec<String> = loopback_sockets(port)
+            .into_iter()
+            .filter(|s| s.listening)
+            .map(|s| format!("socket:[{}]", s.inode))
+            .collect();
         let Ok(fds) = fs::read_dir(format!("/proc/{}/fd", self.child.id())) else {
             return false;
         };
@@ -393,7 +423,7 @@ impl Process {
         wait_for("every thread stopped", Duration::from_secs(10), || {
             self.thread_states()
                 .iter()
-                .all(|s| *s == 'T' || *s == 't')
+                .all(|s| stopped(*s))
                 .then_some(())
         });
     }
@@ -402,7 +432,7 @@ impl Process {
     pub fn resume(&self) {
         self.signal("CONT");
         wait_for("every thread running", Duration::from_secs(10), || {
-            (!self.thread_states().contains(&'T')).then_some(())
+            (!self.thread_states().iter().any(|s| stopped(*s))).then_some(())
         });
     }
 
@@ -457,6 +487,15 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// How many connections to its port hold bytes it has not read (commands waiting while it
+    /// is paused): their receive queues, where a FIN counts one.
+    pub fn connections_with_unread_bytes(&self) -> usize {
+        loopback_sockets(self.port)
+            .iter()
+            .filter(|s| !s.listening && s.unread > 1)
+            .count()
+    }
+
     /// Redis with the shipped envoy/redis.conf (users and ACLs), on a free port.
     pub fn start(dir: &WorkDir) -> Redis {
         on_a_free_port(|port| Redis::try_start(dir.path.clone(), port, &[]))
@@ -610,31 +649,6 @@ impl Webdis {
     /// listening on `port`.
     pub fn start_with_config(dir: &WorkDir, file: &Path, redis_port: u16, port: u16) -> Webdis {
         Webdis::start_on(dir, file, redis_port, port)
-    }
-
-    /// How many connections to its port hold bytes it has not read (a request each while it
-    /// is paused), accepted or not: `/proc/net/tcp`'s receive queues, where a FIN counts one.
-    pub fn connections_with_unread_bytes(&self) -> usize {
-        let table = fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
-        let port = format!("{:04X}", self.port);
-        table
-            .lines()
-            .skip(1)
-            .filter(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let (Some(local), Some(state), Some(queues)) =
-                    (fields.get(1), fields.get(3), fields.get(4))
-                else {
-                    return false;
-                };
-                let listening = *state == "0A";
-                let unread = queues
-                    .split_once(':')
-                    .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
-                    .unwrap_or(0);
-                local.ends_with(&format!(":{port}")) && !listening && unread > 1
-            })
-            .count()
     }
 
     /// Kills Webdis and starts a new one on the same port, from the same config.
